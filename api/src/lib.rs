@@ -1,0 +1,1 @@
+//! HTTP API (see issue: API).

@@ -1,0 +1,224 @@
+//! The interface every dedup backend offers to the VMM: pagefold's own engine
+//! and the kernel-KSM backend both implement [`DedupBackend`], so the VMM, the
+//! API and the benchmarks drive either one the same way.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Errors shared by all backends.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid value for {name}: {value} (valid range {min}..={max})")]
+    OutOfRange {
+        name: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+    #[error("unknown dedup mode {0:?} (expected off, on, unmerge or auto)")]
+    UnknownMode(String),
+    #[error("unknown region id {0}")]
+    UnknownRegion(u64),
+    #[error("region {addr:#x}+{len:#x} is not page aligned or is empty")]
+    BadRegion { addr: usize, len: usize },
+    #[error("region {addr:#x}+{len:#x} overlaps a registered region")]
+    Overlap { addr: usize, len: usize },
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{context}: {source}")]
+    Os {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result alias for backend operations.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Identifies a registered region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RegionId(pub u64);
+
+/// A host memory region offered for deduplication.
+#[derive(Debug, Clone)]
+pub struct RegionSpec {
+    /// Host virtual address of the first byte (page aligned).
+    pub host_addr: usize,
+    /// Length in bytes (page aligned, non-zero).
+    pub len: usize,
+    /// Owner, e.g. the VM's name; stats are reported per owner.
+    pub owner: String,
+    /// Dedup group: pages are only ever shared between regions of one group.
+    pub group: String,
+}
+
+/// Run mode, as KSM's `run` plus the auto mode of the 2022 proposal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// No scanning, merged pages stay merged.
+    #[default]
+    Off,
+    /// Scan and merge continuously.
+    On,
+    /// Give every merged page back its own private copy, then stop.
+    Unmerge,
+    /// Merge only while host free memory is low (see `auto`).
+    Auto,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Off => "off",
+            Mode::On => "on",
+            Mode::Unmerge => "unmerge",
+            Mode::Auto => "auto",
+        })
+    }
+}
+
+impl FromStr for Mode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(Mode::Off),
+            "on" => Ok(Mode::On),
+            "unmerge" => Ok(Mode::Unmerge),
+            "auto" => Ok(Mode::Auto),
+            other => Err(Error::UnknownMode(other.to_string())),
+        }
+    }
+}
+
+/// Tunables shared by the backends (KSM names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Knobs {
+    pub pages_to_scan: u64,
+    pub sleep_millisecs: u64,
+    pub max_page_sharing: u64,
+}
+
+impl Knobs {
+    pub const PAGES_TO_SCAN: (u64, u64) = (1, 1 << 24);
+    pub const SLEEP_MILLISECS: (u64, u64) = (0, 60_000);
+    pub const MAX_PAGE_SHARING: (u64, u64) = (2, 1 << 16);
+
+    /// Checks every knob against its valid range.
+    pub fn validate(&self) -> Result<()> {
+        check("pages_to_scan", self.pages_to_scan, Self::PAGES_TO_SCAN)?;
+        check("sleep_millisecs", self.sleep_millisecs, Self::SLEEP_MILLISECS)?;
+        check(
+            "max_page_sharing",
+            self.max_page_sharing,
+            Self::MAX_PAGE_SHARING,
+        )?;
+        Ok(())
+    }
+}
+
+/// Checks `value` against an inclusive range, naming the knob in the error.
+pub fn check(name: &'static str, value: u64, (min, max): (u64, u64)) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::OutOfRange {
+            name,
+            value,
+            min,
+            max,
+        });
+    }
+    Ok(())
+}
+
+/// A partial knob update (API `PATCH`, CLI `dedup set`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KnobUpdate {
+    pub pages_to_scan: Option<u64>,
+    pub sleep_millisecs: Option<u64>,
+    pub max_page_sharing: Option<u64>,
+}
+
+impl KnobUpdate {
+    /// Applies the update to `k`, validating the result as a whole.
+    pub fn apply(&self, k: &Knobs) -> Result<Knobs> {
+        let n = Knobs {
+            pages_to_scan: self.pages_to_scan.unwrap_or(k.pages_to_scan),
+            sleep_millisecs: self.sleep_millisecs.unwrap_or(k.sleep_millisecs),
+            max_page_sharing: self.max_page_sharing.unwrap_or(k.max_page_sharing),
+        };
+        n.validate()?;
+        Ok(n)
+    }
+}
+
+/// Per-owner (per-VM) figures.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerStats {
+    pub group: String,
+    pub pages_tracked: u64,
+    /// Pages of this owner currently mapped onto a shared pool/KSM page.
+    pub pages_merged: u64,
+    /// Pages of this owner currently dropped to the zero page.
+    pub zero_pages: u64,
+    pub bytes_saved: u64,
+}
+
+/// Backend statistics: KSM-compatible names, plus pagefold's own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub backend: String,
+    pub mode: Mode,
+    pub knobs: Option<Knobs>,
+    /// Shared pages in use (pool pages mapped at least twice / KSM pages).
+    pub pages_shared: u64,
+    /// How many more sites are sharing them (saving, in pages).
+    pub pages_sharing: u64,
+    pub pages_unshared: u64,
+    pub pages_volatile: u64,
+    pub zero_pages: u64,
+    pub full_scans: u64,
+    pub merges: u64,
+    pub cow_breaks: u64,
+    pub pool_pages: u64,
+    pub vmas_created: u64,
+    pub map_count_headroom: u64,
+    pub map_count_limited: bool,
+    pub cpu_seconds: f64,
+    pub bytes_saved: u64,
+    pub metadata_bytes: u64,
+    /// Saved minus engine metadata and kernel VMA overhead (may be negative).
+    pub profit_bytes: i64,
+    pub per_owner: BTreeMap<String, OwnerStats>,
+}
+
+/// What the VMM needs from a dedup backend.
+pub trait DedupBackend: Send + Sync {
+    /// Short name: `pagefold` or `ksm`.
+    fn name(&self) -> &'static str;
+
+    /// Offers a region for deduplication.
+    ///
+    /// # Safety
+    /// `spec.host_addr..+len` must be a private anonymous mapping of this
+    /// process that stays mapped until [`DedupBackend::unregister`] for the
+    /// returned id has returned.
+    unsafe fn register(&self, spec: RegionSpec) -> Result<RegionId>;
+
+    /// Withdraws a region. When it returns, the backend no longer touches the
+    /// memory (no merge in flight, no waiter left blocked).
+    fn unregister(&self, id: RegionId) -> Result<()>;
+
+    fn set_mode(&self, mode: Mode) -> Result<()>;
+    fn mode(&self) -> Mode;
+    fn set_knobs(&self, update: KnobUpdate) -> Result<Knobs>;
+    fn knobs(&self) -> Knobs;
+    fn stats(&self) -> Stats;
+
+    /// Stops the backend's threads (merged pages stay valid) and restores any
+    /// global state it changed. Idempotent.
+    fn shutdown(&self);
+}

@@ -1,0 +1,100 @@
+//! The contract between pagefold and its workload guest: guest memory layout,
+//! the workload control device's ports and mailbox protocol, the parameter
+//! block, and the deterministic page generator. `no_std`, no dependencies: it
+//! is compiled into the freestanding guest and into the host.
+#![no_std]
+
+/// Guest page size.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// Guest-physical layout of a workload VM (identity mapped, GPA == VA).
+pub mod layout {
+    /// GDT (code/data descriptors for CPL0 and CPL3, a TSS descriptor).
+    pub const GDT_ADDR: u64 = 0x1000;
+    /// First page-table page (PML4), then PDPT, then one PD per GiB.
+    pub const PAGE_TABLES_START: u64 = 0x10000;
+    /// End of the page-table area (exclusive): room for 110 GiB of 2 MiB mappings.
+    pub const PAGE_TABLES_END: u64 = 0x80000;
+    /// Initial stack pointer (the stack grows down towards PAGE_TABLES_END).
+    pub const STACK_TOP: u64 = 0x100000;
+    /// Where the workload ELF is linked and loaded.
+    pub const IMAGE_BASE: u64 = 0x200000;
+}
+
+/// Port-I/O registers of the workload control device (32-bit accesses).
+pub mod ports {
+    /// Base of the device's port range.
+    pub const BASE: u16 = 0x500;
+    /// Number of ports the device decodes.
+    pub const LEN: u16 = 0x10;
+    /// out: run operation `value` on the registered mailbox.
+    pub const DOORBELL: u16 = BASE;
+    /// out: low 32 bits of the mailbox's guest-physical address.
+    pub const MAILBOX_LO: u16 = BASE + 4;
+    /// out: high 32 bits of the mailbox's guest-physical address.
+    pub const MAILBOX_HI: u16 = BASE + 8;
+    /// in: status of the last operation (0 = ok).
+    pub const STATUS: u16 = BASE + 12;
+}
+
+/// Magic value of [`WorkloadParams::magic`] (protocol version 1).
+pub const PARAMS_MAGIC: u64 = 0x7061_6765_666f_6c01;
+
+/// Phase opcodes of [`WorkloadParams::program`].
+pub mod phase {
+    /// End of program.
+    pub const END: u32 = 0;
+    /// Write every page (shared, private, zero and duplicate pages).
+    pub const FILL: u32 = 1;
+    /// Rewrite private pages (see the churn_* parameters).
+    pub const CHURN: u32 = 2;
+    /// Check every page against what the guest wrote.
+    pub const VERIFY: u32 = 3;
+    /// Sleep for `program_args[i]` milliseconds (the host blocks the vCPU).
+    pub const SLEEP: u32 = 4;
+    /// Block until the host releases the gate, at most `program_args[i]` ms.
+    pub const WAIT_HOST: u32 = 5;
+    /// Rewrite every page with its current content generator (bandwidth of
+    /// writes to already-touched pages).
+    pub const REWRITE: u32 = 6;
+}
+
+/// Parameters the guest fetches at start-up. All fields are plain integers so
+/// that the struct has the same layout in guest and host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkloadParams {
+    pub magic: u64,
+    /// Index of the VM in its process (informational).
+    pub vm_index: u64,
+    /// Seed of the shared, read-mostly part: same seed => identical pages.
+    pub seed: u64,
+    /// Seed of the private part (differs per VM).
+    pub private_seed: u64,
+    /// Pages of shared content (like a page cache of the same files).
+    pub shared_pages: u64,
+    /// Pages of private content (changing memory; the churn phase rewrites these).
+    pub private_pages: u64,
+    /// Of all pages, this many per mille are all-zero.
+    pub zero_permille: u32,
+    /// Of all pages, this many per mille duplicate another page of this guest.
+    pub dup_permille: u32,
+    /// Fraction (per mille) of private pages the churn phase rewrites.
+    pub churn_permille: u32,
+    /// Churn rate in pages per second (0: as fast as possible).
+    pub churn_rate: u32,
+    /// Churn duration in milliseconds.
+    pub churn_ms: u64,
+    /// TSC frequency, for the guest's own clock (rdtsc).
+    pub tsc_khz: u64,
+    /// Usable RAM for workload data: [data_start, data_end) and, when RAM
+    /// extends above the MMIO hole, [high_start, high_end) (else both 0).
+    pub data_start: u64,
+    pub data_end: u64,
+    pub high_start: u64,
+    pub high_end: u64,
+    /// Phase program (opcodes from [`phase`]), ended by `phase::END`.
+    pub program: [u32; 16],
+    /// One argument per program slot.
+    pub program_args: [u64; 16],
+}
