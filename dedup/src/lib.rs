@@ -7,3 +7,5 @@ pub mod policy;
 
 pub use backend::{DedupBackend, Error, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
 pub use policy::{RoundPlan, RoundPolicy};
+pub mod auto;
+pub mod ksm;

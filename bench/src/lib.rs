@@ -1,0 +1,1 @@
+//! Benchmarks: pagefold against in-kernel KSM, side by side.

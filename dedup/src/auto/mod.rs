@@ -1,0 +1,1 @@
+//! Auto mode: merge only while host free memory is low.

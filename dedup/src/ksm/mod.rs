@@ -1,0 +1,1 @@
+//! Kernel-KSM backend (madvise + sysfs).

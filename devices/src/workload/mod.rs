@@ -1,0 +1,1 @@
+//! The workload control device (host side of guest/abi).

@@ -1,0 +1,1 @@
+//! Linux guests: kernel loading, boot parameters, e820, ACPI.

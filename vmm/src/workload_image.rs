@@ -1,0 +1,1 @@
+//! The built-in workload guest image (built by build.rs).
