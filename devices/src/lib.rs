@@ -2,5 +2,7 @@
 //! control device, and virtio-mmio with virtio-blk.
 
 pub mod bus;
+pub mod i8042;
+pub mod serial;
 pub mod virtio;
 pub mod workload;

@@ -1,0 +1,653 @@
+//! VM descriptions: the TOML config file, and the same built from CLI flags.
+//! Everything is validated here, before any VM starts, with messages that
+//! name the offending field.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use pagefold_dedup::{Knobs, Mode};
+use serde::{Deserialize, Serialize};
+
+/// Errors in a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("reading config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid size {0:?}: expected a number with an optional K, M, G or T suffix (e.g. 256M, 1G); a bare number means MiB")]
+    Size(String),
+    #[error("VM {vm:?}: {message}")]
+    Vm { vm: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Parses sizes such as `256M`, `1G`, `512MiB`, `4096K`; a bare number is MiB.
+pub fn parse_size(s: &str) -> Result<u64, Error> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| Error::Size(s.to_string()))?;
+    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
+        "" | "M" | "MB" | "MIB" => 20,
+        "K" | "KB" | "KIB" => 10,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        "B" => 0,
+        _ => return Err(Error::Size(s.to_string())),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| Error::Size(s.to_string()))
+}
+
+/// Formats bytes for people (e.g. `256 MiB`).
+pub fn fmt_size(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", U[i])
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+/// A size as written in the config (`"256M"` or a number of MiB).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Mib(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    pub fn bytes(&self) -> Result<u64, Error> {
+        match self {
+            SizeValue::Mib(m) => m.checked_mul(1 << 20).ok_or_else(|| Error::Size(m.to_string())),
+            SizeValue::Text(t) => parse_size(t),
+        }
+    }
+}
+
+/// Where a VM's serial output goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SerialOutput {
+    /// The terminal, each line prefixed with the VM's name when several VMs run.
+    #[default]
+    Stdout,
+    /// Discard.
+    Null,
+    /// A file (created or truncated).
+    File(PathBuf),
+}
+
+/// Per-VM dedup settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmDedup {
+    /// Register this VM's RAM with the dedup backend.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Pages are shared only within a group; default: the VM's own name.
+    #[serde(default)]
+    pub group: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for VmDedup {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            group: None,
+        }
+    }
+}
+
+/// The built-in workload guest's parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadConfig {
+    /// Seed of the shared part: VMs with the same seed hold identical pages.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+    /// Seed of the private part; default: derived from the VM's name.
+    #[serde(default)]
+    pub private_seed: Option<u64>,
+    /// Size of the shared, read-mostly part (like a page cache).
+    #[serde(default)]
+    pub shared: Option<SizeValue>,
+    /// Size of the private, changing part.
+    #[serde(default)]
+    pub private: Option<SizeValue>,
+    #[serde(default)]
+    pub zero_permille: u32,
+    #[serde(default)]
+    pub dup_permille: u32,
+    #[serde(default)]
+    pub churn_permille: u32,
+    /// Pages per second the churn phase rewrites (0: as fast as possible).
+    #[serde(default)]
+    pub churn_rate: u32,
+    #[serde(default)]
+    pub churn_ms: u64,
+    /// Phases, in order: fill, churn, verify, rewrite, sleep:MS, wait:MS.
+    #[serde(default = "default_phases")]
+    pub phases: Vec<String>,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+fn default_phases() -> Vec<String> {
+    vec!["fill".into(), "verify".into()]
+}
+
+impl Default for WorkloadConfig {
+    fn default() -> Self {
+        Self {
+            seed: default_seed(),
+            private_seed: None,
+            shared: None,
+            private: None,
+            zero_permille: 0,
+            dup_permille: 0,
+            churn_permille: 0,
+            churn_rate: 0,
+            churn_ms: 0,
+            phases: default_phases(),
+        }
+    }
+}
+
+/// A disk attached to a Linux guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskConfig {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+/// A Linux kernel to boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelConfig {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub initrd: Option<PathBuf>,
+    #[serde(default = "default_cmdline")]
+    pub cmdline: String,
+    #[serde(default)]
+    pub disks: Vec<DiskConfig>,
+}
+
+pub fn default_cmdline() -> String {
+    "console=ttyS0 reboot=k panic=-1".to_string()
+}
+
+/// One VM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfig {
+    pub name: String,
+    #[serde(default = "one")]
+    pub vcpus: u8,
+    pub memory: SizeValue,
+    #[serde(default)]
+    pub serial: SerialOutput,
+    #[serde(default)]
+    pub dedup: VmDedup,
+    /// The built-in workload guest (the default when no kernel is given).
+    #[serde(default)]
+    pub workload: Option<WorkloadConfig>,
+    /// A Linux kernel instead of the workload guest.
+    #[serde(default)]
+    pub kernel: Option<KernelConfig>,
+}
+
+fn one() -> u8 {
+    1
+}
+
+/// Engine-wide dedup settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DedupConfig {
+    #[serde(default)]
+    pub mode: Mode,
+    /// `pagefold` (the userspace engine) or `ksm` (the kernel's KSM).
+    #[serde(default = "default_backend")]
+    pub backend: String,
+    #[serde(default)]
+    pub pages_to_scan: Option<u64>,
+    #[serde(default)]
+    pub sleep_millisecs: Option<u64>,
+    #[serde(default)]
+    pub max_page_sharing: Option<u64>,
+    #[serde(default)]
+    pub auto_threshold: Option<u64>,
+    #[serde(default)]
+    pub max_scanning_factor: Option<u64>,
+    #[serde(default)]
+    pub memory_signal: Option<String>,
+}
+
+fn default_backend() -> String {
+    "pagefold".to_string()
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Off,
+            backend: default_backend(),
+            pages_to_scan: None,
+            sleep_millisecs: None,
+            max_page_sharing: None,
+            auto_threshold: None,
+            max_scanning_factor: None,
+            memory_signal: None,
+        }
+    }
+}
+
+/// A whole config file: dedup settings and VMs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub dedup: DedupConfig,
+    #[serde(default, rename = "vm")]
+    pub vms: Vec<VmConfig>,
+}
+
+/// Maximum vCPUs per VM.
+pub const MAX_VCPUS: u8 = 64;
+
+impl Config {
+    /// Reads and validates a TOML config file.
+    pub fn from_file(path: &Path) -> Result<Config, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg: Config = toml::from_str(&text).map_err(|e| Error::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Ok(cfg)
+    }
+
+    /// Checks everything that can be checked before starting: names, sizes,
+    /// files, knob ranges, and that the host can give the memory asked for.
+    pub fn validate(&self, host_mem_total: Option<u64>) -> Result<(), Error> {
+        if self.vms.is_empty() {
+            return Err(Error::Invalid("no VM to run: the config has no [[vm]]".into()));
+        }
+        self.dedup.validate()?;
+        let mut names = BTreeSet::new();
+        let mut total = 0u64;
+        for vm in &self.vms {
+            vm.validate()?;
+            if !names.insert(vm.name.clone()) {
+                return Err(Error::Invalid(format!("two VMs are named {:?}", vm.name)));
+            }
+            total = total.saturating_add(vm.memory.bytes()?);
+        }
+        if let Some(host) = host_mem_total {
+            if total > host {
+                return Err(Error::Invalid(format!(
+                    "the VMs ask for {} of memory in all, more than this host has ({})",
+                    fmt_size(total),
+                    fmt_size(host)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl DedupConfig {
+    /// Knobs with defaults filled in and ranges checked.
+    pub fn knobs(&self, defaults: Knobs) -> Result<Knobs, Error> {
+        let k = Knobs {
+            pages_to_scan: self.pages_to_scan.unwrap_or(defaults.pages_to_scan),
+            sleep_millisecs: self.sleep_millisecs.unwrap_or(defaults.sleep_millisecs),
+            max_page_sharing: self.max_page_sharing.unwrap_or(defaults.max_page_sharing),
+        };
+        k.validate().map_err(|e| Error::Invalid(format!("dedup: {e}")))?;
+        Ok(k)
+    }
+
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.backend != "pagefold" && self.backend != "ksm" {
+            return Err(Error::Invalid(format!(
+                "dedup: unknown backend {:?} (expected pagefold or ksm)",
+                self.backend
+            )));
+        }
+        let probe = Knobs {
+            pages_to_scan: 100,
+            sleep_millisecs: 20,
+            max_page_sharing: 256,
+        };
+        self.knobs(probe)?;
+        if let Some(t) = self.auto_threshold {
+            if t > 100 {
+                return Err(Error::Invalid(format!(
+                    "dedup: invalid value for auto_threshold: {t} (valid range 0..=100 percent)"
+                )));
+            }
+        }
+        if let Some(s) = &self.memory_signal {
+            if s != "free" && s != "available" {
+                return Err(Error::Invalid(format!(
+                    "dedup: unknown memory_signal {s:?} (expected free or available)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl VmConfig {
+    fn err(&self, message: impl Into<String>) -> Error {
+        Error::Vm {
+            vm: self.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), Error> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+        if !name_ok {
+            return Err(self.err("name must be 1-64 characters of A-Z, a-z, 0-9, '-', '_', '.'"));
+        }
+        if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
+            return Err(self.err(format!(
+                "invalid vcpus {} (valid range 1..={MAX_VCPUS})",
+                self.vcpus
+            )));
+        }
+        let mem = self.memory.bytes().map_err(|e| self.err(e.to_string()))?;
+        if mem == 0 {
+            return Err(self.err("memory must be larger than zero"));
+        }
+        if mem % crate::memory::RAM_ALIGN != 0 {
+            return Err(self.err(format!(
+                "memory must be a multiple of 2 MiB, got {}",
+                fmt_size(mem)
+            )));
+        }
+        if mem < 16 << 20 {
+            return Err(self.err(format!(
+                "memory must be at least 16 MiB, got {}",
+                fmt_size(mem)
+            )));
+        }
+        if let Some(g) = &self.dedup.group {
+            if g.is_empty() {
+                return Err(self.err("dedup.group must not be empty"));
+            }
+        }
+        match (&self.workload, &self.kernel) {
+            (Some(_), Some(_)) => {
+                return Err(self.err("give either a workload or a kernel, not both"))
+            }
+            (_, Some(k)) => {
+                for p in std::iter::once(&k.path).chain(k.initrd.iter()) {
+                    if !p.is_file() {
+                        return Err(self.err(format!("file not found: {}", p.display())));
+                    }
+                }
+                for d in &k.disks {
+                    if !d.path.is_file() {
+                        return Err(self.err(format!("disk image not found: {}", d.path.display())));
+                    }
+                }
+            }
+            (w, None) => {
+                let w = w.clone().unwrap_or_default();
+                w.validate().map_err(|m| self.err(m))?;
+            }
+        }
+        if let SerialOutput::File(p) = &self.serial {
+            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if !dir.is_dir() {
+                    return Err(self.err(format!(
+                        "serial output directory does not exist: {}",
+                        dir.display()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Guest RAM size in bytes (validated).
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.bytes().unwrap_or(0)
+    }
+
+    /// The dedup group this VM's pages may be shared in.
+    pub fn dedup_group(&self) -> String {
+        self.dedup.group.clone().unwrap_or_else(|| self.name.clone())
+    }
+}
+
+/// A parsed workload phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Fill,
+    Churn,
+    Verify,
+    Rewrite,
+    Sleep(u64),
+    WaitHost(u64),
+}
+
+impl Phase {
+    pub fn parse(s: &str) -> Result<Phase, String> {
+        let (op, arg) = match s.split_once(':') {
+            Some((o, a)) => (o, Some(a)),
+            None => (s, None),
+        };
+        let ms = |a: Option<&str>, default: Option<u64>| -> Result<u64, String> {
+            match (a, default) {
+                (Some(a), _) => a
+                    .parse::<u64>()
+                    .map_err(|_| format!("phase {s:?}: {a:?} is not a number of milliseconds")),
+                (None, Some(d)) => Ok(d),
+                (None, None) => Err(format!("phase {s:?} needs a duration, e.g. {op}:1000")),
+            }
+        };
+        let no_arg = |p: Phase| match arg {
+            None => Ok(p),
+            Some(_) => Err(format!("phase {op:?} takes no argument")),
+        };
+        match op {
+            "fill" => no_arg(Phase::Fill),
+            "churn" => no_arg(Phase::Churn),
+            "verify" => no_arg(Phase::Verify),
+            "rewrite" => no_arg(Phase::Rewrite),
+            "sleep" => Ok(Phase::Sleep(ms(arg, None)?)),
+            "wait" => Ok(Phase::WaitHost(ms(arg, Some(600_000))?)),
+            _ => Err(format!(
+                "unknown phase {op:?} (expected fill, churn, verify, rewrite, sleep:MS or wait[:MS])"
+            )),
+        }
+    }
+}
+
+/// Most phases a workload program holds.
+pub const MAX_PHASES: usize = 15;
+
+impl WorkloadConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("zero_permille", self.zero_permille),
+            ("dup_permille", self.dup_permille),
+            ("churn_permille", self.churn_permille),
+        ] {
+            if v > 1000 {
+                return Err(format!("workload.{name} = {v} (valid range 0..=1000)"));
+            }
+        }
+        if self.zero_permille + self.dup_permille > 1000 {
+            return Err(format!(
+                "workload.zero_permille + dup_permille = {} (must be at most 1000)",
+                self.zero_permille + self.dup_permille
+            ));
+        }
+        if self.phases.is_empty() || self.phases.len() > MAX_PHASES {
+            return Err(format!(
+                "workload.phases must list 1..={MAX_PHASES} phases, got {}",
+                self.phases.len()
+            ));
+        }
+        let phases = self.parsed_phases()?;
+        if !matches!(phases.first(), Some(Phase::Fill)) {
+            return Err("workload.phases must start with \"fill\"".to_string());
+        }
+        for s in [&self.shared, &self.private].into_iter().flatten() {
+            s.bytes().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    pub fn parsed_phases(&self) -> Result<Vec<Phase>, String> {
+        self.phases.iter().map(|p| Phase::parse(p)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
+        assert_eq!(parse_size("256").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("4096B").unwrap(), 4096);
+        for bad in ["", "M", "12Q", "-1M", "1.5G", "99999999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(fmt_size(256 << 20), "256 MiB");
+        assert_eq!(fmt_size(1536 << 20), "1.5 GiB");
+    }
+
+    fn parse(s: &str) -> Result<Config, String> {
+        toml::from_str::<Config>(s).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn parses_two_vm_config() {
+        let c = parse(
+            r#"
+            [dedup]
+            mode = "on"
+            pages_to_scan = 1000
+            [[vm]]
+            name = "a"
+            memory = "256M"
+            [vm.workload]
+            seed = 7
+            shared = "128M"
+            phases = ["fill", "sleep:100", "verify"]
+            [[vm]]
+            name = "b"
+            memory = 256
+            vcpus = 2
+            dedup = { group = "g" }
+        "#,
+        )
+        .unwrap();
+        c.validate(None).unwrap();
+        assert_eq!(c.dedup.mode, Mode::On);
+        assert_eq!(c.vms.len(), 2);
+        assert_eq!(c.vms[1].memory_bytes(), 256 << 20);
+        assert_eq!(c.vms[0].dedup_group(), "a");
+        assert_eq!(c.vms[1].dedup_group(), "g");
+        let w = c.vms[0].workload.as_ref().unwrap();
+        assert_eq!(
+            w.parsed_phases().unwrap(),
+            vec![Phase::Fill, Phase::Sleep(100), Phase::Verify]
+        );
+    }
+
+    #[test]
+    fn rejects_bad_input_with_clear_messages() {
+        let e = parse("[[vm]]\nname = \"a\"\nmemory = \"1G\"\ncolour = 3\n").unwrap_err();
+        assert!(e.contains("unknown field `colour`"), "{e}");
+        let bad = |s: &str, want: &str| {
+            let c = parse(s).unwrap();
+            let e = c.validate(Some(8 << 30)).unwrap_err().to_string();
+            assert!(e.contains(want), "{e} should mention {want}");
+        };
+        bad("[[vm]]\nname = \"a\"\nmemory = 0\n", "larger than zero");
+        bad("[[vm]]\nname = \"a\"\nmemory = \"3M\"\n", "multiple of 2 MiB");
+        bad("[[vm]]\nname = \"a\"\nmemory = \"64G\"\n", "more than this host has");
+        bad("[[vm]]\nname = \"a\"\nmemory = 64\nvcpus = 0\n", "valid range 1..=64");
+        bad("[[vm]]\nname = \"a b\"\nmemory = 64\n", "name must be");
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = 64\n[[vm]]\nname = \"a\"\nmemory = 64\n",
+            "two VMs are named",
+        );
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = 64\n[vm.kernel]\npath = \"/nonexistent/vmlinux\"\n",
+            "file not found",
+        );
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = 64\n[vm.workload]\nphases = [\"verify\"]\n",
+            "must start with",
+        );
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = 64\n[vm.workload]\nphases = [\"fill\", \"dance\"]\n",
+            "unknown phase",
+        );
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = 64\n[vm.workload]\nzero_permille = 1001\n",
+            "valid range 0..=1000",
+        );
+        bad(
+            "[dedup]\npages_to_scan = 0\n[[vm]]\nname = \"a\"\nmemory = 64\n",
+            "pages_to_scan",
+        );
+        bad(
+            "[dedup]\nbackend = \"zfs\"\n[[vm]]\nname = \"a\"\nmemory = 64\n",
+            "unknown backend",
+        );
+        bad("", "no VM to run");
+    }
+
+    #[test]
+    fn phases() {
+        assert_eq!(Phase::parse("wait").unwrap(), Phase::WaitHost(600_000));
+        assert_eq!(Phase::parse("sleep:5").unwrap(), Phase::Sleep(5));
+        assert!(Phase::parse("sleep").unwrap_err().contains("needs a duration"));
+        assert!(Phase::parse("fill:3").unwrap_err().contains("takes no argument"));
+        assert!(Phase::parse("sleep:x").unwrap_err().contains("not a number"));
+    }
+}
