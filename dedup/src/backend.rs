@@ -111,7 +111,11 @@ impl Knobs {
     /// Checks every knob against its valid range.
     pub fn validate(&self) -> Result<()> {
         check("pages_to_scan", self.pages_to_scan, Self::PAGES_TO_SCAN)?;
-        check("sleep_millisecs", self.sleep_millisecs, Self::SLEEP_MILLISECS)?;
+        check(
+            "sleep_millisecs",
+            self.sleep_millisecs,
+            Self::SLEEP_MILLISECS,
+        )?;
         check(
             "max_page_sharing",
             self.max_page_sharing,

@@ -35,8 +35,16 @@ impl Bus {
     }
 
     /// Places `dev` at `base..base+len`.
-    pub fn insert(&mut self, dev: Arc<Mutex<dyn BusDevice>>, base: u64, len: u64) -> Result<(), Error> {
-        let end = base.checked_add(len).filter(|_| len > 0).ok_or(Error::Overlap { base, len })?;
+    pub fn insert(
+        &mut self,
+        dev: Arc<Mutex<dyn BusDevice>>,
+        base: u64,
+        len: u64,
+    ) -> Result<(), Error> {
+        let end = base
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(Error::Overlap { base, len })?;
         if let Some((&b, (l, _))) = self.devices.range(..end).next_back() {
             if b + *l > base {
                 return Err(Error::Overlap { base, len });
@@ -56,7 +64,9 @@ impl Bus {
     pub fn read(&self, addr: u64, data: &mut [u8]) -> bool {
         match self.resolve(addr) {
             Some((off, dev)) => {
-                dev.lock().unwrap_or_else(|e| e.into_inner()).read(off, data);
+                dev.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .read(off, data);
                 true
             }
             None => false,
@@ -67,7 +77,9 @@ impl Bus {
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         match self.resolve(addr) {
             Some((off, dev)) => {
-                dev.lock().unwrap_or_else(|e| e.into_inner()).write(off, data);
+                dev.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .write(off, data);
                 true
             }
             None => false,
@@ -94,9 +106,24 @@ mod tests {
         let mut bus = Bus::new();
         let a = Arc::new(Mutex::new(Rec(vec![])));
         bus.insert(a.clone(), 0x3f8, 8).unwrap();
-        assert_eq!(bus.insert(a.clone(), 0x3fc, 8), Err(Error::Overlap { base: 0x3fc, len: 8 }));
-        assert_eq!(bus.insert(a.clone(), 0x3f0, 9), Err(Error::Overlap { base: 0x3f0, len: 9 }));
-        assert_eq!(bus.insert(a.clone(), 0x10, 0), Err(Error::Overlap { base: 0x10, len: 0 }));
+        assert_eq!(
+            bus.insert(a.clone(), 0x3fc, 8),
+            Err(Error::Overlap {
+                base: 0x3fc,
+                len: 8
+            })
+        );
+        assert_eq!(
+            bus.insert(a.clone(), 0x3f0, 9),
+            Err(Error::Overlap {
+                base: 0x3f0,
+                len: 9
+            })
+        );
+        assert_eq!(
+            bus.insert(a.clone(), 0x10, 0),
+            Err(Error::Overlap { base: 0x10, len: 0 })
+        );
         bus.insert(a.clone(), 0x3f0, 8).unwrap();
         let mut d = [0u8; 1];
         assert!(bus.read(0x3fa, &mut d));

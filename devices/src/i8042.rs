@@ -18,7 +18,10 @@ pub struct I8042 {
 
 impl I8042 {
     pub fn new(on_reset: Box<dyn Fn() + Send>) -> Self {
-        Self { on_reset, resets: 0 }
+        Self {
+            on_reset,
+            resets: 0,
+        }
     }
 
     /// How many resets the guest requested.

@@ -1,1 +1,20 @@
-fn main() {}
+//! `pagefold`: run KVM VMs with guest-memory deduplication.
+
+mod cli;
+mod report;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    let code = match cli::dispatch(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("pagefold: error: {e}");
+            e.exit_code()
+        }
+    };
+    ExitCode::from(code.clamp(0, 255) as u8)
+}

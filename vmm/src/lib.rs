@@ -1,8 +1,16 @@
 //! pagefold's VMM: KVM VMs with guest RAM, vCPUs, devices, and the dedup
 //! engine attached to guest memory.
 
+pub mod boot;
 pub mod config;
+pub mod dedup;
 pub mod linux;
 pub mod memory;
+pub mod runner;
+pub mod signals;
+pub mod state;
+pub mod vcpu;
+pub mod vm;
+pub mod workload;
 pub mod workload_image;
 pub mod x86;

@@ -1,1 +1,87 @@
 //! virtio-mmio transport and virtio-blk.
+//!
+//! The transport ([`mmio::MmioTransport`]) owns the register state and the
+//! virtqueues (`virtio_queue::Queue`); a device model implements
+//! [`VirtioDevice`] and is handed a queue whenever the driver notifies it,
+//! either through an MMIO write to QueueNotify or through the ioeventfd the
+//! VMM registered for it ([`notifier::MmioNotifier`]). Interrupts go out
+//! through an irqfd `EventFd`. All guest memory access goes through
+//! vm-memory; nothing keeps host pointers between requests.
+
+pub mod block;
+pub mod mmio;
+pub mod notifier;
+#[cfg(test)]
+pub(crate) mod testutil;
+
+use virtio_queue::Queue;
+use vm_memory::GuestMemoryMmap;
+
+pub use block::Block;
+pub use mmio::MmioTransport;
+pub use notifier::MmioNotifier;
+
+/// Size of one virtio-mmio device window (register block + config space).
+pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
+
+/// Offset of the QueueNotify register; the VMM registers the ioeventfds here.
+pub const NOTIFY_REG_OFFSET: u64 = 0x50;
+
+/// Feature bit of virtio 1.x ("modern") devices; every pagefold device offers it.
+pub const VIRTIO_F_VERSION_1: u32 = virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+
+/// Errors a device returns from activation or queue processing.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The driver made the queue unusable (bad ring addresses, bad avail
+    /// index): the device needs a reset (virtio 1.x 2.1.2, DEVICE_NEEDS_RESET).
+    #[error("virtqueue {0} is broken: {1}")]
+    BrokenQueue(usize, virtio_queue::Error),
+    /// A queue the device needs was not set up when the driver set DRIVER_OK.
+    #[error("virtqueue {0} is not ready or not valid")]
+    QueueNotReady(usize),
+}
+
+/// A virtio device model behind a transport.
+///
+/// The transport calls these with its lock held, from a vCPU thread (MMIO)
+/// or from the event-manager thread (ioeventfd); implementations do their
+/// work synchronously.
+pub trait VirtioDevice: Send {
+    /// The virtio device ID (2 for block).
+    fn device_type(&self) -> u32;
+
+    /// Maximum size of each queue; the length is the number of queues.
+    fn queue_max_sizes(&self) -> &[u16];
+
+    /// The feature bits the device offers.
+    fn avail_features(&self) -> u64;
+
+    /// Reads `data.len()` bytes of the device config space at `offset`.
+    /// Bytes beyond the config space read as zero.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+
+    /// Writes the device config space; read-only fields ignore writes.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+
+    /// Called once the driver set DRIVER_OK, with the negotiated features
+    /// and the queues it set up (all ready and valid).
+    fn activate(
+        &mut self,
+        acked_features: u64,
+        queues: &mut [Queue],
+        mem: &GuestMemoryMmap,
+    ) -> Result<(), Error>;
+
+    /// Handles a notification for queue `index`: processes the available
+    /// descriptor chains. Returns whether the driver needs an interrupt.
+    fn process_queue(
+        &mut self,
+        index: usize,
+        queue: &mut Queue,
+        mem: &GuestMemoryMmap,
+    ) -> Result<bool, Error>;
+
+    /// Returns the device to its initial state (driver wrote status 0).
+    fn reset(&mut self);
+}

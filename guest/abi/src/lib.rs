@@ -4,6 +4,12 @@
 //! is compiled into the freestanding guest and into the host.
 #![no_std]
 
+pub mod classes;
+#[cfg(any(test, feature = "std"))]
+pub mod expect;
+pub mod generator;
+pub mod mailbox;
+
 /// Guest page size.
 pub const PAGE_SIZE: u64 = 4096;
 
@@ -57,6 +63,22 @@ pub mod phase {
     /// Rewrite every page with its current content generator (bandwidth of
     /// writes to already-touched pages).
     pub const REWRITE: u32 = 6;
+    /// Highest valid opcode.
+    pub const LAST: u32 = REWRITE;
+
+    /// Lower-case name of a phase opcode (for logs and reports).
+    pub const fn name(op: u32) -> &'static str {
+        match op {
+            END => "end",
+            FILL => "fill",
+            CHURN => "churn",
+            VERIFY => "verify",
+            SLEEP => "sleep",
+            WAIT_HOST => "wait-host",
+            REWRITE => "rewrite",
+            _ => "unknown",
+        }
+    }
 }
 
 /// Parameters the guest fetches at start-up. All fields are plain integers so
@@ -95,6 +117,46 @@ pub struct WorkloadParams {
     pub high_end: u64,
     /// Phase program (opcodes from [`phase`]), ended by `phase::END`.
     pub program: [u32; 16],
-    /// One argument per program slot.
+    /// One argument per program slot: SLEEP: ms; WAIT_HOST: max ms (0: no
+    /// limit); CHURN: duration ms (0: `churn_ms`); others: unused.
     pub program_args: [u64; 16],
+}
+
+impl WorkloadParams {
+    /// All fields zero (const, for the guest's `.bss` mailbox).
+    pub const ZERO: Self = Self {
+        magic: 0,
+        vm_index: 0,
+        seed: 0,
+        private_seed: 0,
+        shared_pages: 0,
+        private_pages: 0,
+        zero_permille: 0,
+        dup_permille: 0,
+        churn_permille: 0,
+        churn_rate: 0,
+        churn_ms: 0,
+        tsc_khz: 0,
+        data_start: 0,
+        data_end: 0,
+        high_start: 0,
+        high_end: 0,
+        program: [0; 16],
+        program_args: [0; 16],
+    };
+
+    /// Logical pages the workload holds (shared + private).
+    pub const fn total_pages(&self) -> u64 {
+        self.shared_pages + self.private_pages
+    }
+
+    /// The program's (slot, opcode, arg) up to the first `phase::END`.
+    pub fn phases(&self) -> impl Iterator<Item = (usize, u32, u64)> + '_ {
+        self.program
+            .iter()
+            .zip(self.program_args.iter())
+            .enumerate()
+            .map(|(slot, (&op, &arg))| (slot, op, arg))
+            .take_while(|&(_, op, _)| op != phase::END)
+    }
 }

@@ -13,8 +13,9 @@ pub const USER_DS: u16 = 0x28 | 3;
 pub const USER_CS: u16 = 0x30 | 3;
 /// Task state segment selector (a 16-byte system descriptor).
 pub const TSS_SEL: u16 = 0x38;
-/// Size of the TSS the table points at.
-pub const TSS_LIMIT: u32 = 0x67;
+/// Limit of the TSS the table points at: the 104-byte TSS, an 8 KiB I/O
+/// permission bitmap and its terminating byte.
+pub const TSS_LIMIT: u32 = 0x68 + 0x2000;
 
 /// Builds a code/data descriptor from access byte and flags.
 const fn descriptor(flags: u64, access: u64) -> u64 {
@@ -30,6 +31,7 @@ const USER_CODE64: u64 = descriptor(0xa, 0xfb); // DPL3, L
 /// The table: null, kernel code/data, two unused slots, user data/code, TSS.
 pub fn table(tss_base: u64) -> [u64; 9] {
     let tss_low = (u64::from(TSS_LIMIT) & 0xffff)
+        | ((u64::from(TSS_LIMIT) >> 16) << 48)
         | ((tss_base & 0xff_ffff) << 16)
         | (0x89 << 40) // P, available 64-bit TSS
         | (((tss_base >> 24) & 0xff) << 56);

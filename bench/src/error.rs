@@ -1,0 +1,31 @@
+//! Errors of the benchmark harness.
+
+use pagefold_dedup::ksm::KsmError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("mmap of {len} bytes: {source}")]
+    Mmap {
+        len: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{system}: {source}")]
+    Backend {
+        system: String,
+        #[source]
+        source: pagefold_dedup::Error,
+    },
+    #[error("kernel KSM: {0}")]
+    Ksm(#[from] KsmError),
+    #[error("writing {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serializing results: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("no systems to run")]
+    NoSystems,
+}

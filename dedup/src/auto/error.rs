@@ -1,0 +1,46 @@
+//! Errors of the auto-mode controller.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong configuring auto mode or sampling memory.
+#[derive(Debug, thiserror::Error)]
+pub enum AutoError {
+    /// `auto_threshold` is a percentage of total RAM.
+    #[error("auto_threshold must be a percentage in 0..=100, got {0}")]
+    Threshold(u64),
+    /// `max_scanning_factor` must keep one wake-up within total RAM.
+    #[error(
+        "max_scanning_factor must be in 1..={max} (total RAM pages {total_pages} / \
+         pages_to_scan {pages_to_scan}), got {value}"
+    )]
+    MaxScanningFactor {
+        value: u64,
+        max: u64,
+        total_pages: u64,
+        pages_to_scan: u64,
+    },
+    /// A PSI trigger threshold outside 0..=100 %, or release above trigger.
+    #[error("invalid PSI trigger: {0}")]
+    PsiTrigger(String),
+    /// `memory_signal` must be `free` or `available`.
+    #[error("unknown memory signal {0:?} (expected free or available)")]
+    UnknownSignal(String),
+    /// A PSI metric name that is not `some_avg10|some_avg60|full_avg10|full_avg60`.
+    #[error(
+        "unknown PSI metric {0:?} (expected some_avg10, some_avg60, full_avg10 or full_avg60)"
+    )]
+    UnknownPsiMetric(String),
+    /// Reading a `/proc` file failed.
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A `/proc` file lacked a field or had an unparsable one.
+    #[error("parsing {what}: {detail}")]
+    Parse { what: &'static str, detail: String },
+    /// The memory source reported a total of zero bytes.
+    #[error("memory source reported MemTotal = 0")]
+    ZeroTotal,
+}

@@ -1,0 +1,117 @@
+//! The userfaultfd handler thread. It never takes the engine's core lock and
+//! never waits for the merging thread (merge-races 3): for a write fault on a
+//! page that is part of a merge in flight it does nothing, because the merger
+//! always unprotects or wakes that range when the merge ends; for any other
+//! write-protect fault (a leftover that must not exist, handled anyway) it
+//! unprotects the page so the write lands.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::uffd::{Uffd, UffdMsg, EVENT_PAGEFAULT, PAGEFAULT_FLAG_WP};
+use crate::PAGE_SIZE;
+
+/// Errors of the fault handler setup.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    #[error("eventfd: {0}")]
+    EventFd(#[source] std::io::Error),
+}
+
+/// Ranges under protection right now, and the registered regions. Shared by
+/// the merger and the handler; held only around single ioctls.
+#[derive(Debug, Default)]
+pub struct ProtState {
+    /// `(start, end)` of merges/unmerges in flight.
+    pub busy: Vec<(usize, usize)>,
+    /// `(start, end)` of registered regions.
+    pub regions: Vec<(usize, usize)>,
+}
+
+impl ProtState {
+    fn busy_contains(&self, a: usize) -> bool {
+        self.busy.iter().any(|&(s, e)| a >= s && a < e)
+    }
+    fn region_contains(&self, a: usize) -> bool {
+        self.regions.iter().any(|&(s, e)| a >= s && a < e)
+    }
+}
+
+/// Counters of the handler.
+#[derive(Debug, Default)]
+pub struct FaultCounters {
+    /// Write faults that hit a page under merge (resolved by the merger).
+    pub in_merge: AtomicU64,
+    /// Stray write-protect faults resolved by unprotecting.
+    pub stray: AtomicU64,
+}
+
+/// A stop signal for the handler thread (an eventfd it polls).
+#[derive(Debug)]
+pub struct StopFd(OwnedFd);
+
+impl StopFd {
+    pub fn new() -> Result<Self, FaultError> {
+        // SAFETY: plain syscall.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(FaultError::EventFd(std::io::Error::last_os_error()));
+        }
+        // SAFETY: fd is new and ours.
+        Ok(StopFd(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }))
+    }
+
+    /// Signals the handler to exit.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
+        unsafe { libc::write(self.0.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+    }
+}
+
+/// Runs the handler until `stop` is signalled.
+pub fn run(uffd: Arc<Uffd>, prot: Arc<Mutex<ProtState>>, stop: Arc<StopFd>, counters: Arc<FaultCounters>) {
+    let mut msgs = [UffdMsg::default(); 16];
+    loop {
+        let mut fds = [
+            libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: stop.0.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: fds is a valid array of 2 pollfds.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if r < 0 {
+            continue; // EINTR
+        }
+        if fds[1].revents != 0 {
+            return;
+        }
+        let n = match uffd.read_msgs(&mut msgs) {
+            Ok(n) => n,
+            Err(e) => {
+                log::error!("pagefold: userfaultfd read failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
+            }
+        };
+        for m in &msgs[..n] {
+            if m.event != EVENT_PAGEFAULT || m.flags & PAGEFAULT_FLAG_WP == 0 {
+                continue;
+            }
+            let page = m.address as usize & !(PAGE_SIZE - 1);
+            let p = prot.lock().unwrap_or_else(|e| e.into_inner());
+            if p.busy_contains(page) {
+                // The merger wakes this range when it is done (merge-races 2).
+                counters.in_merge.fetch_add(1, Ordering::Relaxed);
+            } else if p.region_contains(page) {
+                counters.stray.fetch_add(1, Ordering::Relaxed);
+                if let Err(e) = uffd.unprotect(page, PAGE_SIZE) {
+                    log::debug!("pagefold: stray fault unprotect: {e}");
+                    let _ = uffd.wake(page, PAGE_SIZE);
+                }
+            } else {
+                let _ = uffd.wake(page, PAGE_SIZE);
+            }
+        }
+    }
+}

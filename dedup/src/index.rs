@@ -1,0 +1,235 @@
+//! The two content indices.
+//!
+//! * [`StableIndex`]: (group, hash) -> pool slots holding that content, in
+//!   ascending slot order (so lookups prefer the start of a stripe and runs
+//!   keep coalescing). Keyed by group, so a hit from another dedup group is
+//!   impossible by construction (merge-races 12).
+//! * [`UnstableIndex`]: hash -> candidate guest pages seen this pass, rebuilt
+//!   every pass (KSM's unstable tree). An open-addressing table of 4-byte
+//!   page ids whose keys live in the engine's per-page array, so it costs
+//!   about 5-7 bytes per tracked page. It is a multimap: pages with equal
+//!   hashes but different content coexist and are told apart by comparing.
+//!
+//! A hash match never merges by itself: callers confirm every merge with a
+//! full compare under write-protection (merge-races 11).
+
+use std::collections::HashMap;
+
+/// Errors of the indices (none can occur today; kept for the module rule).
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("unstable index full ({0} entries)")]
+    Full(usize),
+}
+
+/// (group, hash) -> ascending pool slots.
+#[derive(Debug, Default)]
+pub struct StableIndex {
+    map: HashMap<u64, Vec<u32>>,
+    entries: usize,
+}
+
+fn key(group: u32, hash: u32) -> u64 {
+    ((group as u64) << 32) | hash as u64
+}
+
+impl StableIndex {
+    /// Adds `slot` under (group, hash).
+    pub fn insert(&mut self, group: u32, hash: u32, slot: u32) {
+        let v = self.map.entry(key(group, hash)).or_default();
+        if let Err(pos) = v.binary_search(&slot) {
+            v.insert(pos, slot);
+            self.entries += 1;
+        }
+    }
+
+    /// Removes `slot` from (group, hash); true if it was there.
+    pub fn remove(&mut self, group: u32, hash: u32, slot: u32) -> bool {
+        let k = key(group, hash);
+        let Some(v) = self.map.get_mut(&k) else {
+            return false;
+        };
+        let Ok(pos) = v.binary_search(&slot) else {
+            return false;
+        };
+        v.remove(pos);
+        self.entries -= 1;
+        if v.is_empty() {
+            self.map.remove(&k);
+        }
+        true
+    }
+
+    /// Slots holding content with this hash in this group, ascending.
+    pub fn get(&self, group: u32, hash: u32) -> &[u32] {
+        self.map.get(&key(group, hash)).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// Number of (slot) entries.
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    /// True if empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// Approximate heap bytes.
+    pub fn heap_bytes(&self) -> u64 {
+        (self.map.capacity() * (8 + 24 + 1)) as u64 + self.entries as u64 * 4
+    }
+}
+
+const EMPTY: u32 = u32::MAX;
+
+/// Open-addressing multimap hash -> page id, keys held by the caller.
+#[derive(Debug, Default)]
+pub struct UnstableIndex {
+    table: Vec<u32>,
+    len: usize,
+}
+
+/// Lookups stop after this many same-hash candidates (bounds the work a
+/// flood of colliding pages can cause).
+pub const MAX_CANDIDATES: usize = 16;
+
+impl UnstableIndex {
+    /// Empties the table and sizes it for `pages` entries (load <= 0.8).
+    pub fn reset(&mut self, pages: usize) {
+        let want = ((pages + pages / 4).max(64)).next_power_of_two();
+        if self.table.len() != want {
+            self.table = vec![EMPTY; want];
+        } else {
+            self.table.fill(EMPTY);
+        }
+        self.len = 0;
+    }
+
+    /// Entries inserted since the last reset.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True if nothing was inserted since the last reset.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn start(&self, hash: u32) -> usize {
+        // Fibonacci hashing spreads weak or clustered hashes.
+        (hash.wrapping_mul(0x9E37_79B9) as usize) & (self.table.len() - 1)
+    }
+
+    /// Inserts page `id` with key `hash`.
+    pub fn insert(&mut self, hash: u32, id: u32) -> Result<(), IndexError> {
+        if self.table.is_empty() || (self.len + 1) * 10 > self.table.len() * 9 {
+            return Err(IndexError::Full(self.len));
+        }
+        let mask = self.table.len() - 1;
+        let mut i = self.start(hash);
+        while self.table[i] != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.table[i] = id;
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Calls `f` for up to [`MAX_CANDIDATES`] entries whose current key (per
+    /// `key_of`, `None` = stale) equals `hash`, until `f` returns true; then
+    /// returns that id.
+    pub fn find(&self, hash: u32, key_of: impl Fn(u32) -> Option<u32>, mut f: impl FnMut(u32) -> bool) -> Option<u32> {
+        if self.table.is_empty() {
+            return None;
+        }
+        let mask = self.table.len() - 1;
+        let mut i = self.start(hash);
+        let mut tried = 0;
+        let mut steps = 0;
+        while self.table[i] != EMPTY && steps < self.table.len() {
+            let id = self.table[i];
+            if key_of(id) == Some(hash) {
+                if f(id) {
+                    return Some(id);
+                }
+                tried += 1;
+                if tried >= MAX_CANDIDATES {
+                    return None;
+                }
+            }
+            i = (i + 1) & mask;
+            steps += 1;
+        }
+        None
+    }
+
+    /// Heap bytes.
+    pub fn heap_bytes(&self) -> u64 {
+        self.table.capacity() as u64 * 4
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    proptest! {
+        #[test]
+        fn stable_matches_model(ops in proptest::collection::vec((any::<bool>(), 0u32..3, 0u32..5, 0u32..40), 1..300)) {
+            let mut ix = StableIndex::default();
+            let mut model: BTreeMap<(u32, u32), BTreeSet<u32>> = BTreeMap::new();
+            for (ins, g, h, s) in ops {
+                if ins {
+                    ix.insert(g, h, s);
+                    model.entry((g, h)).or_default().insert(s);
+                } else {
+                    let was = model.get_mut(&(g, h)).map(|m| m.remove(&s)).unwrap_or(false);
+                    prop_assert_eq!(ix.remove(g, h, s), was);
+                }
+                for g in 0..3 { for h in 0..5 {
+                    let want: Vec<u32> = model.get(&(g, h)).map(|m| m.iter().copied().collect()).unwrap_or_default();
+                    prop_assert_eq!(ix.get(g, h), want.as_slice());
+                }}
+            }
+            prop_assert_eq!(ix.len(), model.values().map(|m| m.len()).sum::<usize>());
+        }
+
+        #[test]
+        fn unstable_finds_every_live_entry(keys in proptest::collection::vec(0u32..8, 1..200), dead in proptest::collection::vec(any::<bool>(), 200)) {
+            // Page id i has key keys[i] unless dead[i] (stale).
+            let mut ix = UnstableIndex::default();
+            ix.reset(keys.len());
+            for (i, &k) in keys.iter().enumerate() {
+                ix.insert(k, i as u32).unwrap();
+            }
+            let key_of = |id: u32| (!dead[id as usize]).then(|| keys[id as usize]);
+            for (i, &k) in keys.iter().enumerate() {
+                let mut seen = Vec::new();
+                let got = ix.find(k, key_of, |id| { seen.push(id); id == i as u32 });
+                let live_same = keys.iter().enumerate().filter(|(j, &kk)| kk == k && !dead[*j]).count();
+                if dead[i] {
+                    prop_assert_eq!(got, None);
+                } else if seen.len() < MAX_CANDIDATES || got.is_some() {
+                    // Reached within the candidate bound => found.
+                    if live_same <= MAX_CANDIDATES { prop_assert_eq!(got, Some(i as u32)); }
+                }
+                for id in seen { prop_assert_eq!(keys[id as usize], k); prop_assert!(!dead[id as usize]); }
+            }
+        }
+    }
+
+    #[test]
+    fn full_table_refuses() {
+        let mut ix = UnstableIndex::default();
+        ix.reset(10);
+        let mut n = 0;
+        while ix.insert(1, n).is_ok() {
+            n += 1;
+        }
+        assert!(n >= 10);
+        assert!(ix.find(1, |_| Some(1), |id| id == n - 1).is_none() || n <= MAX_CANDIDATES as u32);
+    }
+}

@@ -1,0 +1,433 @@
+//! [`KsmBackend`]: the in-kernel KSM behind the [`DedupBackend`] interface,
+//! so the VMM and the benchmarks drive it exactly like pagefold's engine.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::driver::Driver;
+use super::error::KsmError;
+use super::procstat::{self, ProcessKsmStat};
+use super::sysfs::{KsmSysfs, KSM_SYSFS};
+use crate::auto::{page_size, AutoConfig, AutoController, AutoHandle, MemorySource, ProcMemSource};
+use crate::backend::{
+    DedupBackend, Error, KnobUpdate, Knobs, Mode, OwnerStats, RegionId, RegionSpec, Result, Stats,
+};
+
+/// How to build a [`KsmBackend`].
+pub struct KsmOptions {
+    /// Where KSM's sysfs files are (default `/sys/kernel/mm/ksm`).
+    pub sysfs_root: PathBuf,
+    /// Auto-mode settings.
+    pub auto: AutoConfig,
+    /// Memory source for auto mode; `None` reads `/proc/meminfo`.
+    pub memory_source: Option<Box<dyn MemorySource>>,
+}
+
+impl Default for KsmOptions {
+    fn default() -> Self {
+        Self {
+            sysfs_root: PathBuf::from(KSM_SYSFS),
+            auto: AutoConfig::default(),
+            memory_source: None,
+        }
+    }
+}
+
+pub(super) struct State {
+    regions: BTreeMap<RegionId, RegionSpec>,
+    next_id: u64,
+    mode: Mode,
+    knobs: Knobs,
+    shut_down: bool,
+}
+
+/// What the auto-mode thread shares with the backend.
+pub(super) struct Inner {
+    pub sysfs: KsmSysfs,
+    state: Mutex<State>,
+    auto: Mutex<AutoController>,
+    ksmd: Option<u32>,
+    ksmd_cpu_at_start: f64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves consistent data even when it panics.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    pub fn knobs(&self) -> Knobs {
+        self.state().knobs
+    }
+
+    pub fn auto(&self) -> MutexGuard<'_, AutoController> {
+        lock(&self.auto)
+    }
+
+    /// Writes `pages_to_scan`, explaining the EINVAL the kernel returns while
+    /// its own scan-time advisor is in charge of that knob.
+    pub fn write_pages_to_scan(&self, pages: u64) -> std::result::Result<(), KsmError> {
+        match self.sysfs.write("pages_to_scan", pages) {
+            Err(KsmError::Sysfs { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+                let advisor = self.sysfs.read("advisor_mode").unwrap_or_default();
+                Err(KsmError::AdvisorActive(advisor))
+            }
+            other => other,
+        }
+    }
+
+    fn ksmd_cpu(&self) -> f64 {
+        self.ksmd
+            .and_then(|pid| procstat::cpu_seconds(pid).ok())
+            .map(|c| (c - self.ksmd_cpu_at_start).max(0.0))
+            .unwrap_or(0.0)
+    }
+
+    /// Writes `max_page_sharing` if it differs from the kernel's value,
+    /// refusing with a clear error while KSM pages exist.
+    fn write_max_page_sharing(&self, requested: u64) -> std::result::Result<(), KsmError> {
+        let current = self.sysfs.read_u64("max_page_sharing")?;
+        if current == requested {
+            return Ok(());
+        }
+        let busy = |pages_shared| KsmError::MaxPageSharingBusy {
+            pages_shared,
+            current,
+            requested,
+        };
+        let pages_shared = self.sysfs.read_u64("pages_shared")?;
+        if pages_shared > 0 {
+            return Err(busy(pages_shared));
+        }
+        match self.sysfs.write("max_page_sharing", requested) {
+            Err(KsmError::Sysfs { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+                Err(busy(self.sysfs.read_u64("pages_shared").unwrap_or(0)))
+            }
+            other => other,
+        }
+    }
+}
+
+/// Kernel KSM as a dedup backend (name `"ksm"`).
+///
+/// KSM's `run` and knobs are host-wide: this backend changes them for every
+/// KSM user on the host while it runs, and puts back every knob it wrote on
+/// [`DedupBackend::shutdown`] or drop. Figures that exist per process
+/// (`/proc/self/ksm_stat`) are reported per process; `pages_shared`,
+/// `pages_sharing`, `pages_unshared`, `pages_volatile` and `full_scans` exist
+/// only host-wide and include other processes' KSM use.
+pub struct KsmBackend {
+    inner: Arc<Inner>,
+    auto_handle: AutoHandle,
+    driver: Mutex<Option<Driver>>,
+}
+
+impl KsmBackend {
+    /// KSM at `/sys/kernel/mm/ksm`, default auto mode on `/proc/meminfo`.
+    pub fn new() -> std::result::Result<Self, KsmError> {
+        Self::with_options(KsmOptions::default())
+    }
+
+    pub fn with_options(opts: KsmOptions) -> std::result::Result<Self, KsmError> {
+        let sysfs = KsmSysfs::open_at(opts.sysfs_root)?;
+        let clamp = |v: u64, (lo, hi): (u64, u64)| v.clamp(lo, hi);
+        // Start from the host's current settings: nothing is written until
+        // the caller changes a mode or a knob.
+        let knobs = Knobs {
+            pages_to_scan: clamp(sysfs.read_u64("pages_to_scan")?, Knobs::PAGES_TO_SCAN),
+            sleep_millisecs: clamp(sysfs.read_u64("sleep_millisecs")?, Knobs::SLEEP_MILLISECS),
+            max_page_sharing: clamp(sysfs.read_u64("max_page_sharing")?, Knobs::MAX_PAGE_SHARING),
+        };
+        let source = opts
+            .memory_source
+            .unwrap_or_else(|| Box::new(ProcMemSource::new()));
+        let auto = AutoController::new(opts.auto, source, knobs.pages_to_scan)?;
+        let auto_handle = auto.handle();
+        let ksmd = procstat::find_by_comm(std::path::Path::new("/proc"), "ksmd");
+        if ksmd.is_none() {
+            log::warn!("KSM: no ksmd thread found; cpu_seconds will read 0");
+        }
+        let ksmd_cpu_at_start = ksmd
+            .and_then(|p| procstat::cpu_seconds(p).ok())
+            .unwrap_or(0.0);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                sysfs,
+                state: Mutex::new(State {
+                    regions: BTreeMap::new(),
+                    next_id: 1,
+                    mode: Mode::Off,
+                    knobs,
+                    shut_down: false,
+                }),
+                auto: Mutex::new(auto),
+                ksmd,
+                ksmd_cpu_at_start,
+            }),
+            auto_handle,
+            driver: Mutex::new(None),
+        })
+    }
+
+    /// Reads auto-mode status (and changes its config) from any thread.
+    pub fn auto_handle(&self) -> AutoHandle {
+        self.auto_handle.clone()
+    }
+
+    /// This process's `/proc/self/ksm_stat` figures.
+    pub fn process_stat(&self) -> Option<ProcessKsmStat> {
+        procstat::self_ksm_stat()
+    }
+
+    /// KSM sysfs knobs this backend has written (restored on shutdown).
+    pub fn touched_knobs(&self) -> Vec<String> {
+        self.inner.sysfs.touched()
+    }
+
+    fn stop_driver(&self) {
+        if let Some(d) = lock(&self.driver).take() {
+            d.stop();
+        }
+    }
+
+    fn apply_mode(&self, mode: Mode) -> std::result::Result<(), KsmError> {
+        let inner = &self.inner;
+        let knobs = inner.knobs();
+        match mode {
+            Mode::Off => inner.sysfs.write("run", 0)?,
+            Mode::On => {
+                inner.write_pages_to_scan(knobs.pages_to_scan)?;
+                inner
+                    .sysfs
+                    .write("sleep_millisecs", knobs.sleep_millisecs)?;
+                inner.sysfs.write("run", 1)?;
+            }
+            Mode::Unmerge => {
+                // Returns once every KSM page is unmerged (host-wide: KSM has
+                // no per-caller unmerge short of MADV_UNMERGEABLE).
+                inner.sysfs.write("run", 2)?;
+                inner.sysfs.write("run", 0)?;
+            }
+            Mode::Auto => {
+                inner
+                    .sysfs
+                    .write("sleep_millisecs", knobs.sleep_millisecs)?;
+                // Untriggered until the controller says otherwise.
+                inner.sysfs.write("run", 0)?;
+                *lock(&self.driver) = Some(Driver::start(Arc::clone(inner))?);
+            }
+        }
+        Ok(())
+    }
+
+    fn per_owner(&self, st: &State, proc: Option<ProcessKsmStat>) -> BTreeMap<String, OwnerStats> {
+        let page = page_size();
+        let mut out: BTreeMap<String, OwnerStats> = BTreeMap::new();
+        for spec in st.regions.values() {
+            let o = out.entry(spec.owner.clone()).or_default();
+            o.group = spec.group.clone();
+            o.pages_tracked += spec.len as u64 / page;
+        }
+        // ksm_stat is per process: it can be attributed only when every
+        // region belongs to one owner.
+        if out.len() == 1 {
+            if let (Some(o), Some(p)) = (out.values_mut().next(), proc) {
+                o.pages_merged = p.merging_pages.unwrap_or(0);
+                o.zero_pages = p.zero_pages.unwrap_or(0);
+                o.bytes_saved = (o.pages_merged + o.zero_pages) * page;
+            }
+        }
+        out
+    }
+}
+
+impl DedupBackend for KsmBackend {
+    fn name(&self) -> &'static str {
+        "ksm"
+    }
+
+    unsafe fn register(&self, spec: RegionSpec) -> Result<RegionId> {
+        let page = page_size() as usize;
+        let bad = || Error::BadRegion {
+            addr: spec.host_addr,
+            len: spec.len,
+        };
+        if spec.len == 0 || !spec.host_addr.is_multiple_of(page) || !spec.len.is_multiple_of(page) {
+            return Err(bad());
+        }
+        let end = spec.host_addr.checked_add(spec.len).ok_or_else(bad)?;
+        let mut st = self.inner.state();
+        if st
+            .regions
+            .values()
+            .any(|r| spec.host_addr < r.host_addr + r.len && r.host_addr < end)
+        {
+            return Err(Error::Overlap {
+                addr: spec.host_addr,
+                len: spec.len,
+            });
+        }
+        madvise(
+            spec.host_addr,
+            spec.len,
+            libc::MADV_MERGEABLE,
+            "MADV_MERGEABLE",
+        )?;
+        let id = RegionId(st.next_id);
+        st.next_id += 1;
+        st.regions.insert(id, spec);
+        Ok(id)
+    }
+
+    fn unregister(&self, id: RegionId) -> Result<()> {
+        let mut st = self.inner.state();
+        let spec = st.regions.get(&id).ok_or(Error::UnknownRegion(id.0))?;
+        // Unmerges this region's pages (each gets a private copy) and takes
+        // the range out of ksmd's scan: KSM no longer touches it afterwards.
+        madvise(
+            spec.host_addr,
+            spec.len,
+            libc::MADV_UNMERGEABLE,
+            "MADV_UNMERGEABLE",
+        )?;
+        st.regions.remove(&id);
+        Ok(())
+    }
+
+    fn set_mode(&self, mode: Mode) -> Result<()> {
+        self.stop_driver();
+        if self.inner.state().shut_down {
+            return Err(KsmError::ShutDown.into());
+        }
+        self.apply_mode(mode)?;
+        self.inner.state().mode = mode;
+        Ok(())
+    }
+
+    fn mode(&self) -> Mode {
+        self.inner.state().mode
+    }
+
+    fn set_knobs(&self, update: KnobUpdate) -> Result<Knobs> {
+        let inner = &self.inner;
+        let mut st = inner.state();
+        if st.shut_down {
+            return Err(KsmError::ShutDown.into());
+        }
+        let new = update.apply(&st.knobs)?;
+        if update.max_page_sharing.is_some() {
+            inner.write_max_page_sharing(new.max_page_sharing)?;
+        }
+        if update.sleep_millisecs.is_some() {
+            inner.sysfs.write("sleep_millisecs", new.sleep_millisecs)?;
+        }
+        // In auto mode the driver owns pages_to_scan (knob x factor).
+        if update.pages_to_scan.is_some() && st.mode != Mode::Auto {
+            inner.write_pages_to_scan(new.pages_to_scan)?;
+        }
+        st.knobs = new;
+        Ok(new)
+    }
+
+    fn knobs(&self) -> Knobs {
+        self.inner.knobs()
+    }
+
+    /// Host-wide: pages_shared/sharing/unshared/volatile, full_scans.
+    /// This process (`/proc/self/ksm_stat`): zero_pages, merges (pages of
+    /// this process currently merged: KSM keeps no cumulative count),
+    /// bytes_saved (merged + zero pages, the kernel's per-process profit
+    /// accounting), metadata_bytes (rmap items), profit_bytes.
+    /// cpu_seconds: ksmd's utime+stime since this backend started.
+    /// cow_breaks and vmas_created: KSM counts neither; 0.
+    /// The per-process counters lag after `unregister` (MADV_UNMERGEABLE)
+    /// until ksmd's next pass removes the stale rmap items; `run` 2
+    /// (`Mode::Unmerge`) clears them at once.
+    fn stats(&self) -> Stats {
+        let sys = &self.inner.sysfs;
+        let g = |n: &str| sys.read_u64(n).unwrap_or(0);
+        let proc = procstat::self_ksm_stat();
+        let page = page_size();
+        let st = self.inner.state();
+        let merging = proc.and_then(|p| p.merging_pages).unwrap_or(0);
+        let zero = proc
+            .and_then(|p| p.zero_pages)
+            .unwrap_or_else(|| g("ksm_zero_pages"));
+        let saved = (merging + zero) * page;
+        let profit = proc
+            .and_then(|p| p.process_profit)
+            .unwrap_or_else(|| sys.read_i64("general_profit").unwrap_or(0));
+        let maps = procstat::self_map_count();
+        let max_maps = procstat::max_map_count();
+        Stats {
+            backend: "ksm".into(),
+            mode: st.mode,
+            knobs: Some(st.knobs),
+            pages_shared: g("pages_shared"),
+            pages_sharing: g("pages_sharing"),
+            pages_unshared: g("pages_unshared"),
+            pages_volatile: g("pages_volatile"),
+            zero_pages: zero,
+            full_scans: g("full_scans"),
+            merges: merging,
+            cow_breaks: 0,
+            pool_pages: g("pages_shared"),
+            vmas_created: 0,
+            map_count_headroom: match (maps, max_maps) {
+                (Some(m), Some(x)) => x.saturating_sub(m),
+                _ => 0,
+            },
+            map_count_limited: false,
+            cpu_seconds: self.inner.ksmd_cpu(),
+            bytes_saved: saved,
+            metadata_bytes: (saved as i64 - profit).max(0) as u64,
+            profit_bytes: profit,
+            per_owner: self.per_owner(&st, proc),
+        }
+    }
+
+    fn shutdown(&self) {
+        self.stop_driver();
+        self.inner.state().shut_down = true;
+        for e in self.inner.sysfs.restore() {
+            log::error!("KSM backend shutdown: {e}");
+        }
+    }
+}
+
+impl Drop for KsmBackend {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn madvise(
+    addr: usize,
+    len: usize,
+    advice: libc::c_int,
+    name: &'static str,
+) -> std::result::Result<(), KsmError> {
+    // SAFETY: MADV_MERGEABLE/UNMERGEABLE change no page contents (unmerging
+    // gives each page a private copy with the same bytes); the caller of
+    // `register` guaranteed the range is a private anonymous mapping of this
+    // process that stays mapped until `unregister` returns.
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+    if r != 0 {
+        return Err(KsmError::Madvise {
+            advice: name,
+            addr,
+            len,
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "backend_tests.rs"]
+mod tests;

@@ -1,0 +1,213 @@
+//! Per-process KSM figures (`/proc/<pid>/ksm_stat`) and ksmd's CPU time
+//! (`/proc/<ksmd>/stat`).
+
+use std::path::Path;
+
+use super::error::KsmError;
+
+/// `/proc/<pid>/ksm_stat`. Fields are `None` on kernels that lack them
+/// (ksm_merging_pages needs 6.1+, ksm_zero_pages 6.10+).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProcessKsmStat {
+    pub rmap_items: Option<u64>,
+    pub zero_pages: Option<u64>,
+    pub merging_pages: Option<u64>,
+    pub process_profit: Option<i64>,
+}
+
+/// Parses the `name value` lines of `ksm_stat`; unknown lines are ignored
+/// (newer kernels add `ksm_merge_any: no` and the like).
+pub fn parse_ksm_stat(text: &str) -> ProcessKsmStat {
+    let mut s = ProcessKsmStat::default();
+    for line in text.lines() {
+        let mut w = line.split_whitespace();
+        let (Some(k), Some(v)) = (w.next(), w.next()) else {
+            continue;
+        };
+        match k {
+            "ksm_rmap_items" => s.rmap_items = v.parse().ok(),
+            "ksm_zero_pages" => s.zero_pages = v.parse().ok(),
+            "ksm_merging_pages" => s.merging_pages = v.parse().ok(),
+            "ksm_process_profit" => s.process_profit = v.parse().ok(),
+            _ => {}
+        }
+    }
+    s
+}
+
+/// This process's KSM figures; `None` if the kernel has no `ksm_stat`.
+pub fn self_ksm_stat() -> Option<ProcessKsmStat> {
+    std::fs::read_to_string("/proc/self/ksm_stat")
+        .ok()
+        .map(|t| parse_ksm_stat(&t))
+}
+
+/// Finds the kernel thread whose comm is exactly `name`.
+pub fn find_by_comm(proc_root: &Path, name: &str) -> Option<u32> {
+    let dir = std::fs::read_dir(proc_root).ok()?;
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+                .map(|c| c.trim_end_matches('\n') == name)
+                .unwrap_or(false)
+        })
+}
+
+/// utime + stime in clock ticks from the text of `/proc/<pid>/stat`. The
+/// comm field may contain spaces and parentheses: fields are counted after
+/// the last `)`.
+pub fn parse_stat_ticks(text: &str) -> Result<u64, KsmError> {
+    let bad = |detail: &str| KsmError::Parse {
+        what: "/proc/<pid>/stat".into(),
+        detail: detail.into(),
+    };
+    let rest = &text[text.rfind(')').ok_or_else(|| bad("no ')'"))? + 1..];
+    // After ')': state(3) ppid(4) ... utime(14) stime(15), 1-based.
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let get = |i: usize| -> Result<u64, KsmError> {
+        f.get(i)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| bad("utime/stime missing"))
+    };
+    Ok(get(11)? + get(12)?)
+}
+
+/// Clock ticks per second for `/proc/<pid>/stat` times.
+pub fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// CPU seconds (user + system) `pid` has used.
+pub fn cpu_seconds(pid: u32) -> Result<f64, KsmError> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).map_err(|source| KsmError::Sysfs {
+        op: "reading",
+        path: path.into(),
+        source,
+    })?;
+    Ok(parse_stat_ticks(&text)? as f64 / clock_ticks())
+}
+
+/// `KPF_KSM` in `/proc/kpageflags`.
+const KPF_KSM: u64 = 1 << 21;
+
+/// Counts the pages of `addr..addr+len` (this process) that are KSM pages
+/// right now, from `/proc/self/pagemap` and `/proc/kpageflags` (root only).
+/// Exact, unlike `ksm_merging_pages`, which lags after an unmerge or
+/// unregister until ksmd's next pass; but it costs one `pread` per present
+/// page (tens of ms for 300 MiB): for tests and end-of-run checks.
+pub fn count_ksm_pages(addr: usize, len: usize) -> Result<u64, KsmError> {
+    use std::os::unix::fs::FileExt;
+    let open = |p: &str| {
+        std::fs::File::open(p).map_err(|source| KsmError::Sysfs {
+            op: "opening",
+            path: p.into(),
+            source,
+        })
+    };
+    let read_err = |p: &str| {
+        let p = p.to_string();
+        move |source| KsmError::Sysfs {
+            op: "reading",
+            path: p.into(),
+            source,
+        }
+    };
+    let page = crate::auto::page_size() as usize;
+    let pagemap = open("/proc/self/pagemap")?;
+    let kflags = open("/proc/kpageflags")?;
+    let pages = len / page;
+    let mut entries = vec![0u8; pages * 8];
+    pagemap
+        .read_exact_at(&mut entries, (addr / page * 8) as u64)
+        .map_err(read_err("/proc/self/pagemap"))?;
+    let mut n = 0;
+    for e in entries.chunks_exact(8) {
+        let e = u64::from_ne_bytes(e.try_into().expect("8-byte chunk"));
+        if e & (1 << 63) == 0 {
+            continue;
+        }
+        let pfn = e & ((1 << 55) - 1);
+        let mut f = [0u8; 8];
+        kflags
+            .read_exact_at(&mut f, pfn * 8)
+            .map_err(read_err("/proc/kpageflags"))?;
+        if u64::from_ne_bytes(f) & KPF_KSM != 0 {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Number of mappings of this process (one line of `/proc/self/maps` each).
+pub fn self_map_count() -> Option<u64> {
+    let maps = std::fs::read("/proc/self/maps").ok()?;
+    Some(maps.iter().filter(|&&b| b == b'\n').count() as u64)
+}
+
+/// `vm.max_map_count`.
+pub fn max_map_count() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_ksm_stat() {
+        let t = "ksm_rmap_items 7\nksm_zero_pages 2\nksm_merging_pages 5\n\
+                 ksm_process_profit -12\nksm_merge_any: no\nksm_mergeable: yes\n";
+        assert_eq!(
+            parse_ksm_stat(t),
+            ProcessKsmStat {
+                rmap_items: Some(7),
+                zero_pages: Some(2),
+                merging_pages: Some(5),
+                process_profit: Some(-12)
+            }
+        );
+        assert_eq!(parse_ksm_stat("ksm_rmap_items 3\n").merging_pages, None);
+    }
+
+    #[test]
+    fn stat_ticks_survive_odd_comm() {
+        let t = "37 (ksm d) (x)) S 2 0 0 0 -1 2129984 0 0 0 0 150 270 0 0 25 5 1 0 7 0 0";
+        assert_eq!(parse_stat_ticks(t).unwrap(), 420);
+        assert!(parse_stat_ticks("37 ksmd S").is_err());
+    }
+
+    #[test]
+    fn finds_ksmd_and_reads_its_cpu() {
+        // Every kernel with KSM has a ksmd thread.
+        if !Path::new("/sys/kernel/mm/ksm").exists() {
+            return;
+        }
+        let pid = find_by_comm(Path::new("/proc"), "ksmd").expect("ksmd thread");
+        assert!(cpu_seconds(pid).unwrap() >= 0.0);
+        assert_eq!(find_by_comm(Path::new("/proc"), "no-such-thread-xyz"), None);
+    }
+
+    #[test]
+    fn own_cpu_grows() {
+        let me = std::process::id();
+        let a = cpu_seconds(me).unwrap();
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed().as_millis() < 120 {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        assert!(cpu_seconds(me).unwrap() > a);
+    }
+}

@@ -1,0 +1,249 @@
+//! `/sys/kernel/mm/ksm` access through a guard that remembers the original
+//! value of every file it writes and puts them all back on restore/drop:
+//! KSM's knobs are global, so a VMM or a test that leaves them changed
+//! changes the whole host.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::error::KsmError;
+
+/// The standard location.
+pub const KSM_SYSFS: &str = "/sys/kernel/mm/ksm";
+
+/// Knobs restored last, in this order: `run` once the scan knobs are back,
+/// and `max_page_sharing` at the very end because the kernel refuses to
+/// change it while KSM pages exist.
+const RESTORE_LAST: [&str; 2] = ["run", "max_page_sharing"];
+
+/// Reads KSM sysfs files; writes through [`KsmSysfs::write`] are undone by
+/// [`KsmSysfs::restore`] (also run on drop, so on panic paths too).
+#[derive(Debug)]
+pub struct KsmSysfs {
+    root: PathBuf,
+    /// (knob, original contents), first write first.
+    originals: Mutex<Vec<(String, String)>>,
+}
+
+impl KsmSysfs {
+    /// Opens the standard location.
+    pub fn open() -> Result<Self, KsmError> {
+        Self::open_at(KSM_SYSFS)
+    }
+
+    /// Opens another directory laid out like `/sys/kernel/mm/ksm`.
+    pub fn open_at(root: impl Into<PathBuf>) -> Result<Self, KsmError> {
+        let root = root.into();
+        if !root.join("run").exists() {
+            return Err(KsmError::Absent { path: root });
+        }
+        Ok(Self {
+            root,
+            originals: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn originals(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
+        self.originals.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Raw contents, trimmed.
+    pub fn read(&self, name: &str) -> Result<String, KsmError> {
+        let path = self.root.join(name);
+        std::fs::read_to_string(&path)
+            .map(|s| s.trim().to_string())
+            .map_err(|source| KsmError::Sysfs {
+                op: "reading",
+                path,
+                source,
+            })
+    }
+
+    pub fn read_u64(&self, name: &str) -> Result<u64, KsmError> {
+        let s = self.read(name)?;
+        s.parse().map_err(|_| KsmError::Parse {
+            what: self.root.join(name).display().to_string(),
+            detail: format!("{s:?} is not an unsigned integer"),
+        })
+    }
+
+    /// Like [`KsmSysfs::read_u64`] but `general_profit` may be negative.
+    pub fn read_i64(&self, name: &str) -> Result<i64, KsmError> {
+        let s = self.read(name)?;
+        s.parse().map_err(|_| KsmError::Parse {
+            what: self.root.join(name).display().to_string(),
+            detail: format!("{s:?} is not an integer"),
+        })
+    }
+
+    /// Writes `value`, first recording the file's original contents.
+    pub fn write(&self, name: &str, value: u64) -> Result<(), KsmError> {
+        {
+            let mut orig = self.originals();
+            if !orig.iter().any(|(n, _)| n == name) {
+                let before = self.read(name)?;
+                orig.push((name.to_string(), before));
+            }
+        }
+        self.write_raw(name, &value.to_string())
+    }
+
+    fn write_raw(&self, name: &str, value: &str) -> Result<(), KsmError> {
+        let path = self.root.join(name);
+        std::fs::write(&path, value).map_err(|source| KsmError::Sysfs {
+            op: "writing",
+            path,
+            source,
+        })
+    }
+
+    /// Knobs written so far (their originals will be restored).
+    pub fn touched(&self) -> Vec<String> {
+        self.originals().iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// Puts every touched knob back to its original value; `run` and then
+    /// `max_page_sharing` last. Returns the failures (each also logged);
+    /// knobs that failed stay recorded so a later call can retry them.
+    pub fn restore(&self) -> Vec<KsmError> {
+        let mut orig = self.originals();
+        let mut order: Vec<(String, String)> = orig
+            .iter()
+            .filter(|(n, _)| !RESTORE_LAST.contains(&n.as_str()))
+            .cloned()
+            .collect();
+        for last in RESTORE_LAST {
+            order.extend(orig.iter().filter(|(n, _)| n == last).cloned());
+        }
+        let mut failed = Vec::new();
+        let mut errors = Vec::new();
+        for (name, value) in order {
+            // run reads e.g. "0"; advisor_mode reads "[none] scan-time":
+            // only numeric knobs are ever written here.
+            let same = self.read(&name).map(|cur| cur == value).unwrap_or(false);
+            if same {
+                continue;
+            }
+            if let Err(e) = self.write_raw(&name, &value) {
+                log::error!("KSM: could not restore {name} to {value}: {e}");
+                failed.push(name);
+                errors.push(e);
+            }
+        }
+        orig.retain(|(n, _)| failed.contains(n));
+        errors
+    }
+}
+
+/// Every tunable KSM file, so callers can check that a run left them as found.
+pub const TUNABLES: [&str; 13] = [
+    "run",
+    "pages_to_scan",
+    "sleep_millisecs",
+    "max_page_sharing",
+    "merge_across_nodes",
+    "use_zero_pages",
+    "smart_scan",
+    "stable_node_chains_prune_millisecs",
+    "advisor_mode",
+    "advisor_max_cpu",
+    "advisor_min_pages_to_scan",
+    "advisor_max_pages_to_scan",
+    "advisor_target_scan_time",
+];
+
+/// Current contents of every tunable present under `root`.
+pub fn snapshot_tunables(root: &Path) -> std::collections::BTreeMap<String, String> {
+    TUNABLES
+        .iter()
+        .filter_map(|n| {
+            let v = std::fs::read_to_string(root.join(n)).ok()?;
+            Some((n.to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+impl Drop for KsmSysfs {
+    fn drop(&mut self) {
+        self.restore();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake sysfs directory (plain files behave like the knobs we use).
+    fn fake(files: &[(&str, &str)]) -> PathBuf {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "pagefold-ksm-sysfs-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (n, v) in files {
+            std::fs::write(dir.join(n), format!("{v}\n")).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn missing_ksm_is_a_clear_error() {
+        let e = KsmSysfs::open_at("/nonexistent/ksm").unwrap_err();
+        assert!(matches!(e, KsmError::Absent { .. }));
+        assert!(e.to_string().contains("CONFIG_KSM"), "{e}");
+    }
+
+    #[test]
+    fn restores_every_written_knob_on_drop_even_after_a_panic() {
+        let dir = fake(&[
+            ("run", "0"),
+            ("pages_to_scan", "100"),
+            ("sleep_millisecs", "20"),
+        ]);
+        let d2 = dir.clone();
+        let r = std::panic::catch_unwind(move || {
+            let s = KsmSysfs::open_at(&d2).unwrap();
+            s.write("pages_to_scan", 5000).unwrap();
+            s.write("pages_to_scan", 7000).unwrap();
+            s.write("run", 1).unwrap();
+            assert_eq!(s.read_u64("pages_to_scan").unwrap(), 7000);
+            assert_eq!(s.touched(), ["pages_to_scan", "run"]);
+            panic!("test failure in the middle");
+        });
+        assert!(r.is_err());
+        let s = KsmSysfs::open_at(&dir).unwrap();
+        assert_eq!(s.read_u64("pages_to_scan").unwrap(), 100);
+        assert_eq!(s.read_u64("run").unwrap(), 0);
+        assert_eq!(s.read_u64("sleep_millisecs").unwrap(), 20);
+        drop(s);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn restore_reports_failures_and_keeps_them_for_retry() {
+        let dir = fake(&[("run", "0"), ("pages_to_scan", "100")]);
+        let s = KsmSysfs::open_at(&dir).unwrap();
+        s.write("pages_to_scan", 1).unwrap();
+        s.write("run", 1).unwrap();
+        // Make `run` unwritable: replace the file by a directory.
+        std::fs::remove_file(dir.join("run")).unwrap();
+        std::fs::create_dir(dir.join("run")).unwrap();
+        let errs = s.restore();
+        assert_eq!(errs.len(), 1);
+        assert!(errs[0].to_string().contains("run"), "{}", errs[0]);
+        assert_eq!(s.read_u64("pages_to_scan").unwrap(), 100);
+        assert_eq!(s.touched(), ["run"]);
+        std::fs::remove_dir(dir.join("run")).unwrap();
+        std::fs::write(dir.join("run"), "1").unwrap();
+        assert!(s.restore().is_empty());
+        assert_eq!(s.read_u64("run").unwrap(), 0);
+        drop(s);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

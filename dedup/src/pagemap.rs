@@ -1,0 +1,108 @@
+//! Reads `/proc/self/pagemap`: one `u64` per virtual page, telling whether the
+//! page is present, whether it maps a file (our pool) or anonymous memory, and
+//! whether it is userfaultfd write-protected. The engine reads it in batches
+//! (one `pread` per span) because per-page reads cost a syscall each.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+use crate::PAGE_SIZE;
+
+/// Errors of the pagemap reader.
+#[derive(Debug, thiserror::Error)]
+pub enum PagemapError {
+    #[error("open /proc/self/pagemap: {0}")]
+    Open(#[source] std::io::Error),
+    #[error("read /proc/self/pagemap at {addr:#x}: {source}")]
+    Read {
+        addr: usize,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Bit 63: page present in RAM.
+pub const PM_PRESENT: u64 = 1 << 63;
+/// Bit 61: page is file-backed or shared-anonymous (for us: a pool page).
+pub const PM_FILE: u64 = 1 << 61;
+/// Bit 57: the PTE carries the userfaultfd write-protect bit.
+pub const PM_UFFD_WP: u64 = 1 << 57;
+/// Bits 0-54: page frame number (zero unless CAP_SYS_ADMIN).
+pub const PM_PFN_MASK: u64 = (1 << 55) - 1;
+
+/// One decoded pagemap entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(transparent)]
+pub struct Entry(pub u64);
+
+impl Entry {
+    pub fn present(self) -> bool {
+        self.0 & PM_PRESENT != 0
+    }
+    pub fn file(self) -> bool {
+        self.0 & PM_FILE != 0
+    }
+    pub fn uffd_wp(self) -> bool {
+        self.0 & PM_UFFD_WP != 0
+    }
+    pub fn pfn(self) -> u64 {
+        if self.present() {
+            self.0 & PM_PFN_MASK
+        } else {
+            0
+        }
+    }
+}
+
+/// An open handle on this process's pagemap.
+#[derive(Debug)]
+pub struct Pagemap {
+    file: File,
+}
+
+impl Pagemap {
+    /// Opens `/proc/self/pagemap`.
+    pub fn open() -> Result<Self, PagemapError> {
+        let file = File::open("/proc/self/pagemap").map_err(PagemapError::Open)?;
+        Ok(Pagemap { file })
+    }
+
+    /// Fills `out` with the entries of `out.len()` pages starting at `addr`.
+    /// Reading pagemap never faults the pages in, so it is safe on any range.
+    pub fn read(&self, addr: usize, out: &mut [Entry]) -> Result<(), PagemapError> {
+        let nbytes = out.len() * 8;
+        // SAFETY: `Entry` is `repr(transparent)` over u64, so viewing the
+        // slice as bytes is sound; the slice outlives this call.
+        let buf = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, nbytes) };
+        let off = (addr / PAGE_SIZE) as u64 * 8;
+        self.file
+            .read_exact_at(buf, off)
+            .map_err(|source| PagemapError::Read { addr, source })
+    }
+
+    /// Reads a single entry.
+    pub fn entry(&self, addr: usize) -> Result<Entry, PagemapError> {
+        let mut e = [Entry(0)];
+        self.read(addr, &mut e)?;
+        Ok(e[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn present_and_absent_pages() {
+        let pm = Pagemap::open().unwrap();
+        let map = crate::mm::map_anon(4 * PAGE_SIZE).unwrap();
+        // SAFETY: `map` is a fresh 4-page private anonymous mapping we own.
+        unsafe { *map = 1 };
+        let mut e = [Entry(0); 4];
+        pm.read(map as usize, &mut e).unwrap();
+        assert!(e[0].present());
+        assert!(!e[0].file());
+        assert!(!e[1].present());
+        crate::mm::unmap(map, 4 * PAGE_SIZE);
+    }
+}

@@ -1,0 +1,428 @@
+//! The pool: a memfd holding one copy of each merged content. Guest pages are
+//! merged by mapping pool pages privately over them, so the kernel does
+//! copy-on-write when they are written.
+//!
+//! Rules (merge-races 4-6): a slot is written once, before any guest maps it,
+//! and never again; it is hole-punched only when the engine's own count says
+//! nothing maps it (pagemap cannot tell: untouched merged pages read "not
+//! present"), after it left the stable index; a freed slot is reused only
+//! after the punch.
+//!
+//! Slot allocation serves coalescing: a merge asks for `previous slot + 1`
+//! so consecutive merged guest pages map consecutive pool offsets and the
+//! kernel keeps them in one VMA (`vm.max_map_count` is only 65530).
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::PAGE_SIZE;
+
+/// Errors of the pool.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("memfd_create: {0}")]
+    Create(#[source] io::Error),
+    #[error("mapping the pool view: {0}")]
+    View(#[source] io::Error),
+    #[error("pool full ({0} pages)")]
+    Full(u64),
+    #[error("growing the pool file: {0}")]
+    Grow(#[source] io::Error),
+    #[error("punching pool slot {slot}: {source}")]
+    Punch {
+        slot: u32,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Slot offset allocator (file offsets in pages). Separate from the memfd so
+/// it can be property-tested.
+#[derive(Debug, Default, Clone)]
+pub struct SlotAlloc {
+    next: u32,
+    free: BTreeSet<u32>,
+}
+
+impl SlotAlloc {
+    /// True if `s` is not allocated.
+    pub fn is_free(&self, s: u32) -> bool {
+        s >= self.next || self.free.contains(&s)
+    }
+
+    /// Allocated slots.
+    pub fn in_use(&self) -> u64 {
+        self.next as u64 - self.free.len() as u64
+    }
+
+    /// One past the highest slot ever handed out.
+    pub fn high_water(&self) -> u32 {
+        self.next
+    }
+
+    /// Allocates `hint` if it is free, else any slot. Fresh slots come from
+    /// the end (they have free neighbours, so runs can grow); freed slots are
+    /// reused once they are a quarter of the file, to bound its size.
+    pub fn alloc(&mut self, hint: Option<u32>, limit: u32) -> Option<u32> {
+        if let Some(h) = hint {
+            if h == self.next && h < limit {
+                self.next += 1;
+                return Some(h);
+            }
+            if self.free.remove(&h) {
+                return Some(h);
+            }
+        }
+        if (self.free.len() as u64) * 4 > self.next as u64 || self.next >= limit {
+            if let Some(s) = self.free.pop_first() {
+                return Some(s);
+            }
+        }
+        if self.next >= limit {
+            return None;
+        }
+        self.next += 1;
+        Some(self.next - 1)
+    }
+
+    /// Returns `s` to the allocator.
+    pub fn free(&mut self, s: u32) {
+        debug_assert!(!self.is_free(s), "double free of slot {s}");
+        if s + 1 == self.next {
+            self.next -= 1;
+            while self.next > 0 && self.free.remove(&(self.next - 1)) {
+                self.next -= 1;
+            }
+        } else {
+            self.free.insert(s);
+        }
+    }
+
+    /// Approximate heap bytes.
+    pub fn heap_bytes(&self) -> u64 {
+        self.free.len() as u64 * 16
+    }
+}
+
+/// Lifecycle of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum SlotState {
+    #[default]
+    Free,
+    /// Allocated for a merge planned in this batch, content not yet written.
+    Reserved,
+    /// Content written (from a write-protected guest page); immutable now.
+    Written,
+    /// The creating page could not be merged before writing: never usable.
+    Failed,
+}
+
+/// Per-slot metadata (12 bytes + 1 state byte).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SlotMeta {
+    pub hash: u32,
+    pub group: u32,
+    /// Guest pages mapping this slot, including merges planned in the
+    /// current batch (the batch settles them before stats are published).
+    pub mappers: u32,
+}
+
+/// The pool memfd, its allocator, and a shared view used to write and
+/// compare slots.
+#[derive(Debug)]
+pub struct Pool {
+    fd: OwnedFd,
+    view: *mut u8,
+    max_pages: u64,
+    file_pages: u64,
+    alloc: SlotAlloc,
+    meta: Vec<SlotMeta>,
+    state: Vec<SlotState>,
+    /// Slots with at least one mapper.
+    pub live: u64,
+    /// Slots with at least two mappers.
+    pub shared: u64,
+    /// Sum of mappers.
+    pub mappers: u64,
+}
+
+// SAFETY: the view pointer is only dereferenced by the owner of the Pool,
+// which lives inside the engine's core mutex.
+unsafe impl Send for Pool {}
+
+impl Pool {
+    /// Creates an empty pool that can grow to `max_bytes`.
+    pub fn new(max_bytes: u64) -> Result<Self, PoolError> {
+        // SAFETY: the name is NUL-terminated.
+        let raw = unsafe { libc::memfd_create(c"pagefold-pool".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(PoolError::Create(io::Error::last_os_error()));
+        }
+        // SAFETY: raw is a new fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let max_pages = max_bytes / PAGE_SIZE as u64;
+        // SAFETY: a new shared mapping of our memfd at a kernel-chosen
+        // address; MAP_NORESERVE: only written slots use memory.
+        let view = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                (max_pages as usize) * PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if view == libc::MAP_FAILED {
+            return Err(PoolError::View(io::Error::last_os_error()));
+        }
+        Ok(Pool {
+            fd,
+            view: view as *mut u8,
+            max_pages,
+            file_pages: 0,
+            alloc: SlotAlloc::default(),
+            meta: Vec::new(),
+            state: Vec::new(),
+            live: 0,
+            shared: 0,
+            mappers: 0,
+        })
+    }
+
+    /// The memfd (what merges map).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Allocated slots (written or reserved).
+    pub fn slots_in_use(&self) -> u64 {
+        self.alloc.in_use()
+    }
+
+    /// True if `s` can be allocated.
+    pub fn is_free(&self, s: u32) -> bool {
+        self.alloc.is_free(s)
+    }
+
+    /// Metadata of slot `s` (default for slots never allocated).
+    pub fn meta(&self, s: u32) -> SlotMeta {
+        self.meta.get(s as usize).copied().unwrap_or_default()
+    }
+
+    /// State of slot `s`.
+    pub fn state(&self, s: u32) -> SlotState {
+        self.state.get(s as usize).copied().unwrap_or_default()
+    }
+
+    /// Reserves a slot for content `hash` of `group` (at `hint` if free).
+    pub fn reserve(&mut self, hint: Option<u32>, hash: u32, group: u32) -> Result<u32, PoolError> {
+        let limit = self.max_pages.min(u32::MAX as u64) as u32;
+        let s = self.alloc.alloc(hint, limit).ok_or(PoolError::Full(self.max_pages))?;
+        if (s as u64) >= self.file_pages {
+            let want = ((s as u64 + 1) * 2).max(16384).min(self.max_pages);
+            // SAFETY: ftruncate on our memfd.
+            if unsafe { libc::ftruncate(self.fd.as_raw_fd(), (want as usize * PAGE_SIZE) as libc::off_t) } != 0 {
+                let e = io::Error::last_os_error();
+                self.alloc.free(s);
+                return Err(PoolError::Grow(e));
+            }
+            self.file_pages = want;
+        }
+        if self.meta.len() <= s as usize {
+            self.meta.resize(s as usize + 1, SlotMeta::default());
+            self.state.resize(s as usize + 1, SlotState::Free);
+        }
+        self.meta[s as usize] = SlotMeta { hash, group, mappers: 0 };
+        self.state[s as usize] = SlotState::Reserved;
+        Ok(s)
+    }
+
+    /// Pointer to slot `s` in the shared view.
+    pub fn page_ptr(&self, s: u32) -> *mut u8 {
+        debug_assert!((s as u64) < self.file_pages);
+        // SAFETY: s is below file_pages <= max_pages, inside the view.
+        unsafe { self.view.add(s as usize * PAGE_SIZE) }
+    }
+
+    /// Slot `s` content as a slice (only for Written slots).
+    pub fn page(&self, s: u32) -> &[u8] {
+        debug_assert_eq!(self.state(s), SlotState::Written);
+        // SAFETY: written slots are inside the file and immutable.
+        unsafe { std::slice::from_raw_parts(self.page_ptr(s), PAGE_SIZE) }
+    }
+
+    /// Writes a Reserved slot once from `src` (a write-protected page).
+    ///
+    /// # Safety
+    /// `src` must be readable for a page.
+    pub unsafe fn write(&mut self, s: u32, src: *const u8) {
+        assert_eq!(self.state(s), SlotState::Reserved, "pool slot {s} written twice");
+        // SAFETY: src readable per contract; the slot is inside the file and
+        // not yet mapped by anyone (Reserved), so writing it is invisible.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.page_ptr(s), PAGE_SIZE) };
+        self.state[s as usize] = SlotState::Written;
+    }
+
+    /// Marks a Reserved slot as never written.
+    pub fn fail(&mut self, s: u32) {
+        if self.state(s) == SlotState::Reserved {
+            self.state[s as usize] = SlotState::Failed;
+        }
+    }
+
+    /// Counts one more mapper of `s`.
+    pub fn add_mapper(&mut self, s: u32) {
+        let m = &mut self.meta[s as usize].mappers;
+        *m += 1;
+        self.mappers += 1;
+        match *m {
+            1 => self.live += 1,
+            2 => self.shared += 1,
+            _ => {}
+        }
+    }
+
+    /// Counts one mapper less of `s`; returns the mappers left.
+    pub fn remove_mapper(&mut self, s: u32) -> u32 {
+        let m = &mut self.meta[s as usize].mappers;
+        assert!(*m > 0, "pool slot {s} mapper count underflow");
+        *m -= 1;
+        self.mappers -= 1;
+        match *m {
+            0 => self.live -= 1,
+            1 => self.shared -= 1,
+            _ => {}
+        }
+        *m
+    }
+
+    /// Frees a slot nothing maps (the caller removed it from the stable
+    /// index first): punches the hole, then returns the offset.
+    pub fn release(&mut self, s: u32) -> Result<(), PoolError> {
+        assert_eq!(self.meta(s).mappers, 0, "releasing mapped pool slot {s}");
+        if self.state(s) == SlotState::Free {
+            return Ok(());
+        }
+        if self.state(s) == SlotState::Written {
+            // SAFETY: fallocate on our memfd over one slot nothing maps.
+            let r = unsafe {
+                libc::fallocate(
+                    self.fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    (s as usize * PAGE_SIZE) as libc::off_t,
+                    PAGE_SIZE as libc::off_t,
+                )
+            };
+            if r != 0 {
+                // Keep the slot allocated (leaked, still correct).
+                return Err(PoolError::Punch {
+                    slot: s,
+                    source: io::Error::last_os_error(),
+                });
+            }
+        }
+        self.state[s as usize] = SlotState::Free;
+        self.meta[s as usize] = SlotMeta::default();
+        self.alloc.free(s);
+        Ok(())
+    }
+
+    /// Shrinks the file to nothing once every slot is free.
+    pub fn trim_if_empty(&mut self) {
+        if self.alloc.in_use() == 0 && self.file_pages > 0 {
+            // SAFETY: ftruncate on our memfd; no slot is in use.
+            unsafe { libc::ftruncate(self.fd.as_raw_fd(), 0) };
+            self.file_pages = 0;
+            self.meta = Vec::new();
+            self.state = Vec::new();
+            self.alloc = SlotAlloc::default();
+        }
+    }
+
+    /// Approximate metadata bytes.
+    pub fn metadata_bytes(&self) -> u64 {
+        (self.meta.capacity() * std::mem::size_of::<SlotMeta>() + self.state.capacity()) as u64
+            + self.alloc.heap_bytes()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: the view is our own mapping; merged guest pages keep their
+        // own references to the memfd, so unmapping the view is harmless.
+        unsafe { libc::munmap(self.view as *mut libc::c_void, self.max_pages as usize * PAGE_SIZE) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn alloc_never_double_allocates(ops in proptest::collection::vec((any::<bool>(), 0u32..64, any::<bool>()), 1..400)) {
+            let mut a = SlotAlloc::default();
+            let mut live: BTreeSet<u32> = BTreeSet::new();
+            for (is_alloc, x, use_hint) in ops {
+                if is_alloc || live.is_empty() {
+                    let hint = use_hint.then_some(x);
+                    if let Some(s) = a.alloc(hint, 10_000) {
+                        prop_assert!(live.insert(s), "slot {} handed out twice", s);
+                    }
+                } else {
+                    let s = *live.iter().nth(x as usize % live.len()).unwrap();
+                    live.remove(&s);
+                    a.free(s);
+                }
+                prop_assert_eq!(a.in_use(), live.len() as u64);
+                for s in 0..a.high_water() + 2 {
+                    prop_assert_eq!(a.is_free(s), !live.contains(&s));
+                }
+            }
+        }
+
+        #[test]
+        fn hint_is_honoured_when_free(n in 1u32..50) {
+            let mut a = SlotAlloc::default();
+            for i in 0..n {
+                prop_assert_eq!(a.alloc(Some(i), 1000), Some(i));
+            }
+            a.free(n / 2);
+            prop_assert_eq!(a.alloc(Some(n / 2), 1000), Some(n / 2));
+        }
+    }
+
+    #[test]
+    fn limit_respected() {
+        let mut a = SlotAlloc::default();
+        assert_eq!(a.alloc(None, 2), Some(0));
+        assert_eq!(a.alloc(None, 2), Some(1));
+        assert_eq!(a.alloc(None, 2), None);
+        a.free(0);
+        assert_eq!(a.alloc(None, 2), Some(0));
+    }
+
+    #[test]
+    fn write_release_counts() {
+        let mut p = Pool::new(1 << 30).unwrap();
+        let s = p.reserve(None, 7, 0).unwrap();
+        let src = [5u8; PAGE_SIZE];
+        // SAFETY: src is a page-sized buffer.
+        unsafe { p.write(s, src.as_ptr()) };
+        assert_eq!(p.page(s)[100], 5);
+        p.add_mapper(s);
+        p.add_mapper(s);
+        assert_eq!((p.live, p.shared, p.mappers), (1, 1, 2));
+        p.remove_mapper(s);
+        p.remove_mapper(s);
+        assert_eq!((p.live, p.shared, p.mappers), (0, 0, 0));
+        p.release(s).unwrap();
+        assert!(p.is_free(s));
+        p.trim_if_empty();
+        assert_eq!(p.slots_in_use(), 0);
+    }
+}

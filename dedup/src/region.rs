@@ -1,0 +1,232 @@
+//! A registered region and its per-page metadata: 5 bytes per page.
+//!
+//! * `word[i]`: the page's last folded hash while it is unmerged, its pool
+//!   slot while merged (a merged page is never re-hashed: pool pages are
+//!   immutable, so only pagemap is checked for copy-on-write).
+//! * `state[i]`: kind (2 bits), smart-scan level (2 bits), pages to skip
+//!   (3 bits), volatile flag (1 bit).
+
+use crate::backend::RegionId;
+use crate::PAGE_SIZE;
+
+/// Errors about regions.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    #[error("region {addr:#x}+{len:#x} is not page aligned or is empty")]
+    Bad { addr: usize, len: usize },
+    #[error("too many pages tracked (page ids exhausted)")]
+    TooManyPages,
+}
+
+/// Never hashed, or its hash is no longer valid.
+pub const NEW: u8 = 0;
+/// Hashed; `word` is the hash.
+pub const HASHED: u8 = 1;
+/// Mapped to pool slot `word`.
+pub const MERGED: u8 = 2;
+/// Dropped to the zero page by the engine.
+pub const ZERO: u8 = 3;
+
+const KIND_MASK: u8 = 0b11;
+const LEVEL_SHIFT: u8 = 2;
+const LEVEL_MASK: u8 = 0b11 << LEVEL_SHIFT;
+const SKIP_SHIFT: u8 = 4;
+const SKIP_MASK: u8 = 0b111 << SKIP_SHIFT;
+const VOLATILE: u8 = 1 << 7;
+
+/// Highest smart-scan level: a page unique for 3+ passes is looked at once
+/// every 8 passes (KSM's smart_scan idea, bounded).
+pub const MAX_LEVEL: u8 = 3;
+
+pub fn kind(s: u8) -> u8 {
+    s & KIND_MASK
+}
+pub fn level(s: u8) -> u8 {
+    (s & LEVEL_MASK) >> LEVEL_SHIFT
+}
+pub fn skip(s: u8) -> u8 {
+    (s & SKIP_MASK) >> SKIP_SHIFT
+}
+pub fn is_volatile(s: u8) -> bool {
+    s & VOLATILE != 0
+}
+pub fn with_kind(s: u8, k: u8) -> u8 {
+    (s & !KIND_MASK) | k
+}
+pub fn with_level_skip(s: u8, level: u8, skip: u8) -> u8 {
+    (s & !(LEVEL_MASK | SKIP_MASK)) | (level << LEVEL_SHIFT) | (skip.min(7) << SKIP_SHIFT)
+}
+
+/// A registered region.
+#[derive(Debug)]
+pub struct Region {
+    pub id: RegionId,
+    pub addr: usize,
+    pub npages: usize,
+    pub owner: String,
+    pub group_name: String,
+    pub group: u32,
+    /// Global id of page 0 (unstable-index entries are global ids).
+    pub gid_base: u32,
+    pub word: Vec<u32>,
+    pub state: Vec<u8>,
+    pub merged: u64,
+    pub zero: u64,
+    pub hashed: u64,
+    pub volatile: u64,
+    /// Pages saved by this region's merges (sum of 1 - 1/mappers), per pass.
+    pub saved_pages: f64,
+    /// Estimated pool-mapping VMAs in this region, per pass.
+    pub vmas: u64,
+}
+
+impl Region {
+    /// A region of `len` bytes at `addr`, all pages NEW.
+    pub fn new(
+        id: RegionId,
+        addr: usize,
+        len: usize,
+        owner: String,
+        group_name: String,
+        group: u32,
+        gid_base: u32,
+    ) -> Result<Self, RegionError> {
+        if len == 0 || addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || addr.checked_add(len).is_none() {
+            return Err(RegionError::Bad { addr, len });
+        }
+        let npages = len / PAGE_SIZE;
+        if gid_base as u64 + npages as u64 >= u32::MAX as u64 {
+            return Err(RegionError::TooManyPages);
+        }
+        Ok(Region {
+            id,
+            addr,
+            npages,
+            owner,
+            group_name,
+            group,
+            gid_base,
+            word: vec![0; npages],
+            state: vec![0; npages],
+            merged: 0,
+            zero: 0,
+            hashed: 0,
+            volatile: 0,
+            saved_pages: 0.0,
+            vmas: 0,
+        })
+    }
+
+    /// Byte length.
+    pub fn len(&self) -> usize {
+        self.npages * PAGE_SIZE
+    }
+
+    /// Never empty (registration rejects empty regions).
+    pub fn is_empty(&self) -> bool {
+        self.npages == 0
+    }
+
+    /// Host address of page `i`.
+    pub fn page_addr(&self, i: usize) -> usize {
+        self.addr + i * PAGE_SIZE
+    }
+
+    /// True if `addr` lies inside the region.
+    pub fn contains(&self, addr: usize) -> bool {
+        addr >= self.addr && addr < self.addr + self.len()
+    }
+
+    /// Changes page `i`'s kind, keeping the counters exact.
+    pub fn set_kind(&mut self, i: usize, k: u8) {
+        let s = self.state[i];
+        let old = kind(s);
+        if old == k {
+            return;
+        }
+        match old {
+            HASHED => {
+                self.hashed -= 1;
+                if is_volatile(s) {
+                    self.volatile -= 1;
+                }
+            }
+            MERGED => self.merged -= 1,
+            ZERO => self.zero -= 1,
+            _ => {}
+        }
+        let mut ns = with_kind(s, k) & !VOLATILE;
+        match k {
+            HASHED => self.hashed += 1,
+            MERGED => self.merged += 1,
+            ZERO => self.zero += 1,
+            _ => {}
+        }
+        if k != HASHED {
+            ns = with_level_skip(ns, 0, 0);
+        }
+        self.state[i] = ns;
+    }
+
+    /// Sets or clears the volatile flag of a HASHED page.
+    pub fn set_volatile(&mut self, i: usize, v: bool) {
+        let s = self.state[i];
+        debug_assert_eq!(kind(s), HASHED);
+        if is_volatile(s) != v {
+            if v {
+                self.volatile += 1;
+                self.state[i] = s | VOLATILE;
+            } else {
+                self.volatile -= 1;
+                self.state[i] = s & !VOLATILE;
+            }
+        }
+    }
+
+    /// Page `i` as bytes.
+    ///
+    /// Reads of guest memory race with its users by design (like KSM): the
+    /// value is a hint, and only the compare made after write-protection
+    /// decides a merge.
+    ///
+    /// # Safety
+    /// The region must still be mapped (guaranteed by the register contract
+    /// while the region is in the engine's table).
+    pub unsafe fn page(&self, i: usize) -> &[u8] {
+        // SAFETY: per the contract the page is mapped and readable.
+        unsafe { std::slice::from_raw_parts(self.page_addr(i) as *const u8, PAGE_SIZE) }
+    }
+
+    /// Metadata bytes.
+    pub fn metadata_bytes(&self) -> u64 {
+        (self.word.capacity() * 4 + self.state.capacity() + std::mem::size_of::<Self>() + self.owner.len() + self.group_name.len())
+            as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_follow_kinds() {
+        let mut r = Region::new(RegionId(1), 0x10000, 4 * PAGE_SIZE, "o".into(), "g".into(), 0, 0).unwrap();
+        r.set_kind(0, HASHED);
+        r.set_volatile(0, true);
+        r.set_kind(1, MERGED);
+        r.set_kind(2, ZERO);
+        assert_eq!((r.hashed, r.volatile, r.merged, r.zero), (1, 1, 1, 1));
+        r.set_kind(0, MERGED);
+        assert_eq!((r.hashed, r.volatile, r.merged), (0, 0, 2));
+        r.set_kind(1, NEW);
+        assert_eq!(r.merged, 1);
+        let s = with_level_skip(with_kind(0, HASHED), 3, 7);
+        assert_eq!((kind(s), level(s), skip(s)), (HASHED, 3, 7));
+    }
+
+    #[test]
+    fn rejects_bad_regions() {
+        assert!(Region::new(RegionId(1), 0x10001, PAGE_SIZE, "o".into(), "g".into(), 0, 0).is_err());
+        assert!(Region::new(RegionId(1), 0x10000, 0, "o".into(), "g".into(), 0, 0).is_err());
+    }
+}

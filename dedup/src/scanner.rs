@@ -1,0 +1,809 @@
+//! The scanner: the engine's core state and one wake-up's work.
+//!
+//! A wake-up walks the regions from a cursor in spans (one pagemap `pread`
+//! per span), spending a budget of `pages_to_scan` page visits. A hashed page
+//! costs one visit; a page only checked in pagemap (merged, zero, absent,
+//! skipped) costs a quarter. Per page:
+//!
+//! * merged: present and anonymous means the kernel copied it on write (the
+//!   share is broken): drop its pool reference. Not present or file-mapped
+//!   means still merged (merge-races 4). Never re-hashed.
+//! * zero (dropped by us): present and not the zero page means written.
+//! * otherwise, if present and anonymous: hash it. A changed hash marks the
+//!   page volatile (KSM's rule: only pages unchanged since their previous
+//!   scan are merge candidates). Unchanged: try, in order, the slot after the
+//!   left neighbour's slot (keeps runs in one VMA), the stable index, the
+//!   unstable index; else insert it into the unstable index and raise its
+//!   smart-scan level (it is then skipped 1, 3, 7 passes).
+//!
+//! Merges are planned during the span and executed at its end in chunks
+//! (`merge.rs`): first the pages that create pool slots, then those that join
+//! them. Planned pages are provisionally marked merged so no other page plans
+//! with them; failures restore them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::backend::{Knobs, RegionId};
+use crate::fault::ProtState;
+use crate::hash::{fold, is_zero, HashFn};
+use crate::index::{StableIndex, UnstableIndex};
+use crate::merge::{self, Ctx, MapBudget, Op, OpKind, CHUNK_PAGES};
+use crate::pagemap::{Entry, Pagemap};
+use crate::pool::{Pool, SlotState};
+use crate::region::{self, Region, HASHED, MAX_LEVEL, MERGED, NEW, ZERO};
+use crate::uffd::Uffd;
+
+/// Pages per pagemap read.
+pub const SPAN_PAGES: usize = 4096;
+/// Budget units: a hashed page costs `HASH_COST`, a pagemap-only visit 1.
+const HASH_COST: u64 = 4;
+/// Default longest stripe of identical pool pages a same-content run maps.
+pub const DEFAULT_STRIPE: u32 = 32;
+/// Kernel memory per VMA we create (vm_area_struct, anon_vma_chain, maple
+/// tree share): used for `profit_bytes`.
+pub const VMA_COST: u64 = 256;
+
+/// Errors of the scanner.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    #[error(transparent)]
+    Pagemap(#[from] crate::pagemap::PagemapError),
+    #[error(transparent)]
+    Pool(#[from] crate::pool::PoolError),
+    #[error(transparent)]
+    Uffd(#[from] crate::uffd::UffdError),
+    #[error(transparent)]
+    Region(#[from] crate::region::RegionError),
+    #[error("region {addr:#x}+{len:#x} overlaps a registered region")]
+    Overlap { addr: usize, len: usize },
+    #[error("unknown region id {0}")]
+    Unknown(u64),
+}
+
+/// Cumulative counters.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counters {
+    pub full_scans: u64,
+    pub merges: u64,
+    pub zero_merges: u64,
+    pub cow_breaks: u64,
+    pub abandoned: u64,
+    pub pages_hashed: u64,
+}
+
+/// What one wake-up did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BatchReport {
+    pub merges: u64,
+    pub pass_completed: bool,
+}
+
+/// The planned target of a page.
+enum Target {
+    Existing(u32),
+    New(u32),
+    Pair(u32, usize, usize),
+}
+
+/// The engine's state, owned by one mutex.
+pub struct Core {
+    pub regions: Vec<Region>,
+    pub pool: Pool,
+    pub stable: StableIndex,
+    pub unstable: UnstableIndex,
+    pub pagemap: Pagemap,
+    pub uffd: Arc<Uffd>,
+    pub prot: Arc<Mutex<ProtState>>,
+    pub hash_fn: HashFn,
+    pub zero_hash: u32,
+    pub zero_pfn: u64,
+    pub knobs: Knobs,
+    pub stripe_max: u32,
+    pub counters: Counters,
+    /// Passes in a row that made no progress (drives the adaptive sleep).
+    pub idle_passes: u32,
+    pub map_limited: bool,
+    pub map_headroom: u64,
+    pub max_map_count: u64,
+    groups: HashMap<String, u32>,
+    next_gid: u64,
+    next_region_id: u64,
+    cursor_region: usize,
+    cursor_page: usize,
+    pass_progress: u64,
+    map_checked: Option<Instant>,
+    map_vmas: u64,
+    budget: MapBudget,
+    scratch: Vec<Entry>,
+}
+
+impl Core {
+    /// A core with no regions.
+    pub fn new(
+        pool: Pool,
+        uffd: Arc<Uffd>,
+        prot: Arc<Mutex<ProtState>>,
+        knobs: Knobs,
+        hash_fn: HashFn,
+        stripe_max: u32,
+    ) -> Result<Self, ScanError> {
+        let pagemap = Pagemap::open()?;
+        let zero_pfn = crate::mm::zero_pfn(&pagemap);
+        let mut c = Core {
+            regions: Vec::new(),
+            pool,
+            stable: StableIndex::default(),
+            unstable: UnstableIndex::default(),
+            pagemap,
+            uffd,
+            prot,
+            hash_fn,
+            zero_hash: crate::hash::zero_hash(hash_fn),
+            zero_pfn,
+            knobs,
+            stripe_max: stripe_max.max(1),
+            counters: Counters::default(),
+            idle_passes: 0,
+            map_limited: false,
+            map_headroom: 0,
+            max_map_count: crate::mm::max_map_count(),
+            groups: HashMap::new(),
+            next_gid: 0,
+            next_region_id: 1,
+            cursor_region: 0,
+            cursor_page: 0,
+            pass_progress: 0,
+            map_checked: None,
+            map_vmas: 0,
+            budget: MapBudget::default(),
+            scratch: vec![Entry(0); SPAN_PAGES],
+        };
+        c.refresh_map_count(true);
+        Ok(c)
+    }
+
+    /// Pages tracked in all regions.
+    pub fn tracked_pages(&self) -> u64 {
+        self.regions.iter().map(|r| r.npages as u64).sum()
+    }
+
+    /// Adds a region and registers it with the uffd.
+    pub fn register(&mut self, addr: usize, len: usize, owner: String, group: String) -> Result<RegionId, ScanError> {
+        let end = addr.checked_add(len).unwrap_or(usize::MAX);
+        if self.regions.iter().any(|r| addr < r.addr + r.len() && r.addr < end) {
+            return Err(ScanError::Overlap { addr, len });
+        }
+        let gnext = self.groups.len() as u32;
+        let gid = *self.groups.entry(group.clone()).or_insert(gnext);
+        let id = RegionId(self.next_region_id);
+        let base = u32::try_from(self.next_gid).map_err(|_| region::RegionError::TooManyPages)?;
+        let r = Region::new(id, addr, len, owner, group, gid, base)?;
+        self.uffd.register_wp(addr, len)?;
+        self.next_region_id += 1;
+        self.next_gid += r.npages as u64;
+        self.prot.lock().unwrap_or_else(|e| e.into_inner()).regions.push((addr, end));
+        self.regions.push(r);
+        Ok(id)
+    }
+
+    /// Removes a region. With `unmerge`, its merged pages first get private
+    /// copies back (the memory stays usable); without, the caller promised
+    /// to unmap it right away, so its pool references are simply dropped.
+    pub fn unregister(&mut self, id: RegionId, unmerge: bool) -> Result<(), ScanError> {
+        let ri = self.regions.iter().position(|r| r.id == id).ok_or(ScanError::Unknown(id.0))?;
+        if unmerge {
+            // Retry a few times: a page that cannot be protected right now
+            // (e.g. a concurrent discard) is rare and transient.
+            for _ in 0..3 {
+                if self.unmerge_region(ri) == 0 {
+                    break;
+                }
+            }
+        }
+        let mut freed = Vec::new();
+        {
+            let r = &mut self.regions[ri];
+            for i in 0..r.npages {
+                if region::kind(r.state[i]) == MERGED {
+                    let s = r.word[i];
+                    if self.pool.remove_mapper(s) == 0 {
+                        freed.push(s);
+                    }
+                    r.set_kind(i, NEW);
+                }
+            }
+        }
+        let r = self.regions.remove(ri);
+        let _ = self.uffd.unregister(r.addr, r.len());
+        {
+            let mut p = self.prot.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pos) = p.regions.iter().position(|&x| x == (r.addr, r.addr + r.len())) {
+                p.regions.swap_remove(pos);
+            }
+        }
+        self.release_slots(&freed);
+        if ri < self.cursor_region {
+            self.cursor_region -= 1;
+        } else if ri == self.cursor_region {
+            self.cursor_page = 0;
+        }
+        if self.cursor_region >= self.regions.len() {
+            self.cursor_region = 0;
+        }
+        self.pool.trim_if_empty();
+        Ok(())
+    }
+
+    /// Frees the slots in `slots` that nothing maps any more: out of the
+    /// stable index first, then the hole punch (merge-races 5).
+    fn release_slots(&mut self, slots: &[u32]) {
+        for &s in slots {
+            let st = self.pool.state(s);
+            if st == SlotState::Free || self.pool.meta(s).mappers != 0 {
+                continue;
+            }
+            let m = self.pool.meta(s);
+            self.stable.remove(m.group, m.hash, s);
+            if let Err(e) = self.pool.release(s) {
+                log::warn!("pagefold: {e}");
+            }
+        }
+    }
+
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            uffd: &self.uffd,
+            prot: &self.prot,
+            pagemap: &self.pagemap,
+        }
+    }
+
+    /// Unmerges every merged page of region `ri`; returns pages left merged.
+    pub fn unmerge_region(&mut self, ri: usize) -> u64 {
+        let npages = self.regions[ri].npages;
+        let mut left = 0;
+        let mut i = 0;
+        while i < npages {
+            if region::kind(self.regions[ri].state[i]) != MERGED {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < npages && i - s < CHUNK_PAGES && region::kind(self.regions[ri].state[i]) == MERGED {
+                i += 1;
+            }
+            let addr = self.regions[ri].page_addr(s);
+            let ok = {
+                let ctx = self.ctx();
+                merge::unmerge_chunk(&ctx, addr, i - s)
+            };
+            match ok {
+                Ok(true) => {
+                    let mut freed = Vec::new();
+                    for p in s..i {
+                        let slot = self.regions[ri].word[p];
+                        if self.pool.remove_mapper(slot) == 0 {
+                            freed.push(slot);
+                        }
+                        self.regions[ri].set_kind(p, NEW);
+                    }
+                    self.release_slots(&freed);
+                }
+                Ok(false) => left += (i - s) as u64,
+                Err(e) => {
+                    log::warn!("pagefold: unmerge: {e}");
+                    left += (i - s) as u64;
+                }
+            }
+        }
+        left
+    }
+
+    /// Unmerges every region (mode `unmerge`); returns pages left merged.
+    pub fn unmerge_all(&mut self) -> u64 {
+        let mut left = 0;
+        for ri in 0..self.regions.len() {
+            left += self.unmerge_region(ri);
+        }
+        if left == 0 {
+            self.pool.trim_if_empty();
+        }
+        self.unstable.reset(0);
+        left
+    }
+
+    /// Re-reads the VMA count (at most every 2 s unless `force`).
+    pub fn refresh_map_count(&mut self, force: bool) {
+        if !force && self.map_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(2)) {
+            return;
+        }
+        self.map_checked = Some(Instant::now());
+        if let Ok(n) = crate::mm::vma_count() {
+            self.map_vmas = n;
+        }
+        self.max_map_count = crate::mm::max_map_count();
+        self.map_headroom = self.max_map_count.saturating_sub(self.map_vmas);
+        // Keep 1/16 of the limit for everything else in the process.
+        let reserve = self.max_map_count / 16;
+        self.budget.headroom = self.map_headroom as i64 - reserve as i64;
+        self.budget.limited = self.budget.headroom < 2;
+        self.map_limited = self.budget.limited;
+    }
+
+    fn locate(&self, gid: u32) -> Option<(usize, usize)> {
+        let ri = self.regions.partition_point(|r| r.gid_base <= gid).checked_sub(1)?;
+        let r = &self.regions[ri];
+        let p = (gid - r.gid_base) as usize;
+        (p < r.npages).then_some((ri, p))
+    }
+
+    /// Runs one wake-up over at most `pages` page visits; `merge` false means
+    /// checksum only (auto mode's idle rounds).
+    pub fn run_batch(&mut self, pages: u64, merge: bool) -> BatchReport {
+        let mut rep = BatchReport::default();
+        if self.regions.is_empty() {
+            return rep;
+        }
+        self.refresh_map_count(false);
+        let before = self.counters.merges + self.counters.zero_merges;
+        let mut budget = pages.saturating_mul(HASH_COST);
+        if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
+            self.unstable.reset(self.tracked_pages() as usize);
+        }
+        while budget > 0 {
+            if self.cursor_region >= self.regions.len() {
+                self.cursor_region = 0;
+                self.cursor_page = 0;
+            }
+            let (ri, start) = (self.cursor_region, self.cursor_page);
+            let n = (self.regions[ri].npages - start).min(SPAN_PAGES);
+            let used = self.scan_span(ri, start, n, &mut budget, merge);
+            self.cursor_page += used;
+            if self.cursor_page >= self.regions[ri].npages {
+                self.cursor_region += 1;
+                self.cursor_page = 0;
+                if self.cursor_region >= self.regions.len() {
+                    self.cursor_region = 0;
+                    self.end_pass();
+                    rep.pass_completed = true;
+                    break;
+                }
+            }
+        }
+        rep.merges = self.counters.merges + self.counters.zero_merges - before;
+        if rep.merges > 0 {
+            self.idle_passes = 0;
+        }
+        self.map_limited = self.budget.limited;
+        rep
+    }
+
+    /// Runs whole passes synchronously (tests, benchmarks).
+    pub fn run_passes(&mut self, passes: u64) {
+        for _ in 0..passes {
+            if self.regions.is_empty() {
+                return;
+            }
+            while !self.run_batch(1 << 30, true).pass_completed {}
+        }
+    }
+
+    fn end_pass(&mut self) {
+        self.counters.full_scans += 1;
+        if self.pass_progress == 0 {
+            self.idle_passes = self.idle_passes.saturating_add(1);
+        } else {
+            self.idle_passes = 0;
+        }
+        self.pass_progress = 0;
+        self.unstable.reset(self.tracked_pages() as usize);
+        // Per-region savings and VMA estimate (O(pages), once per pass).
+        for r in &mut self.regions {
+            let mut saved = 0.0;
+            let mut vmas = 0;
+            let mut prev: Option<u32> = None;
+            for i in 0..r.npages {
+                if region::kind(r.state[i]) == MERGED {
+                    let s = r.word[i];
+                    let m = self.pool.meta(s).mappers.max(1);
+                    saved += 1.0 - 1.0 / m as f64;
+                    if prev != Some(s.wrapping_sub(1)) {
+                        vmas += 1;
+                    }
+                    prev = Some(s);
+                } else {
+                    prev = None;
+                }
+            }
+            r.saved_pages = saved;
+            r.vmas = vmas;
+        }
+        self.refresh_map_count(false);
+    }
+
+    /// Scans pages `start..start+n` of region `ri`; returns pages consumed.
+    fn scan_span(&mut self, ri: usize, start: usize, n: usize, budget: &mut u64, merge: bool) -> usize {
+        let addr = self.regions[ri].page_addr(start);
+        let mut entries = std::mem::take(&mut self.scratch);
+        if let Err(e) = self.pagemap.read(addr, &mut entries[..n]) {
+            log::warn!("pagefold: {e}");
+            self.scratch = entries;
+            return n;
+        }
+        let mut ops: Vec<Op> = Vec::new();
+        let mut freed: Vec<u32> = Vec::new();
+        let mut prev: Option<u32> = if start > 0 && region::kind(self.regions[ri].state[start - 1]) == MERGED {
+            Some(self.regions[ri].word[start - 1])
+        } else {
+            None
+        };
+        let mut used = 0;
+        while used < n && *budget > 0 {
+            let p = start + used;
+            let e = entries[used];
+            used += 1;
+            let st = self.regions[ri].state[p];
+            match region::kind(st) {
+                MERGED => {
+                    *budget -= 1;
+                    if e.present() && !e.file() {
+                        // Copy-on-write broke the share.
+                        let r = &mut self.regions[ri];
+                        let s = r.word[p];
+                        r.set_kind(p, NEW);
+                        if self.pool.remove_mapper(s) == 0 {
+                            freed.push(s);
+                        }
+                        self.counters.cow_breaks += 1;
+                        prev = None;
+                    } else {
+                        prev = Some(self.regions[ri].word[p]);
+                    }
+                    continue;
+                }
+                ZERO => {
+                    *budget -= 1;
+                    prev = None;
+                    if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
+                        self.regions[ri].set_kind(p, NEW);
+                        self.counters.cow_breaks += 1;
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            prev = match self.visit(ri, p, e, st, prev, budget, merge, &mut ops) {
+                Some(s) => Some(s),
+                None => None,
+            };
+        }
+        self.scratch = entries;
+        if !ops.is_empty() {
+            self.execute(ops, &mut freed);
+        }
+        self.release_slots(&freed);
+        used
+    }
+
+    /// Visits an unmerged page; returns the slot it is planned onto, if any.
+    #[allow(clippy::too_many_arguments)]
+    fn visit(
+        &mut self,
+        ri: usize,
+        p: usize,
+        e: Entry,
+        st: u8,
+        prev: Option<u32>,
+        budget: &mut u64,
+        merge: bool,
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let kind = region::kind(st);
+        if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
+            *budget -= 1;
+            if kind == HASHED {
+                self.regions[ri].set_kind(p, NEW);
+            }
+            return None;
+        }
+        if kind == HASHED && region::skip(st) > 0 {
+            *budget -= 1;
+            let r = &mut self.regions[ri];
+            r.state[p] = region::with_level_skip(st, region::level(st), region::skip(st) - 1);
+            return None;
+        }
+        *budget = budget.saturating_sub(HASH_COST);
+        self.counters.pages_hashed += 1;
+        // SAFETY: the region is registered, hence mapped (register contract).
+        let page = unsafe { self.regions[ri].page(p) };
+        let h = fold((self.hash_fn)(page));
+        let unchanged = kind == HASHED && self.regions[ri].word[p] == h;
+        let group = self.regions[ri].group;
+        {
+            let r = &mut self.regions[ri];
+            r.word[p] = h;
+            if kind == NEW {
+                r.set_kind(p, HASHED);
+                self.pass_progress += 1;
+            }
+            if !unchanged {
+                r.set_volatile(p, true);
+                r.state[p] = region::with_level_skip(r.state[p], 0, 0);
+                return None;
+            }
+            r.set_volatile(p, false);
+        }
+        if !merge {
+            return None;
+        }
+        let st = self.regions[ri].state[p];
+        if h == self.zero_hash && is_zero(page) {
+            ops.push(Op { region: ri, page: p, slot: 0, kind: OpKind::Zero, hash: h, old_state: st });
+            self.regions[ri].state[p] = region::with_kind(st, ZERO);
+            return None;
+        }
+        let target = self.choose(ri, p, h, group, prev, page);
+        let mut plan = |core: &mut Core, r: usize, pg: usize, slot: u32, kind: OpKind, hash: u32| {
+            let old = core.regions[r].state[pg];
+            core.pool.add_mapper(slot);
+            ops.push(Op { region: r, page: pg, slot, kind, hash, old_state: old });
+            core.regions[r].state[pg] = region::with_kind(old, MERGED);
+            core.regions[r].word[pg] = slot;
+        };
+        match target {
+            Some(Target::Existing(s)) => {
+                plan(self, ri, p, s, OpKind::Existing, h);
+                Some(s)
+            }
+            Some(Target::New(s)) => {
+                self.stable.insert(group, h, s);
+                plan(self, ri, p, s, OpKind::New, h);
+                Some(s)
+            }
+            Some(Target::Pair(s, cr, cp)) => {
+                self.stable.insert(group, h, s);
+                plan(self, ri, p, s, OpKind::New, h);
+                plan(self, cr, cp, s, OpKind::Existing, h);
+                Some(s)
+            }
+            None => {
+                let r = &mut self.regions[ri];
+                let lvl = region::level(st);
+                if lvl == 0 {
+                    self.pass_progress += 1;
+                }
+                let nl = (lvl + 1).min(MAX_LEVEL);
+                r.state[p] = region::with_level_skip(r.state[p], nl, (1u8 << nl) - 1);
+                let gid = r.gid_base + p as u32;
+                let _ = self.unstable.insert(h, gid);
+                None
+            }
+        }
+    }
+
+    /// Is slot `s` usable for a page with hash `h` in `group`?
+    fn usable(&self, s: u32, h: u32, group: u32, page: &[u8]) -> bool {
+        let st = self.pool.state(s);
+        let m = self.pool.meta(s);
+        (st == SlotState::Reserved || st == SlotState::Written)
+            && m.hash == h
+            && m.group == group
+            && (m.mappers as u64) < self.knobs.max_page_sharing
+            && (st == SlotState::Reserved || self.pool.page(s) == page)
+    }
+
+    /// Length of the same-content stripe ending at slot `s`.
+    fn stripe_len(&self, s: u32, h: u32, group: u32) -> u32 {
+        let mut n = 1;
+        let mut x = s;
+        while x > 0 && n < self.stripe_max {
+            let m = self.pool.meta(x - 1);
+            let st = self.pool.state(x - 1);
+            if m.hash != h || m.group != group || st == SlotState::Free || st == SlotState::Failed {
+                break;
+            }
+            n += 1;
+            x -= 1;
+        }
+        n
+    }
+
+    fn choose(&mut self, ri: usize, p: usize, h: u32, group: u32, prev: Option<u32>, page: &[u8]) -> Option<Target> {
+        // 1. Continue the left neighbour's run: no new VMA.
+        if let Some(ps) = prev {
+            let s1 = ps.wrapping_add(1);
+            if s1 != 0 {
+                if self.usable(s1, h, group, page) {
+                    return Some(Target::Existing(s1));
+                }
+                let pm = self.pool.meta(ps);
+                if self.pool.is_free(s1)
+                    && pm.hash == h
+                    && pm.group == group
+                    && self.stripe_len(ps, h, group) < self.stripe_max
+                {
+                    // Same content as the left neighbour: grow its stripe so
+                    // the run stays one VMA.
+                    if let Ok(s) = self.pool.reserve(Some(s1), h, group) {
+                        return Some(Target::New(s));
+                    }
+                }
+            }
+        }
+        if self.budget.limited {
+            // Out of map-count headroom: only run-extending merges.
+            return None;
+        }
+        // 2. Stable index: lowest slot with room (stripe starts first).
+        if let Some(&s) = self.stable.get(group, h).iter().take(256).find(|&&s| self.usable(s, h, group, page)) {
+            return Some(Target::Existing(s));
+        }
+        // 3. Unstable index: a page seen earlier this pass.
+        let me = self.regions[ri].gid_base + p as u32;
+        let found = {
+            let regions = &self.regions;
+            let locate = |gid: u32| -> Option<(usize, usize)> {
+                let ri = regions.partition_point(|r| r.gid_base <= gid).checked_sub(1)?;
+                let pp = (gid - regions[ri].gid_base) as usize;
+                (pp < regions[ri].npages).then_some((ri, pp))
+            };
+            let key_of = |gid: u32| -> Option<u32> {
+                let (r, pp) = locate(gid)?;
+                let rg = &regions[r];
+                let s = rg.state[pp];
+                (gid != me && region::kind(s) == HASHED && !region::is_volatile(s) && rg.group == group)
+                    .then_some(rg.word[pp])
+            };
+            self.unstable.find(h, key_of, |gid| {
+                let Some((r, pp)) = locate(gid) else { return false };
+                // SAFETY: registered regions are mapped.
+                let other = unsafe { regions[r].page(pp) };
+                other == page
+            })
+        };
+        let (cr, cp) = self.locate(found?)?;
+        let hint = prev
+            .map(|x| x.wrapping_add(1))
+            .filter(|&x| self.pool.is_free(x))
+            .or_else(|| {
+                (cp > 0 && region::kind(self.regions[cr].state[cp - 1]) == MERGED)
+                    .then(|| self.regions[cr].word[cp - 1].wrapping_add(1))
+                    .filter(|&x| self.pool.is_free(x))
+            });
+        let s = self.pool.reserve(hint, h, group).ok()?;
+        Some(Target::Pair(s, cr, cp))
+    }
+
+    /// Executes the planned ops: slot creators first, then joiners.
+    fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
+        ops.sort_by_key(|o| (o.kind != OpKind::New, o.region, o.page));
+        let mut new_slots: Vec<u32> = Vec::new();
+        let mut pending: std::collections::HashSet<(usize, usize)> = ops.iter().map(|o| (o.region, o.page)).collect();
+        let mut i = 0;
+        while i < ops.len() {
+            let s = i;
+            let phase = ops[i].kind == OpKind::New;
+            i += 1;
+            while i < ops.len()
+                && i - s < CHUNK_PAGES
+                && (ops[i].kind == OpKind::New) == phase
+                && ops[i].region == ops[s].region
+                && ops[i].page == ops[i - 1].page + 1
+            {
+                i += 1;
+            }
+            let chunk = &ops[s..i];
+            let r = &self.regions[chunk[0].region];
+            let first = chunk[0];
+            let continues_left = first.kind != OpKind::Zero
+                && first.page > 0
+                && region::kind(r.state[first.page - 1]) == MERGED
+                && r.word[first.page - 1].wrapping_add(1) == first.slot
+                && !pending.contains(&(first.region, first.page - 1));
+            let base = r.addr;
+            let res = {
+                let ctx = Ctx {
+                    uffd: &self.uffd,
+                    prot: &self.prot,
+                    pagemap: &self.pagemap,
+                };
+                merge::exec_chunk(&ctx, &mut self.pool, base, chunk, continues_left, &mut self.budget)
+            };
+            for (k, op) in chunk.iter().enumerate() {
+                pending.remove(&(op.region, op.page));
+                let done = res.done & (1 << k) != 0;
+                if op.kind == OpKind::New {
+                    new_slots.push(op.slot);
+                    if res.written & (1 << k) == 0 {
+                        self.pool.fail(op.slot);
+                    }
+                }
+                self.commit(op, done, freed);
+            }
+        }
+        // A created slot nobody ended up mapping is freed.
+        freed.extend(new_slots);
+    }
+
+    fn commit(&mut self, op: &Op, done: bool, freed: &mut Vec<u32>) {
+        let r = &mut self.regions[op.region];
+        r.state[op.page] = op.old_state;
+        if done {
+            match op.kind {
+                OpKind::Zero => {
+                    r.set_kind(op.page, ZERO);
+                    self.counters.zero_merges += 1;
+                }
+                _ => {
+                    r.set_kind(op.page, MERGED);
+                    r.word[op.page] = op.slot;
+                    self.counters.merges += 1;
+                }
+            }
+            self.pass_progress += 1;
+        } else {
+            r.word[op.page] = op.hash;
+            r.state[op.page] = region::with_level_skip(op.old_state, 0, 0);
+            self.counters.abandoned += 1;
+            if op.kind != OpKind::Zero && self.pool.remove_mapper(op.slot) == 0 {
+                freed.push(op.slot);
+            }
+        }
+    }
+
+    /// Heap bytes of engine metadata.
+    pub fn metadata_bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.metadata_bytes()).sum::<u64>()
+            + self.pool.metadata_bytes()
+            + self.stable.heap_bytes()
+            + self.unstable.heap_bytes()
+            + (self.scratch.capacity() * 8) as u64
+    }
+
+    /// Checks the engine's books against the kernel (tests): every pool
+    /// slot's mapper count equals the pages whose state says they map it,
+    /// and every page the engine believes merged is either not present or
+    /// maps the pool (file bit); returns a description of the first problem.
+    pub fn check_consistency(&self) -> Result<(), String> {
+        let mut count: HashMap<u32, u32> = HashMap::new();
+        for r in &self.regions {
+            let mut e = vec![Entry(0); r.npages];
+            self.pagemap.read(r.addr, &mut e).map_err(|e| e.to_string())?;
+            for i in 0..r.npages {
+                if region::kind(r.state[i]) == MERGED {
+                    *count.entry(r.word[i]).or_default() += 1;
+                    let ent = e[i];
+                    if ent.present() && !ent.file() {
+                        // Broken share not yet noticed: allowed (next visit).
+                        continue;
+                    }
+                    if self.pool.state(r.word[i]) != SlotState::Written {
+                        return Err(format!("page {i} of {:?} maps slot {} in state {:?}", r.id, r.word[i], self.pool.state(r.word[i])));
+                    }
+                }
+            }
+        }
+        let mut live = 0;
+        for (&s, &n) in &count {
+            if self.pool.meta(s).mappers != n {
+                return Err(format!("slot {s}: pool says {} mappers, pages say {n}", self.pool.meta(s).mappers));
+            }
+            live += 1;
+        }
+        if live != self.pool.live {
+            return Err(format!("pool live slots {} != mapped slots {live}", self.pool.live));
+        }
+        if self.pool.slots_in_use() != live {
+            return Err(format!("pool has {} slots allocated but {live} mapped", self.pool.slots_in_use()));
+        }
+        Ok(())
+    }
+
+    /// Sanity bound for tests: bytes per tracked page.
+    pub fn metadata_per_page(&self) -> f64 {
+        let t = self.tracked_pages().max(1);
+        self.metadata_bytes() as f64 / t as f64
+    }
+}

@@ -1,0 +1,277 @@
+//! userfaultfd write-protection: our own ioctl definitions and wrappers.
+//!
+//! Only `UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_THREAD_ID` are asked
+//! for. `EVENT_UNMAP/REMOVE/REMAP` would make every merge `mmap(MAP_FIXED)`
+//! and `MADV_DONTNEED` wait for the uffd reader (deadlock if the merger reads),
+//! and `UFFD_USER_MODE_ONLY` makes `KVM_RUN` fail with EFAULT (platform.md):
+//! neither is used.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Errors of the userfaultfd wrappers.
+#[derive(Debug, thiserror::Error)]
+pub enum UffdError {
+    #[error("cannot create a userfaultfd: {0}")]
+    Create(#[source] io::Error),
+    #[error("UFFDIO_API handshake: {0}")]
+    Api(#[source] io::Error),
+    #[error("the kernel lacks userfaultfd write-protect support")]
+    NoWp,
+    #[error("{op} {addr:#x}+{len:#x}: {source}")]
+    Ioctl {
+        op: &'static str,
+        addr: usize,
+        len: usize,
+        #[source]
+        source: io::Error,
+    },
+    #[error("read userfaultfd: {0}")]
+    Read(#[source] io::Error),
+}
+
+const fn ioc(dir: u64, nr: u64, size: u64) -> u64 {
+    (dir << 30) | (size << 16) | (0xAA << 8) | nr
+}
+const IOC_W: u64 = 1;
+const IOC_R: u64 = 2;
+
+#[repr(C)]
+#[derive(Default)]
+struct UffdioApi {
+    api: u64,
+    features: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct UffdioRange {
+    start: u64,
+    len: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioRegister {
+    range: UffdioRange,
+    mode: u64,
+    ioctls: u64,
+}
+#[repr(C)]
+#[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+const UFFD_API: u64 = 0xAA;
+const UFFDIO_API: u64 = ioc(IOC_R | IOC_W, 0x3F, 24);
+const UFFDIO_REGISTER: u64 = ioc(IOC_R | IOC_W, 0x00, 32);
+const UFFDIO_UNREGISTER: u64 = ioc(IOC_R, 0x01, 16);
+const UFFDIO_WAKE: u64 = ioc(IOC_R, 0x02, 16);
+const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_R | IOC_W, 0x06, 24);
+const USERFAULTFD_IOC_NEW: u64 = 0xAA00;
+const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
+const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
+const _UFFDIO_WRITEPROTECT_BIT: u64 = 0x06;
+
+/// `UFFD_EVENT_PAGEFAULT`.
+pub const EVENT_PAGEFAULT: u8 = 0x12;
+/// Page fault flag: write access.
+pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
+/// Page fault flag: write-protect fault.
+pub const PAGEFAULT_FLAG_WP: u64 = 1 << 1;
+
+/// `struct uffd_msg` restricted to the page-fault view (32 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct UffdMsg {
+    pub event: u8,
+    _r1: u8,
+    _r2: u16,
+    _r3: u32,
+    pub flags: u64,
+    pub address: u64,
+    pub ptid: u32,
+    _pad: u32,
+}
+
+/// A userfaultfd used only for write-protection.
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+impl Uffd {
+    /// Creates a non-blocking userfaultfd (syscall, else `/dev/userfaultfd`)
+    /// and negotiates WP fault reporting.
+    pub fn new() -> Result<Self, UffdError> {
+        // SAFETY: plain syscall with flag arguments.
+        let mut raw = unsafe {
+            libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) as RawFd
+        };
+        if raw < 0 {
+            let first = io::Error::last_os_error();
+            // SAFETY: the path is a valid NUL-terminated string.
+            let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            if dev < 0 {
+                return Err(UffdError::Create(first));
+            }
+            // SAFETY: dev is an open fd; the ioctl takes flags by value.
+            raw = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW as _, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+            let e = io::Error::last_os_error();
+            // SAFETY: dev is ours and no longer needed.
+            unsafe { libc::close(dev) };
+            if raw < 0 {
+                return Err(UffdError::Create(e));
+            }
+        }
+        // SAFETY: raw is a freshly created fd that we own from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut api = UffdioApi {
+            api: UFFD_API,
+            features: UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_THREAD_ID,
+            ioctls: 0,
+        };
+        // SAFETY: api is a valid, correctly sized uffdio_api.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
+            return Err(UffdError::Api(io::Error::last_os_error()));
+        }
+        if api.features & UFFD_FEATURE_PAGEFAULT_FLAG_WP == 0 {
+            return Err(UffdError::NoWp);
+        }
+        Ok(Uffd { fd })
+    }
+
+    /// The raw fd (for poll).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn ioctl<T>(&self, op: &'static str, req: u64, arg: &mut T, addr: usize, len: usize) -> Result<(), UffdError> {
+        // SAFETY: arg is a valid, correctly sized struct for `req`.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg as *mut T) } != 0 {
+            return Err(UffdError::Ioctl {
+                op,
+                addr,
+                len,
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Registers `addr..+len` for write-protect faults. Also used to
+    /// re-register the VMAs that `mmap(MAP_FIXED)` creates during a merge.
+    pub fn register_wp(&self, addr: usize, len: usize) -> Result<(), UffdError> {
+        let mut r = UffdioRegister {
+            range: UffdioRange { start: addr as u64, len: len as u64 },
+            mode: UFFDIO_REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        self.ioctl("UFFDIO_REGISTER", UFFDIO_REGISTER, &mut r, addr, len)?;
+        if r.ioctls & (1 << _UFFDIO_WRITEPROTECT_BIT) == 0 {
+            return Err(UffdError::NoWp);
+        }
+        Ok(())
+    }
+
+    /// Unregisters `addr..+len` (wakes any waiter in it).
+    pub fn unregister(&self, addr: usize, len: usize) -> Result<(), UffdError> {
+        let mut r = UffdioRange { start: addr as u64, len: len as u64 };
+        self.ioctl("UFFDIO_UNREGISTER", UFFDIO_UNREGISTER, &mut r, addr, len)
+    }
+
+    /// Write-protects `addr..+len` (present PTEs only; verify with pagemap).
+    pub fn protect(&self, addr: usize, len: usize) -> Result<(), UffdError> {
+        let mut w = UffdioWriteprotect {
+            range: UffdioRange { start: addr as u64, len: len as u64 },
+            mode: UFFDIO_WRITEPROTECT_MODE_WP,
+        };
+        self.ioctl("UFFDIO_WRITEPROTECT(WP)", UFFDIO_WRITEPROTECT, &mut w, addr, len)
+    }
+
+    /// Removes write-protection from `addr..+len` and wakes its waiters.
+    pub fn unprotect(&self, addr: usize, len: usize) -> Result<(), UffdError> {
+        let mut w = UffdioWriteprotect {
+            range: UffdioRange { start: addr as u64, len: len as u64 },
+            mode: 0,
+        };
+        self.ioctl("UFFDIO_WRITEPROTECT(0)", UFFDIO_WRITEPROTECT, &mut w, addr, len)
+    }
+
+    /// Wakes every thread blocked on a fault in `addr..+len`.
+    pub fn wake(&self, addr: usize, len: usize) -> Result<(), UffdError> {
+        let mut r = UffdioRange { start: addr as u64, len: len as u64 };
+        self.ioctl("UFFDIO_WAKE", UFFDIO_WAKE, &mut r, addr, len)
+    }
+
+    /// Reads pending messages into `buf`; returns how many (0 if none).
+    pub fn read_msgs(&self, buf: &mut [UffdMsg]) -> Result<usize, UffdError> {
+        let bytes = std::mem::size_of_val(buf);
+        // SAFETY: buf is valid for `bytes` bytes of writes; UffdMsg is POD.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, bytes) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                return Ok(0);
+            }
+            return Err(UffdError::Read(e));
+        }
+        Ok(n as usize / std::mem::size_of::<UffdMsg>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::PAGE_SIZE;
+
+    #[test]
+    fn msg_layout() {
+        assert_eq!(std::mem::size_of::<UffdMsg>(), 32);
+        assert_eq!(UFFDIO_API, 0xc018aa3f);
+        assert_eq!(UFFDIO_REGISTER, 0xc020aa00);
+        assert_eq!(UFFDIO_WRITEPROTECT, 0xc018aa06);
+        assert_eq!(UFFDIO_WAKE, 0x8010aa02);
+    }
+
+    #[test]
+    fn protect_sets_pagemap_bit_and_blocks_writer_until_unprotect() {
+        let u = Uffd::new().unwrap();
+        let len = 4 * PAGE_SIZE;
+        let p = crate::mm::map_anon(len).unwrap();
+        // SAFETY: p is our fresh mapping of `len` bytes.
+        unsafe { std::ptr::write_bytes(p, 7, len) };
+        u.register_wp(p as usize, len).unwrap();
+        u.protect(p as usize, PAGE_SIZE).unwrap();
+        let pm = crate::pagemap::Pagemap::open().unwrap();
+        assert!(pm.entry(p as usize).unwrap().uffd_wp());
+        assert!(!pm.entry(p as usize + PAGE_SIZE).unwrap().uffd_wp());
+        let addr = p as usize;
+        let t = std::thread::spawn(move || {
+            // SAFETY: the mapping lives until after join below.
+            unsafe { std::ptr::write_volatile(addr as *mut u8, 9) };
+        });
+        let mut msgs = [UffdMsg::default(); 4];
+        let mut got = 0;
+        for _ in 0..200 {
+            got = u.read_msgs(&mut msgs).unwrap();
+            if got > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(got, 1);
+        assert_eq!(msgs[0].event, EVENT_PAGEFAULT);
+        assert!(msgs[0].flags & PAGEFAULT_FLAG_WP != 0);
+        assert_eq!(msgs[0].address as usize & !(PAGE_SIZE - 1), addr);
+        assert!(!t.is_finished());
+        u.unprotect(addr, PAGE_SIZE).unwrap();
+        t.join().unwrap();
+        // SAFETY: p is still mapped.
+        assert_eq!(unsafe { *p }, 9);
+        crate::mm::unmap(p, len);
+    }
+}

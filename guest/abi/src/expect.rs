@@ -1,0 +1,188 @@
+//! Host-side prediction of what a set of workload VMs holds in their data
+//! pages, so dedup tests can assert exact numbers (feature `std`).
+//!
+//! Identity of a page's content is its generator base (see `generator`), so
+//! grouping pages by base is exact, not probabilistic. Record pages (the
+//! guest's version table) are unique per VM by construction and are counted
+//! apart; the guest's image, stack and page tables are outside the data area
+//! and not counted at all.
+
+extern crate std;
+
+use crate::classes::{page_content, version_after_churn, Content, DataLayout, ParamsError};
+use crate::WorkloadParams;
+use std::collections::HashMap;
+
+/// One VM's state: its parameters and the total churn writes it reported
+/// (`PhaseReport::churn_writes_total` of its last CHURN, 0 if none), after a
+/// FILL.
+#[derive(Clone, Copy, Debug)]
+pub struct VmState<'a> {
+    pub params: &'a WorkloadParams,
+    pub churn_writes: u64,
+}
+
+/// Predicted page counts over the data pages of a set of VMs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Expectation {
+    /// Logical data pages of all VMs.
+    pub data_pages: u64,
+    /// Of those, all-zero pages.
+    pub zero_pages: u64,
+    /// Non-zero data pages.
+    pub nonzero_pages: u64,
+    /// Distinct non-zero contents.
+    pub distinct_contents: u64,
+    /// Non-zero contents held by two or more pages (KSM's `pages_shared`
+    /// when zero pages are handled apart).
+    pub shared_contents: u64,
+    /// Pages that a perfect dedup of non-zero contents frees: pages beyond
+    /// the first of each content (KSM's `pages_sharing`), i.e.
+    /// `nonzero_pages - distinct_contents`.
+    pub sharing_pages: u64,
+    /// Record pages of all VMs (always unique: never shared).
+    pub record_pages: u64,
+}
+
+impl Expectation {
+    /// Predicts the data pages of `vms` (each after FILL and its churn).
+    pub fn compute(vms: &[VmState<'_>]) -> Result<Self, ParamsError> {
+        let mut counts: HashMap<u64, u64> = HashMap::new();
+        let mut e = Self::default();
+        for vm in vms {
+            let layout = DataLayout::new(vm.params)?;
+            e.record_pages += layout.record_pages;
+            for i in 0..layout.pages {
+                e.data_pages += 1;
+                let v = version_after_churn(vm.params, i, vm.churn_writes);
+                match page_content(vm.params, i, v) {
+                    Content::Zero => e.zero_pages += 1,
+                    Content::Pattern(base) => *counts.entry(base).or_default() += 1,
+                }
+            }
+        }
+        e.nonzero_pages = e.data_pages - e.zero_pages;
+        e.distinct_contents = counts.len() as u64;
+        e.shared_contents = counts.values().filter(|&&n| n > 1).count() as u64;
+        e.sharing_pages = e.nonzero_pages - e.distinct_contents;
+        Ok(e)
+    }
+
+    /// `sharing_pages` for an engine that merges all zero pages into one
+    /// shared page like any other content (instead of a zero-page path).
+    pub fn sharing_pages_with_zero_merged(&self) -> u64 {
+        self.sharing_pages + self.zero_pages.saturating_sub(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PAGE_SIZE, PARAMS_MAGIC};
+
+    fn vm(seed: u64, private_seed: u64, shared: u64, private: u64) -> WorkloadParams {
+        WorkloadParams {
+            magic: PARAMS_MAGIC,
+            seed,
+            private_seed,
+            shared_pages: shared,
+            private_pages: private,
+            zero_permille: 100,
+            dup_permille: 50,
+            churn_permille: 200,
+            data_start: 0x40_0000,
+            data_end: 0x40_0000 + (shared + private + 16) * PAGE_SIZE,
+            ..WorkloadParams::default()
+        }
+    }
+
+    #[test]
+    fn one_vm_shares_only_its_duplicates() {
+        let p = vm(1, 2, 10_000, 5_000);
+        let e = Expectation::compute(&[VmState {
+            params: &p,
+            churn_writes: 0,
+        }])
+        .unwrap();
+        assert_eq!(e.data_pages, 15_000);
+        assert_eq!(e.zero_pages, 1_500);
+        // 50 duplicates per block, each of a distinct unique page.
+        assert_eq!(e.sharing_pages, 750);
+        assert_eq!(e.shared_contents, 750);
+        assert_eq!(e.distinct_contents, 15_000 - 1_500 - 750);
+        assert_eq!(e.record_pages, 15);
+    }
+
+    #[test]
+    fn two_vms_share_the_shared_part() {
+        let a = vm(1, 2, 10_000, 5_000);
+        let b = vm(1, 3, 10_000, 5_000);
+        let e = Expectation::compute(&[
+            VmState {
+                params: &a,
+                churn_writes: 0,
+            },
+            VmState {
+                params: &b,
+                churn_writes: 0,
+            },
+        ])
+        .unwrap();
+        // Shared part: 9000 non-zero pages per VM (8500 unique + 500 dup)
+        // over 8500 distinct contents in both VMs together.
+        // Private: 4500 non-zero per VM (4250 unique + 250 dup) over 4250 each.
+        assert_eq!(e.zero_pages, 3_000);
+        assert_eq!(e.distinct_contents, 8_500 + 2 * 4_250);
+        assert_eq!(e.sharing_pages, 2 * 9_000 - 8_500 + 2 * (4_500 - 4_250));
+        assert_eq!(e.sharing_pages_with_zero_merged(), e.sharing_pages + 2_999);
+        // A different shared seed shares nothing across VMs.
+        let c = vm(9, 3, 10_000, 5_000);
+        let e2 = Expectation::compute(&[
+            VmState {
+                params: &a,
+                churn_writes: 0,
+            },
+            VmState {
+                params: &c,
+                churn_writes: 0,
+            },
+        ])
+        .unwrap();
+        assert_eq!(e2.sharing_pages, 2 * 750);
+    }
+
+    #[test]
+    fn churn_breaks_duplicates_of_churned_targets() {
+        // churn tail = positions 800..1000 of each private block; dup targets
+        // are 150..200, so churn touches no duplicate pair: sharing is kept.
+        let a = vm(1, 2, 0, 2_000);
+        let e0 = Expectation::compute(&[VmState {
+            params: &a,
+            churn_writes: 0,
+        }])
+        .unwrap();
+        let e1 = Expectation::compute(&[VmState {
+            params: &a,
+            churn_writes: 1234,
+        }])
+        .unwrap();
+        assert_eq!(e0, e1);
+        // With a churn tail reaching the targets, churned targets lose their dups.
+        let mut b = a;
+        b.churn_permille = 850; // positions 150..1000: targets 150..200 churned
+        let full = crate::classes::churn_len(&b);
+        assert_eq!(full, 2 * 850);
+        let e = Expectation::compute(&[VmState {
+            params: &b,
+            churn_writes: full,
+        }])
+        .unwrap();
+        assert_eq!(e.sharing_pages, 0);
+        let e = Expectation::compute(&[VmState {
+            params: &b,
+            churn_writes: 25,
+        }])
+        .unwrap();
+        assert_eq!(e.sharing_pages, 100 - 25);
+    }
+}

@@ -1,0 +1,74 @@
+//! Start-up handshake and the phase program.
+
+use crate::host;
+use crate::phases::{cycles_since, Stopped, Workload};
+use crate::store::Store;
+use crate::{clock::rdtsc, log};
+use pagefold_guest_abi::classes::DataLayout;
+use pagefold_guest_abi::mailbox::{exit_code, status, PhaseReport, NO_MISMATCH};
+use pagefold_guest_abi::phase;
+
+/// Runs the whole workload; returns the exit code.
+pub fn run() -> u32 {
+    host::register();
+    let params = host::get_params();
+    let layout = match DataLayout::new(&params) {
+        Ok(l) => l,
+        Err(e) => {
+            log!("workload: rejecting params: {}", e);
+            return exit_code::BAD_PARAMS;
+        }
+    };
+    if host::stopped(host::hello()) {
+        return exit_code::STOPPED;
+    }
+    let store = Store::init(&params, layout);
+    let mut w = Workload::new(params, store);
+    let mut mismatches = 0u64;
+    for (slot, op, arg) in params.phases() {
+        if host::stopped(host::phase_begin(op, slot, arg)) {
+            return exit_code::STOPPED;
+        }
+        let start = rdtsc();
+        let result = match op {
+            phase::FILL => w.fill(slot),
+            phase::CHURN => w.churn(slot, if arg == 0 { params.churn_ms } else { arg }),
+            phase::VERIFY => w.verify(slot),
+            phase::REWRITE => w.rewrite(slot),
+            phase::SLEEP => idle(op, slot, host::sleep_ms(arg)),
+            phase::WAIT_HOST => idle(op, slot, host::wait_host(arg)),
+            // DataLayout::new rejected every other opcode.
+            _ => unreachable!(),
+        };
+        let mut r = match result {
+            Ok(r) => r,
+            Err(Stopped) => return exit_code::STOPPED,
+        };
+        r.tsc_cycles = cycles_since(start);
+        mismatches += r.mismatches;
+        if host::stopped(host::phase_end(&r)) {
+            return exit_code::STOPPED;
+        }
+    }
+    if mismatches == 0 {
+        exit_code::OK
+    } else {
+        exit_code::MISMATCH
+    }
+}
+
+/// Report of SLEEP/WAIT_HOST given the status of the host call.
+fn idle(op: u32, slot: usize, st: u32) -> Result<PhaseReport, Stopped> {
+    if host::stopped(st) {
+        return Err(Stopped);
+    }
+    if st == status::TIMED_OUT {
+        log!("{}: timed out", phase::name(op));
+    }
+    Ok(PhaseReport {
+        phase: op,
+        slot: slot as u32,
+        first_mismatch: NO_MISMATCH,
+        ..PhaseReport::default()
+    })
+}

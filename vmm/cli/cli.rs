@@ -1,0 +1,404 @@
+//! Command-line interface.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use pagefold_vmm::config::{
+    self, Config, DedupConfig, DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig,
+    VmDedup, WorkloadConfig,
+};
+use pagefold_vmm::runner::{self, Runner};
+
+use crate::report;
+
+/// Errors the CLI reports; each maps to an exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Config(#[from] config::Error),
+    #[error(transparent)]
+    Runner(#[from] runner::Error),
+    #[error("{0}")]
+    Dedup(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+impl Error {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Usage(_) | Error::Config(_) => 2,
+            _ => 3,
+        }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "pagefold",
+    version,
+    about = "A KVM VMM with a userspace guest-memory deduplication engine",
+    long_about = "pagefold runs KVM virtual machines — small built-in workload guests or Linux kernels — \
+several per process, and merges identical guest pages copy-on-write, in the VMM, \
+faster than the kernel's KSM and only when memory is short (auto mode)."
+)]
+pub struct Cli {
+    /// Log level for pagefold's own diagnostics (error, warn, info, debug).
+    #[arg(long, global = true, default_value = "warn")]
+    pub log: String,
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run VMs until they all stop: one VM from flags, or several from --config.
+    Run(RunArgs),
+    /// The built-in demo: two 256 MiB workload VMs with identical content,
+    /// deduplicated, with each guest's report and the savings.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Dedup mode for the demo.
+    #[arg(long, default_value = "on")]
+    pub dedup: String,
+    /// Memory per VM.
+    #[arg(long, default_value = "256M")]
+    pub memory: String,
+    /// Write the final report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// TOML file describing the VMs (see examples/); excludes the per-VM flags.
+    #[arg(long, short = 'c', conflicts_with_all = ["name", "vcpus", "memory", "kernel", "seed", "shared", "private", "phases"])]
+    pub config: Option<PathBuf>,
+
+    /// VM name (used in output prefixes, stats and the API).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Number of vCPUs.
+    #[arg(long)]
+    pub vcpus: Option<u8>,
+    /// Guest RAM, e.g. 256M or 1G (a bare number means MiB).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// Where serial output goes: stdout, null, or a file path.
+    #[arg(long, default_value = "stdout")]
+    pub serial: String,
+
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub kernel: KernelArgs,
+    #[command(flatten)]
+    pub dedup: DedupArgs,
+
+    /// Write the final report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// The built-in workload guest (used when no --kernel is given).
+#[derive(Args, Debug, Default)]
+pub struct WorkloadArgs {
+    /// Seed of the shared part: VMs with the same seed hold identical pages.
+    #[arg(long, help_heading = "Workload guest")]
+    pub seed: Option<u64>,
+    /// Size of the shared, read-mostly part (default: half the usable RAM).
+    #[arg(long, help_heading = "Workload guest")]
+    pub shared: Option<String>,
+    /// Size of the private, changing part (default: a quarter of the usable RAM).
+    #[arg(long, help_heading = "Workload guest")]
+    pub private: Option<String>,
+    /// Per mille of pages that are all zeros.
+    #[arg(long, help_heading = "Workload guest")]
+    pub zero_permille: Option<u32>,
+    /// Per mille of pages that duplicate another page of the same guest.
+    #[arg(long, help_heading = "Workload guest")]
+    pub dup_permille: Option<u32>,
+    /// Per mille of private pages the churn phase rewrites.
+    #[arg(long, help_heading = "Workload guest")]
+    pub churn_permille: Option<u32>,
+    /// Churn rate, pages per second (0: as fast as possible).
+    #[arg(long, help_heading = "Workload guest")]
+    pub churn_rate: Option<u32>,
+    /// Churn duration in milliseconds.
+    #[arg(long, help_heading = "Workload guest")]
+    pub churn_ms: Option<u64>,
+    /// Phases, comma-separated: fill, churn, verify, rewrite, sleep:MS, wait[:MS].
+    #[arg(long, help_heading = "Workload guest")]
+    pub phases: Option<String>,
+}
+
+/// A Linux guest instead of the workload guest.
+#[derive(Args, Debug, Default)]
+pub struct KernelArgs {
+    /// Kernel image: ELF vmlinux or bzImage.
+    #[arg(long, help_heading = "Linux guest")]
+    pub kernel: Option<PathBuf>,
+    /// Initial ramdisk.
+    #[arg(long, help_heading = "Linux guest", requires = "kernel")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line.
+    #[arg(long, help_heading = "Linux guest", requires = "kernel")]
+    pub cmdline: Option<String>,
+    /// Disk image (raw), PATH or PATH,ro; repeatable.
+    #[arg(long, help_heading = "Linux guest", requires = "kernel")]
+    pub disk: Vec<String>,
+}
+
+#[derive(Args, Debug, Default)]
+pub struct DedupArgs {
+    /// Dedup mode: off, on, unmerge or auto.
+    #[arg(long, help_heading = "Deduplication")]
+    pub dedup: Option<String>,
+    /// Dedup backend: pagefold (userspace engine) or ksm (the kernel's KSM).
+    #[arg(long, help_heading = "Deduplication")]
+    pub dedup_backend: Option<String>,
+    /// Dedup group of the VM (pages are shared only within a group).
+    #[arg(long, help_heading = "Deduplication")]
+    pub dedup_group: Option<String>,
+    /// Pages scanned per wake-up.
+    #[arg(long, help_heading = "Deduplication")]
+    pub pages_to_scan: Option<u64>,
+    /// Sleep between wake-ups, in milliseconds.
+    #[arg(long, help_heading = "Deduplication")]
+    pub sleep_millisecs: Option<u64>,
+    /// Most sites that may map one shared page.
+    #[arg(long, help_heading = "Deduplication")]
+    pub max_page_sharing: Option<u64>,
+}
+
+fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
+    let (path, ro) = match s.rsplit_once(',') {
+        Some((p, "ro")) => (p, true),
+        Some((p, "rw")) => (p, false),
+        Some((_, opt)) => {
+            return Err(Error::Usage(format!(
+                "--disk {s}: unknown option {opt:?} (expected ro or rw)"
+            )))
+        }
+        None => (s, false),
+    };
+    Ok(DiskConfig {
+        path: PathBuf::from(path),
+        readonly: ro,
+    })
+}
+
+fn serial_output(s: &str) -> SerialOutput {
+    match s {
+        "stdout" | "-" => SerialOutput::Stdout,
+        "null" | "none" => SerialOutput::Null,
+        p => SerialOutput::File(PathBuf::from(p)),
+    }
+}
+
+impl DedupArgs {
+    fn apply(&self, d: &mut DedupConfig) -> Result<(), Error> {
+        if let Some(m) = &self.dedup {
+            d.mode = m
+                .parse()
+                .map_err(|e: pagefold_dedup::Error| Error::Usage(format!("--dedup: {e}")))?;
+        }
+        if let Some(b) = &self.dedup_backend {
+            d.backend = b.clone();
+        }
+        d.pages_to_scan = self.pages_to_scan.or(d.pages_to_scan);
+        d.sleep_millisecs = self.sleep_millisecs.or(d.sleep_millisecs);
+        d.max_page_sharing = self.max_page_sharing.or(d.max_page_sharing);
+        Ok(())
+    }
+}
+
+/// Builds the config for `pagefold run`.
+pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
+    let mut cfg = match &a.config {
+        Some(path) => Config::from_file(path)?,
+        None => {
+            let w = &a.workload;
+            let workload = if a.kernel.kernel.is_some() {
+                None
+            } else {
+                let mut wc = WorkloadConfig::default();
+                if let Some(s) = w.seed {
+                    wc.seed = s;
+                }
+                wc.shared = w.shared.clone().map(SizeValue::Text);
+                wc.private = w.private.clone().map(SizeValue::Text);
+                wc.zero_permille = w.zero_permille.unwrap_or(0);
+                wc.dup_permille = w.dup_permille.unwrap_or(0);
+                wc.churn_permille = w.churn_permille.unwrap_or(0);
+                wc.churn_rate = w.churn_rate.unwrap_or(0);
+                wc.churn_ms = w.churn_ms.unwrap_or(0);
+                if let Some(p) = &w.phases {
+                    wc.phases = p.split(',').map(|s| s.trim().to_string()).collect();
+                }
+                Some(wc)
+            };
+            let kernel = match &a.kernel.kernel {
+                Some(path) => Some(KernelConfig {
+                    path: path.clone(),
+                    initrd: a.kernel.initrd.clone(),
+                    cmdline: a
+                        .kernel
+                        .cmdline
+                        .clone()
+                        .unwrap_or_else(config::default_cmdline),
+                    disks: a
+                        .kernel
+                        .disk
+                        .iter()
+                        .map(|d| parse_disk(d))
+                        .collect::<Result<_, _>>()?,
+                }),
+                None => None,
+            };
+            Config {
+                dedup: DedupConfig::default(),
+                vms: vec![VmConfig {
+                    name: a.name.clone().unwrap_or_else(|| "vm0".to_string()),
+                    vcpus: a.vcpus.unwrap_or(1),
+                    memory: SizeValue::Text(a.memory.clone().unwrap_or_else(|| "256M".to_string())),
+                    serial: serial_output(&a.serial),
+                    dedup: VmDedup {
+                        enabled: true,
+                        group: a.dedup.dedup_group.clone(),
+                    },
+                    workload,
+                    kernel,
+                }],
+            }
+        }
+    };
+    a.dedup.apply(&mut cfg.dedup)?;
+    Ok(cfg)
+}
+
+/// The demo's configuration: two identical workload VMs in one dedup group.
+pub fn demo_config(a: &DemoArgs) -> Result<Config, Error> {
+    let text = include_str!("../../examples/two-workload-vms.toml");
+    let mut cfg: Config =
+        toml::from_str(text).map_err(|e| Error::Usage(format!("built-in demo config: {e}")))?;
+    cfg.dedup.mode = a
+        .dedup
+        .parse()
+        .map_err(|e: pagefold_dedup::Error| Error::Usage(format!("--dedup: {e}")))?;
+    for vm in &mut cfg.vms {
+        vm.memory = SizeValue::Text(a.memory.clone());
+    }
+    Ok(cfg)
+}
+
+fn host_mem_total() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Runs the VMs of `cfg` to completion and prints the report.
+fn run_vms(cfg: Config, json: Option<PathBuf>) -> Result<i32, Error> {
+    cfg.validate(host_mem_total())?;
+    let dedup =
+        pagefold_vmm::dedup::create_backend(&cfg).map_err(|e| Error::Dedup(e.to_string()))?;
+    let mut runner = Runner::new(dedup, cfg.vms.len() > 1)?;
+    runner.start_all(&cfg)?;
+    let report = runner.run(|_| {})?;
+    drop(runner);
+    report::print(&report);
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| Error::Io(e.to_string()))?;
+        std::fs::write(&path, text)
+            .map_err(|e| Error::Io(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(report.exit_code())
+}
+
+pub fn dispatch(cli: Cli) -> Result<i32, Error> {
+    init_log(&cli.log);
+    match cli.cmd {
+        Command::Run(a) => {
+            let json = a.json.clone();
+            run_vms(run_config(&a)?, json)
+        }
+        Command::Demo(a) => {
+            let json = a.json.clone();
+            run_vms(demo_config(&a)?, json)
+        }
+    }
+}
+
+fn init_log(level: &str) {
+    let l = match level {
+        "error" => log::LevelFilter::Error,
+        "info" => log::LevelFilter::Info,
+        "debug" => log::LevelFilter::Debug,
+        "trace" => log::LevelFilter::Trace,
+        _ => log::LevelFilter::Warn,
+    };
+    static LOGGER: StderrLogger = StderrLogger;
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(l);
+}
+
+struct StderrLogger;
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            eprintln!(
+                "pagefold: {}: {}",
+                r.level().as_str().to_lowercase(),
+                r.args()
+            );
+        }
+    }
+    fn flush(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disks_parse() {
+        assert_eq!(
+            parse_disk("a.img,ro").unwrap(),
+            DiskConfig {
+                path: "a.img".into(),
+                readonly: true
+            }
+        );
+        assert_eq!(
+            parse_disk("a.img").unwrap(),
+            DiskConfig {
+                path: "a.img".into(),
+                readonly: false
+            }
+        );
+        assert!(parse_disk("a.img,x").is_err());
+    }
+
+    #[test]
+    fn demo_config_is_valid() {
+        let c = demo_config(&DemoArgs {
+            dedup: "on".into(),
+            memory: "256M".into(),
+            json: None,
+        })
+        .unwrap();
+        c.validate(None).unwrap();
+        assert_eq!(c.vms.len(), 2);
+    }
+}

@@ -1,0 +1,330 @@
+//! The process: several VMs, one event loop (event-manager), one dedup
+//! backend. It starts the VMs, prints what their guests report, stops every
+//! VM on a signal, and exits once all VMs have stopped.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
+use kvm_ioctls::Kvm;
+use pagefold_dedup::DedupBackend;
+use pagefold_devices::workload::WorkloadSummary;
+use serde::Serialize;
+use vmm_sys_util::epoll::EventSet;
+
+use crate::config::Config;
+use crate::state::Outcome;
+use crate::vm::{self, Vm, VmResources};
+use crate::{signals, workload, x86};
+
+/// Errors of the process runner.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot open /dev/kvm: {0} (pagefold needs KVM: run as root or as a member of the kvm group, on a host with /dev/kvm)")]
+    Kvm(kvm_ioctls::Error),
+    #[error("KVM API version {0} is not supported (need 12)")]
+    KvmVersion(i32),
+    #[error(transparent)]
+    Cpuid(#[from] x86::Error),
+    #[error("event loop: {0}")]
+    EventLoop(String),
+    #[error("VM {name:?}: {source}")]
+    Vm {
+        name: String,
+        #[source]
+        source: vm::Error,
+    },
+}
+
+/// Wakes the event loop whenever one of its eventfds fires; the loop then
+/// looks at every VM's state (cheap: a handful of VMs).
+struct Waker(Vec<RawFd>);
+
+impl MutEventSubscriber for Waker {
+    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        let mut buf = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live local buffer from an
+        // eventfd registered by this subscriber; errors (EAGAIN) are fine.
+        unsafe {
+            libc::read(events.fd(), buf.as_mut_ptr() as *mut libc::c_void, 8);
+        }
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        for fd in &self.0 {
+            if let Err(e) = ops.add(Events::new_raw(*fd, EventSet::IN)) {
+                log::error!("event loop: cannot watch fd {fd}: {e}");
+            }
+        }
+    }
+}
+
+/// One finished workload phase, for reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseRow {
+    pub phase: String,
+    pub pages: u64,
+    pub bytes: u64,
+    pub zero_pages: u64,
+    pub dup_pages: u64,
+    pub mismatches: u64,
+    pub churn_writes_total: u64,
+    /// Host-measured duration.
+    pub ms: f64,
+    pub gbps: f64,
+}
+
+/// Final report of one VM.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmReport {
+    pub name: String,
+    pub outcome: Outcome,
+    pub exit_status: Option<u32>,
+    pub mismatches: u64,
+    pub phases: Vec<PhaseRow>,
+    pub wall_s: f64,
+    /// Everything the guest reported.
+    #[serde(skip)]
+    pub summary: WorkloadSummary,
+}
+
+impl VmReport {
+    fn new(name: String, outcome: Outcome, summary: WorkloadSummary, wall_s: f64) -> Self {
+        let phases = summary
+            .phases
+            .iter()
+            .map(|p| PhaseRow {
+                phase: pagefold_guest_abi::phase::name(p.report.phase).to_string(),
+                pages: p.report.pages,
+                bytes: p.report.bytes,
+                zero_pages: p.report.zero_pages,
+                dup_pages: p.report.dup_pages,
+                mismatches: p.report.mismatches,
+                churn_writes_total: p.report.churn_writes_total,
+                ms: p.elapsed.as_secs_f64() * 1e3,
+                gbps: p.gbps(),
+            })
+            .collect();
+        VmReport {
+            name,
+            outcome,
+            exit_status: summary.exit_status,
+            mismatches: summary.mismatches(),
+            phases,
+            wall_s,
+            summary,
+        }
+    }
+}
+
+/// Final report of the process.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub vms: Vec<VmReport>,
+    pub signal: Option<&'static str>,
+    pub dedup: Option<pagefold_dedup::Stats>,
+    /// Time from process start (runner creation) to the first guest report.
+    pub first_report_ms: Option<f64>,
+}
+
+impl RunReport {
+    /// The process exit code: 0 all VMs succeeded; 1 a guest reported
+    /// failure; 3 a VM failed (guest crash or VMM error); 128+N on signal N.
+    pub fn exit_code(&self) -> i32 {
+        if let Some(sig) = self.signal {
+            return signals::exit_code(if sig == "SIGINT" { libc::SIGINT } else { libc::SIGTERM });
+        }
+        let mut code = 0;
+        for v in &self.vms {
+            match &v.outcome {
+                o if o.is_success() => {}
+                Outcome::GuestExit { .. } => code = code.max(1),
+                _ => code = 3,
+            }
+        }
+        code
+    }
+}
+
+/// Owns the VMs of one process.
+pub struct Runner {
+    res: VmResources,
+    vms: Vec<Vm>,
+    events: crossbeam_channel::Receiver<workload::Event>,
+    summaries: BTreeMap<String, WorkloadSummary>,
+    ended: BTreeMap<String, VmReport>,
+    started: Instant,
+    first_report: Option<f64>,
+    /// Print guest reports as they arrive.
+    pub echo: bool,
+}
+
+impl Runner {
+    /// Opens KVM and prepares the process-wide resources.
+    pub fn new(dedup: Option<Arc<dyn DedupBackend>>, prefix_output: bool) -> Result<Runner, Error> {
+        let started = Instant::now();
+        let kvm = Kvm::new().map_err(Error::Kvm)?;
+        let v = kvm.get_api_version();
+        if v != 12 {
+            return Err(Error::KvmVersion(v));
+        }
+        let cpuid = x86::cpuid::supported(&kvm)?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Ok(Runner {
+            res: VmResources {
+                kvm: Arc::new(kvm),
+                cpuid,
+                dedup,
+                events: tx,
+                prefix_output,
+            },
+            vms: Vec::new(),
+            events: rx,
+            summaries: BTreeMap::new(),
+            ended: BTreeMap::new(),
+            started,
+            first_report: None,
+            echo: true,
+        })
+    }
+
+    /// Creates and starts every VM of `config`. On failure, VMs already
+    /// started are stopped again (none is left half-running).
+    pub fn start_all(&mut self, config: &Config) -> Result<(), Error> {
+        for (i, vc) in config.vms.iter().enumerate() {
+            let r = Vm::create(&self.res, vc, i).and_then(|mut vm| vm.start().map(|_| vm));
+            match r {
+                Ok(vm) => {
+                    self.summaries
+                        .insert(vc.name.clone(), WorkloadSummary::new(vc.name.clone()));
+                    self.vms.push(vm);
+                }
+                Err(source) => {
+                    self.stop_all("another VM failed to start");
+                    return Err(Error::Vm {
+                        name: vc.name.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn vms(&self) -> &[Vm] {
+        &self.vms
+    }
+
+    pub fn dedup(&self) -> Option<&Arc<dyn DedupBackend>> {
+        self.res.dedup.as_ref()
+    }
+
+    /// Starts stopping every VM.
+    pub fn stop_all(&mut self, reason: &str) {
+        for vm in &self.vms {
+            vm.shared().request_stop(Outcome::Stopped {
+                reason: reason.to_string(),
+            });
+            if let Some(w) = vm.workload_control() {
+                w.stop();
+            }
+        }
+    }
+
+    fn drain_events(&mut self) {
+        while let Ok(ev) = self.events.try_recv() {
+            if self.first_report.is_none() {
+                self.first_report = Some(self.started.elapsed().as_secs_f64() * 1e3);
+            }
+            if self.echo {
+                if self.vms.len() > 1 || !self.ended.is_empty() {
+                    println!("[{}] {}", ev.vm, ev.kind);
+                } else {
+                    println!("{}", ev.kind);
+                }
+            }
+            self.summaries
+                .entry(ev.vm.clone())
+                .or_insert_with(|| WorkloadSummary::new(ev.vm.clone()))
+                .record(&ev.kind);
+        }
+    }
+
+    /// Joins VMs that stopped, recording their reports.
+    fn reap(&mut self) {
+        let mut i = 0;
+        while i < self.vms.len() {
+            if self.vms[i].is_stopping() {
+                let mut vm = self.vms.remove(i);
+                let outcome = vm.finish(Outcome::Stopped {
+                    reason: "stopped".into(),
+                });
+                let wall_s = vm.info().uptime_s;
+                self.drain_events();
+                let name = vm.name().to_string();
+                drop(vm);
+                let summary = self.summaries.remove(&name).unwrap_or_default();
+                if self.echo {
+                    println!("[{name}] {outcome}");
+                }
+                self.ended
+                    .insert(name.clone(), VmReport::new(name, outcome, summary, wall_s));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Runs the event loop until every VM has stopped (or a signal stops
+    /// them), then returns the report. `tick` runs about every 100 ms (the
+    /// API and progress output hook in there).
+    pub fn run(&mut self, mut tick: impl FnMut(&mut Runner)) -> Result<RunReport, Error> {
+        let sig_evt = signals::install().map_err(|e| Error::EventLoop(e.to_string()))?;
+        let mut em: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
+            EventManager::new().map_err(|e| Error::EventLoop(format!("{e:?}")))?;
+        let mut fds: Vec<RawFd> = vec![sig_evt.as_raw_fd()];
+        fds.extend(self.vms.iter().map(|v| v.shared().exit_evt.as_raw_fd()));
+        let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> = Arc::new(Mutex::new(Waker(fds)));
+        em.add_subscriber(waker);
+        let mut signal = None;
+        loop {
+            em.run_with_timeout(100)
+                .map_err(|e| Error::EventLoop(format!("{e:?}")))?;
+            self.drain_events();
+            let sig = signals::received();
+            if sig != 0 && signal.is_none() {
+                signal = Some(signals::name(sig));
+                eprintln!("pagefold: {} received, stopping all VMs", signals::name(sig));
+                self.stop_all(&format!("{} received", signals::name(sig)));
+            }
+            self.reap();
+            tick(self);
+            if self.vms.is_empty() {
+                break;
+            }
+        }
+        self.drain_events();
+        Ok(RunReport {
+            vms: std::mem::take(&mut self.ended).into_values().collect(),
+            signal,
+            dedup: self.res.dedup.as_ref().map(|d| d.stats()),
+            first_report_ms: self.first_report,
+        })
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        self.stop_all("pagefold is exiting");
+        for vm in &mut self.vms {
+            vm.finish(Outcome::Stopped {
+                reason: "pagefold is exiting".into(),
+            });
+        }
+        if let Some(d) = &self.res.dedup {
+            d.shutdown();
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! A VM's run state, shared by its vCPU threads, its devices and the process
+//! that owns it. Stopping is one-way and records the first reason given, so
+//! every path (guest request, crash, signal, API) ends the VM the same way.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use vmm_sys_util::eventfd::EventFd;
+
+/// Where a VM is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Running,
+    Paused,
+    Stopping,
+}
+
+/// Why a VM stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The workload guest exited through its control device.
+    GuestExit { status: u32 },
+    /// The guest asked for a reset (i8042) or a power-off/reset system event.
+    GuestReset,
+    GuestPowerOff,
+    /// The guest crashed (triple fault, emulation failure, bad I/O...).
+    GuestError { message: String },
+    /// A VMM-side failure (vCPU set-up, KVM error, device error).
+    VmmError { message: String },
+    /// The host stopped it (signal, API, shutdown of the process).
+    Stopped { reason: String },
+}
+
+impl Outcome {
+    /// True if the VM ended the way its guest meant it to, successfully.
+    pub fn is_success(&self) -> bool {
+        matches!(
+            self,
+            Outcome::GuestExit { status: 0 } | Outcome::GuestPowerOff | Outcome::GuestReset
+        )
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::GuestExit { status: 0 } => write!(f, "guest finished (exit status 0)"),
+            Outcome::GuestExit { status } => write!(f, "guest reported failure (exit status {status})"),
+            Outcome::GuestReset => write!(f, "guest requested a reset"),
+            Outcome::GuestPowerOff => write!(f, "guest powered off"),
+            Outcome::GuestError { message } => write!(f, "guest error: {message}"),
+            Outcome::VmmError { message } => write!(f, "VMM error: {message}"),
+            Outcome::Stopped { reason } => write!(f, "stopped: {reason}"),
+        }
+    }
+}
+
+/// State shared by everything that can stop, pause or wait for a VM.
+pub struct VmShared {
+    pub name: String,
+    state: Mutex<(RunState, Option<Outcome>)>,
+    cv: Condvar,
+    /// Written whenever the VM starts stopping: wakes the process event loop.
+    pub exit_evt: EventFd,
+    /// vCPU threads currently parked because the VM is paused.
+    parked: AtomicUsize,
+    /// vCPU threads that have not exited yet.
+    live_vcpus: AtomicUsize,
+}
+
+impl VmShared {
+    pub fn new(name: &str) -> std::io::Result<Self> {
+        Ok(Self {
+            name: name.to_string(),
+            state: Mutex::new((RunState::Running, None)),
+            cv: Condvar::new(),
+            exit_evt: EventFd::new(libc::EFD_NONBLOCK)?,
+            parked: AtomicUsize::new(0),
+            live_vcpus: AtomicUsize::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (RunState, Option<Outcome>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn state(&self) -> RunState {
+        self.lock().0
+    }
+
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.lock().1.clone()
+    }
+
+    /// Starts stopping the VM for `why`; the first reason given wins.
+    /// Returns true if this call was the one that stopped it.
+    pub fn request_stop(&self, why: Outcome) -> bool {
+        let mut g = self.lock();
+        let first = g.1.is_none();
+        if first {
+            g.1 = Some(why);
+        }
+        g.0 = RunState::Stopping;
+        drop(g);
+        self.cv.notify_all();
+        let _ = self.exit_evt.write(1);
+        first
+    }
+
+    /// Pauses a running VM; false if it is stopping.
+    pub fn pause(&self) -> bool {
+        let mut g = self.lock();
+        if g.0 == RunState::Stopping {
+            return false;
+        }
+        g.0 = RunState::Paused;
+        true
+    }
+
+    /// Resumes a paused VM; false if it is stopping.
+    pub fn resume(&self) -> bool {
+        let mut g = self.lock();
+        if g.0 == RunState::Stopping {
+            return false;
+        }
+        g.0 = RunState::Running;
+        drop(g);
+        self.cv.notify_all();
+        true
+    }
+
+    /// Called by a vCPU thread between runs: parks while paused, and tells
+    /// whether the thread should keep running.
+    pub fn vcpu_checkpoint(&self) -> bool {
+        let mut g = self.lock();
+        loop {
+            match g.0 {
+                RunState::Running => return true,
+                RunState::Stopping => return false,
+                RunState::Paused => {
+                    self.parked.fetch_add(1, Ordering::SeqCst);
+                    g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                    self.parked.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    pub fn vcpu_started(&self) {
+        self.live_vcpus.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn vcpu_exited(&self) {
+        self.live_vcpus.fetch_sub(1, Ordering::SeqCst);
+        let _ = self.exit_evt.write(1);
+    }
+
+    pub fn live_vcpus(&self) -> usize {
+        self.live_vcpus.load(Ordering::SeqCst)
+    }
+
+    pub fn parked_vcpus(&self) -> usize {
+        self.parked.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `cond` holds, calling `kick` every couple of milliseconds
+    /// (to interrupt KVM_RUN); false on timeout.
+    pub fn wait_until(&self, timeout: Duration, mut kick: impl FnMut(), cond: impl Fn() -> bool) -> bool {
+        let end = Instant::now() + timeout;
+        while !cond() {
+            if Instant::now() >= end {
+                return false;
+            }
+            kick();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn first_stop_reason_wins() {
+        let s = VmShared::new("t").unwrap();
+        assert!(s.request_stop(Outcome::GuestExit { status: 0 }));
+        assert!(!s.request_stop(Outcome::Stopped { reason: "x".into() }));
+        assert_eq!(s.outcome(), Some(Outcome::GuestExit { status: 0 }));
+        assert_eq!(s.state(), RunState::Stopping);
+        assert!(!s.pause());
+        assert!(!s.resume());
+        // Each stop request wakes the event loop (an eventfd counter).
+        assert_eq!(s.exit_evt.read().unwrap(), 2);
+    }
+
+    #[test]
+    fn pause_parks_and_stop_releases_vcpus() {
+        let s = Arc::new(VmShared::new("t").unwrap());
+        assert!(s.pause());
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || s2.vcpu_checkpoint());
+        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        assert!(s.resume());
+        assert!(t.join().unwrap());
+        assert!(s.pause());
+        let s3 = s.clone();
+        let t = std::thread::spawn(move || s3.vcpu_checkpoint());
+        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        s.request_stop(Outcome::Stopped { reason: "test".into() });
+        assert!(!t.join().unwrap());
+        assert!(Outcome::GuestPowerOff.is_success());
+        assert!(!Outcome::GuestExit { status: 1 }.is_success());
+    }
+}

@@ -1,0 +1,389 @@
+//! One VM: its KVM VM, guest RAM, devices, vCPU threads and dedup regions.
+//! Several live in one process (cross-VM dedup works inside one process).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::thread::JoinHandleExt;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
+use pagefold_dedup::{DedupBackend, RegionId, RegionSpec};
+use pagefold_devices::bus::Bus;
+use pagefold_devices::i8042::{I8042, I8042_BASE, I8042_LEN};
+use pagefold_devices::serial::{LinePrefixWriter, SerialDevice, COM1_BASE, COM1_IRQ, COM1_LEN};
+use serde::Serialize;
+use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::{SerialOutput, VmConfig};
+use crate::state::{Outcome, RunState, VmShared};
+use crate::vcpu::{self, ExitContext};
+use crate::{boot, memory, workload, x86};
+
+/// Errors of VM creation and control.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("KVM_CREATE_VM: {0}")]
+    CreateVm(kvm_ioctls::Error),
+    #[error("setting up the VM ({what}): {source}")]
+    Setup {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error(transparent)]
+    Memory(#[from] memory::Error),
+    #[error("KVM_SET_USER_MEMORY_REGION: {0}")]
+    Memslot(kvm_ioctls::Error),
+    #[error("KVM_CREATE_VCPU {index}: {source}")]
+    CreateVcpu {
+        index: u8,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error(transparent)]
+    Vcpu(#[from] x86::Error),
+    #[error(transparent)]
+    Boot(#[from] boot::Error),
+    #[error(transparent)]
+    Workload(#[from] workload::Error),
+    #[error(transparent)]
+    Thread(#[from] vcpu::Error),
+    #[error("device set-up: {0}")]
+    Device(String),
+    #[error("opening serial output {path}: {source}")]
+    SerialFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("registering guest RAM with the dedup backend: {0}")]
+    Dedup(pagefold_dedup::Error),
+    #[error("VM {0:?} is stopping")]
+    Stopping(String),
+    #[error("this VM boots a Linux kernel, which is not wired in yet")]
+    LinuxNotReady,
+}
+
+/// Process-wide things every VM needs.
+pub struct VmResources {
+    pub kvm: Arc<Kvm>,
+    pub cpuid: CpuId,
+    pub dedup: Option<Arc<dyn DedupBackend>>,
+    pub events: crossbeam_channel::Sender<workload::Event>,
+    /// Prefix serial lines with the VM name (several VMs share the terminal).
+    pub prefix_output: bool,
+}
+
+/// A point-in-time view of a VM, for reports and the API.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmInfo {
+    pub name: String,
+    pub state: RunState,
+    pub vcpus: u8,
+    pub memory_bytes: u64,
+    pub dedup_group: Option<String>,
+    pub outcome: Option<Outcome>,
+    pub uptime_s: f64,
+}
+
+/// How long a stop may take before the VMM gives up on a vCPU thread.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Vm {
+    pub config: VmConfig,
+    pub index: usize,
+    // Field order matters for drop: threads and dedup regions are released
+    // (in `Drop`) before the memory they use is unmapped.
+    shared: Arc<VmShared>,
+    threads: Vec<JoinHandle<()>>,
+    regions: Vec<RegionId>,
+    dedup: Option<Arc<dyn DedupBackend>>,
+    workload: Option<Arc<workload::Control>>,
+    serial: Arc<Mutex<SerialDevice>>,
+    vcpus: Vec<VcpuFd>,
+    ctx: Option<ExitContext>,
+    started: Instant,
+    finished: bool,
+    mem: GuestMemoryMmap,
+    vm_fd: VmFd,
+}
+
+fn setup<T>(what: &'static str, r: Result<T, kvm_ioctls::Error>) -> Result<T, Error> {
+    r.map_err(|source| Error::Setup { what, source })
+}
+
+impl Vm {
+    /// Creates a VM ready to start: memory mapped, image loaded, vCPUs set up.
+    pub fn create(res: &VmResources, config: &VmConfig, index: usize) -> Result<Vm, Error> {
+        let name = config.name.clone();
+        let shared = Arc::new(VmShared::new(&name).map_err(|e| Error::Device(e.to_string()))?);
+        let vm_fd = res.kvm.create_vm().map_err(Error::CreateVm)?;
+        setup("TSS address", vm_fd.set_tss_address(0xfffb_d000))?;
+        setup("in-kernel irqchip", vm_fd.create_irq_chip())?;
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        setup("PIT", vm_fd.create_pit2(pit))?;
+
+        let mem = memory::create(config.memory_bytes())?;
+        for (slot, region) in mem.iter().enumerate() {
+            let r = kvm_userspace_memory_region {
+                slot: slot as u32,
+                flags: 0,
+                guest_phys_addr: region.start_addr().0,
+                memory_size: region.len(),
+                userspace_addr: region.as_ptr() as u64,
+            };
+            // SAFETY: the region is a live mapping owned by `mem`, which this
+            // VM keeps until after the VM fd (and so the memslot) is gone.
+            unsafe { vm_fd.set_user_memory_region(r) }.map_err(Error::Memslot)?;
+        }
+
+        // Devices on the port-I/O bus.
+        let mut pio = Bus::new();
+        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Device(e.to_string()))?;
+        setup("serial irqfd", vm_fd.register_irqfd(&serial_irq, COM1_IRQ))?;
+        let out = serial_writer(&config.serial, &name, res.prefix_output)?;
+        let serial = Arc::new(Mutex::new(SerialDevice::new(serial_irq, out)));
+        pio.insert(serial.clone(), COM1_BASE, COM1_LEN)
+            .map_err(|e| Error::Device(e.to_string()))?;
+        let reset_shared = shared.clone();
+        let i8042 = Arc::new(Mutex::new(I8042::new(Box::new(move || {
+            reset_shared.request_stop(Outcome::GuestReset);
+        }))));
+        pio.insert(i8042, I8042_BASE, I8042_LEN)
+            .map_err(|e| Error::Device(e.to_string()))?;
+        let mmio = Bus::new();
+
+        // vCPUs, with the generic x86 state.
+        let mut vcpus = Vec::new();
+        for i in 0..config.vcpus {
+            let v = vm_fd
+                .create_vcpu(u64::from(i))
+                .map_err(|source| Error::CreateVcpu { index: i, source })?;
+            x86::cpuid::configure(&v, &res.cpuid, i, config.vcpus)?;
+            x86::msr::configure(&v)?;
+            x86::lapic::configure_fpu(&v)?;
+            x86::lapic::configure_lint(&v)?;
+            vcpus.push(v);
+        }
+
+        // The guest image.
+        if config.kernel.is_some() {
+            return Err(Error::LinuxNotReady);
+        }
+        let wl = config.workload.clone().unwrap_or_default();
+        let ranges = memory::ram_ranges(config.memory_bytes())?;
+        let image = boot::load_image(&mem, crate::workload_image::WORKLOAD_ELF)?;
+        let cr3 = boot::write_tables(&mem, memory::ram_top(&ranges))?;
+        boot::setup_vcpu(&vcpus[0], image.entry, cr3)?;
+        let tsc_khz = vcpus[0].get_tsc_khz().unwrap_or(0);
+        let params = workload::params(&wl, &config.name, index, &ranges, image.end, u64::from(tsc_khz))?;
+        let (port, control) = workload::device(&name, params, mem.clone(), res.events.clone())?;
+        let control_port = Some((pagefold_guest_abi::ports::BASE, pagefold_guest_abi::ports::LEN, port));
+
+        let mut vm = Vm {
+            config: config.clone(),
+            index,
+            shared: shared.clone(),
+            threads: Vec::new(),
+            regions: Vec::new(),
+            dedup: res.dedup.clone(),
+            workload: Some(control),
+            serial,
+            vcpus,
+            ctx: Some(ExitContext {
+                shared,
+                pio,
+                mmio,
+                control: control_port,
+                strict_io: true,
+            }),
+            started: Instant::now(),
+            finished: false,
+            mem,
+            vm_fd,
+        };
+        vm.register_dedup()?;
+        Ok(vm)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn shared(&self) -> &Arc<VmShared> {
+        &self.shared
+    }
+
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    /// The workload gate/stop handle, for tests and benchmarks.
+    pub fn workload_control(&self) -> Option<&Arc<workload::Control>> {
+        self.workload.as_ref()
+    }
+
+    /// Offers guest RAM to the dedup backend (owner = VM name).
+    fn register_dedup(&mut self) -> Result<(), Error> {
+        let Some(dedup) = self.dedup.clone() else {
+            return Ok(());
+        };
+        if !self.config.dedup.enabled {
+            return Ok(());
+        }
+        for region in self.mem.iter() {
+            let spec = RegionSpec {
+                host_addr: region.as_ptr() as usize,
+                len: region.len() as usize,
+                owner: self.config.name.clone(),
+                group: self.config.dedup_group(),
+            };
+            // SAFETY: the region is a private anonymous mapping owned by
+            // `self.mem`; `Drop`/`finish` unregister it before it is unmapped.
+            let id = unsafe { dedup.register(spec) }.map_err(Error::Dedup)?;
+            self.regions.push(id);
+        }
+        Ok(())
+    }
+
+    /// Starts the vCPU threads.
+    pub fn start(&mut self) -> Result<(), Error> {
+        vcpu::install_kick_handler()?;
+        let ctx = self.ctx.take().ok_or_else(|| Error::Stopping(self.config.name.clone()))?;
+        self.started = Instant::now();
+        for (i, v) in self.vcpus.drain(..).enumerate() {
+            let t = vcpu::spawn(format!("{}-vcpu{i}", self.config.name), v, ctx.clone())?;
+            self.threads.push(t);
+        }
+        Ok(())
+    }
+
+    pub fn pause(&self) -> Result<(), Error> {
+        if !self.shared.pause() {
+            return Err(Error::Stopping(self.config.name.clone()));
+        }
+        // Make running vCPUs notice: they park at their next checkpoint.
+        let n = self.threads.len();
+        self.shared
+            .wait_until(STOP_TIMEOUT, || self.kick(), || self.shared.parked_vcpus() >= n || self.shared.state() != RunState::Paused);
+        Ok(())
+    }
+
+    pub fn resume(&self) -> Result<(), Error> {
+        if !self.shared.resume() {
+            return Err(Error::Stopping(self.config.name.clone()));
+        }
+        Ok(())
+    }
+
+    fn kick(&self) {
+        for t in &self.threads {
+            // SAFETY: the thread handle is joinable (not yet joined), so its
+            // pthread_t is valid; the signal has a no-op handler installed.
+            unsafe {
+                libc::pthread_kill(t.as_pthread_t(), vcpu::kick_signal());
+            }
+        }
+    }
+
+    /// True once the VM has started stopping (by itself or by request).
+    pub fn is_stopping(&self) -> bool {
+        self.shared.state() == RunState::Stopping
+    }
+
+    /// Stops the VM (if it is not stopping yet, for `why`), waits for its
+    /// vCPUs (bounded), and releases its dedup regions. Idempotent; returns
+    /// the outcome that ended the VM.
+    pub fn finish(&mut self, why: Outcome) -> Outcome {
+        if !self.finished {
+            self.finished = true;
+            self.shared.request_stop(why);
+            if let Some(w) = &self.workload {
+                w.stop();
+            }
+            let all_out = self
+                .shared
+                .wait_until(STOP_TIMEOUT, || self.kick(), || self.shared.live_vcpus() == 0);
+            if all_out {
+                for t in self.threads.drain(..) {
+                    let _ = t.join();
+                }
+            } else {
+                log::error!(
+                    "VM {}: {} vCPU thread(s) did not stop within {:?}",
+                    self.config.name,
+                    self.shared.live_vcpus(),
+                    STOP_TIMEOUT
+                );
+            }
+            if let Some(d) = &self.dedup {
+                for id in self.regions.drain(..) {
+                    if let Err(e) = d.unregister(id) {
+                        log::error!("VM {}: dedup unregister: {e}", self.config.name);
+                    }
+                }
+            }
+            self.serial.lock().unwrap_or_else(|e| e.into_inner()).flush();
+        }
+        self.shared.outcome().unwrap_or(Outcome::Stopped {
+            reason: "never started".into(),
+        })
+    }
+
+    /// True when every vCPU thread has exited.
+    pub fn vcpus_done(&self) -> bool {
+        self.shared.live_vcpus() == 0
+    }
+
+    pub fn info(&self) -> VmInfo {
+        VmInfo {
+            name: self.config.name.clone(),
+            state: self.shared.state(),
+            vcpus: self.config.vcpus,
+            memory_bytes: self.config.memory_bytes(),
+            dedup_group: self.config.dedup.enabled.then(|| self.config.dedup_group()),
+            outcome: self.shared.outcome(),
+            uptime_s: self.started.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Queues host input for the guest's serial port.
+    pub fn serial_input(&self, bytes: &[u8]) -> usize {
+        self.serial.lock().unwrap_or_else(|e| e.into_inner()).enqueue_input(bytes)
+    }
+
+    /// The KVM VM (for device wiring such as ioeventfds).
+    pub fn vm_fd(&self) -> &VmFd {
+        &self.vm_fd
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.finish(Outcome::Stopped {
+            reason: "VM released".into(),
+        });
+    }
+}
+
+/// The writer behind a VM's serial port.
+fn serial_writer(out: &SerialOutput, name: &str, prefix: bool) -> Result<Box<dyn Write + Send>, Error> {
+    Ok(match out {
+        SerialOutput::Stdout if prefix => {
+            Box::new(LinePrefixWriter::new(&format!("[{name}] "), std::io::stdout()))
+        }
+        SerialOutput::Stdout => Box::new(LinePrefixWriter::new("", std::io::stdout())),
+        SerialOutput::Null => Box::new(std::io::sink()),
+        SerialOutput::File(p) => Box::new(File::create(p).map_err(|source| Error::SerialFile {
+            path: p.clone(),
+            source,
+        })?),
+    })
+}

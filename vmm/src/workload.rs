@@ -1,0 +1,187 @@
+//! Wires the built-in workload guest to a VM: turns the config into the
+//! guest's parameter block and puts the control device on the VM's ports.
+
+use std::sync::{Arc, Mutex};
+
+use pagefold_devices::workload::{DeviceAction, WorkloadControl, WorkloadDevice};
+use pagefold_guest_abi::classes::{DataLayout, ParamsError, MIN_DATA_START};
+use pagefold_guest_abi::{phase, WorkloadParams, PAGE_SIZE, PARAMS_MAGIC};
+use vm_memory::GuestMemoryMmap;
+
+use crate::config::{fmt_size, Phase, WorkloadConfig};
+use crate::memory::MMIO_HOLE_END;
+use crate::vcpu::ControlPort;
+
+pub use pagefold_devices::workload::WorkloadEvent as Event;
+pub use pagefold_devices::workload::WorkloadControl as Control;
+
+/// Errors of workload set-up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("workload: {0}")]
+    Config(String),
+    #[error("workload needs {need} of guest RAM for its pages, but only {have} are usable in this VM; give the VM more memory or the workload less")]
+    TooBig { need: String, have: String },
+}
+
+const MIB2: u64 = 2 << 20;
+
+/// Bytes of guest RAM the guest needs per data page: the page plus its
+/// 4-byte version record (records are packed into record pages).
+pub fn bytes_per_page() -> u64 {
+    PAGE_SIZE + 4
+}
+
+/// A stable 64-bit seed from a VM name (FNV-1a), so a VM's private content is
+/// the same from run to run but differs between VMs.
+pub fn name_seed(name: &str) -> u64 {
+    name.bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Builds the parameter block for a VM with RAM `ranges`, whose image ends at
+/// `image_end`.
+pub fn params(
+    w: &WorkloadConfig,
+    vm_name: &str,
+    vm_index: usize,
+    ranges: &[(u64, u64)],
+    image_end: u64,
+    tsc_khz: u64,
+) -> Result<WorkloadParams, Error> {
+    w.validate().map_err(Error::Config)?;
+    let data_start = (image_end.div_ceil(MIB2) * MIB2).max(MIN_DATA_START);
+    let low_end = ranges.first().map(|(a, l)| a + l).unwrap_or(0);
+    if data_start >= low_end {
+        return Err(Error::TooBig {
+            need: fmt_size(data_start),
+            have: fmt_size(low_end),
+        });
+    }
+    let (high_start, high_end) = match ranges.get(1) {
+        Some(&(a, l)) => (a, a + l),
+        None => (0, 0),
+    };
+    debug_assert!(high_start == 0 || high_start >= MMIO_HOLE_END);
+    let usable = (low_end - data_start) + (high_end - high_start);
+    let capacity = usable / bytes_per_page();
+    let pages = |s: &Option<crate::config::SizeValue>, default_share: u64| -> Result<u64, Error> {
+        Ok(match s {
+            Some(v) => v.bytes().map_err(|e| Error::Config(e.to_string()))? / PAGE_SIZE,
+            None => capacity * default_share / 100,
+        })
+    };
+    let shared_pages = pages(&w.shared, 50)?;
+    let private_pages = pages(&w.private, 25)?;
+    if shared_pages + private_pages > capacity {
+        return Err(Error::TooBig {
+            need: fmt_size((shared_pages + private_pages) * bytes_per_page()),
+            have: fmt_size(usable),
+        });
+    }
+    if shared_pages + private_pages == 0 {
+        return Err(Error::Config("the workload has no pages (shared and private are both 0)".into()));
+    }
+    let mut p = WorkloadParams {
+        magic: PARAMS_MAGIC,
+        vm_index: vm_index as u64,
+        seed: w.seed,
+        private_seed: w.private_seed.unwrap_or_else(|| name_seed(vm_name)),
+        shared_pages,
+        private_pages,
+        zero_permille: w.zero_permille,
+        dup_permille: w.dup_permille,
+        churn_permille: w.churn_permille,
+        churn_rate: w.churn_rate,
+        churn_ms: w.churn_ms,
+        tsc_khz,
+        data_start,
+        data_end: low_end,
+        high_start,
+        high_end,
+        ..Default::default()
+    };
+    for (i, ph) in w.parsed_phases().map_err(Error::Config)?.iter().enumerate() {
+        let (op, arg) = match *ph {
+            Phase::Fill => (phase::FILL, 0),
+            Phase::Churn => (phase::CHURN, 0),
+            Phase::Verify => (phase::VERIFY, 0),
+            Phase::Rewrite => (phase::REWRITE, 0),
+            Phase::Sleep(ms) => (phase::SLEEP, ms),
+            Phase::WaitHost(ms) => (phase::WAIT_HOST, ms),
+        };
+        p.program[i] = op;
+        p.program_args[i] = arg;
+    }
+    // The guest checks the same rules; refusing here gives a clear error
+    // before the VM starts.
+    match DataLayout::new(&p) {
+        Ok(_) => Ok(p),
+        Err(ParamsError::TooManyPages { needed, available }) => Err(Error::TooBig {
+            need: fmt_size(needed * PAGE_SIZE),
+            have: fmt_size(available * PAGE_SIZE),
+        }),
+        Err(e) => Err(Error::Config(e.to_string())),
+    }
+}
+
+/// Adapts the control device to the vCPU exit loop.
+struct Port(WorkloadDevice);
+
+impl ControlPort for Port {
+    fn write(&mut self, port: u16, data: &[u8]) -> Result<Option<u32>, String> {
+        match self.0.pio_write(port, data) {
+            Ok(DeviceAction::Continue) => Ok(None),
+            Ok(DeviceAction::Exit(status)) => Ok(Some(status)),
+            Err(e) => Err(format!("workload control device: {e}")),
+        }
+    }
+
+    fn read(&mut self, port: u16, data: &mut [u8]) -> Result<(), String> {
+        self.0.pio_read(port, data);
+        Ok(())
+    }
+}
+
+/// Creates the control device for a VM.
+#[allow(clippy::type_complexity)]
+pub fn device(
+    vm_name: &str,
+    params: WorkloadParams,
+    mem: GuestMemoryMmap,
+    events: crossbeam_channel::Sender<Event>,
+) -> Result<(Arc<Mutex<dyn ControlPort>>, Arc<WorkloadControl>), Error> {
+    let control = Arc::new(WorkloadControl::new());
+    let dev = WorkloadDevice::new(vm_name.to_string(), params, mem, events, control.clone());
+    Ok((Arc::new(Mutex::new(Port(dev))), control))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_from_config() {
+        let w = WorkloadConfig {
+            shared: Some(crate::config::SizeValue::Text("64M".into())),
+            private: Some(crate::config::SizeValue::Text("16M".into())),
+            phases: vec!["fill".into(), "sleep:5".into(), "verify".into()],
+            ..Default::default()
+        };
+        let p = params(&w, "a", 0, &[(0, 256 << 20)], 0x23_4567, 1000).unwrap();
+        assert_eq!(p.data_start, 4 << 20);
+        assert_eq!(p.data_end, 256 << 20);
+        assert_eq!(p.shared_pages, 16384);
+        assert_eq!(p.private_pages, 4096);
+        assert_eq!(&p.program[..4], &[phase::FILL, phase::SLEEP, phase::VERIFY, phase::END]);
+        assert_eq!(p.program_args[1], 5);
+        assert_eq!(p.private_seed, name_seed("a"));
+        assert_ne!(name_seed("a"), name_seed("b"));
+        let big = WorkloadConfig {
+            shared: Some(crate::config::SizeValue::Text("300M".into())),
+            ..Default::default()
+        };
+        let e = params(&big, "a", 0, &[(0, 256 << 20)], 0x20_0000, 0).unwrap_err();
+        assert!(e.to_string().contains("only"), "{e}");
+    }
+}
