@@ -191,7 +191,9 @@ mod tests {
         assert_eq!(distinct_pages(&r), pages - 43 + 1);
         assert_eq!(Shape::Sparse.ideal_sharing(pages), 42);
         assert_eq!(Shape::Full.ideal_sharing(pages), 76799);
-        assert!(r.bytes()[1800 * PAGE..1801 * PAGE].iter().all(|&b| b == 0xff));
+        assert!(r.bytes()[1800 * PAGE..1801 * PAGE]
+            .iter()
+            .all(|&b| b == 0xff));
         assert_eq!(r.bytes()[PAGE], 1, "page 1, j = 0: byte 0 = 1");
         assert_eq!(r.bytes()[2 * PAGE + 1], 2, "page 2, j = 1: byte 1 = 2");
     }

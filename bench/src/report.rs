@@ -19,7 +19,8 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 }
 
 fn num(v: Option<f64>, prec: usize) -> String {
-    v.map(|v| format!("{v:.prec$}")).unwrap_or_else(|| "-".into())
+    v.map(|v| format!("{v:.prec$}"))
+        .unwrap_or_else(|| "-".into())
 }
 
 /// The human-readable table: one line per run, then warnings.
@@ -127,7 +128,10 @@ mod tests {
         assert!(pf.contains("0.500x"), "{pf}");
         assert!(pf.contains("0.200x"), "{pf}");
         let sp = t.lines().find(|l| l.contains("sparse")).unwrap();
-        assert!(sp.contains("1.000x") && sp.trim_end().ends_with('-'), "{sp}");
+        assert!(
+            sp.contains("1.000x") && sp.trim_end().ends_with('-'),
+            "{sp}"
+        );
         assert!(t.contains("not restored"));
         let v: serde_json::Value = serde_json::from_str(&rows_json(&report).unwrap()).unwrap();
         assert_eq!(v[2]["system"], "pagefold-max");

@@ -97,8 +97,7 @@ fn other_ksm_users() -> Vec<String> {
             let s = pagefold_dedup::ksm::parse_ksm_stat(&text);
             let mergeable = text.lines().any(|l| l.trim() == "ksm_mergeable: yes");
             (mergeable || s.merging_pages.unwrap_or(0) > 0).then(|| {
-                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .unwrap_or_default();
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
                 format!("{pid} ({})", comm.trim())
             })
         })

@@ -50,8 +50,10 @@ impl System {
             name: name.into(),
             knobs: Some(knobs),
             factory: Box::new(|| {
-                Ok(Box::new(KsmBackend::new().map_err(pagefold_dedup::Error::from)?)
-                    as Box<dyn DedupBackend>)
+                Ok(
+                    Box::new(KsmBackend::new().map_err(pagefold_dedup::Error::from)?)
+                        as Box<dyn DedupBackend>,
+                )
             }),
             kernel_ksm: true,
         }

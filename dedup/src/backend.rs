@@ -216,6 +216,17 @@ pub trait DedupBackend: Send + Sync {
     /// memory (no merge in flight, no waiter left blocked).
     fn unregister(&self, id: RegionId) -> Result<()>;
 
+    /// Withdraws a region that the caller unmaps right afterwards (VM
+    /// teardown). A backend may then skip giving merged pages private copies
+    /// back. The default is [`DedupBackend::unregister`].
+    ///
+    /// # Safety
+    /// The caller must unmap the region right after this returns and never
+    /// read or write it again.
+    unsafe fn unregister_unmapping(&self, id: RegionId) -> Result<()> {
+        self.unregister(id)
+    }
+
     fn set_mode(&self, mode: Mode) -> Result<()>;
     fn mode(&self) -> Mode;
     fn set_knobs(&self, update: KnobUpdate) -> Result<Knobs>;

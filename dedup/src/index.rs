@@ -96,8 +96,10 @@ pub const MAX_CANDIDATES: usize = 16;
 
 impl UnstableIndex {
     /// Empties the table and sizes it for `pages` entries (load <= 0.8).
+    /// Not a power of two: slots are picked by multiply-shift, so the table
+    /// costs exactly 5 bytes per tracked page.
     pub fn reset(&mut self, pages: usize) {
-        let want = ((pages + pages / 4).max(64)).next_power_of_two();
+        let want = (pages + pages / 4).max(64);
         if self.table.len() != want {
             self.table = vec![EMPTY; want];
         } else {
@@ -117,8 +119,18 @@ impl UnstableIndex {
     }
 
     fn start(&self, hash: u32) -> usize {
-        // Fibonacci hashing spreads weak or clustered hashes.
-        (hash.wrapping_mul(0x9E37_79B9) as usize) & (self.table.len() - 1)
+        // Fibonacci hashing spreads weak or clustered hashes; multiply-shift
+        // maps them onto any table length.
+        let mixed = hash.wrapping_mul(0x9E37_79B9) as u64;
+        ((mixed * self.table.len() as u64) >> 32) as usize
+    }
+
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.table.len() {
+            0
+        } else {
+            i + 1
+        }
     }
 
     /// Inserts page `id` with key `hash`.
@@ -126,10 +138,9 @@ impl UnstableIndex {
         if self.table.is_empty() || (self.len + 1) * 10 > self.table.len() * 9 {
             return Err(IndexError::Full(self.len));
         }
-        let mask = self.table.len() - 1;
         let mut i = self.start(hash);
         while self.table[i] != EMPTY {
-            i = (i + 1) & mask;
+            i = self.next(i);
         }
         self.table[i] = id;
         self.len += 1;
@@ -143,7 +154,6 @@ impl UnstableIndex {
         if self.table.is_empty() {
             return None;
         }
-        let mask = self.table.len() - 1;
         let mut i = self.start(hash);
         let mut tried = 0;
         let mut steps = 0;
@@ -158,7 +168,7 @@ impl UnstableIndex {
                     return None;
                 }
             }
-            i = (i + 1) & mask;
+            i = self.next(i);
             steps += 1;
         }
         None

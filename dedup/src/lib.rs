@@ -1,11 +1,34 @@
 //! pagefold's dedup engine: a userspace samepage-merging engine for any
 //! registered host memory region. It knows nothing of KVM: the VMM registers
 //! regions, the engine sees memory.
+//!
+//! Module map: `pagemap`, `uffd`, `mm` (syscall wrappers); `hash`; `pool`
+//! (memfd + slot allocator); `index` (stable/unstable indices); `region`
+//! (per-page state); `scanner` (core state, planning); `merge` (the
+//! race-free merge/unmerge path); `fault` (uffd handler thread); `stats`;
+//! `engine` ([`Engine`], the [`DedupBackend`] implementation).
 
 pub mod backend;
 pub mod policy;
 
+pub mod engine;
+pub mod fault;
+pub mod hash;
+pub mod index;
+pub mod merge;
+pub mod mm;
+pub mod pagemap;
+pub mod pool;
+pub mod region;
+pub mod scanner;
+pub mod stats;
+pub mod uffd;
+
 pub use backend::{DedupBackend, Error, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
+pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
 pub use policy::{RoundPlan, RoundPolicy};
 pub mod auto;
 pub mod ksm;
+
+/// The page size the engine works with (x86_64 base pages).
+pub const PAGE_SIZE: usize = 4096;

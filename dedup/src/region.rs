@@ -197,6 +197,16 @@ impl Region {
         unsafe { std::slice::from_raw_parts(self.page_addr(i) as *const u8, PAGE_SIZE) }
     }
 
+    /// Page `i` as bytes, not tied to a borrow of the region (the engine
+    /// mutates the region's metadata while looking at the page).
+    ///
+    /// # Safety
+    /// As [`Region::page`]; the slice must not outlive the registration.
+    pub unsafe fn page_detached<'a>(&self, i: usize) -> &'a [u8] {
+        // SAFETY: per the contract the page is mapped and readable.
+        unsafe { std::slice::from_raw_parts(self.page_addr(i) as *const u8, PAGE_SIZE) }
+    }
+
     /// Metadata bytes.
     pub fn metadata_bytes(&self) -> u64 {
         (self.word.capacity() * 4 + self.state.capacity() + std::mem::size_of::<Self>() + self.owner.len() + self.group_name.len())

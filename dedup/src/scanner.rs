@@ -117,6 +117,10 @@ pub struct Core {
     map_vmas: u64,
     budget: MapBudget,
     scratch: Vec<Entry>,
+    /// Content hash and length of the same-content run ending at the last
+    /// visited page (sizes stripes).
+    run_hash: u32,
+    run_len: u32,
 }
 
 impl Core {
@@ -158,7 +162,9 @@ impl Core {
             map_checked: None,
             map_vmas: 0,
             budget: MapBudget::default(),
-            scratch: vec![Entry(0); SPAN_PAGES],
+            scratch: Vec::new(),
+            run_hash: 0,
+            run_len: 0,
         };
         c.refresh_map_count(true);
         Ok(c)
@@ -171,7 +177,10 @@ impl Core {
 
     /// Adds a region and registers it with the uffd.
     pub fn register(&mut self, addr: usize, len: usize, owner: String, group: String) -> Result<RegionId, ScanError> {
-        let end = addr.checked_add(len).unwrap_or(usize::MAX);
+        if len == 0 || addr % crate::PAGE_SIZE != 0 || len % crate::PAGE_SIZE != 0 || addr.checked_add(len).is_none() {
+            return Err(region::RegionError::Bad { addr, len }.into());
+        }
+        let end = addr + len;
         if self.regions.iter().any(|r| addr < r.addr + r.len() && r.addr < end) {
             return Err(ScanError::Overlap { addr, len });
         }
@@ -427,6 +436,9 @@ impl Core {
     fn scan_span(&mut self, ri: usize, start: usize, n: usize, budget: &mut u64, merge: bool) -> usize {
         let addr = self.regions[ri].page_addr(start);
         let mut entries = std::mem::take(&mut self.scratch);
+        if entries.len() < n {
+            entries.resize(n, Entry(0));
+        }
         if let Err(e) = self.pagemap.read(addr, &mut entries[..n]) {
             log::warn!("pagefold: {e}");
             self.scratch = entries;
@@ -440,6 +452,9 @@ impl Core {
             None
         };
         let mut used = 0;
+        if start == 0 {
+            self.run_len = 0;
+        }
         while used < n && *budget > 0 {
             let p = start + used;
             let e = entries[used];
@@ -458,14 +473,18 @@ impl Core {
                         }
                         self.counters.cow_breaks += 1;
                         prev = None;
+                        self.note_run(None);
                     } else {
-                        prev = Some(self.regions[ri].word[p]);
+                        let s = self.regions[ri].word[p];
+                        prev = Some(s);
+                        self.note_run(Some(self.pool.meta(s).hash));
                     }
                     continue;
                 }
                 ZERO => {
                     *budget -= 1;
                     prev = None;
+                    self.note_run(None);
                     if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
                         self.regions[ri].set_kind(p, NEW);
                         self.counters.cow_breaks += 1;
@@ -503,6 +522,7 @@ impl Core {
         let kind = region::kind(st);
         if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
             *budget -= 1;
+            self.note_run(None);
             if kind == HASHED {
                 self.regions[ri].set_kind(p, NEW);
             }
@@ -510,15 +530,18 @@ impl Core {
         }
         if kind == HASHED && region::skip(st) > 0 {
             *budget -= 1;
+            self.note_run(Some(self.regions[ri].word[p]));
             let r = &mut self.regions[ri];
             r.state[p] = region::with_level_skip(st, region::level(st), region::skip(st) - 1);
             return None;
         }
         *budget = budget.saturating_sub(HASH_COST);
         self.counters.pages_hashed += 1;
-        // SAFETY: the region is registered, hence mapped (register contract).
-        let page = unsafe { self.regions[ri].page(p) };
+        // SAFETY: the region is registered, hence mapped (register contract),
+        // and stays so while we hold the core (unregister needs it).
+        let page = unsafe { self.regions[ri].page_detached(p) };
         let h = fold((self.hash_fn)(page));
+        self.note_run(Some(h));
         let unchanged = kind == HASHED && self.regions[ri].word[p] == h;
         let group = self.regions[ri].group;
         {
@@ -583,6 +606,29 @@ impl Core {
         }
     }
 
+    fn note_run(&mut self, content: Option<u32>) {
+        match content {
+            Some(c) if self.run_len > 0 && c == self.run_hash => self.run_len = self.run_len.saturating_add(1),
+            Some(c) => {
+                self.run_hash = c;
+                self.run_len = 1;
+            }
+            None => self.run_len = 0,
+        }
+    }
+
+    /// Stripe length worth having for a same-content run of the current
+    /// length: a stripe of L pool pages turns a run of r pages into r/L
+    /// VMAs; memory is minimal near L = sqrt(r/8) (4 KiB per pool page vs
+    /// ~512 B per VMA and split). Under map-count pressure: the full stripe.
+    fn wanted_stripe(&self) -> u32 {
+        if self.budget.headroom < (self.max_map_count / 4) as i64 {
+            return self.stripe_max;
+        }
+        let l = ((self.run_len / 8) as f64).sqrt() as u32;
+        l.clamp(1, self.stripe_max)
+    }
+
     /// Is slot `s` usable for a page with hash `h` in `group`?
     fn usable(&self, s: u32, h: u32, group: u32, page: &[u8]) -> bool {
         let st = self.pool.state(s);
@@ -622,7 +668,7 @@ impl Core {
                 if self.pool.is_free(s1)
                     && pm.hash == h
                     && pm.group == group
-                    && self.stripe_len(ps, h, group) < self.stripe_max
+                    && self.stripe_len(ps, h, group) < self.wanted_stripe()
                 {
                     // Same content as the left neighbour: grow its stripe so
                     // the run stays one VMA.
@@ -804,6 +850,7 @@ impl Core {
     /// Sanity bound for tests: bytes per tracked page.
     pub fn metadata_per_page(&self) -> f64 {
         let t = self.tracked_pages().max(1);
-        self.metadata_bytes() as f64 / t as f64
+        let fixed = (self.scratch.capacity() * 8) as u64;
+        (self.metadata_bytes() - fixed) as f64 / t as f64
     }
 }

@@ -30,6 +30,11 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Usage(_) | Error::Config(_) => 2,
+            // A workload that does not fit its VM is bad input too.
+            Error::Runner(runner::Error::Vm {
+                source: pagefold_vmm::vm::Error::Workload(_),
+                ..
+            }) => 2,
             _ => 3,
         }
     }

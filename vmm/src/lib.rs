@@ -3,6 +3,7 @@
 
 pub mod boot;
 pub mod config;
+pub mod control;
 pub mod dedup;
 pub mod linux;
 pub mod memory;

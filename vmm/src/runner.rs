@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
+
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -14,7 +15,8 @@ use pagefold_devices::workload::WorkloadSummary;
 use serde::Serialize;
 use vmm_sys_util::epoll::EventSet;
 
-use crate::config::Config;
+use crate::config::{Config, VmConfig};
+use crate::control::{self, Request, RequestError, Response};
 use crate::state::Outcome;
 use crate::vm::{self, Vm, VmResources};
 use crate::{signals, workload, x86};
@@ -157,8 +159,15 @@ pub struct Runner {
     ended: BTreeMap<String, VmReport>,
     started: Instant,
     first_report: Option<f64>,
+    em: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
+    handle: control::Handle,
+    inbox: control::Inbox,
+    shutdown_requested: bool,
     /// Print guest reports as they arrive.
     pub echo: bool,
+    /// Keep running with no VM (daemon mode) until a shutdown request or a
+    /// signal.
+    pub keep_alive: bool,
 }
 
 impl Runner {
@@ -172,6 +181,12 @@ impl Runner {
         }
         let cpuid = x86::cpuid::supported(&kvm)?;
         let (tx, rx) = crossbeam_channel::unbounded();
+        let (handle, inbox) = control::channel(dedup.clone()).map_err(|e| Error::EventLoop(e.to_string()))?;
+        let mut em: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
+            EventManager::new().map_err(|e| Error::EventLoop(format!("{e:?}")))?;
+        let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> =
+            Arc::new(Mutex::new(Waker(vec![inbox.wake.as_raw_fd()])));
+        em.add_subscriber(waker);
         Ok(Runner {
             res: VmResources {
                 kvm: Arc::new(kvm),
@@ -186,28 +201,134 @@ impl Runner {
             ended: BTreeMap::new(),
             started,
             first_report: None,
+            em,
+            handle,
+            inbox,
+            shutdown_requested: false,
             echo: true,
+            keep_alive: false,
         })
+    }
+
+    /// A handle for other threads (the API) to send requests.
+    pub fn handle(&self) -> control::Handle {
+        self.handle.clone()
+    }
+
+    /// Creates and starts one VM.
+    pub fn add_vm(&mut self, vc: &VmConfig) -> Result<(), Error> {
+        let index = self.vms.len() + self.ended.len();
+        let vm = Vm::create(&self.res, vc, index)
+            .and_then(|mut vm| vm.start().map(|_| vm))
+            .map_err(|source| Error::Vm {
+                name: vc.name.clone(),
+                source,
+            })?;
+        let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> =
+            Arc::new(Mutex::new(Waker(vec![vm.shared().exit_evt.as_raw_fd()])));
+        self.em.add_subscriber(waker);
+        self.summaries
+            .insert(vc.name.clone(), WorkloadSummary::new(vc.name.clone()));
+        self.vms.push(vm);
+        Ok(())
+    }
+
+    fn find(&self, name: &str) -> Result<&Vm, RequestError> {
+        self.vms
+            .iter()
+            .find(|v| v.name() == name)
+            .ok_or_else(|| RequestError::NotFound(name.to_string()))
+    }
+
+    /// Executes one API request.
+    fn serve_request(&mut self, req: Request) -> Result<Response, RequestError> {
+        match req {
+            Request::ListVms => Ok(Response::Vms(self.vms.iter().map(|v| v.info()).collect())),
+            Request::GetVm(n) => Ok(Response::Vm(self.find(&n)?.info())),
+            Request::CreateVm(vc) => {
+                if self.shutdown_requested {
+                    return Err(RequestError::Gone);
+                }
+                if self.vms.iter().any(|v| v.name() == vc.name) {
+                    return Err(RequestError::Conflict(format!("a VM named {:?} already exists", vc.name)));
+                }
+                let mut total = vc.memory_bytes();
+                for v in &self.vms {
+                    total = total.saturating_add(v.config.memory_bytes());
+                }
+                let cfg = Config {
+                    dedup: Default::default(),
+                    vms: vec![(*vc).clone()],
+                };
+                cfg.validate(host_mem_total())
+                    .map_err(|e| RequestError::BadRequest(e.to_string()))?;
+                if let Some(host) = host_mem_total() {
+                    if total > host {
+                        return Err(RequestError::Conflict(format!(
+                            "the VMs would need {} in all, more than this host has ({})",
+                            crate::config::fmt_size(total),
+                            crate::config::fmt_size(host)
+                        )));
+                    }
+                }
+                match self.add_vm(&vc) {
+                    Ok(()) => Ok(Response::Vm(self.find(&vc.name)?.info())),
+                    Err(Error::Vm {
+                        source: vm::Error::Workload(e),
+                        ..
+                    }) => Err(RequestError::BadRequest(e.to_string())),
+                    Err(e) => Err(RequestError::Internal(e.to_string())),
+                }
+            }
+            Request::Pause(n) => {
+                let vm = self.find(&n)?;
+                vm.pause().map_err(|e| RequestError::Conflict(e.to_string()))?;
+                Ok(Response::Vm(vm.info()))
+            }
+            Request::Resume(n) => {
+                let vm = self.find(&n)?;
+                vm.resume().map_err(|e| RequestError::Conflict(e.to_string()))?;
+                Ok(Response::Vm(vm.info()))
+            }
+            Request::DeleteVm(n) => {
+                self.find(&n)?;
+                let i = self.vms.iter().position(|v| v.name() == n).unwrap_or(0);
+                let mut vm = self.vms.remove(i);
+                let outcome = vm.finish(Outcome::Stopped {
+                    reason: "deleted through the API".into(),
+                });
+                let wall_s = vm.info().uptime_s;
+                drop(vm);
+                self.drain_events();
+                let summary = self
+                    .summaries
+                    .remove(&n)
+                    .unwrap_or_else(|| WorkloadSummary::new(n.clone()));
+                self.ended.insert(n.clone(), VmReport::new(n, outcome, summary, wall_s));
+                Ok(Response::Done)
+            }
+            Request::Shutdown => {
+                self.shutdown_requested = true;
+                self.stop_all("shutdown requested through the API");
+                Ok(Response::Done)
+            }
+        }
+    }
+
+    fn serve_requests(&mut self) {
+        while let Some((req, reply)) = self.inbox.try_next() {
+            let r = self.serve_request(req);
+            let _ = reply.send(r);
+        }
     }
 
     /// Creates and starts every VM of `config`. On failure, VMs already
     /// started are stopped again (none is left half-running).
     pub fn start_all(&mut self, config: &Config) -> Result<(), Error> {
-        for (i, vc) in config.vms.iter().enumerate() {
-            let r = Vm::create(&self.res, vc, i).and_then(|mut vm| vm.start().map(|_| vm));
-            match r {
-                Ok(vm) => {
-                    self.summaries
-                        .insert(vc.name.clone(), WorkloadSummary::new(vc.name.clone()));
-                    self.vms.push(vm);
-                }
-                Err(source) => {
-                    self.stop_all("another VM failed to start");
-                    return Err(Error::Vm {
-                        name: vc.name.clone(),
-                        source,
-                    });
-                }
+        for vc in &config.vms {
+            if let Err(e) = self.add_vm(vc) {
+                self.stop_all("another VM failed to start");
+                return Err(e);
             }
         }
         Ok(())
@@ -282,17 +403,16 @@ impl Runner {
     /// API and progress output hook in there).
     pub fn run(&mut self, mut tick: impl FnMut(&mut Runner)) -> Result<RunReport, Error> {
         let sig_evt = signals::install().map_err(|e| Error::EventLoop(e.to_string()))?;
-        let mut em: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
-            EventManager::new().map_err(|e| Error::EventLoop(format!("{e:?}")))?;
-        let mut fds: Vec<RawFd> = vec![sig_evt.as_raw_fd()];
-        fds.extend(self.vms.iter().map(|v| v.shared().exit_evt.as_raw_fd()));
-        let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> = Arc::new(Mutex::new(Waker(fds)));
-        em.add_subscriber(waker);
+        let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> =
+            Arc::new(Mutex::new(Waker(vec![sig_evt.as_raw_fd()])));
+        self.em.add_subscriber(waker);
         let mut signal = None;
         loop {
-            em.run_with_timeout(100)
+            self.em
+                .run_with_timeout(100)
                 .map_err(|e| Error::EventLoop(format!("{e:?}")))?;
             self.drain_events();
+            self.serve_requests();
             let sig = signals::received();
             if sig != 0 && signal.is_none() {
                 signal = Some(signals::name(sig));
@@ -301,11 +421,15 @@ impl Runner {
             }
             self.reap();
             tick(self);
-            if self.vms.is_empty() {
+            let idle_ok = self.keep_alive && !self.shutdown_requested && signal.is_none();
+            if self.vms.is_empty() && !idle_ok {
                 break;
             }
         }
         self.drain_events();
+        // Answer whatever arrived during the last round, then refuse more.
+        self.shutdown_requested = true;
+        self.serve_requests();
         Ok(RunReport {
             vms: std::mem::take(&mut self.ended).into_values().collect(),
             signal,
@@ -313,6 +437,13 @@ impl Runner {
             first_report_ms: self.first_report,
         })
     }
+}
+
+fn host_mem_total() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl Drop for Runner {

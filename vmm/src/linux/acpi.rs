@@ -5,7 +5,8 @@
 //! [`ACPI_START`], RSDP first so a legacy scan of 0xe0000-0xfffff finds it
 //! even without `acpi_rsdp_addr` in the zero page.
 
-use acpi_tables::aml::{self, Aml};
+use acpi_tables::aml;
+use acpi_tables::Aml;
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
 use acpi_tables::madt::{EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT};
@@ -59,20 +60,17 @@ fn to_bytes(t: &dyn Aml) -> Vec<u8> {
 /// virtio-mmio device, plus `\_S5_` so a hardware-reduced guest can power
 /// off through the FADT sleep registers.
 pub fn dsdt(virtio: &[VirtioMmioDevice]) -> Result<Vec<u8>, Error> {
-    let com1_crs = aml::ResourceTemplate::new(vec![
-        &aml::IO::new(SERIAL_PORT, SERIAL_PORT, 1, 8),
-        &aml::Interrupt::new(true, true, false, false, SERIAL_IRQ),
-    ]);
+    let com1_io = aml::IO::new(SERIAL_PORT, SERIAL_PORT, 1, 8);
+    let com1_irq = aml::Interrupt::new(true, true, false, false, SERIAL_IRQ);
+    let com1_crs = aml::ResourceTemplate::new(vec![&com1_io, &com1_irq]);
     let com1_hid = aml::EISAName::new("PNP0501");
     let com1_uid = 0u8;
-    let com1 = aml::Device::new(
-        "COM1".into(),
-        vec![
-            &aml::Name::new("_HID".into(), &com1_hid),
-            &aml::Name::new("_UID".into(), &com1_uid),
-            &aml::Name::new("_CRS".into(), &com1_crs),
-        ],
-    );
+    let com1_names = [
+        aml::Name::new("_HID".into(), &com1_hid),
+        aml::Name::new("_UID".into(), &com1_uid),
+        aml::Name::new("_CRS".into(), &com1_crs),
+    ];
+    let com1 = aml::Device::new("COM1".into(), com1_names.iter().map(|n| n as &dyn Aml).collect());
 
     let mut devs = Vec::with_capacity(virtio.len());
     for (i, d) in virtio.iter().enumerate() {

@@ -132,7 +132,7 @@ fn covers(ranges: &[(u64, u64)], start: u64, end: u64) -> bool {
 pub fn ram_below(map: &[E820Entry], limit: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
     map.iter()
         .rev()
-        .filter(|e| e.kind == E820Type::Ram && e.addr < limit)
+        .filter(move |e| e.kind == E820Type::Ram && e.addr < limit)
         .map(move |e| (e.addr, (e.addr + e.size).min(limit)))
 }
 

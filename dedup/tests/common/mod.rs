@@ -1,0 +1,104 @@
+//! Helpers shared by the integration tests: anonymous regions, page
+//! patterns, pagemap PFNs.
+#![allow(dead_code)]
+
+use pagefold_dedup::pagemap::Pagemap;
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, RegionId, RegionSpec};
+
+pub const PS: usize = 4096;
+
+/// A private anonymous mapping (what vm-memory gives the VMM for guest RAM).
+pub struct Mem {
+    pub addr: usize,
+    pub pages: usize,
+}
+
+impl Mem {
+    pub fn new(pages: usize) -> Mem {
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                pages * PS,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: our mapping.
+        unsafe { libc::madvise(p, pages * PS, libc::MADV_NOHUGEPAGE) };
+        Mem { addr: p as usize, pages }
+    }
+
+    pub fn page_ptr(&self, i: usize) -> *mut u8 {
+        assert!(i < self.pages);
+        (self.addr + i * PS) as *mut u8
+    }
+
+    /// Fills page i with the pattern of `v`.
+    pub fn fill(&self, i: usize, v: u64) {
+        let buf = pattern(v);
+        // SAFETY: page i is inside our mapping.
+        unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.page_ptr(i), PS) };
+    }
+
+    pub fn read(&self, i: usize) -> Vec<u8> {
+        let mut v = vec![0u8; PS];
+        // SAFETY: page i is inside our mapping.
+        unsafe { std::ptr::copy_nonoverlapping(self.page_ptr(i), v.as_mut_ptr(), PS) };
+        v
+    }
+
+    pub fn spec(&self, owner: &str, group: &str) -> RegionSpec {
+        RegionSpec { host_addr: self.addr, len: self.pages * PS, owner: owner.into(), group: group.into() }
+    }
+
+    /// Registers with the engine.
+    pub fn register(&self, e: &Engine, owner: &str, group: &str) -> RegionId {
+        // SAFETY: the mapping outlives the registration in every test (tests
+        // unregister before dropping Mem, or drop the engine first).
+        unsafe { e.register(self.spec(owner, group)).unwrap() }
+    }
+
+    /// PFN of page i after touching it (read), 0 if hidden.
+    pub fn pfn(&self, pm: &Pagemap, i: usize) -> u64 {
+        // SAFETY: inside our mapping.
+        let _ = unsafe { std::ptr::read_volatile(self.page_ptr(i)) };
+        pm.entry(self.addr + i * PS).unwrap().pfn()
+    }
+
+    pub fn entry(&self, pm: &Pagemap, i: usize) -> pagefold_dedup::pagemap::Entry {
+        pm.entry(self.addr + i * PS).unwrap()
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.pages * PS) };
+    }
+}
+
+/// The content for value `v`: 0 is the zero page; otherwise a non-zero page
+/// whose words depend only on `v`.
+pub fn pattern(v: u64) -> Vec<u8> {
+    let mut b = vec![0u8; PS];
+    if v != 0 {
+        for (k, w) in b.chunks_mut(8).enumerate() {
+            let x = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93) | 1;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+    b
+}
+
+/// Engine with fast knobs for tests.
+pub fn engine(max_sharing: u64) -> Engine {
+    Engine::new(EngineConfig {
+        knobs: Knobs { pages_to_scan: 1 << 16, sleep_millisecs: 0, max_page_sharing: max_sharing },
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}

@@ -1,0 +1,290 @@
+//! Integration tests on host memory (root: userfaultfd and pagemap PFNs).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use pagefold_dedup::pagemap::Pagemap;
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate, Knobs, Mode};
+
+#[test]
+fn two_regions_same_group_reach_exact_sharing() {
+    let e = engine(256);
+    let pm = Pagemap::open().unwrap();
+    let (a, b) = (Mem::new(64), Mem::new(64));
+    for i in 0..64 {
+        a.fill(i, 1000 + i as u64);
+        b.fill(i, 1000 + i as u64);
+    }
+    let _ra = a.register(&e, "vm-a", "g");
+    let _rb = b.register(&e, "vm-b", "g");
+    e.scan_now(2);
+    let s = e.stats();
+    assert_eq!(s.pages_sharing, 64, "{s:?}");
+    assert_eq!(s.pages_shared, 64);
+    assert_eq!(s.pool_pages, 64);
+    assert_eq!(s.per_owner["vm-a"].pages_merged, 64);
+    for i in 0..64 {
+        assert_eq!(a.read(i), pattern(1000 + i as u64));
+        assert_eq!(b.read(i), pattern(1000 + i as u64));
+        let (pa, pb) = (a.pfn(&pm, i), b.pfn(&pm, i));
+        assert!(pa != 0 && pa == pb, "page {i}: {pa:#x} vs {pb:#x}");
+        assert!(a.entry(&pm, i).file());
+    }
+    e.check_consistency().unwrap();
+    // Consecutive pool slots: each region is one VMA for the merged run.
+    assert!(s.vmas_created <= 2 || e.stats().vmas_created <= 2, "{}", e.stats().vmas_created);
+    // Stats vs kernel (merge-races 13): distinct PFNs = pages_shared.
+    let mut pfns: HashMap<u64, u32> = HashMap::new();
+    for i in 0..64 {
+        *pfns.entry(a.pfn(&pm, i)).or_default() += 1;
+        *pfns.entry(b.pfn(&pm, i)).or_default() += 1;
+    }
+    let sharing: u64 = pfns.values().map(|&n| n as u64 - 1).sum();
+    assert_eq!(sharing, s.pages_sharing);
+    e.shutdown();
+}
+
+#[test]
+fn two_groups_share_nothing() {
+    let e = engine(256);
+    let pm = Pagemap::open().unwrap();
+    let (a, b) = (Mem::new(32), Mem::new(32));
+    for i in 0..32 {
+        a.fill(i, 7 + (i as u64 % 4));
+        b.fill(i, 7 + (i as u64 % 4));
+    }
+    a.register(&e, "a", "g1");
+    b.register(&e, "b", "g2");
+    e.scan_now(3);
+    let pa: Vec<u64> = (0..32).map(|i| a.pfn(&pm, i)).collect();
+    for i in 0..32 {
+        let pb = b.pfn(&pm, i);
+        assert!(!pa.contains(&pb), "b page {i} shares a frame with group g1");
+        assert_eq!(b.read(i), pattern(7 + (i as u64 % 4)));
+    }
+    // Within each group the 4 contents do merge.
+    assert!(e.stats().pages_sharing >= 2 * (32 - 4 * 32 / 32) as u64 / 2);
+    e.check_consistency().unwrap();
+}
+
+#[test]
+fn unmerge_returns_private_pages_with_contents_intact() {
+    let e = engine(256);
+    let pm = Pagemap::open().unwrap();
+    let a = Mem::new(200);
+    for i in 0..200 {
+        a.fill(i, 1 + (i as u64 % 5));
+    }
+    a.register(&e, "a", "g");
+    e.scan_now(2);
+    assert!(e.stats().pages_sharing > 150, "{:?}", e.stats());
+    e.set_mode(Mode::Unmerge).unwrap();
+    assert!(e.wait_mode(Mode::Off, Duration::from_secs(20)));
+    let s = e.stats();
+    assert_eq!((s.pages_sharing, s.pages_shared, s.pool_pages), (0, 0, 0), "{s:?}");
+    for i in 0..200 {
+        assert_eq!(a.read(i), pattern(1 + (i as u64 % 5)));
+        let en = a.entry(&pm, i);
+        assert!(en.present() && !en.file(), "page {i} not private: {en:?}");
+    }
+    // Writes after unmerge land as usual.
+    a.fill(3, 99);
+    assert_eq!(a.read(3), pattern(99));
+    e.check_consistency().unwrap();
+}
+
+#[test]
+fn max_page_sharing_is_respected() {
+    let e = engine(10);
+    let pm = Pagemap::open().unwrap();
+    let a = Mem::new(600);
+    for i in 0..600 {
+        a.fill(i, 42);
+    }
+    a.register(&e, "a", "g");
+    e.scan_now(3);
+    let s = e.stats();
+    let mut per: HashMap<u64, u64> = HashMap::new();
+    for i in 0..600 {
+        assert_eq!(a.read(i), pattern(42));
+        *per.entry(a.pfn(&pm, i)).or_default() += 1;
+    }
+    assert!(per.values().all(|&n| n <= 10), "a pool page mapped > 10 times");
+    assert!(s.pages_sharing >= 500, "{s:?}");
+    assert_eq!(s.pages_sharing + s.pool_pages, 600);
+    e.check_consistency().unwrap();
+    // Raising the knob lets later merges share more.
+    e.set_knobs(KnobUpdate { max_page_sharing: Some(1000), ..Default::default() }).unwrap();
+    assert!(e.set_knobs(KnobUpdate { max_page_sharing: Some(1), ..Default::default() }).is_err());
+}
+
+#[test]
+fn zero_pages_are_dropped_and_counted_apart() {
+    let e = engine(256);
+    let pm = Pagemap::open().unwrap();
+    let a = Mem::new(50);
+    for i in 0..50 {
+        a.fill(i, if i < 30 { 0 } else { 5 });
+        // SAFETY: make the zero pages present (written).
+        unsafe { std::ptr::write_volatile(a.page_ptr(i), 0) };
+    }
+    a.fill(40, 6);
+    a.register(&e, "a", "g");
+    e.scan_now(2);
+    let s = e.stats();
+    assert_eq!(s.zero_pages, 30, "{s:?}");
+    assert_eq!(s.pages_sharing, 18, "{s:?}");
+    assert_eq!(s.bytes_saved, (30 + 18) * 4096);
+    for i in 0..30 {
+        assert!(!a.entry(&pm, i).present());
+        assert_eq!(a.read(i), pattern(0));
+    }
+    a.fill(3, 77);
+    e.scan_now(1);
+    assert_eq!(e.stats().zero_pages, 29);
+    assert_eq!(a.read(3), pattern(77));
+}
+
+#[test]
+fn cow_break_is_noticed_and_counts_stay_exact() {
+    let e = engine(256);
+    let a = Mem::new(16);
+    for i in 0..16 {
+        a.fill(i, 3);
+    }
+    a.register(&e, "a", "g");
+    e.scan_now(2);
+    let before = e.stats();
+    assert_eq!(before.pages_sharing + before.pool_pages, 16);
+    for i in 0..4 {
+        a.fill(i, 100 + i as u64);
+    }
+    e.scan_now(1);
+    let s = e.stats();
+    assert_eq!(s.cow_breaks, 4);
+    assert_eq!(s.pages_sharing + s.pool_pages, 12, "{s:?}");
+    for i in 0..16 {
+        assert_eq!(a.read(i), pattern(if i < 4 { 100 + i as u64 } else { 3 }));
+    }
+    e.check_consistency().unwrap();
+}
+
+#[test]
+fn weak_hash_collisions_never_merge_different_pages() {
+    // Every page hashes the same: only full compares tell them apart.
+    let e = Engine::new(EngineConfig {
+        knobs: Knobs { pages_to_scan: 1 << 16, sleep_millisecs: 0, max_page_sharing: 256 },
+        hash_override: Some(|_p: &[u8]| 42),
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let pm = Pagemap::open().unwrap();
+    let a = Mem::new(96);
+    for i in 0..96 {
+        a.fill(i, 1 + (i as u64 % 3));
+    }
+    a.register(&e, "a", "g");
+    e.scan_now(4);
+    let mut by_pfn: HashMap<u64, u64> = HashMap::new();
+    for i in 0..96 {
+        let v = 1 + (i as u64 % 3);
+        assert_eq!(a.read(i), pattern(v), "page {i} corrupted");
+        let p = a.pfn(&pm, i);
+        if let Some(&w) = by_pfn.get(&p) {
+            assert_eq!(w, v, "pages of different content share frame {p:#x}");
+        }
+        by_pfn.insert(p, v);
+    }
+    assert!(e.stats().pages_sharing > 0, "collisions must not prevent merging");
+    e.check_consistency().unwrap();
+}
+
+#[test]
+fn unregister_while_merging_leaves_memory_usable() {
+    let e = engine(256);
+    e.set_mode(Mode::On).unwrap();
+    for round in 0..5 {
+        let a = Mem::new(512);
+        for i in 0..512 {
+            a.fill(i, 1 + (i as u64 % 7));
+        }
+        let id = a.register(&e, "a", "g");
+        std::thread::sleep(Duration::from_millis(5 + round * 7));
+        e.unregister(id).unwrap();
+        for i in 0..512 {
+            assert_eq!(a.read(i), pattern(1 + (i as u64 % 7)));
+        }
+        // The memory is ours again: writes land, nothing is protected.
+        a.fill(1, 1234);
+        assert_eq!(a.read(1), pattern(1234));
+        drop(a);
+    }
+    let s = e.stats();
+    assert_eq!((s.pool_pages, s.pages_sharing), (0, 0), "{s:?}");
+    e.shutdown();
+}
+
+#[test]
+fn teardown_unregister_drops_pool_pages() {
+    let e = engine(256);
+    let a = Mem::new(64);
+    let b = Mem::new(64);
+    for i in 0..64 {
+        a.fill(i, 9);
+        b.fill(i, 9);
+    }
+    let ra = a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    e.scan_now(2);
+    // SAFETY: `a` is unmapped right after (drop) and not used again.
+    unsafe { e.unregister_unmapping(ra).unwrap() };
+    drop(a);
+    for i in 0..64 {
+        assert_eq!(b.read(i), pattern(9));
+    }
+    e.check_consistency().unwrap();
+    let s = e.stats();
+    assert_eq!(s.per_owner.len(), 1);
+    assert_eq!(s.pages_sharing + s.pool_pages, 64);
+}
+
+#[test]
+fn background_mode_on_converges_and_counts_scans() {
+    let e = Engine::new(EngineConfig { mode: Mode::On, ..EngineConfig::default() }).unwrap();
+    let a = Mem::new(2048);
+    for i in 0..2048 {
+        a.fill(i, 11);
+    }
+    a.register(&e, "a", "g");
+    assert!(e.wait_full_scans(3, Duration::from_secs(20)));
+    let s = e.stats();
+    assert_eq!(s.pages_sharing + s.pool_pages, 2048, "{s:?}");
+    assert!(s.cpu_seconds > 0.0);
+    assert!(s.full_scans >= 3);
+    assert!(s.metadata_bytes > 0 && s.profit_bytes > 0);
+    // Same-content run: stripes keep the VMA count low.
+    assert!(s.vmas_created <= 2048 / 4, "vmas {}", s.vmas_created);
+    assert!(s.map_count_headroom > 1000);
+    let per_page = e.metadata_per_page();
+    assert!(per_page <= 16.0, "metadata {per_page} bytes per page");
+    e.set_mode(Mode::Unmerge).unwrap();
+    assert!(e.wait_mode(Mode::Off, Duration::from_secs(20)));
+    assert_eq!(e.stats().pool_pages, 0);
+}
+
+#[test]
+fn bad_registrations_are_rejected() {
+    let e = engine(256);
+    let a = Mem::new(8);
+    a.register(&e, "a", "g");
+    let mut s = a.spec("b", "g");
+    // SAFETY: rejected before use.
+    assert!(matches!(unsafe { e.register(s.clone()) }, Err(pagefold_dedup::Error::Overlap { .. })));
+    s.host_addr += 1;
+    // SAFETY: rejected before use.
+    assert!(matches!(unsafe { e.register(s) }, Err(pagefold_dedup::Error::BadRegion { .. })));
+    assert!(matches!(e.unregister(pagefold_dedup::RegionId(999)), Err(pagefold_dedup::Error::UnknownRegion(999))));
+}

@@ -1,0 +1,244 @@
+//! Torture test: writer threads keep rewriting random pages of registered
+//! anonymous regions (many identical contents, many zero pages, partial
+//! writes, and kernel-mode writes through `pread` like a device thread doing
+//! I/O into guest memory) while the engine merges as fast as it can. After
+//! every round the writers pause and every page is compared with a shadow
+//! copy: zero mismatches, zero lost writes, pool refcounts match pagemap.
+//! A second run uses a deliberately weak hash so that most hash matches are
+//! collisions only the full compare can reject.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::*;
+use pagefold_dedup::hash::HashFn;
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, Mode};
+
+const WRITERS: usize = 4;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// Page `g` (global over all regions) belongs to writer `g % WRITERS`.
+struct World {
+    mems: Vec<Mem>,
+    pages_per: usize,
+}
+
+impl World {
+    fn ptr(&self, g: usize) -> *mut u8 {
+        self.mems[g / self.pages_per].page_ptr(g % self.pages_per)
+    }
+    fn total(&self) -> usize {
+        self.mems.len() * self.pages_per
+    }
+}
+
+// SAFETY: the raw mappings are shared on purpose; every page has exactly one
+// writer thread, and the main thread reads only while writers are paused.
+unsafe impl Sync for World {}
+unsafe impl Send for World {}
+
+fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, seed: u64) {
+    let e = Arc::new(
+        Engine::new(EngineConfig {
+            knobs: Knobs { pages_to_scan: 1 << 14, sleep_millisecs: 0, max_page_sharing: 8 },
+            mode: Mode::On,
+            hash_override: hash,
+            ..EngineConfig::default()
+        })
+        .unwrap(),
+    );
+    // Three regions: two in one group, one in another.
+    let world = Arc::new(World { mems: (0..3).map(|_| Mem::new(pages_per)).collect(), pages_per });
+    let total = world.total();
+    let mut shadow: Vec<Vec<u8>> = vec![vec![0u8; PS]; total];
+    for g in 0..total {
+        let v = (g % 9) as u64; // many identical, 1/9 zero
+        let p = pattern(v);
+        // SAFETY: setup, no other thread yet.
+        unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), world.ptr(g), PS) };
+        shadow[g] = p;
+    }
+    for (k, m) in world.mems.iter().enumerate() {
+        m.register(&e, &format!("vm{k}"), if k < 2 { "g1" } else { "g2" });
+    }
+    // A file of patterns for kernel-mode writes (pread into guest pages).
+    // SAFETY: plain syscalls on our own memfd.
+    let src_fd = unsafe { libc::memfd_create(c"torture-src".as_ptr(), 0) };
+    assert!(src_fd >= 0);
+    for v in 0..16u64 {
+        let p = pattern(v + 100);
+        // SAFETY: p is a valid page buffer.
+        let n = unsafe { libc::pwrite(src_fd, p.as_ptr() as *const libc::c_void, PS, (v as usize * PS) as libc::off_t) };
+        assert_eq!(n, PS as isize);
+    }
+
+    let shadows: Arc<Vec<std::sync::Mutex<Vec<(usize, Vec<u8>)>>>> =
+        Arc::new((0..WRITERS).map(|_| std::sync::Mutex::new(Vec::new())).collect());
+    let barrier = Arc::new(Barrier::new(WRITERS + 1));
+    let pause = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for w in 0..WRITERS {
+        let (world, barrier, pause, stop, shadows) =
+            (world.clone(), barrier.clone(), pause.clone(), stop.clone(), shadows.clone());
+        handles.push(std::thread::spawn(move || {
+            let mut rng = Rng(seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mine: Vec<usize> = (w..world.total()).step_by(WRITERS).collect();
+            let mut writes = 0u64;
+            loop {
+                if pause.load(Ordering::Acquire) {
+                    barrier.wait(); // paused: main verifies
+                    barrier.wait(); // resumed
+                    if stop.load(Ordering::Acquire) {
+                        return writes;
+                    }
+                }
+                let g = mine[(rng.next() % mine.len() as u64) as usize];
+                let r = rng.next();
+                let ptr = world.ptr(g);
+                let new: Vec<u8> = match r % 10 {
+                    // Full rewrite with one of 6 common contents (0 = zero page).
+                    0..=5 => {
+                        let p = pattern(r / 16 % 6);
+                        // SAFETY: page g is ours to write.
+                        unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), ptr, PS) };
+                        p
+                    }
+                    // Partial write of one word: content becomes unique.
+                    6 | 7 => {
+                        let off = (r / 16 % 512) as usize * 8;
+                        let val = rng.next() | 1;
+                        // SAFETY: page g is ours; word-aligned offset.
+                        unsafe { std::ptr::write_volatile(ptr.add(off) as *mut u64, val) };
+                        let mut cur = shadows[w].lock().unwrap().iter().rev().find(|(x, _)| *x == g).map(|(_, p)| p.clone());
+                        if cur.is_none() {
+                            cur = Some(Vec::new());
+                        }
+                        // The shadow is updated from our own last known copy below.
+                        let mut c = cur.unwrap();
+                        if c.is_empty() {
+                            // Unknown in this round: read back what we know we wrote.
+                            c = vec![0u8; PS];
+                            // SAFETY: only this thread writes page g.
+                            unsafe { std::ptr::copy_nonoverlapping(ptr, c.as_mut_ptr(), PS) };
+                        }
+                        c[off..off + 8].copy_from_slice(&val.to_ne_bytes());
+                        c
+                    }
+                    // Kernel-mode write, as a device thread's I/O would do.
+                    _ => {
+                        let v = r / 16 % 16;
+                        // SAFETY: page g is ours; pread writes PS bytes into it.
+                        let n = unsafe { libc::pread(src_fd, ptr as *mut libc::c_void, PS, (v as usize * PS) as libc::off_t) };
+                        assert_eq!(n, PS as isize, "pread into a guest page failed");
+                        pattern(v + 100)
+                    }
+                };
+                shadows[w].lock().unwrap().push((g, new));
+                writes += 1;
+            }
+        }));
+    }
+
+    let mut total_writes_seen = 0;
+    for round in 0..rounds {
+        std::thread::sleep(Duration::from_millis(round_ms));
+        pause.store(true, Ordering::Release);
+        barrier.wait();
+        // Writers are parked: apply their logs and compare every page.
+        for s in shadows.iter() {
+            let mut log = s.lock().unwrap();
+            total_writes_seen += log.len();
+            for (g, p) in log.drain(..) {
+                shadow[g] = p;
+            }
+        }
+        let mut bad = 0;
+        for (g, want) in shadow.iter().enumerate() {
+            // SAFETY: writers are parked; the page is mapped.
+            let got = unsafe { std::slice::from_raw_parts(world.ptr(g), PS) };
+            if got != want.as_slice() {
+                bad += 1;
+                if bad < 5 {
+                    eprintln!("round {round}: page {g} differs from its shadow");
+                }
+            }
+        }
+        assert_eq!(bad, 0, "round {round}: {bad} pages lost writes or were corrupted");
+        e.check_consistency().unwrap_or_else(|m| panic!("round {round}: {m}"));
+        pause.store(false, Ordering::Release);
+        if round + 1 == rounds {
+            stop.store(true, Ordering::Release);
+        }
+        barrier.wait();
+    }
+    let writes: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(writes as usize, total_writes_seen);
+    let s = e.stats();
+    let (in_merge, stray) = e.fault_counts();
+    eprintln!(
+        "torture: {writes} writes, merges {}, cow_breaks {}, zero {}, sharing {}, abandoned {}, faults in merge {in_merge}, stray {stray}",
+        s.merges,
+        s.cow_breaks,
+        s.zero_pages,
+        s.pages_sharing,
+        e.abandoned()
+    );
+    assert!(s.merges > 100, "the engine hardly merged: {s:?}");
+    assert_eq!(stray, 0, "write-protection left behind");
+    // Groups: no page of g2 shares a frame with g1.
+    let pm = pagefold_dedup::pagemap::Pagemap::open().unwrap();
+    let mut g1 = std::collections::HashSet::new();
+    for m in &world.mems[..2] {
+        for i in 0..pages_per {
+            let en = m.entry(&pm, i);
+            if en.present() && en.file() {
+                g1.insert(en.pfn());
+            }
+        }
+    }
+    for i in 0..pages_per {
+        let en = world.mems[2].entry(&pm, i);
+        assert!(!(en.present() && en.file() && g1.contains(&en.pfn())), "cross-group share");
+    }
+    // Unmerge: everything private again, contents intact.
+    e.set_mode(Mode::Unmerge).unwrap();
+    assert!(e.wait_mode(Mode::Off, Duration::from_secs(30)));
+    for (g, want) in shadow.iter().enumerate() {
+        // SAFETY: writers are gone.
+        let got = unsafe { std::slice::from_raw_parts(world.ptr(g), PS) };
+        assert_eq!(got, want.as_slice(), "page {g} after unmerge");
+    }
+    assert_eq!(e.stats().pool_pages, 0);
+    e.shutdown();
+    // SAFETY: our fd.
+    unsafe { libc::close(src_fd) };
+}
+
+#[test]
+fn torture_xxh3() {
+    let t = Instant::now();
+    run(None, 20, 600, 1024, 0x1234_5678);
+    eprintln!("torture_xxh3 took {:?}", t.elapsed());
+}
+
+#[test]
+fn torture_weak_hash_collisions() {
+    // 4 possible hash values: nearly every match is a collision.
+    let t = Instant::now();
+    run(Some(|p: &[u8]| (p[8] & 3) as u64), 10, 500, 512, 0xfeed_beef);
+    eprintln!("torture_weak_hash took {:?}", t.elapsed());
+}

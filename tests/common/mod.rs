@@ -1,0 +1,114 @@
+//! Helpers for integration tests that run the real `pagefold` binary.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Fails (never skips) when KVM is unusable: these tests exist to boot VMs.
+pub fn require_kvm() {
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        panic!(
+            "this test boots VMs and needs /dev/kvm, which cannot be opened: {e} \
+             (run on a KVM host as root or as a member of the kvm group)"
+        );
+    }
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_pagefold"))
+}
+
+pub fn pagefold() -> Command {
+    let mut c = Command::new(bin());
+    c.stdin(Stdio::null());
+    c
+}
+
+/// A scratch directory removed at drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "pagefold-test-{tag}-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits for `child` at most `limit`, killing it (and failing) past that.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if let Some(_status) = child.try_wait().unwrap() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let mut out = String::new();
+            if let Some(mut s) = child.stdout.take() {
+                let _ = s.read_to_string(&mut out);
+            }
+            panic!("pagefold did not finish within {limit:?}; output so far:\n{out}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs pagefold with `args`, bounded in time.
+pub fn run(args: &[&str], limit: Duration) -> Output {
+    let child = pagefold()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pagefold");
+    wait_bounded(child, limit)
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "--- stdout\n{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+pub fn read_json(p: &Path) -> serde_json::Value {
+    let s = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()));
+    serde_json::from_str(&s).unwrap()
+}
+
+/// The report of VM `name` in a `--json` report.
+pub fn vm<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no VM {name} in report {report}"))
+}
+
+/// The phases named `phase` of a VM report.
+pub fn phases<'a>(vm: &'a serde_json::Value, phase: &str) -> Vec<&'a serde_json::Value> {
+    vm["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["phase"] == phase)
+        .collect()
+}

@@ -1,0 +1,152 @@
+//! Boots real workload VMs with the `pagefold` binary and checks what the
+//! guests report.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use pagefold_guest_abi::classes::class_counts;
+use pagefold_guest_abi::{WorkloadParams, PARAMS_MAGIC};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[test]
+fn one_vm_fills_and_verifies() {
+    require_kvm();
+    let dir = TempDir::new("one");
+    let json = dir.path("report.json");
+    let o = run(
+        &[
+            "run", "--name", "solo", "--memory", "64M", "--shared", "24M", "--private", "8M",
+            "--zero-permille", "100", "--dup-permille", "50", "--phases", "fill,rewrite,verify",
+            "--json", json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let r = read_json(&json);
+    let v = vm(&r, "solo");
+    assert_eq!(v["outcome"]["kind"], "guest_exit", "{v}");
+    assert_eq!(v["exit_status"], 0);
+    assert_eq!(v["mismatches"], 0);
+    let pages = (24 + 8) * 256;
+    let fill = phases(v, "fill");
+    assert_eq!(fill.len(), 1);
+    assert_eq!(fill[0]["pages"], pages);
+    // The guest's own class counts match the shared ABI's arithmetic.
+    let p = WorkloadParams {
+        magic: PARAMS_MAGIC,
+        shared_pages: 24 * 256,
+        private_pages: 8 * 256,
+        zero_permille: 100,
+        dup_permille: 50,
+        ..Default::default()
+    };
+    let c = class_counts(&p);
+    assert_eq!(fill[0]["zero_pages"], c.zero, "{v}");
+    assert_eq!(fill[0]["dup_pages"], c.dup, "{v}");
+    let verify = phases(v, "verify");
+    assert_eq!(verify[0]["pages"], pages);
+    assert_eq!(phases(v, "rewrite")[0]["pages"], pages);
+    // Stdout carried the guest's reports as they happened.
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("fill:"), "{out}");
+    assert!(out.contains("guest finished (exit status 0)"), "{out}");
+}
+
+#[test]
+fn two_vms_same_seed_in_one_process() {
+    require_kvm();
+    let dir = TempDir::new("two");
+    let cfg = dir.path("two.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+        [[vm]]
+        name = "left"
+        memory = "64M"
+        [vm.workload]
+        seed = 9
+        shared = "16M"
+        private = "8M"
+        churn_permille = 500
+        churn_ms = 200
+        phases = ["fill", "churn", "verify"]
+        [[vm]]
+        name = "right"
+        memory = "64M"
+        [vm.workload]
+        seed = 9
+        shared = "16M"
+        private = "8M"
+        phases = ["fill", "verify"]
+        "#,
+    )
+    .unwrap();
+    let json = dir.path("r.json");
+    let o = run(&["run", "--config", cfg.to_str().unwrap(), "--json", json.to_str().unwrap()], LIMIT);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = read_json(&json);
+    for name in ["left", "right"] {
+        let v = vm(&r, name);
+        assert_eq!(v["exit_status"], 0, "{v}");
+        assert_eq!(v["mismatches"], 0, "{v}");
+        assert_eq!(phases(v, "fill")[0]["pages"], 24 * 256);
+    }
+    assert!(phases(vm(&r, "left"), "churn")[0]["churn_writes_total"].as_u64().unwrap() > 0);
+    // Output of two VMs is told apart by a prefix.
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("[left] fill:") && out.contains("[right] fill:"), "{out}");
+}
+
+#[test]
+fn sigterm_stops_every_vm_promptly() {
+    require_kvm();
+    let child = pagefold()
+        .args(["run", "--memory", "32M", "--shared", "4M", "--private", "4M", "--phases", "fill,sleep:60000,verify"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let start = std::time::Instant::now();
+    // SAFETY: signalling our own child process.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let o = wait_bounded(child, Duration::from_secs(20));
+    assert!(start.elapsed() < Duration::from_secs(5), "stop took {:?}", start.elapsed());
+    assert_eq!(o.status.code(), Some(143), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("SIGTERM received"), "{out}");
+    assert!(out.contains("stopped: SIGTERM received"), "{out}");
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let dir = TempDir::new("bad");
+    let check = |args: &[&str], want: &str| {
+        let o = run(args, Duration::from_secs(30));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains(want), "{args:?}: stderr should mention {want:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    };
+    check(&["run", "--memory", "0"], "larger than zero");
+    check(&["run", "--memory", "lots"], "invalid size");
+    check(&["run", "--memory", "100T"], "more than this host has");
+    check(&["run", "--config", "/nonexistent/x.toml"], "reading config file");
+    check(&["run", "--kernel", "/nonexistent/vmlinux"], "file not found");
+    check(&["run", "--memory", "64M", "--phases", "fill,dance"], "unknown phase");
+    check(&["run", "--memory", "64M", "--dedup", "sometimes"], "unknown dedup mode");
+    check(&["run", "--memory", "64M", "--pages-to-scan", "0"], "valid range");
+    let cfg = dir.path("bad.toml");
+    std::fs::write(&cfg, "[[vm]]\nname = \"a\"\nmemory = \"64M\"\nwheels = 4\n").unwrap();
+    check(&["run", "--config", cfg.to_str().unwrap()], "unknown field `wheels`");
+    // Too big a workload for the VM is refused before it starts.
+    require_kvm();
+    let o = run(&["run", "--memory", "32M", "--shared", "64M"], Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("workload needs"), "{}", text(&o));
+}
