@@ -150,3 +150,48 @@ fn bad_input_gets_clear_errors() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(String::from_utf8_lossy(&o.stderr).contains("workload needs"), "{}", text(&o));
 }
+
+/// A guest that crashes (triple fault) or pokes an unknown port gets a clear
+/// per-VM error while the other VM finishes its work.
+#[test]
+fn a_crashing_guest_does_not_take_down_the_other_vm() {
+    require_kvm();
+    for (bad_phase, want) in [("fault", "triple fault"), ("badport", "unexpected port write at 0x1234")] {
+        let dir = TempDir::new("crash");
+        let cfg = dir.path("c.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                r#"
+                [[vm]]
+                name = "bad"
+                memory = "32M"
+                [vm.workload]
+                shared = "4M"
+                private = "4M"
+                phases = ["fill", "{bad_phase}", "verify"]
+                [[vm]]
+                name = "good"
+                memory = "32M"
+                [vm.workload]
+                shared = "4M"
+                private = "4M"
+                phases = ["fill", "sleep:300", "verify"]
+                "#
+            ),
+        )
+        .unwrap();
+        let json = dir.path("r.json");
+        let o = run(&["run", "--config", cfg.to_str().unwrap(), "--json", json.to_str().unwrap()], LIMIT);
+        assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+        let r = read_json(&json);
+        let bad = vm(&r, "bad");
+        assert_eq!(bad["outcome"]["kind"], "guest_error", "{bad}");
+        assert!(bad["outcome"]["message"].as_str().unwrap().contains(want), "{bad}");
+        assert!(phases(bad, "verify").is_empty(), "{bad}");
+        let good = vm(&r, "good");
+        assert_eq!(good["exit_status"], 0, "{good}");
+        assert_eq!(phases(good, "verify")[0]["mismatches"], 0, "{good}");
+        assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("[bad] guest error: {want}")), "{}", text(&o));
+    }
+}

@@ -11,6 +11,9 @@ use pagefold_vmm::runner::{self, Runner};
 
 use crate::report;
 
+#[path = "client.rs"]
+mod client;
+
 /// Errors the CLI reports; each maps to an exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -64,6 +67,17 @@ pub enum Command {
     /// The built-in demo: two 256 MiB workload VMs with identical content,
     /// deduplicated, with each guest's report and the savings.
     Demo(DemoArgs),
+    /// Run as a daemon serving the HTTP API: start the config's VMs, if any,
+    /// and keep serving until SIGTERM or PUT /api/v1/shutdown.
+    Serve(client::ServeArgs),
+    /// Show a running pagefold's dedup engine and VMs (over its API socket).
+    Status(client::StatusArgs),
+    /// Manage the VMs of a running pagefold.
+    #[command(subcommand)]
+    Vm(client::VmCommand),
+    /// Change a running pagefold's dedup mode and knobs.
+    #[command(subcommand)]
+    Dedup(client::DedupCommand),
 }
 
 #[derive(Args, Debug)]
@@ -77,6 +91,8 @@ pub struct DemoArgs {
     /// Write the final report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub api: client::ApiServeArgs,
 }
 
 #[derive(Args, Debug)]
@@ -108,6 +124,8 @@ pub struct RunArgs {
     /// Write the final report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub api: client::ApiServeArgs,
 }
 
 /// The built-in workload guest (used when no --kernel is given).
@@ -302,7 +320,7 @@ pub fn demo_config(a: &DemoArgs) -> Result<Config, Error> {
     Ok(cfg)
 }
 
-fn host_mem_total() -> Option<u64> {
+pub(crate) fn host_mem_total() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -310,13 +328,15 @@ fn host_mem_total() -> Option<u64> {
 }
 
 /// Runs the VMs of `cfg` to completion and prints the report.
-fn run_vms(cfg: Config, json: Option<PathBuf>) -> Result<i32, Error> {
+fn run_vms(cfg: Config, json: Option<PathBuf>, api: &client::ApiServeArgs) -> Result<i32, Error> {
     cfg.validate(host_mem_total())?;
     let dedup =
         pagefold_vmm::dedup::create_backend(&cfg).map_err(|e| Error::Dedup(e.to_string()))?;
     let mut runner = Runner::new(dedup, cfg.vms.len() > 1)?;
+    let api = client::start_api(&runner, api, false)?;
     runner.start_all(&cfg)?;
     let report = runner.run(|_| {})?;
+    drop(api);
     drop(runner);
     report::print(&report);
     if let Some(path) = json {
@@ -332,12 +352,16 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
     match cli.cmd {
         Command::Run(a) => {
             let json = a.json.clone();
-            run_vms(run_config(&a)?, json)
+            run_vms(run_config(&a)?, json, &a.api)
         }
         Command::Demo(a) => {
             let json = a.json.clone();
-            run_vms(demo_config(&a)?, json)
+            run_vms(demo_config(&a)?, json, &a.api)
         }
+        Command::Serve(a) => client::serve(a),
+        Command::Status(a) => client::status(a),
+        Command::Vm(c) => client::vm(c),
+        Command::Dedup(c) => client::dedup(c),
     }
 }
 
@@ -401,6 +425,7 @@ mod tests {
             dedup: "on".into(),
             memory: "256M".into(),
             json: None,
+            api: Default::default(),
         })
         .unwrap();
         c.validate(None).unwrap();

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    pagefold_vmm::runner::mark_process_start();
     let args = cli::Cli::parse();
     let code = match cli::dispatch(args) {
         Ok(code) => code,

@@ -463,6 +463,10 @@ pub enum Phase {
     Rewrite,
     Sleep(u64),
     WaitHost(u64),
+    /// Fault injection (tests): a triple fault.
+    Fault,
+    /// Fault injection (tests): a write to an unassigned port.
+    BadPort,
 }
 
 impl Phase {
@@ -489,10 +493,12 @@ impl Phase {
             "churn" => no_arg(Phase::Churn),
             "verify" => no_arg(Phase::Verify),
             "rewrite" => no_arg(Phase::Rewrite),
+            "fault" => no_arg(Phase::Fault),
+            "badport" => no_arg(Phase::BadPort),
             "sleep" => Ok(Phase::Sleep(ms(arg, None)?)),
             "wait" => Ok(Phase::WaitHost(ms(arg, Some(600_000))?)),
             _ => Err(format!(
-                "unknown phase {op:?} (expected fill, churn, verify, rewrite, sleep:MS or wait[:MS])"
+                "unknown phase {op:?} (expected fill, churn, verify, rewrite, sleep:MS, wait[:MS], or the fault injections fault and badport)"
             )),
         }
     }

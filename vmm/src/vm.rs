@@ -74,6 +74,8 @@ pub struct VmResources {
     pub cpuid: CpuId,
     pub dedup: Option<Arc<dyn DedupBackend>>,
     pub events: crossbeam_channel::Sender<workload::Event>,
+    /// Written when a guest may have reported something.
+    pub report_wake: Arc<EventFd>,
     /// Prefix serial lines with the VM name (several VMs share the terminal).
     pub prefix_output: bool,
 }
@@ -184,7 +186,13 @@ impl Vm {
         boot::setup_vcpu(&vcpus[0], image.entry, cr3)?;
         let tsc_khz = vcpus[0].get_tsc_khz().unwrap_or(0);
         let params = workload::params(&wl, &config.name, index, &ranges, image.end, u64::from(tsc_khz))?;
-        let (port, control) = workload::device(&name, params, mem.clone(), res.events.clone())?;
+        let (port, control) = workload::device(
+            &name,
+            params,
+            mem.clone(),
+            res.events.clone(),
+            res.report_wake.clone(),
+        )?;
         let control_port = Some((pagefold_guest_abi::ports::BASE, pagefold_guest_abi::ports::LEN, port));
 
         let mut vm = Vm {

@@ -7,6 +7,7 @@ use pagefold_devices::workload::{DeviceAction, WorkloadControl, WorkloadDevice};
 use pagefold_guest_abi::classes::{DataLayout, ParamsError, MIN_DATA_START};
 use pagefold_guest_abi::{phase, WorkloadParams, PAGE_SIZE, PARAMS_MAGIC};
 use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{fmt_size, Phase, WorkloadConfig};
 use crate::memory::MMIO_HOLE_END;
@@ -109,6 +110,8 @@ pub fn params(
             Phase::Rewrite => (phase::REWRITE, 0),
             Phase::Sleep(ms) => (phase::SLEEP, ms),
             Phase::WaitHost(ms) => (phase::WAIT_HOST, ms),
+            Phase::Fault => (phase::FAULT, 0),
+            Phase::BadPort => (phase::BAD_PORT_WRITE, 0),
         };
         p.program[i] = op;
         p.program_args[i] = arg;
@@ -125,12 +128,21 @@ pub fn params(
     }
 }
 
-/// Adapts the control device to the vCPU exit loop.
-struct Port(WorkloadDevice);
+/// Adapts the control device to the vCPU exit loop. After each doorbell
+/// (the guest ran an operation, which may have produced a report) it wakes
+/// the process event loop, so reports are printed as they happen.
+struct Port {
+    dev: WorkloadDevice,
+    wake: Arc<EventFd>,
+}
 
 impl ControlPort for Port {
     fn write(&mut self, port: u16, data: &[u8]) -> Result<Option<u32>, String> {
-        match self.0.pio_write(port, data) {
+        let r = self.dev.pio_write(port, data);
+        if port == pagefold_guest_abi::ports::DOORBELL {
+            let _ = self.wake.write(1);
+        }
+        match r {
             Ok(DeviceAction::Continue) => Ok(None),
             Ok(DeviceAction::Exit(status)) => Ok(Some(status)),
             Err(e) => Err(format!("workload control device: {e}")),
@@ -138,7 +150,7 @@ impl ControlPort for Port {
     }
 
     fn read(&mut self, port: u16, data: &mut [u8]) -> Result<(), String> {
-        self.0.pio_read(port, data);
+        self.dev.pio_read(port, data);
         Ok(())
     }
 }
@@ -150,10 +162,11 @@ pub fn device(
     params: WorkloadParams,
     mem: GuestMemoryMmap,
     events: crossbeam_channel::Sender<Event>,
+    wake: Arc<EventFd>,
 ) -> Result<(Arc<Mutex<dyn ControlPort>>, Arc<WorkloadControl>), Error> {
     let control = Arc::new(WorkloadControl::new());
     let dev = WorkloadDevice::new(vm_name.to_string(), params, mem, events, control.clone());
-    Ok((Arc::new(Mutex::new(Port(dev))), control))
+    Ok((Arc::new(Mutex::new(Port { dev, wake })), control))
 }
 
 #[cfg(test)]

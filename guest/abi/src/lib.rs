@@ -63,8 +63,17 @@ pub mod phase {
     /// Rewrite every page with its current content generator (bandwidth of
     /// writes to already-touched pages).
     pub const REWRITE: u32 = 6;
+    /// Fault injection for tests: execute `ud2`. The guest has no IDT, so
+    /// this is a triple fault, which the VMM must report as a guest error of
+    /// this VM alone.
+    pub const FAULT: u32 = 7;
+    /// Fault injection for tests: write to an I/O port no device decodes
+    /// (`BAD_PORT`).
+    pub const BAD_PORT_WRITE: u32 = 8;
     /// Highest valid opcode.
-    pub const LAST: u32 = REWRITE;
+    pub const LAST: u32 = BAD_PORT_WRITE;
+    /// The port BAD_PORT_WRITE pokes.
+    pub const BAD_PORT: u16 = 0x1234;
 
     /// Lower-case name of a phase opcode (for logs and reports).
     pub const fn name(op: u32) -> &'static str {
@@ -76,6 +85,8 @@ pub mod phase {
             SLEEP => "sleep",
             WAIT_HOST => "wait-host",
             REWRITE => "rewrite",
+            FAULT => "fault",
+            BAD_PORT_WRITE => "badport",
             _ => "unknown",
         }
     }

@@ -37,6 +37,8 @@ pub fn run() -> u32 {
             phase::REWRITE => w.rewrite(slot),
             phase::SLEEP => idle(op, slot, host::sleep_ms(arg)),
             phase::WAIT_HOST => idle(op, slot, host::wait_host(arg)),
+            phase::FAULT => fault(),
+            phase::BAD_PORT_WRITE => bad_port(),
             // DataLayout::new rejected every other opcode.
             _ => unreachable!(),
         };
@@ -55,6 +57,26 @@ pub fn run() -> u32 {
     } else {
         exit_code::MISMATCH
     }
+}
+
+/// FAULT: an invalid opcode with no IDT: a triple fault ends the VM.
+fn fault() -> ! {
+    // SAFETY: deliberately raises #UD; the VM stops (no handler exists).
+    unsafe { core::arch::asm!("ud2", options(noreturn)) }
+}
+
+/// BAD_PORT_WRITE: a write to a port nothing decodes; the VMM stops the VM.
+/// Should it return anyway, report the phase as done.
+fn bad_port() -> Result<PhaseReport, Stopped> {
+    // SAFETY: port I/O at CPL3 with IOPL 3 exits to the VMM; no memory is touched.
+    unsafe {
+        core::arch::asm!("out dx, eax", in("dx") phase::BAD_PORT, in("eax") 0xdead_u32, options(nomem, nostack));
+    }
+    Ok(PhaseReport {
+        phase: phase::BAD_PORT_WRITE,
+        first_mismatch: NO_MISMATCH,
+        ..PhaseReport::default()
+    })
 }
 
 /// Report of SLEEP/WAIT_HOST given the status of the host call.

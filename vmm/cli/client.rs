@@ -1,0 +1,435 @@
+//! The CLI's API side: serving the API from `run`, `demo` and `serve`, and
+//! the client commands (`status`, `vm ...`, `dedup set`) that talk to a
+//! running pagefold over its socket.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use pagefold_api::client::{Client, Reply, Target};
+use pagefold_api::{DedupPatch, ListenConfig, Server};
+use pagefold_vmm::config::{fmt_size, Config, VmConfig};
+use pagefold_vmm::runner::{RunReport, Runner};
+use pagefold_vmm::state::Outcome;
+use serde_json::Value;
+
+use super::Error;
+use crate::report;
+
+/// Where `run`, `demo` and `serve` serve the API.
+#[derive(Args, Debug, Default, Clone)]
+pub struct ApiServeArgs {
+    /// Serve the HTTP API on this Unix socket (mode 0600) while the VMs run
+    /// (`serve`: default $XDG_RUNTIME_DIR/pagefold/api.sock, or /run/pagefold/api.sock as root).
+    #[arg(long, help_heading = "API")]
+    pub api_sock: Option<PathBuf>,
+    /// Also serve the API on this TCP address (loopback only unless --api-tcp-allow-remote).
+    #[arg(long, help_heading = "API")]
+    pub api_tcp: Option<SocketAddr>,
+    /// Allow a non-loopback --api-tcp address (the API has no authentication).
+    #[arg(long, help_heading = "API", requires = "api_tcp")]
+    pub api_tcp_allow_remote: bool,
+}
+
+/// The socket a client command talks to.
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// The API socket of the pagefold to talk to (default $XDG_RUNTIME_DIR/pagefold/api.sock, or /run/pagefold/api.sock as root).
+    #[arg(long)]
+    pub api_sock: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Print the raw JSON (health, VMs, dedup) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VmCommand {
+    /// List the VMs.
+    List {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Create and start the VMs of a config file (TOML `[[vm]]` tables, or one JSON VM object).
+    Create {
+        #[arg(long, short = 'c')]
+        config: PathBuf,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Pause a VM.
+    Pause {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Resume a paused VM.
+    Resume {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Stop a VM and release its memory.
+    Delete {
+        name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DedupCommand {
+    /// Change the dedup mode or knobs: mode=off|on|unmerge|auto, pages_to_scan=N, sleep_millisecs=N, max_page_sharing=N.
+    Set {
+        #[arg(required = true, value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// VMs to start right away (TOML, as for `run`); more can be created through the API.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Dedup mode: off, on, unmerge or auto (overrides the config's).
+    #[arg(long)]
+    pub dedup: Option<String>,
+    #[command(flatten)]
+    pub api: ApiServeArgs,
+}
+
+/// Starts the API server for `runner`, if asked to (always for `serve`).
+pub fn start_api(runner: &Runner, a: &ApiServeArgs, daemon: bool) -> Result<Option<Server>, Error> {
+    let unix = match (&a.api_sock, daemon) {
+        (Some(p), _) => Some(p.clone()),
+        (None, true) => Some(pagefold_api::default_socket_path()),
+        (None, false) => None,
+    };
+    if unix.is_none() && a.api_tcp.is_none() {
+        return Ok(None);
+    }
+    let listen = ListenConfig {
+        unix,
+        tcp: a.api_tcp,
+        allow_remote: a.api_tcp_allow_remote,
+    };
+    let server = Server::start(runner.handle(), &listen, Default::default()).map_err(|e| match e {
+        pagefold_api::ServerError::Listen(l) => Error::Usage(l.to_string()),
+        other => Error::Io(other.to_string()),
+    })?;
+    if let Some(p) = server.socket_path() {
+        eprintln!("pagefold: API on {}", p.display());
+    }
+    if let Some(t) = server.tcp_addr() {
+        eprintln!("pagefold: API on http://{t}/api/v1");
+    }
+    Ok(Some(server))
+}
+
+/// `pagefold serve`: a daemon that runs VMs until SIGTERM or an API shutdown.
+pub fn serve(a: ServeArgs) -> Result<i32, Error> {
+    let mut cfg = match &a.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    if let Some(m) = &a.dedup {
+        cfg.dedup.mode = m
+            .parse()
+            .map_err(|e: pagefold_dedup::Error| Error::Usage(format!("--dedup: {e}")))?;
+    }
+    if cfg.vms.is_empty() {
+        cfg.dedup.validate()?;
+    } else {
+        cfg.validate(super::host_mem_total())?;
+    }
+    let dedup = pagefold_vmm::dedup::create_backend(&cfg).map_err(|e| Error::Dedup(e.to_string()))?;
+    let mut runner = Runner::new(dedup, true)?;
+    runner.keep_alive = true;
+    let api = start_api(&runner, &a.api, true)?;
+    runner.start_all(&cfg)?;
+    let report = runner.run(|_| {})?;
+    drop(api);
+    drop(runner);
+    report::print(&report);
+    Ok(serve_exit_code(&report))
+}
+
+/// Like [`RunReport::exit_code`], except that VMs stopped on request (API
+/// delete or shutdown) are a normal end for a daemon.
+fn serve_exit_code(r: &RunReport) -> i32 {
+    if r.signal.is_some() {
+        return r.exit_code();
+    }
+    r.vms
+        .iter()
+        .map(|v| match &v.outcome {
+            Outcome::Stopped { .. } => 0,
+            o if o.is_success() => 0,
+            Outcome::GuestExit { .. } => 1,
+            _ => 3,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+fn client(a: &ClientArgs) -> Result<Client, Error> {
+    let path = a.api_sock.clone().unwrap_or_else(pagefold_api::default_socket_path);
+    Client::new(Target::Unix(path)).map_err(|e| Error::Io(e.to_string()))
+}
+
+/// Sends a request; non-2xx answers become errors (4xx: the user's input,
+/// exit 2; else exit 3).
+fn call(c: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Reply, Error> {
+    let r = c.call(method, path, body).map_err(|e| Error::Io(e.to_string()))?;
+    if r.is_success() {
+        return Ok(r);
+    }
+    let msg = format!("{method} {path}: {} ({})", r.error_message(), r.status);
+    if (400..500).contains(&r.status) {
+        Err(Error::Usage(msg))
+    } else {
+        Err(Error::Io(msg))
+    }
+}
+
+fn json(r: &Reply) -> Result<Value, Error> {
+    r.json().map_err(|e| Error::Io(format!("the API sent invalid JSON: {e}")))
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn vm_table(vms: &[Value], dedup: Option<&Value>) -> String {
+    let mut out = format!(
+        "{:<16} {:<9} {:>5} {:>10} {:>9} {:<12} {:>9} {:>9} {:>7} {:>10}\n",
+        "VM", "STATE", "VCPUS", "MEMORY", "UPTIME", "GROUP", "TRACKED", "MERGED", "ZERO", "SAVED"
+    );
+    for v in vms {
+        let name = v["name"].as_str().unwrap_or("?");
+        let owner = dedup.and_then(|d| d["per_owner"].get(name));
+        let fig = |k: &str| owner.map_or("-".to_string(), |o| u(o, k).to_string());
+        out += &format!(
+            "{:<16} {:<9} {:>5} {:>10} {:>8.1}s {:<12} {:>9} {:>9} {:>7} {:>10}\n",
+            name,
+            v["state"].as_str().unwrap_or("?"),
+            u(v, "vcpus"),
+            fmt_size(u(v, "memory_bytes")),
+            v["uptime_s"].as_f64().unwrap_or(0.0),
+            v["dedup_group"].as_str().unwrap_or("-"),
+            fig("pages_tracked"),
+            fig("pages_merged"),
+            fig("zero_pages"),
+            owner.map_or("-".to_string(), |o| fmt_size(u(o, "bytes_saved"))),
+        );
+    }
+    out
+}
+
+fn dedup_summary(d: &Value) -> String {
+    let k = &d["knobs"];
+    let mut s = format!(
+        "dedup: backend {}, mode {}; pages_to_scan {}, sleep_millisecs {}, max_page_sharing {}\n",
+        d["backend"].as_str().unwrap_or("?"),
+        d["mode"].as_str().unwrap_or("?"),
+        u(k, "pages_to_scan"),
+        u(k, "sleep_millisecs"),
+        u(k, "max_page_sharing"),
+    );
+    s += &format!(
+        "  pages_shared {}  pages_sharing {}  zero_pages {}  pages_unshared {}  pages_volatile {}\n",
+        u(d, "pages_shared"),
+        u(d, "pages_sharing"),
+        u(d, "zero_pages"),
+        u(d, "pages_unshared"),
+        u(d, "pages_volatile")
+    );
+    s += &format!(
+        "  full_scans {}  merges {}  cow_breaks {}  saved {}  metadata {}  profit {} B  engine CPU {:.2} s\n",
+        u(d, "full_scans"),
+        u(d, "merges"),
+        u(d, "cow_breaks"),
+        fmt_size(u(d, "bytes_saved")),
+        fmt_size(u(d, "metadata_bytes")),
+        d["profit_bytes"].as_i64().unwrap_or(0),
+        d["cpu_seconds"].as_f64().unwrap_or(0.0),
+    );
+    if let Some(auto) = d.get("auto").filter(|a| a.is_object()) {
+        s += &format!("  auto: {auto}\n");
+    }
+    s
+}
+
+/// `pagefold status`.
+pub fn status(a: StatusArgs) -> Result<i32, Error> {
+    let c = client(&a.client)?;
+    let health = json(&call(&c, "GET", "/health", None)?)?;
+    let vms = json(&call(&c, "GET", "/vms", None)?)?;
+    let dedup = match c.call("GET", "/dedup", None).map_err(|e| Error::Io(e.to_string()))? {
+        r if r.status == 404 => None,
+        r if r.is_success() => Some(json(&r)?),
+        r => return Err(Error::Io(format!("GET /dedup: {} ({})", r.error_message(), r.status))),
+    };
+    if a.json {
+        let all = serde_json::json!({"health": health, "vms": vms, "dedup": dedup});
+        println!("{}", pretty(&all));
+        return Ok(0);
+    }
+    let list = vms.as_array().cloned().unwrap_or_default();
+    println!("pagefold at {}: {} VM(s)", c.target(), list.len());
+    match &dedup {
+        Some(d) => print!("{}", dedup_summary(d)),
+        None => println!("dedup: off (no backend)"),
+    }
+    print!("{}", vm_table(&list, dedup.as_ref()));
+    Ok(0)
+}
+
+/// Reads VMs from a TOML config (`[[vm]]` tables or one VM's keys) or JSON.
+fn vms_from_file(path: &Path) -> Result<Vec<VmConfig>, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())))?;
+    let bad = |m: String| Error::Usage(format!("{}: {m}", path.display()));
+    if path.extension().is_some_and(|e| e == "json") {
+        return Ok(vec![serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?]);
+    }
+    match toml::from_str::<Config>(&text) {
+        Ok(c) if !c.vms.is_empty() => Ok(c.vms),
+        first => match toml::from_str::<VmConfig>(&text) {
+            Ok(v) => Ok(vec![v]),
+            Err(e) => Err(bad(match first {
+                Err(e1) => e1.to_string(),
+                Ok(_) => format!("no [[vm]] table, and not one VM either: {e}"),
+            })),
+        },
+    }
+}
+
+/// `pagefold vm ...`.
+pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
+    match cmd {
+        VmCommand::List { json: raw, client: ca } => {
+            let c = client(&ca)?;
+            let vms = json(&call(&c, "GET", "/vms", None)?)?;
+            if raw {
+                println!("{}", pretty(&vms));
+            } else {
+                print!("{}", vm_table(vms.as_array().map(Vec::as_slice).unwrap_or(&[]), None));
+            }
+        }
+        VmCommand::Create { config, client: ca } => {
+            let c = client(&ca)?;
+            for vc in vms_from_file(&config)? {
+                let body = serde_json::to_value(&vc).map_err(|e| Error::Io(e.to_string()))?;
+                let info = json(&call(&c, "PUT", &format!("/vms/{}", vc.name), Some(&body))?)?;
+                println!("created {} ({})", vc.name, info["state"].as_str().unwrap_or("?"));
+            }
+        }
+        VmCommand::Pause { name, client: ca } => set_state(&ca, &name, "paused")?,
+        VmCommand::Resume { name, client: ca } => set_state(&ca, &name, "running")?,
+        VmCommand::Delete { name, client: ca } => {
+            let c = client(&ca)?;
+            call(&c, "DELETE", &format!("/vms/{name}"), None)?;
+            println!("deleted {name}");
+        }
+    }
+    Ok(0)
+}
+
+fn set_state(ca: &ClientArgs, name: &str, state: &str) -> Result<(), Error> {
+    let c = client(ca)?;
+    let body = serde_json::json!({ "state": state });
+    let info = json(&call(&c, "PATCH", &format!("/vms/{name}"), Some(&body))?)?;
+    println!("{name}: {}", info["state"].as_str().unwrap_or("?"));
+    Ok(())
+}
+
+/// `pagefold dedup set KEY=VALUE...`: parsed and checked locally first
+/// (same rules as the server), then applied by the server.
+pub fn dedup(cmd: DedupCommand) -> Result<i32, Error> {
+    let DedupCommand::Set { settings, client: ca } = cmd;
+    let patch = DedupPatch::from_pairs(&settings).map_err(|e| Error::Usage(e.to_string()))?;
+    let c = client(&ca)?;
+    let body = serde_json::to_value(&patch).map_err(|e| Error::Io(e.to_string()))?;
+    let d = json(&call(&c, "PATCH", "/dedup", Some(&body))?)?;
+    print!("{}", dedup_summary(&d));
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pagefold_vmm::runner::VmReport;
+
+    #[test]
+    fn vm_files_parse_in_all_forms() {
+        let d = std::env::temp_dir().join(format!("pf-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let many = d.join("many.toml");
+        std::fs::write(&many, "[[vm]]\nname = \"a\"\nmemory = 64\n[[vm]]\nname = \"b\"\nmemory = \"32M\"\n").unwrap();
+        let names: Vec<_> = vms_from_file(&many).unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(names, ["a", "b"]);
+        let one = d.join("one.toml");
+        std::fs::write(&one, "name = \"c\"\nmemory = 64\n").unwrap();
+        assert_eq!(vms_from_file(&one).unwrap()[0].name, "c");
+        let js = d.join("one.json");
+        std::fs::write(&js, r#"{"name": "j", "memory": 64}"#).unwrap();
+        assert_eq!(vms_from_file(&js).unwrap()[0].name, "j");
+        let bad = d.join("bad.toml");
+        std::fs::write(&bad, "nme = 1\n").unwrap();
+        assert!(matches!(vms_from_file(&bad), Err(Error::Usage(_))));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn serve_exit_code_accepts_requested_stops() {
+        let rep = |o: Outcome| VmReport {
+            name: "a".into(),
+            outcome: o,
+            exit_status: None,
+            mismatches: 0,
+            phases: vec![],
+            wall_s: 0.0,
+            summary: Default::default(),
+        };
+        let mut r = RunReport {
+            vms: vec![rep(Outcome::Stopped { reason: "api".into() })],
+            signal: None,
+            dedup: None,
+            first_report_ms: None,
+        };
+        assert_eq!(serve_exit_code(&r), 0);
+        r.vms.push(rep(Outcome::GuestExit { status: 2 }));
+        assert_eq!(serve_exit_code(&r), 1);
+        r.vms.push(rep(Outcome::VmmError { message: "x".into() }));
+        assert_eq!(serve_exit_code(&r), 3);
+        r.signal = Some("SIGTERM");
+        assert_eq!(serve_exit_code(&r), 143);
+    }
+
+    #[test]
+    fn tables_show_per_vm_dedup_figures() {
+        let vms = vec![serde_json::json!({"name": "vm0", "state": "paused", "vcpus": 1,
+            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g"})];
+        let d = serde_json::json!({"per_owner": {"vm0": {"pages_tracked": 9, "pages_merged": 4,
+            "zero_pages": 1, "bytes_saved": 20480}}});
+        let t = vm_table(&vms, Some(&d));
+        let row = t.lines().nth(1).unwrap();
+        for cell in ["vm0", "paused", "64 MiB", "2.5s", "g", "9", "4", "20 KiB"] {
+            assert!(row.contains(cell), "{cell} missing in {row}");
+        }
+        assert!(vm_table(&vms, None).lines().nth(1).unwrap().contains(" - "));
+    }
+}
