@@ -172,6 +172,9 @@ build_initrd() {
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+# Without a /dev/console node in the archive the kernel starts us with no
+# stdio; devtmpfs has one now.
+exec </dev/console >/dev/console 2>&1
 echo "pagefold initrd: $(uname -r)"
 for m in $(cat /modules.order); do
     insmod /lib/modules/$m || echo "pagefold initrd: insmod $m failed"
@@ -196,6 +199,9 @@ poweroff -f
 reboot -f
 EOF
     chmod 755 "$root/init"
+    # The kernel opens /dev/console for init before /init runs; the node
+    # needs root to create (without it /init redirects after devtmpfs).
+    mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || log "not root: no /dev/console node in the initrd"
     (cd "$root" && find . -mindepth 1 | LC_ALL=C sort |
         "$CACHE/busybox/bin/busybox" cpio -o -H newc -R 0:0 2>/dev/null) | gzip -9n >"$OUT/initrd.img.tmp"
     mv "$OUT/initrd.img.tmp" "$OUT/initrd.img"

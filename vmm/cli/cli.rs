@@ -331,8 +331,8 @@ pub(crate) fn host_mem_total() -> Option<u64> {
 fn run_vms(cfg: Config, json: Option<PathBuf>, api: &client::ApiServeArgs) -> Result<i32, Error> {
     cfg.validate(host_mem_total())?;
     let dedup =
-        pagefold_vmm::dedup::create_backend(&cfg).map_err(|e| Error::Dedup(e.to_string()))?;
-    let mut runner = Runner::new(dedup, cfg.vms.len() > 1)?;
+        pagefold_vmm::dedup::create(&cfg, false).map_err(|e| Error::Dedup(e.to_string()))?;
+    let mut runner = Runner::with_dedup(dedup, cfg.vms.len() > 1)?;
     let api = client::start_api(&runner, api, false)?;
     runner.start_all(&cfg)?;
     let report = runner.run(|_| {})?;

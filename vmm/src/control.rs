@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use pagefold_dedup::auto::AutoHandle;
 use pagefold_dedup::DedupBackend;
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
@@ -60,6 +61,7 @@ pub struct Handle {
     tx: crossbeam_channel::Sender<Envelope>,
     wake: Arc<EventFd>,
     dedup: Option<Arc<dyn DedupBackend>>,
+    auto: Option<AutoHandle>,
 }
 
 /// The runner's end.
@@ -69,7 +71,10 @@ pub struct Inbox {
 }
 
 /// Makes a connected handle and inbox.
-pub fn channel(dedup: Option<Arc<dyn DedupBackend>>) -> std::io::Result<(Handle, Inbox)> {
+pub fn channel(
+    dedup: Option<Arc<dyn DedupBackend>>,
+    auto: Option<AutoHandle>,
+) -> std::io::Result<(Handle, Inbox)> {
     let (tx, rx) = crossbeam_channel::unbounded();
     let wake = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
     Ok((
@@ -77,6 +82,7 @@ pub fn channel(dedup: Option<Arc<dyn DedupBackend>>) -> std::io::Result<(Handle,
             tx,
             wake: wake.clone(),
             dedup,
+            auto,
         },
         Inbox { rx, wake },
     ))
@@ -100,6 +106,11 @@ impl Handle {
     /// The dedup backend, for status and knob changes (thread-safe itself).
     pub fn dedup(&self) -> Option<&Arc<dyn DedupBackend>> {
         self.dedup.as_ref()
+    }
+
+    /// The auto-mode controller's handle (status, thresholds), if any.
+    pub fn auto(&self) -> Option<&AutoHandle> {
+        self.auto.as_ref()
     }
 }
 

@@ -1,25 +1,125 @@
-//! Creates the process's dedup backend from the config.
+//! Creates the process's dedup backend from the config: pagefold's own
+//! engine or the kernel's KSM, each optionally steered by the auto-mode
+//! controller (merge only while host memory is short).
 
 use std::sync::Arc;
 
-use pagefold_dedup::DedupBackend;
+use pagefold_dedup::auto::{AutoConfig, AutoController, AutoHandle, MemorySource, ProcMemSource};
+use pagefold_dedup::ksm::{KsmBackend, KsmOptions};
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate, Mode, DEFAULT_KNOBS};
 
-use crate::config::Config;
+use crate::config::{Config, DedupConfig};
 
 /// Errors creating a backend.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("dedup backend {backend}: {message}")]
     Backend { backend: String, message: String },
+    #[error("dedup: {0}")]
+    Config(String),
 }
 
-/// The backend for `cfg`, or none when no VM has dedup enabled.
+/// A backend and, when it has one, its auto-mode controller's handle.
+#[derive(Clone)]
+pub struct Dedup {
+    pub backend: Arc<dyn DedupBackend>,
+    pub auto: Option<AutoHandle>,
+}
+
+fn backend_err(backend: &str, e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: backend.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The auto-mode settings of `d`, defaults filled in.
+pub fn auto_config(d: &DedupConfig) -> Result<AutoConfig, Error> {
+    let mut a = AutoConfig::default();
+    if let Some(t) = d.auto_threshold {
+        a.threshold_pct = t;
+    }
+    if let Some(f) = d.max_scanning_factor {
+        a.max_scanning_factor = f;
+    }
+    if let Some(s) = &d.memory_signal {
+        a.memory_signal = s.parse().map_err(|e| Error::Config(format!("{e}")))?;
+    }
+    Ok(a)
+}
+
+/// Creates the backend for `cfg`. Without any VM that wants dedup, and
+/// unless `always` (the API may switch dedup on later), there is none.
+pub fn create(cfg: &Config, always: bool) -> Result<Option<Dedup>, Error> {
+    create_backend_with_source(cfg, always, None)
+}
+
+/// The backend alone, created whenever some VM has dedup enabled (so that
+/// the API can switch modes at run time).
 pub fn create_backend(cfg: &Config) -> Result<Option<Arc<dyn DedupBackend>>, Error> {
-    if !cfg.vms.iter().any(|v| v.dedup.enabled) || cfg.dedup.mode == pagefold_dedup::Mode::Off {
+    let any = cfg.vms.iter().any(|v| v.dedup.enabled);
+    Ok(create(cfg, any)?.map(|d| d.backend))
+}
+
+/// As [`create_backend`], with the auto controller reading `source`
+/// instead of `/proc/meminfo` (tests and benchmarks script it).
+pub fn create_backend_with_source(
+    cfg: &Config,
+    always: bool,
+    source: Option<Box<dyn MemorySource>>,
+) -> Result<Option<Dedup>, Error> {
+    let d = &cfg.dedup;
+    let wanted = cfg.vms.iter().any(|v| v.dedup.enabled) && d.mode != Mode::Off;
+    if !wanted && !always {
         return Ok(None);
     }
-    Err(Error::Backend {
-        backend: cfg.dedup.backend.clone(),
-        message: "not wired in yet".into(),
-    })
+    let auto = auto_config(d)?;
+    let source = source.unwrap_or_else(|| Box::new(ProcMemSource::new()));
+    match d.backend.as_str() {
+        "pagefold" => {
+            let knobs = d
+                .knobs(DEFAULT_KNOBS)
+                .map_err(|e| Error::Config(e.to_string()))?;
+            let engine = Engine::new(EngineConfig {
+                knobs,
+                mode: Mode::Off,
+                ..EngineConfig::default()
+            })
+            .map_err(|e| backend_err("pagefold", e))?;
+            let ctl = AutoController::new(auto, source, knobs.pages_to_scan)
+                .map_err(|e| Error::Config(e.to_string()))?;
+            let handle = ctl.handle();
+            engine.set_round_policy(Box::new(ctl));
+            engine.set_mode(d.mode).map_err(|e| backend_err("pagefold", e))?;
+            Ok(Some(Dedup {
+                backend: Arc::new(engine),
+                auto: Some(handle),
+            }))
+        }
+        "ksm" => {
+            let ksm = KsmBackend::with_options(KsmOptions {
+                auto,
+                memory_source: Some(source),
+                ..KsmOptions::default()
+            })
+            .map_err(|e| backend_err("ksm", e))?;
+            let update = KnobUpdate {
+                pages_to_scan: d.pages_to_scan,
+                sleep_millisecs: d.sleep_millisecs,
+                max_page_sharing: d.max_page_sharing,
+            };
+            if update != KnobUpdate::default() {
+                ksm.set_knobs(update).map_err(|e| backend_err("ksm", e))?;
+            }
+            ksm.set_mode(d.mode).map_err(|e| backend_err("ksm", e))?;
+            let handle = ksm.auto_handle();
+            Ok(Some(Dedup {
+                backend: Arc::new(ksm),
+                auto: Some(handle),
+            }))
+        }
+        other => Err(Error::Config(format!(
+            "unknown backend {other:?} (expected pagefold or ksm)"
+        ))),
+    }
 }

@@ -183,6 +183,16 @@ pub struct Runner {
 impl Runner {
     /// Opens KVM and prepares the process-wide resources.
     pub fn new(dedup: Option<Arc<dyn DedupBackend>>, prefix_output: bool) -> Result<Runner, Error> {
+        Self::with_dedup(
+            dedup.map(|backend| crate::dedup::Dedup { backend, auto: None }),
+            prefix_output,
+        )
+    }
+
+    /// As [`Runner::new`], with the backend's auto-mode handle (for status).
+    pub fn with_dedup(dedup: Option<crate::dedup::Dedup>, prefix_output: bool) -> Result<Runner, Error> {
+        let auto = dedup.as_ref().and_then(|d| d.auto.clone());
+        let dedup = dedup.map(|d| d.backend);
         let started = *PROCESS_START.get_or_init(Instant::now);
         let kvm = Kvm::new().map_err(Error::Kvm)?;
         let v = kvm.get_api_version();
@@ -191,7 +201,8 @@ impl Runner {
         }
         let cpuid = x86::cpuid::supported(&kvm)?;
         let (tx, rx) = crossbeam_channel::unbounded();
-        let (handle, inbox) = control::channel(dedup.clone()).map_err(|e| Error::EventLoop(e.to_string()))?;
+        let (handle, inbox) =
+            control::channel(dedup.clone(), auto).map_err(|e| Error::EventLoop(e.to_string()))?;
         let mut em: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
             EventManager::new().map_err(|e| Error::EventLoop(format!("{e:?}")))?;
         let report_wake =

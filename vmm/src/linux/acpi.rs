@@ -6,16 +6,20 @@
 //! even without `acpi_rsdp_addr` in the zero page.
 
 use acpi_tables::aml;
-use acpi_tables::Aml;
 use acpi_tables::fadt::{FADTBuilder, Flags};
 use acpi_tables::gas::{AccessSize, AddressSpace, GAS};
-use acpi_tables::madt::{EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT};
+use acpi_tables::madt::{
+    EnabledStatus, IoApic, LocalInterruptController, ProcessorLocalApic, MADT,
+};
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
+use acpi_tables::Aml;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use super::layout::{ACPI_END, ACPI_PM_PORT, ACPI_START, IOAPIC_ADDR, LAPIC_ADDR, SERIAL_IRQ, SERIAL_PORT};
+use super::layout::{
+    ACPI_END, ACPI_PM_PORT, ACPI_START, IOAPIC_ADDR, LAPIC_ADDR, SERIAL_IRQ, SERIAL_PORT,
+};
 use super::pm::{PM_RESET_VALUE, SLP_TYP_S5};
 use super::VirtioMmioDevice;
 
@@ -70,7 +74,10 @@ pub fn dsdt(virtio: &[VirtioMmioDevice]) -> Result<Vec<u8>, Error> {
         aml::Name::new("_UID".into(), &com1_uid),
         aml::Name::new("_CRS".into(), &com1_crs),
     ];
-    let com1 = aml::Device::new("COM1".into(), com1_names.iter().map(|n| n as &dyn Aml).collect());
+    let com1 = aml::Device::new(
+        "COM1".into(),
+        com1_names.iter().map(|n| n as &dyn Aml).collect(),
+    );
 
     let mut devs = Vec::with_capacity(virtio.len());
     for (i, d) in virtio.iter().enumerate() {
@@ -81,14 +88,26 @@ pub fn dsdt(virtio: &[VirtioMmioDevice]) -> Result<Vec<u8>, Error> {
     let hid: aml::AmlStr = "LNRO0005";
     let crs: Vec<_> = devs
         .iter()
-        .map(|&(_, _, base, size, irq)| (aml::Memory32Fixed::new(true, base, size), aml::Interrupt::new(true, true, false, false, irq)))
+        .map(|&(_, _, base, size, irq)| {
+            (
+                aml::Memory32Fixed::new(true, base, size),
+                aml::Interrupt::new(true, true, false, false, irq),
+            )
+        })
         .collect();
-    let templates: Vec<_> = crs.iter().map(|(m, i)| aml::ResourceTemplate::new(vec![m, i])).collect();
+    let templates: Vec<_> = crs
+        .iter()
+        .map(|(m, i)| aml::ResourceTemplate::new(vec![m, i]))
+        .collect();
     let names: Vec<_> = devs
         .iter()
         .zip(&templates)
         .map(|((_, uid, ..), t)| {
-            (aml::Name::new("_HID".into(), &hid), aml::Name::new("_UID".into(), uid), aml::Name::new("_CRS".into(), t))
+            (
+                aml::Name::new("_HID".into(), &hid),
+                aml::Name::new("_UID".into(), uid),
+                aml::Name::new("_CRS".into(), t),
+            )
         })
         .collect();
     let devices: Vec<_> = devs
@@ -115,9 +134,18 @@ pub fn madt(vcpus: usize) -> Result<Vec<u8>, Error> {
     if vcpus == 0 || vcpus > 255 {
         return Err(Error::VcpuCount(vcpus));
     }
-    let mut madt = MADT::new(OEM_ID, *b"PGFDMADT", OEM_REVISION, LocalInterruptController::Address(LAPIC_ADDR as u32));
+    let mut madt = MADT::new(
+        OEM_ID,
+        *b"PGFDMADT",
+        OEM_REVISION,
+        LocalInterruptController::Address(LAPIC_ADDR as u32),
+    );
     for i in 0..vcpus {
-        madt.add_structure(ProcessorLocalApic::new(i as u8, i as u8, EnabledStatus::Enabled));
+        madt.add_structure(ProcessorLocalApic::new(
+            i as u8,
+            i as u8,
+            EnabledStatus::Enabled,
+        ));
     }
     madt.add_structure(IoApic::new(0, IOAPIC_ADDR as u32, 0));
     let mut bytes = to_bytes(&madt);
@@ -141,7 +169,13 @@ fn fix_checksum(bytes: &mut [u8], at: usize) {
 /// The FADT: hardware-reduced ACPI, DSDT pointer, reset register and
 /// sleep control/status registers on the I/O port of [`super::pm`].
 pub fn fadt(dsdt_addr: u64) -> Vec<u8> {
-    let pm_reg = GAS::new(AddressSpace::SystemIo, 8, 0, AccessSize::ByteAccess, u64::from(ACPI_PM_PORT));
+    let pm_reg = GAS::new(
+        AddressSpace::SystemIo,
+        8,
+        0,
+        AccessSize::ByteAccess,
+        u64::from(ACPI_PM_PORT),
+    );
     let mut b = FADTBuilder::new(OEM_ID, *b"PGFDFACP", OEM_REVISION)
         .dsdt_64(dsdt_addr)
         .flag(Flags::HwReducedAcpi)
@@ -152,14 +186,19 @@ pub fn fadt(dsdt_addr: u64) -> Vec<u8> {
     b.reset_value = PM_RESET_VALUE;
     b.sleep_control_reg = pm_reg;
     b.sleep_status_reg = pm_reg;
-    b.iapc_boot_arch = (IAPC_BOOT_ARCH_VGA_NOT_PRESENT | IAPC_BOOT_ARCH_CMOS_RTC_NOT_PRESENT).into();
+    b.iapc_boot_arch =
+        (IAPC_BOOT_ARCH_VGA_NOT_PRESENT | IAPC_BOOT_ARCH_CMOS_RTC_NOT_PRESENT).into();
     to_bytes(&b.finalize())
 }
 
 /// Builds all tables and writes them to guest memory at [`ACPI_START`].
 /// `virtio` lists the devices to describe in the DSDT (empty when they
 /// are passed on the command line instead).
-pub fn write_tables(mem: &GuestMemoryMmap, vcpus: usize, virtio: &[VirtioMmioDevice]) -> Result<AcpiLayout, Error> {
+pub fn write_tables(
+    mem: &GuestMemoryMmap,
+    vcpus: usize,
+    virtio: &[VirtioMmioDevice],
+) -> Result<AcpiLayout, Error> {
     let align = |a: u64| (a + 15) & !15;
     let rsdp_addr = ACPI_START;
     let xsdt_addr = align(rsdp_addr + Rsdp::len() as u64);

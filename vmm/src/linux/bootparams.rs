@@ -59,7 +59,11 @@ pub fn build(input: &BootParamsInput<'_>) -> Result<boot_params, Error> {
     }
     p.acpi_rsdp_addr = input.rsdp_addr;
     for (slot, e) in p.e820_table.iter_mut().zip(input.e820) {
-        *slot = boot_e820_entry { addr: e.addr, size: e.size, r#type: e.kind as u32 };
+        *slot = boot_e820_entry {
+            addr: e.addr,
+            size: e.size,
+            r#type: e.kind as u32,
+        };
     }
     p.e820_entries = input.e820.len() as u8;
     Ok(p)
@@ -107,7 +111,10 @@ mod tests {
         assert_eq!(bytes[0x1e8] as usize, map.len(), "e820_entries");
         for (i, e) in map.iter().enumerate() {
             let o = 0x2d0 + 20 * i;
-            assert_eq!((u64_at(o), u64_at(o + 8), u32_at(o + 16)), (e.addr, e.size, e.kind as u32));
+            assert_eq!(
+                (u64_at(o), u64_at(o + 8), u32_at(o + 16)),
+                (e.addr, e.size, e.kind as u32)
+            );
         }
         assert_eq!(u32_at(0x2d0 + 16), E820Type::Ram as u32);
     }
@@ -115,7 +122,12 @@ mod tests {
     #[test]
     fn bzimage_header_is_kept() {
         let map = e820::build(&[(GuestAddress(0), 256 << 20)]).unwrap();
-        let hdr = setup_header { version: 0x020f, kernel_alignment: 0x20_0000, init_size: 0x1234_5000, ..Default::default() };
+        let hdr = setup_header {
+            version: 0x020f,
+            kernel_alignment: 0x20_0000,
+            init_size: 0x1234_5000,
+            ..Default::default()
+        };
         let mut i = input(&map);
         i.setup_header = Some(hdr);
         let p = build(&i).unwrap();
@@ -127,7 +139,17 @@ mod tests {
 
     #[test]
     fn too_many_entries() {
-        let many = vec![E820Entry { addr: 0, size: 1, kind: E820Type::Ram }; 129];
-        assert_eq!(build(&input(&many)).unwrap_err(), Error::TooManyE820Entries(129));
+        let many = vec![
+            E820Entry {
+                addr: 0,
+                size: 1,
+                kind: E820Type::Ram
+            };
+            129
+        ];
+        assert_eq!(
+            build(&input(&many)).unwrap_err(),
+            Error::TooManyE820Entries(129)
+        );
     }
 }

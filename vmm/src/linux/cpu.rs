@@ -8,7 +8,8 @@ use kvm_ioctls::VcpuFd;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::layout::{
-    BOOT_STACK_TOP, GDT_ADDR, IDENTITY_MAP_GIB, IDT_ADDR, PD_ADDR, PDPT_ADDR, PML4_ADDR, ZERO_PAGE_ADDR,
+    BOOT_STACK_TOP, GDT_ADDR, IDENTITY_MAP_GIB, IDT_ADDR, PDPT_ADDR, PD_ADDR, PML4_ADDR,
+    ZERO_PAGE_ADDR,
 };
 
 pub const BOOT_CS: u16 = 0x10;
@@ -50,7 +51,11 @@ pub fn segment(index: usize) -> kvm_segment {
     let raw_limit = ((e & 0xffff) | ((e >> 32) & 0xf_0000)) as u32;
     kvm_segment {
         base: ((e >> 16) & 0xff_ffff) | ((e >> 32) & 0xff00_0000),
-        limit: if g == 1 { (raw_limit << 12) | 0xfff } else { raw_limit },
+        limit: if g == 1 {
+            (raw_limit << 12) | 0xfff
+        } else {
+            raw_limit
+        },
         selector: (index * 8) as u16,
         type_: (flags & 0xf) as u8,
         present: ((flags >> 7) & 1) as u8,
@@ -105,10 +110,16 @@ pub fn write_boot_structures(mem: &GuestMemoryMmap) -> Result<(), Error> {
 /// on the identity map, RIP = `entry`, RSI = zero page. Application
 /// processors stay in the wait-for-SIPI state: Linux starts them itself
 /// through the in-kernel LAPIC (INIT/SIPI into its real-mode trampoline).
-pub fn setup_cpl0_long_mode(vcpu: &VcpuFd, entry: GuestAddress, cpu_index: u8) -> Result<(), Error> {
+pub fn setup_cpl0_long_mode(
+    vcpu: &VcpuFd,
+    entry: GuestAddress,
+    cpu_index: u8,
+) -> Result<(), Error> {
     if cpu_index != 0 {
         return vcpu
-            .set_mp_state(kvm_mp_state { mp_state: KVM_MP_STATE_UNINITIALIZED })
+            .set_mp_state(kvm_mp_state {
+                mp_state: KVM_MP_STATE_UNINITIALIZED,
+            })
             .map_err(Error::SetMpState);
     }
     let mut sregs = vcpu.get_sregs().map_err(Error::GetSregs)?;
@@ -150,10 +161,16 @@ mod tests {
         assert_eq!(GDT[2], 0x00af_9b00_0000_ffff);
         assert_eq!(GDT[3], 0x00cf_9300_0000_ffff);
         let cs = segment(2);
-        assert_eq!((cs.selector, cs.l, cs.db, cs.type_, cs.s, cs.dpl, cs.present), (0x10, 1, 0, 0xb, 1, 0, 1));
+        assert_eq!(
+            (cs.selector, cs.l, cs.db, cs.type_, cs.s, cs.dpl, cs.present),
+            (0x10, 1, 0, 0xb, 1, 0, 1)
+        );
         assert_eq!((cs.base, cs.limit, cs.g), (0, 0xffff_ffff, 1));
         let ds = segment(3);
-        assert_eq!((ds.selector, ds.l, ds.db, ds.type_, ds.s), (0x18, 0, 1, 3, 1));
+        assert_eq!(
+            (ds.selector, ds.l, ds.db, ds.type_, ds.s),
+            (0x18, 0, 1, 3, 1)
+        );
         let tr = segment(4);
         assert_eq!((tr.selector, tr.type_, tr.s, tr.present), (0x20, 0xb, 0, 1));
         assert_eq!(segment(0).unusable, 1);
@@ -165,13 +182,23 @@ mod tests {
         write_boot_structures(&mem).unwrap();
         // Walk the tables for a few addresses.
         for addr in [0u64, 0x1234_5678, 0xfee0_0000, 0xffff_ffff] {
-            let pml4e: u64 = mem.read_obj(GuestAddress(PML4_ADDR + 8 * ((addr >> 39) & 511))).unwrap();
+            let pml4e: u64 = mem
+                .read_obj(GuestAddress(PML4_ADDR + 8 * ((addr >> 39) & 511)))
+                .unwrap();
             assert_eq!(pml4e & 1, 1);
-            let pdpte: u64 = mem.read_obj(GuestAddress((pml4e & !0xfff) + 8 * ((addr >> 30) & 511))).unwrap();
+            let pdpte: u64 = mem
+                .read_obj(GuestAddress((pml4e & !0xfff) + 8 * ((addr >> 30) & 511)))
+                .unwrap();
             assert_eq!(pdpte & 1, 1);
-            let pde: u64 = mem.read_obj(GuestAddress((pdpte & !0xfff) + 8 * ((addr >> 21) & 511))).unwrap();
+            let pde: u64 = mem
+                .read_obj(GuestAddress((pdpte & !0xfff) + 8 * ((addr >> 21) & 511)))
+                .unwrap();
             assert_eq!(pde & (PDE_PS | PTE_PRESENT_RW), PDE_PS | PTE_PRESENT_RW);
-            assert_eq!((pde & !0x1f_ffff) | (addr & 0x1f_ffff), addr, "identity at {addr:#x}");
+            assert_eq!(
+                (pde & !0x1f_ffff) | (addr & 0x1f_ffff),
+                addr,
+                "identity at {addr:#x}"
+            );
         }
         let gdt2: u64 = mem.read_obj(GuestAddress(GDT_ADDR + 16)).unwrap();
         assert_eq!(gdt2, GDT[2]);

@@ -7,7 +7,9 @@
 
 use vm_memory::GuestAddress;
 
-use super::layout::{ACPI_END, ACPI_START, EBDA_START, HIMEM_START, MMIO_HOLE_END, MMIO_HOLE_START};
+use super::layout::{
+    ACPI_END, ACPI_START, EBDA_START, HIMEM_START, MMIO_HOLE_END, MMIO_HOLE_START,
+};
 
 /// Maximum entries in the zero page's e820 table.
 pub const E820_MAX: usize = 128;
@@ -34,7 +36,9 @@ pub enum Error {
     BadRange(u64, u64),
     #[error("RAM ranges overlap at {0:#x}")]
     Overlap(u64),
-    #[error("RAM range {0:#x}+{1:#x} overlaps the MMIO hole [{MMIO_HOLE_START:#x}, {MMIO_HOLE_END:#x})")]
+    #[error(
+        "RAM range {0:#x}+{1:#x} overlaps the MMIO hole [{MMIO_HOLE_START:#x}, {MMIO_HOLE_END:#x})"
+    )]
     InMmioHole(u64, u64),
     #[error("RAM must cover [0, {HIMEM_START:#x}) for the boot structures and ACPI tables")]
     NoLowMemory,
@@ -46,7 +50,11 @@ pub enum Error {
 pub fn build(ram: &[(GuestAddress, u64)]) -> Result<Vec<E820Entry>, Error> {
     let mut ranges: Vec<(u64, u64)> = Vec::with_capacity(ram.len());
     for &(start, len) in ram {
-        let end = start.0.checked_add(len).filter(|_| len > 0).ok_or(Error::BadRange(start.0, len))?;
+        let end = start
+            .0
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(Error::BadRange(start.0, len))?;
         if start.0 < MMIO_HOLE_END && end > MMIO_HOLE_START {
             return Err(Error::InMmioHole(start.0, len));
         }
@@ -97,7 +105,11 @@ pub fn build(ram: &[(GuestAddress, u64)]) -> Result<Vec<E820Entry>, Error> {
 
 fn push(map: &mut Vec<E820Entry>, start: u64, end: u64, kind: E820Type) {
     if end > start {
-        map.push(E820Entry { addr: start, size: end - start, kind });
+        map.push(E820Entry {
+            addr: start,
+            size: end - start,
+            kind,
+        });
     }
 }
 
@@ -143,7 +155,11 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn e(addr: u64, end: u64, kind: E820Type) -> E820Entry {
-        E820Entry { addr, size: end - addr, kind }
+        E820Entry {
+            addr,
+            size: end - addr,
+            kind,
+        }
     }
 
     #[test]
@@ -183,12 +199,29 @@ mod tests {
     #[test]
     fn invalid_ram_ranges() {
         assert_eq!(build(&[(GuestAddress(0), 0)]), Err(Error::BadRange(0, 0)));
-        assert_eq!(build(&[(GuestAddress(u64::MAX), 2)]), Err(Error::BadRange(u64::MAX, 2)));
-        assert_eq!(build(&[(GuestAddress(0), 4 * GIB)]), Err(Error::InMmioHole(0, 4 * GIB)));
-        assert_eq!(build(&[(GuestAddress(0), GIB), (GuestAddress(GIB - 4096), 8192)]), Err(Error::Overlap(GIB - 4096)));
-        assert_eq!(build(&[(GuestAddress(0x1000), GIB)]), Err(Error::NoLowMemory));
-        assert_eq!(build(&[(GuestAddress(0), 0x8_0000)]), Err(Error::NoLowMemory));
-        let many: Vec<_> = (0..200u64).map(|i| (GuestAddress(4 * GIB + i * 2 * 4096), 4096)).collect();
+        assert_eq!(
+            build(&[(GuestAddress(u64::MAX), 2)]),
+            Err(Error::BadRange(u64::MAX, 2))
+        );
+        assert_eq!(
+            build(&[(GuestAddress(0), 4 * GIB)]),
+            Err(Error::InMmioHole(0, 4 * GIB))
+        );
+        assert_eq!(
+            build(&[(GuestAddress(0), GIB), (GuestAddress(GIB - 4096), 8192)]),
+            Err(Error::Overlap(GIB - 4096))
+        );
+        assert_eq!(
+            build(&[(GuestAddress(0x1000), GIB)]),
+            Err(Error::NoLowMemory)
+        );
+        assert_eq!(
+            build(&[(GuestAddress(0), 0x8_0000)]),
+            Err(Error::NoLowMemory)
+        );
+        let many: Vec<_> = (0..200u64)
+            .map(|i| (GuestAddress(4 * GIB + i * 2 * 4096), 4096))
+            .collect();
         let mut ram = vec![(GuestAddress(0), GIB)];
         ram.extend(many);
         assert!(matches!(build(&ram), Err(Error::TooManyEntries(_))));

@@ -14,7 +14,10 @@ const PAGE_SIZE: u64 = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot open initrd {path}: {source}")]
-    Open { path: String, source: std::io::Error },
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("initrd of {size} bytes does not fit in RAM between {low:#x} and {high:#x}")]
     NoRoom { size: u64, low: u64, high: u64 },
     #[error("cannot copy the initrd into guest memory: {0}")]
@@ -26,9 +29,15 @@ pub enum Error {
 /// starting at or above `low` (the kernel's end).
 pub fn place(map: &[E820Entry], size: u64, addr_max: u64, low: u64) -> Result<u64, Error> {
     let limit = addr_max.saturating_add(1).min(MMIO_HOLE_START);
-    let no_room = Error::NoRoom { size, low, high: limit };
+    let no_room = Error::NoRoom {
+        size,
+        low,
+        high: limit,
+    };
     for (start, end) in ram_below(map, limit) {
-        let Some(addr) = end.checked_sub(size).map(|a| a & !(PAGE_SIZE - 1)) else { continue };
+        let Some(addr) = end.checked_sub(size).map(|a| a & !(PAGE_SIZE - 1)) else {
+            continue;
+        };
         if addr >= start && addr >= low {
             return Ok(addr);
         }
@@ -37,12 +46,22 @@ pub fn place(map: &[E820Entry], size: u64, addr_max: u64, low: u64) -> Result<u6
 }
 
 /// Loads the initrd file into guest memory; returns (address, size).
-pub fn load(mem: &GuestMemoryMmap, map: &[E820Entry], path: &Path, addr_max: u64, low: u64) -> Result<(GuestAddress, u64), Error> {
-    let open_err = |source| Error::Open { path: path.display().to_string(), source };
+pub fn load(
+    mem: &GuestMemoryMmap,
+    map: &[E820Entry],
+    path: &Path,
+    addr_max: u64,
+    low: u64,
+) -> Result<(GuestAddress, u64), Error> {
+    let open_err = |source| Error::Open {
+        path: path.display().to_string(),
+        source,
+    };
     let mut file = File::open(path).map_err(open_err)?;
     let size = file.metadata().map_err(open_err)?.len();
     let addr = GuestAddress(place(map, size, addr_max, low)?);
-    mem.read_exact_volatile_from(addr, &mut file, size as usize).map_err(Error::Copy)?;
+    mem.read_exact_volatile_from(addr, &mut file, size as usize)
+        .map_err(Error::Copy)?;
     Ok((addr, size))
 }
 
@@ -63,7 +82,8 @@ mod tests {
 
     #[test]
     fn respects_initrd_addr_max_and_hole() {
-        let map = e820::build(&[(GuestAddress(0), 3 << 30), (GuestAddress(4 << 30), 4 << 30)]).unwrap();
+        let map =
+            e820::build(&[(GuestAddress(0), 3 << 30), (GuestAddress(4 << 30), 4 << 30)]).unwrap();
         let a = place(&map, 1 << 20, 0x37ff_ffff, HIMEM_START).unwrap();
         assert_eq!(a, 0x3800_0000 - (1 << 20));
         let a = place(&map, 1 << 20, u64::MAX, HIMEM_START).unwrap();
@@ -73,8 +93,14 @@ mod tests {
     #[test]
     fn too_big_or_below_kernel() {
         let map = e820::build(&[(GuestAddress(0), 64 << 20)]).unwrap();
-        assert!(matches!(place(&map, 128 << 20, u64::MAX, 0), Err(Error::NoRoom { .. })));
-        assert!(matches!(place(&map, 8 << 20, u64::MAX, 60 << 20), Err(Error::NoRoom { .. })));
+        assert!(matches!(
+            place(&map, 128 << 20, u64::MAX, 0),
+            Err(Error::NoRoom { .. })
+        ));
+        assert!(matches!(
+            place(&map, 8 << 20, u64::MAX, 60 << 20),
+            Err(Error::NoRoom { .. })
+        ));
         assert!(place(&map, 4 << 20, u64::MAX, 60 << 20).is_ok());
     }
 

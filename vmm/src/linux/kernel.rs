@@ -41,7 +41,10 @@ pub struct LoadedKernel {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot open kernel {path}: {source}")]
-    Open { path: String, source: std::io::Error },
+    Open {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot read kernel image header: {0}")]
     Read(std::io::Error),
     #[error("kernel image is neither an ELF file nor a bzImage")]
@@ -59,18 +62,29 @@ pub enum Error {
 /// goes to `code32_start` (1 MiB), entry is that + 0x200, which needs
 /// `XLF_KERNEL_64`.
 pub fn load(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, Error> {
-    let mut file = File::open(path).map_err(|source| Error::Open { path: path.display().to_string(), source })?;
+    let mut file = File::open(path).map_err(|source| Error::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
     match detect(&mut file)? {
         KernelFormat::Elf => {
             let r = Elf::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))?;
-            Ok(LoadedKernel { format: KernelFormat::Elf, entry: r.kernel_load, end: r.kernel_end, setup_header: None })
+            Ok(LoadedKernel {
+                format: KernelFormat::Elf,
+                entry: r.kernel_load,
+                end: r.kernel_end,
+                setup_header: None,
+            })
         }
         KernelFormat::BzImage => {
             let r = BzImage::load(mem, None, &mut file, Some(GuestAddress(HIMEM_START)))?;
             let hdr = r.setup_header.ok_or(Error::UnknownFormat)?;
             let (version, xloadflags) = (hdr.version, hdr.xloadflags);
             if version < BOOT_PROTOCOL_2_12 || xloadflags & XLF_KERNEL_64 == 0 {
-                return Err(Error::No64BitEntry { version, xloadflags });
+                return Err(Error::No64BitEntry {
+                    version,
+                    xloadflags,
+                });
             }
             Ok(LoadedKernel {
                 format: KernelFormat::BzImage,
@@ -120,13 +134,22 @@ mod tests {
         let mut bz = vec![0u8; 0x300];
         bz[0x202..0x206].copy_from_slice(b"HdrS");
         assert_eq!(detect(&mut Cursor::new(bz)).unwrap(), KernelFormat::BzImage);
-        assert!(matches!(detect(&mut Cursor::new(vec![0u8; 16])), Err(Error::UnknownFormat)));
-        assert!(matches!(detect(&mut Cursor::new(vec![0u8; 0x300])), Err(Error::UnknownFormat)));
+        assert!(matches!(
+            detect(&mut Cursor::new(vec![0u8; 16])),
+            Err(Error::UnknownFormat)
+        ));
+        assert!(matches!(
+            detect(&mut Cursor::new(vec![0u8; 0x300])),
+            Err(Error::UnknownFormat)
+        ));
     }
 
     #[test]
     fn missing_file_is_an_error() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-        assert!(matches!(load(&mem, Path::new("/nonexistent/vmlinux")), Err(Error::Open { .. })));
+        assert!(matches!(
+            load(&mem, Path::new("/nonexistent/vmlinux")),
+            Err(Error::Open { .. })
+        ));
     }
 }

@@ -22,7 +22,10 @@ use linux_loader::cmdline::Cmdline;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 pub use kernel::KernelFormat;
-use layout::{CMDLINE_ADDR, CMDLINE_MAX, DEFAULT_INITRD_ADDR_MAX, MAX_GSI, VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE, ZERO_PAGE_ADDR};
+use layout::{
+    CMDLINE_ADDR, CMDLINE_MAX, DEFAULT_INITRD_ADDR_MAX, MAX_GSI, VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE,
+    VIRTIO_MMIO_SIZE, ZERO_PAGE_ADDR,
+};
 
 /// One virtio-mmio device window and its GSI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +131,9 @@ pub fn build_cmdline(cfg: &LinuxBootConfig, max_len: usize) -> Result<Cmdline, E
 fn check_devices(devs: &[VirtioMmioDevice]) -> Result<(), Error> {
     for d in devs {
         let in_hole = d.addr >= layout::MMIO_HOLE_START
-            && d.addr.checked_add(d.size).is_some_and(|e| e <= layout::IOAPIC_ADDR)
+            && d.addr
+                .checked_add(d.size)
+                .is_some_and(|e| e <= layout::IOAPIC_ADDR)
             && d.size > 0;
         if !in_hole || d.irq < VIRTIO_IRQ_BASE || d.irq > MAX_GSI {
             return Err(Error::BadDevice(*d));
@@ -152,19 +157,34 @@ pub fn load_linux(mem: &GuestMemoryMmap, cfg: &LinuxBootConfig) -> Result<LinuxB
     // Keep the initrd clear of the kernel and, for a bzImage, of the
     // area its decompressor works in (init_size from the load address).
     let kernel_reserve_end = match hdr {
-        Some(h) => kernel.end.max(u64::from(h.pref_address).max(layout::HIMEM_START) + u64::from(h.init_size)),
+        Some(h) => kernel
+            .end
+            .max({ h.pref_address }.max(layout::HIMEM_START) + u64::from(h.init_size)),
         None => kernel.end,
     };
     let initrd = match &cfg.initrd {
-        Some(path) => Some(initrd::load(mem, &map, path, initrd_addr_max, kernel_reserve_end)?),
+        Some(path) => Some(initrd::load(
+            mem,
+            &map,
+            path,
+            initrd_addr_max,
+            kernel_reserve_end,
+        )?),
         None => None,
     };
 
     // cmdline_size in the header excludes the NUL (boot protocol 2.06+).
-    let max_len = hdr.map_or(CMDLINE_MAX, |h| (h.cmdline_size as usize + 1).clamp(256, CMDLINE_MAX));
+    let max_len = hdr.map_or(CMDLINE_MAX, |h| {
+        (h.cmdline_size as usize + 1).clamp(256, CMDLINE_MAX)
+    });
     let cmdline = build_cmdline(cfg, max_len)?;
-    linux_loader::loader::load_cmdline(mem, GuestAddress(CMDLINE_ADDR), &cmdline).map_err(Error::LoadCmdline)?;
-    let cmdline_str = cmdline.as_cstring().map_err(Error::Cmdline)?.into_string().unwrap_or_default();
+    linux_loader::loader::load_cmdline(mem, GuestAddress(CMDLINE_ADDR), &cmdline)
+        .map_err(Error::LoadCmdline)?;
+    let cmdline_str = cmdline
+        .as_cstring()
+        .map_err(Error::Cmdline)?
+        .into_string()
+        .unwrap_or_default();
 
     let acpi_devs: &[VirtioMmioDevice] = match cfg.discovery {
         DeviceDiscovery::Acpi => &cfg.virtio_devices,
@@ -180,7 +200,8 @@ pub fn load_linux(mem: &GuestMemoryMmap, cfg: &LinuxBootConfig) -> Result<LinuxB
         initrd: initrd.map(|(a, s)| (a.0, s)),
         rsdp_addr: tables.rsdp.0,
     })?;
-    mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR)).map_err(Error::ZeroPage)?;
+    mem.write_obj(params, GuestAddress(ZERO_PAGE_ADDR))
+        .map_err(Error::ZeroPage)?;
     cpu::write_boot_structures(mem)?;
 
     Ok(LinuxBootInfo {
@@ -199,9 +220,16 @@ pub fn load_linux(mem: &GuestMemoryMmap, cfg: &LinuxBootConfig) -> Result<LinuxB
 /// for the boot CPU (index 0), wait-for-SIPI for the others. Call after
 /// the VMM's generic CPUID/MSR/FPU/LAPIC set-up. `mem` must be the memory
 /// [`load_linux`] filled (the GDT and page tables it refers to are there).
-pub fn setup_cpl0_long_mode(vcpu: &VcpuFd, mem: &GuestMemoryMmap, info: &LinuxBootInfo, cpu_index: u8) -> Result<(), Error> {
+pub fn setup_cpl0_long_mode(
+    vcpu: &VcpuFd,
+    mem: &GuestMemoryMmap,
+    info: &LinuxBootInfo,
+    cpu_index: u8,
+) -> Result<(), Error> {
     // The entry state is only meaningful with the boot structures in place.
-    let gdt_code: u64 = mem.read_obj(GuestAddress(layout::GDT_ADDR + 0x10)).map_err(cpu::Error::Memory)?;
+    let gdt_code: u64 = mem
+        .read_obj(GuestAddress(layout::GDT_ADDR + 0x10))
+        .map_err(cpu::Error::Memory)?;
     if gdt_code != cpu::GDT[2] {
         cpu::write_boot_structures(mem)?;
     }

@@ -34,14 +34,18 @@ impl AcpiPmDevice {
     /// `reset_evt` / `shutdown_evt` are signalled on guest reboot /
     /// poweroff (they may be clones of one EventFd).
     pub fn new(reset_evt: EventFd, shutdown_evt: EventFd) -> Self {
-        Self { reset_evt, shutdown_evt }
+        Self {
+            reset_evt,
+            shutdown_evt,
+        }
     }
 
     /// Decodes a byte written to the register.
     pub fn decode(v: u8) -> Option<PmEvent> {
         if v & SLP_EN != 0 {
             // Only S5 is advertised; other sleep states are not entered.
-            return ((v >> SLP_TYP_SHIFT) & SLP_TYP_MASK == SLP_TYP_S5).then_some(PmEvent::Shutdown);
+            return ((v >> SLP_TYP_SHIFT) & SLP_TYP_MASK == SLP_TYP_S5)
+                .then_some(PmEvent::Shutdown);
         }
         (v == PM_RESET_VALUE).then_some(PmEvent::Reset)
     }
@@ -54,7 +58,9 @@ impl BusDevice for AcpiPmDevice {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        let (Some(&v), 0) = (data.first(), offset) else { return };
+        let (Some(&v), 0) = (data.first(), offset) else {
+            return;
+        };
         let evt = match Self::decode(v) {
             Some(PmEvent::Reset) => &self.reset_evt,
             Some(PmEvent::Shutdown) => &self.shutdown_evt,
@@ -77,7 +83,11 @@ mod tests {
 
     #[test]
     fn decodes_linux_writes() {
-        assert_eq!(AcpiPmDevice::decode(0x34), Some(PmEvent::Shutdown), "S5 | SLP_EN");
+        assert_eq!(
+            AcpiPmDevice::decode(0x34),
+            Some(PmEvent::Shutdown),
+            "S5 | SLP_EN"
+        );
         assert_eq!(AcpiPmDevice::decode(PM_RESET_VALUE), Some(PmEvent::Reset));
         assert_eq!(AcpiPmDevice::decode(0x80), None, "WAK_STS clear");
         assert_eq!(AcpiPmDevice::decode(0x2c), None, "S3 | SLP_EN");

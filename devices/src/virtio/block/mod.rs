@@ -153,10 +153,7 @@ impl VirtioDevice for Block {
         let mut used_any = false;
         loop {
             queue.disable_notification(mem).map_err(broken)?;
-            loop {
-                let Some(chain) = queue.iter(mem).map_err(broken)?.next() else {
-                    break;
-                };
+            while let Some(chain) = queue.iter(mem).map_err(broken)?.next() {
                 let head = chain.head_index();
                 let done = request::handle(chain, mem, &self.disk, &self.serial, self.limits);
                 queue.add_used(mem, head, done.used_len).map_err(broken)?;

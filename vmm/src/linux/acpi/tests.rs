@@ -103,7 +103,9 @@ fn table_chain_checksums_and_contents() {
     // PNP0501 as an EISA ID dword.
     assert!(has(&[0x0c, 0x41, 0xd0, 0x05, 0x01]));
     // Memory32Fixed(ReadWrite, 0xd0001000, 0x1000).
-    assert!(has(&[0x86, 0x09, 0x00, 0x01, 0x00, 0x10, 0x00, 0xd0, 0x00, 0x10, 0x00, 0x00]));
+    assert!(has(&[
+        0x86, 0x09, 0x00, 0x01, 0x00, 0x10, 0x00, 0xd0, 0x00, 0x10, 0x00, 0x00
+    ]));
     // Extended interrupt descriptor: consumer, edge, active high, exclusive, GSI 6.
     assert!(has(&[0x89, 0x06, 0x00, 0x03, 0x01, 0x06, 0x00, 0x00, 0x00]));
     // IO(Decode16, 0x3f8, 0x3f8, 1, 8).
@@ -130,6 +132,10 @@ fn dsdt_without_virtio_devices_and_size_limit() {
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 2 << 20)]).unwrap();
     // 255 vCPUs and 19 devices still fit below 1 MiB.
     write_tables(&mem, 255, &devs(19)).unwrap();
-    let far = VirtioMmioDevice { addr: 1 << 33, size: 0x1000, irq: 5 };
+    let far = VirtioMmioDevice {
+        addr: 1 << 33,
+        size: 0x1000,
+        irq: 5,
+    };
     assert!(matches!(dsdt(&[far]), Err(Error::DeviceAddress(_))));
 }
