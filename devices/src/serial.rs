@@ -109,6 +109,12 @@ impl<W: Write> LinePrefixWriter<W> {
 
 impl<W: Write> Write for LinePrefixWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.prefix.is_empty() {
+            // Nothing to prefix: pass bytes through (prompts without a
+            // newline show at once).
+            self.inner.write_all(buf)?;
+            return Ok(buf.len());
+        }
         for &b in buf {
             if b == b'\r' {
                 continue;
@@ -121,8 +127,10 @@ impl<W: Write> Write for LinePrefixWriter<W> {
         Ok(buf.len())
     }
 
+    /// Flushes complete lines only: the UART flushes after every byte, and
+    /// a partial line must not be cut (it is written at drop).
     fn flush(&mut self) -> io::Result<()> {
-        self.emit()
+        self.inner.flush()
     }
 }
 
@@ -155,13 +163,25 @@ mod tests {
         let mut w = LinePrefixWriter::new("[vm0] ", sink.clone());
         w.write_all(b"hel").unwrap();
         assert!(sink.0.lock().unwrap().is_empty());
-        w.write_all(b"lo\r\nworld\npart").unwrap();
+        w.write_all(b"lo\r\nworld\npa").unwrap();
+        w.flush().unwrap();
+        w.write_all(b"rt").unwrap();
+        w.flush().unwrap();
         assert_eq!(&*sink.0.lock().unwrap(), b"[vm0] hello\n[vm0] world\n");
         drop(w);
         assert_eq!(
             &*sink.0.lock().unwrap(),
             b"[vm0] hello\n[vm0] world\n[vm0] part\n"
         );
+    }
+
+    #[test]
+    fn without_prefix_bytes_pass_through() {
+        let sink = Shared::default();
+        let mut w = LinePrefixWriter::new("", sink.clone());
+        w.write_all(b"login: ").unwrap();
+        w.flush().unwrap();
+        assert_eq!(&*sink.0.lock().unwrap(), b"login: ");
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod config;
 pub mod control;
 pub mod dedup;
 pub mod linux;
+pub mod linux_vm;
 pub mod memory;
 pub mod runner;
 pub mod signals;

@@ -173,6 +173,8 @@ pub struct Runner {
     handle: control::Handle,
     inbox: control::Inbox,
     shutdown_requested: bool,
+    /// Event-loop subscribers of each live VM, removed when it ends.
+    subscriber_ids: BTreeMap<String, Vec<event_manager::SubscriberId>>,
     /// Print guest reports as they arrive.
     pub echo: bool,
     /// Keep running with no VM (daemon mode) until a shutdown request or a
@@ -231,6 +233,7 @@ impl Runner {
             handle,
             inbox,
             shutdown_requested: false,
+            subscriber_ids: BTreeMap::new(),
             echo: true,
             keep_alive: false,
         })
@@ -244,15 +247,26 @@ impl Runner {
     /// Creates and starts one VM.
     pub fn add_vm(&mut self, vc: &VmConfig) -> Result<(), Error> {
         let index = self.vms.len() + self.ended.len();
-        let vm = Vm::create(&self.res, vc, index)
-            .and_then(|mut vm| vm.start().map(|_| vm))
-            .map_err(|source| Error::Vm {
-                name: vc.name.clone(),
-                source,
-            })?;
+        let mut vm = Vm::create(&self.res, vc, index).map_err(|source| Error::Vm {
+            name: vc.name.clone(),
+            source,
+        })?;
         let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> =
             Arc::new(Mutex::new(Waker(vec![vm.shared().exit_evt.as_raw_fd()])));
-        self.em.add_subscriber(waker);
+        let mut ids = vec![self.em.add_subscriber(waker)];
+        for sub in vm.take_subscribers() {
+            ids.push(self.em.add_subscriber(sub));
+        }
+        if let Err(source) = vm.start() {
+            for id in ids {
+                let _ = self.em.remove_subscriber(id);
+            }
+            return Err(Error::Vm {
+                name: vc.name.clone(),
+                source,
+            });
+        }
+        self.subscriber_ids.insert(vc.name.clone(), ids);
         self.summaries
             .insert(vc.name.clone(), WorkloadSummary::new(vc.name.clone()));
         self.vms.push(vm);
@@ -324,6 +338,7 @@ impl Runner {
                     reason: "deleted through the API".into(),
                 });
                 let wall_s = vm.info().uptime_s;
+                self.forget_subscribers(&n);
                 drop(vm);
                 self.drain_events();
                 let summary = self
@@ -338,6 +353,12 @@ impl Runner {
                 self.stop_all("shutdown requested through the API");
                 Ok(Response::Done)
             }
+        }
+    }
+
+    fn forget_subscribers(&mut self, name: &str) {
+        for id in self.subscriber_ids.remove(name).unwrap_or_default() {
+            let _ = self.em.remove_subscriber(id);
         }
     }
 
@@ -411,6 +432,7 @@ impl Runner {
                 let wall_s = vm.info().uptime_s;
                 self.drain_events();
                 let name = vm.name().to_string();
+                self.forget_subscribers(&name);
                 drop(vm);
                 let summary = self.summaries.remove(&name).unwrap_or_default();
                 if self.echo {

@@ -21,7 +21,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::config::{SerialOutput, VmConfig};
 use crate::state::{Outcome, RunState, VmShared};
 use crate::vcpu::{self, ExitContext};
-use crate::{boot, memory, workload, x86};
+use crate::{boot, linux_vm, memory, workload, x86};
 
 /// Errors of VM creation and control.
 #[derive(Debug, thiserror::Error)]
@@ -64,8 +64,8 @@ pub enum Error {
     Dedup(pagefold_dedup::Error),
     #[error("VM {0:?} is stopping")]
     Stopping(String),
-    #[error("this VM boots a Linux kernel, which is not wired in yet")]
-    LinuxNotReady,
+    #[error(transparent)]
+    Linux(#[from] linux_vm::Error),
 }
 
 /// Process-wide things every VM needs.
@@ -108,6 +108,7 @@ pub struct Vm {
     serial: Arc<Mutex<SerialDevice>>,
     vcpus: Vec<VcpuFd>,
     ctx: Option<ExitContext>,
+    subscribers: Vec<linux_vm::Subscriber>,
     started: Instant,
     finished: bool,
     mem: GuestMemoryMmap,
@@ -160,7 +161,7 @@ impl Vm {
         }))));
         pio.insert(i8042, I8042_BASE, I8042_LEN)
             .map_err(|e| Error::Device(e.to_string()))?;
-        let mmio = Bus::new();
+        let mut mmio = Bus::new();
 
         // vCPUs, with the generic x86 state.
         let mut vcpus = Vec::new();
@@ -175,25 +176,37 @@ impl Vm {
             vcpus.push(v);
         }
 
-        // The guest image.
-        if config.kernel.is_some() {
-            return Err(Error::LinuxNotReady);
-        }
-        let wl = config.workload.clone().unwrap_or_default();
+        // The guest: a Linux kernel, or the built-in workload.
         let ranges = memory::ram_ranges(config.memory_bytes())?;
-        let image = boot::load_image(&mem, crate::workload_image::WORKLOAD_ELF)?;
-        let cr3 = boot::write_tables(&mem, memory::ram_top(&ranges))?;
-        boot::setup_vcpu(&vcpus[0], image.entry, cr3)?;
-        let tsc_khz = vcpus[0].get_tsc_khz().unwrap_or(0);
-        let params = workload::params(&wl, &config.name, index, &ranges, image.end, u64::from(tsc_khz))?;
-        let (port, control) = workload::device(
-            &name,
-            params,
-            mem.clone(),
-            res.events.clone(),
-            res.report_wake.clone(),
-        )?;
-        let control_port = Some((pagefold_guest_abi::ports::BASE, pagefold_guest_abi::ports::LEN, port));
+        let mut subscribers = Vec::new();
+        let (workload, control_port, strict_io) = match &config.kernel {
+            Some(kernel) => {
+                subscribers = linux_vm::setup(
+                    &name, kernel, &vm_fd, &mem, &ranges, &vcpus, &mut pio, &mut mmio, &shared,
+                )?;
+                // Linux probes legacy ports and addresses nothing decodes.
+                (None, None, false)
+            }
+            None => {
+                let wl = config.workload.clone().unwrap_or_default();
+                let image = boot::load_image(&mem, crate::workload_image::WORKLOAD_ELF)?;
+                let cr3 = boot::write_tables(&mem, memory::ram_top(&ranges))?;
+                boot::setup_vcpu(&vcpus[0], image.entry, cr3)?;
+                let tsc_khz = vcpus[0].get_tsc_khz().unwrap_or(0);
+                let params =
+                    workload::params(&wl, &config.name, index, &ranges, image.end, u64::from(tsc_khz))?;
+                let (port, control) = workload::device(
+                    &name,
+                    params,
+                    mem.clone(),
+                    res.events.clone(),
+                    res.report_wake.clone(),
+                )?;
+                let base = pagefold_guest_abi::ports::BASE;
+                let len = pagefold_guest_abi::ports::LEN;
+                (Some(control), Some((base, len, port)), true)
+            }
+        };
 
         let mut vm = Vm {
             config: config.clone(),
@@ -202,7 +215,7 @@ impl Vm {
             threads: Vec::new(),
             regions: Vec::new(),
             dedup: res.dedup.clone(),
-            workload: Some(control),
+            workload,
             serial,
             vcpus,
             ctx: Some(ExitContext {
@@ -210,8 +223,9 @@ impl Vm {
                 pio,
                 mmio,
                 control: control_port,
-                strict_io: true,
+                strict_io,
             }),
+            subscribers,
             started: Instant::now(),
             finished: false,
             mem,
@@ -365,6 +379,11 @@ impl Vm {
     /// Queues host input for the guest's serial port.
     pub fn serial_input(&self, bytes: &[u8]) -> usize {
         self.serial.lock().unwrap_or_else(|e| e.into_inner()).enqueue_input(bytes)
+    }
+
+    /// Event-loop subscribers of this VM's devices (taken once, by the runner).
+    pub fn take_subscribers(&mut self) -> Vec<linux_vm::Subscriber> {
+        std::mem::take(&mut self.subscribers)
     }
 
     /// The KVM VM (for device wiring such as ioeventfds).

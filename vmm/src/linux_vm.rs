@@ -1,0 +1,184 @@
+//! The Linux side of VM creation: virtio-blk disks on virtio-mmio, the ACPI
+//! power-management port, the kernel and its boot data, and the 64-bit
+//! kernel-mode entry state of every vCPU.
+
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+
+use event_manager::{EventOps, Events, MutEventSubscriber};
+use kvm_ioctls::{IoEventAddress, VcpuFd, VmFd};
+use pagefold_devices::bus::Bus;
+use pagefold_devices::virtio::NOTIFY_REG_OFFSET;
+use pagefold_devices::virtio::{Block, MmioNotifier, MmioTransport};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::config::KernelConfig;
+use crate::linux::{self, layout::ACPI_PM_PORT, pm::AcpiPmDevice, DeviceDiscovery, LinuxBootConfig, VirtioMmioDevice};
+use crate::state::{Outcome, VmShared};
+
+/// Errors of Linux VM set-up.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("disk {path}: {message}")]
+    Disk { path: String, message: String },
+    #[error("virtio-mmio device {index}: {message}")]
+    Transport { index: usize, message: String },
+    #[error("KVM {what}: {source}")]
+    Kvm {
+        what: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error(transparent)]
+    Boot(#[from] linux::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// An event-loop subscriber a VM needs (virtio notifications, PM events).
+pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
+
+/// Stops the VM when the guest writes the ACPI reset or sleep register.
+struct PmWatcher {
+    shared: Arc<VmShared>,
+    reset: EventFd,
+    shutdown: EventFd,
+}
+
+impl MutEventSubscriber for PmWatcher {
+    fn process(&mut self, events: Events, _ops: &mut EventOps) {
+        if events.fd() == self.reset.as_raw_fd() {
+            let _ = self.reset.read();
+            self.shared.request_stop(Outcome::GuestReset);
+        } else if events.fd() == self.shutdown.as_raw_fd() {
+            let _ = self.shutdown.read();
+            self.shared.request_stop(Outcome::GuestPowerOff);
+        }
+    }
+
+    fn init(&mut self, ops: &mut EventOps) {
+        for fd in [self.reset.as_raw_fd(), self.shutdown.as_raw_fd()] {
+            if let Err(e) = ops.add(Events::new_raw(fd, EventSet::IN)) {
+                log::error!("VM {}: cannot watch PM events: {e}", self.shared.name);
+            }
+        }
+    }
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
+    move |source| Error::Kvm { what, source }
+}
+
+fn evt() -> Result<EventFd, Error> {
+    EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Other(format!("eventfd: {e}")))
+}
+
+/// The command line the guest gets. When the user asks for the serial
+/// console and says nothing of an early console, the early console is turned
+/// on as well: messages before `console_init` then reach the serial port at
+/// once instead of waiting in the kernel's buffer, which matters when a boot
+/// stops early (and on hosts where kernel code is emulated, it always does).
+pub fn effective_cmdline(user: &str) -> String {
+    let wants_serial = user.split_whitespace().any(|w| w.starts_with("console=ttyS0"));
+    let has_early = user
+        .split_whitespace()
+        .any(|w| w.starts_with("earlyprintk") || w.starts_with("earlycon"));
+    if wants_serial && !has_early {
+        format!("{user} earlyprintk=serial,ttyS0,115200")
+    } else {
+        user.to_string()
+    }
+}
+
+/// Sets up a Linux guest; returns the subscribers the event loop must run.
+#[allow(clippy::too_many_arguments)]
+pub fn setup(
+    name: &str,
+    kernel: &KernelConfig,
+    vm_fd: &VmFd,
+    mem: &GuestMemoryMmap,
+    ram: &[(u64, u64)],
+    vcpus: &[VcpuFd],
+    pio: &mut Bus,
+    mmio: &mut Bus,
+    shared: &Arc<VmShared>,
+) -> Result<Vec<Subscriber>, Error> {
+    let mut subs: Vec<Subscriber> = Vec::new();
+    let mut devices = Vec::new();
+    for (i, disk) in kernel.disks.iter().enumerate() {
+        let slot = VirtioMmioDevice::slot(i as u32);
+        let serial = format!("{name}-vd{i}");
+        let serial = &serial[..serial.len().min(20)];
+        let block = Block::open(&disk.path, disk.readonly, serial).map_err(|e| Error::Disk {
+            path: disk.path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let irqfd = evt()?;
+        vm_fd
+            .register_irqfd(&irqfd, slot.irq)
+            .map_err(kvm("irqfd for virtio-blk"))?;
+        let transport = MmioTransport::new(mem.clone(), Box::new(block), irqfd).map_err(|e| Error::Transport {
+            index: i,
+            message: e.to_string(),
+        })?;
+        for (q, qevt) in transport.queue_evts().iter().enumerate() {
+            vm_fd
+                .register_ioevent(qevt, &IoEventAddress::Mmio(slot.addr + NOTIFY_REG_OFFSET), q as u32)
+                .map_err(kvm("ioeventfd for virtio-blk"))?;
+        }
+        let transport = Arc::new(Mutex::new(transport));
+        mmio.insert(transport.clone(), slot.addr, slot.size)
+            .map_err(|e| Error::Other(e.to_string()))?;
+        let notifier = MmioNotifier::new(transport).map_err(|e| Error::Transport {
+            index: i,
+            message: e.to_string(),
+        })?;
+        subs.push(Arc::new(Mutex::new(notifier)));
+        devices.push(slot);
+    }
+
+    let (reset, shutdown) = (evt()?, evt()?);
+    let pm = AcpiPmDevice::new(
+        reset.try_clone().map_err(|e| Error::Other(e.to_string()))?,
+        shutdown.try_clone().map_err(|e| Error::Other(e.to_string()))?,
+    );
+    pio.insert(Arc::new(Mutex::new(pm)), u64::from(ACPI_PM_PORT), 1)
+        .map_err(|e| Error::Other(e.to_string()))?;
+    subs.push(Arc::new(Mutex::new(PmWatcher {
+        shared: shared.clone(),
+        reset,
+        shutdown,
+    })));
+
+    let cfg = LinuxBootConfig {
+        kernel: kernel.path.clone(),
+        initrd: kernel.initrd.clone(),
+        cmdline: effective_cmdline(&kernel.cmdline),
+        ram: ram.iter().map(|&(a, l)| (GuestAddress(a), l)).collect(),
+        vcpus: vcpus.len() as u8,
+        virtio_devices: devices,
+        discovery: DeviceDiscovery::Acpi,
+    };
+    let info = linux::load_linux(mem, &cfg)?;
+    for (i, v) in vcpus.iter().enumerate() {
+        linux::setup_cpl0_long_mode(v, mem, &info, i as u8)?;
+    }
+    Ok(subs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn early_console_follows_the_serial_console() {
+        assert_eq!(
+            effective_cmdline("console=ttyS0 panic=-1"),
+            "console=ttyS0 panic=-1 earlyprintk=serial,ttyS0,115200"
+        );
+        assert_eq!(effective_cmdline("console=ttyS0 earlycon=uart"), "console=ttyS0 earlycon=uart");
+        assert_eq!(effective_cmdline("quiet"), "quiet");
+    }
+}
