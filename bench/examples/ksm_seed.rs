@@ -1,6 +1,6 @@
 //! Runs the KSM side of `ksm-seed` (until the CLI wires in pagefold's
 //! engine): `cargo run --release -p pagefold-bench --example ksm_seed --
-//! [--json PATH] [--plot PATH.svg] [--shape full|sparse]`.
+//! [--json PATH] [--plot PATH.svg] [--shape full|sparse] [--system ksm-default|ksm-max]`.
 
 use pagefold_bench::{ksm_systems, rows_json, run_ksm_seed, seed_chart, table, write_file};
 use pagefold_bench::{SeedOptions, Shape};
@@ -8,6 +8,7 @@ use pagefold_bench::{SeedOptions, Shape};
 fn main() {
     let mut opts = SeedOptions::default();
     let (mut json, mut plot) = (None, None);
+    let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -20,13 +21,18 @@ fn main() {
                 });
                 opts.shapes = vec![s];
             }
+            "--system" => only = args.next(),
             other => {
                 eprintln!("unknown argument {other:?}");
                 std::process::exit(2);
             }
         }
     }
-    let report = match run_ksm_seed(&ksm_systems(), &opts) {
+    let systems: Vec<_> = ksm_systems()
+        .into_iter()
+        .filter(|s| only.as_deref().is_none_or(|o| o == s.name))
+        .collect();
+    let report = match run_ksm_seed(&systems, &opts) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("ksm-seed: {e}");

@@ -39,7 +39,9 @@ impl From<ScanError> for backend::Error {
     fn from(e: ScanError) -> Self {
         match e {
             ScanError::Overlap { addr, len } => backend::Error::Overlap { addr, len },
-            ScanError::Region(RegionError::Bad { addr, len }) => backend::Error::BadRegion { addr, len },
+            ScanError::Region(RegionError::Bad { addr, len }) => {
+                backend::Error::BadRegion { addr, len }
+            }
             ScanError::Unknown(id) => backend::Error::UnknownRegion(id),
             other => backend::Error::Os {
                 context: "pagefold".into(),
@@ -65,7 +67,7 @@ impl From<EngineError> for backend::Error {
 /// Default knobs: see docs/engine.md. 4096 pages every 20 ms is 41x KSM's
 /// default rate (100 pages / 20 ms): a 300 MiB region is hashed in ~0.4 s
 /// and merged in the second pass (< 1 s), while each wake-up hashes only
-/// ~2 ms worth. Idle passes then back the sleep off (up to 500 ms).
+/// ~2 ms worth. Idle passes then back the sleep off (up to 1 s).
 pub const DEFAULT_KNOBS: Knobs = Knobs {
     pages_to_scan: 4096,
     sleep_millisecs: 20,
@@ -97,7 +99,7 @@ impl Default for EngineConfig {
             stripe_pages: DEFAULT_STRIPE,
             pool_max_bytes: 1 << 40,
             adaptive: true,
-            max_backoff_millis: 500,
+            max_backoff_millis: 1000,
             hash_override: None,
         }
     }
@@ -165,13 +167,18 @@ impl Engine {
             prot.clone(),
             cfg.knobs,
             cfg.hash_override.unwrap_or(crate::hash::xxh3),
+            cfg.hash_override.is_none(),
             cfg.stripe_pages,
         )?;
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(stats::build(&core)),
             core: Mutex::new(core),
             ctl: Mutex::new(Ctl {
-                mode: if cfg.mode == Mode::Unmerge { Mode::Off } else { cfg.mode },
+                mode: if cfg.mode == Mode::Unmerge {
+                    Mode::Off
+                } else {
+                    cfg.mode
+                },
                 knobs: cfg.knobs,
                 policy: None,
                 stop: false,
@@ -240,7 +247,12 @@ impl Engine {
             if now >= deadline {
                 return false;
             }
-            c = self.shared.cv.wait_timeout(c, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            c = self
+                .shared
+                .cv
+                .wait_timeout(c, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         true
     }
@@ -254,7 +266,12 @@ impl Engine {
             if now >= deadline {
                 return false;
             }
-            c = self.shared.cv.wait_timeout(c, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            c = self
+                .shared
+                .cv
+                .wait_timeout(c, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         true
     }
@@ -282,7 +299,10 @@ impl Engine {
     /// Write faults that hit a page under merge, and stray WP faults.
     pub fn fault_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
-        (self.shared.faults.in_merge.load(Relaxed), self.shared.faults.stray.load(Relaxed))
+        (
+            self.shared.faults.in_merge.load(Relaxed),
+            self.shared.faults.stray.load(Relaxed),
+        )
     }
 
     /// Merges abandoned at the final compare (or for lack of VMAs).
@@ -366,10 +386,16 @@ fn scanner_loop(sh: &Arc<Shared>) {
                             }
                             plan
                         }
-                        None => RoundPlan { pages_to_scan: knobs.pages_to_scan, merge: true },
+                        None => RoundPlan {
+                            pages_to_scan: knobs.pages_to_scan,
+                            merge: true,
+                        },
                     }
                 } else {
-                    RoundPlan { pages_to_scan: knobs.pages_to_scan, merge: true }
+                    RoundPlan {
+                        pages_to_scan: knobs.pages_to_scan,
+                        merge: true,
+                    }
                 };
                 let (rep, idle) = {
                     let mut core = lock(&sh.core);

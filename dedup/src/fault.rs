@@ -66,17 +66,36 @@ impl StopFd {
     pub fn signal(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a valid u64 to our eventfd.
-        unsafe { libc::write(self.0.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        unsafe {
+            libc::write(
+                self.0.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
     }
 }
 
 /// Runs the handler until `stop` is signalled.
-pub fn run(uffd: Arc<Uffd>, prot: Arc<Mutex<ProtState>>, stop: Arc<StopFd>, counters: Arc<FaultCounters>) {
+pub fn run(
+    uffd: Arc<Uffd>,
+    prot: Arc<Mutex<ProtState>>,
+    stop: Arc<StopFd>,
+    counters: Arc<FaultCounters>,
+) {
     let mut msgs = [UffdMsg::default(); 16];
     loop {
         let mut fds = [
-            libc::pollfd { fd: uffd.raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: stop.0.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            libc::pollfd {
+                fd: uffd.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: stop.0.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
         ];
         // SAFETY: fds is a valid array of 2 pollfds.
         let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };

@@ -7,13 +7,36 @@
 //! * [`UnstableIndex`]: hash -> candidate guest pages seen this pass, rebuilt
 //!   every pass (KSM's unstable tree). An open-addressing table of 4-byte
 //!   page ids whose keys live in the engine's per-page array, so it costs
-//!   about 5-7 bytes per tracked page. It is a multimap: pages with equal
+//!   8 bytes per tracked page. It is a multimap: pages with equal
 //!   hashes but different content coexist and are told apart by comparing.
 //!
 //! A hash match never merges by itself: callers confirm every merge with a
 //! full compare under write-protection (merge-races 11).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hasher for keys that already are hashes: one multiply, no SipHash.
+#[derive(Default, Clone, Copy)]
+pub struct PreHashed(u64);
+
+impl Hasher for PreHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 ^= self.0 >> 29;
+    }
+}
+
+/// `BuildHasher` for [`PreHashed`].
+pub type PreHashedBuild = BuildHasherDefault<PreHashed>;
 
 /// Errors of the indices (none can occur today; kept for the module rule).
 #[derive(Debug, thiserror::Error)]
@@ -25,7 +48,7 @@ pub enum IndexError {
 /// (group, hash) -> ascending pool slots.
 #[derive(Debug, Default)]
 pub struct StableIndex {
-    map: HashMap<u64, Vec<u32>>,
+    map: HashMap<u64, Vec<u32>, PreHashedBuild>,
     entries: usize,
 }
 
@@ -62,7 +85,10 @@ impl StableIndex {
 
     /// Slots holding content with this hash in this group, ascending.
     pub fn get(&self, group: u32, hash: u32) -> &[u32] {
-        self.map.get(&key(group, hash)).map(|v| v.as_slice()).unwrap_or(&[])
+        self.map
+            .get(&key(group, hash))
+            .map(|v| v.as_slice())
+            .unwrap_or(&[])
     }
 
     /// Number of (slot) entries.
@@ -95,11 +121,12 @@ pub struct UnstableIndex {
 pub const MAX_CANDIDATES: usize = 16;
 
 impl UnstableIndex {
-    /// Empties the table and sizes it for `pages` entries (load <= 0.8).
-    /// Not a power of two: slots are picked by multiply-shift, so the table
-    /// costs exactly 5 bytes per tracked page.
+    /// Empties the table and sizes it for `pages` entries (load <= 0.5:
+    /// linear probing clusters badly above that). Not a power of two: slots
+    /// are picked by multiply-shift, so the table costs 8 bytes per tracked
+    /// page.
     pub fn reset(&mut self, pages: usize) {
-        let want = (pages + pages / 4).max(64);
+        let want = (pages * 2).max(64);
         if self.table.len() != want {
             self.table = vec![EMPTY; want];
         } else {
@@ -150,7 +177,12 @@ impl UnstableIndex {
     /// Calls `f` for up to [`MAX_CANDIDATES`] entries whose current key (per
     /// `key_of`, `None` = stale) equals `hash`, until `f` returns true; then
     /// returns that id.
-    pub fn find(&self, hash: u32, key_of: impl Fn(u32) -> Option<u32>, mut f: impl FnMut(u32) -> bool) -> Option<u32> {
+    pub fn find(
+        &self,
+        hash: u32,
+        key_of: impl Fn(u32) -> Option<u32>,
+        mut f: impl FnMut(u32) -> bool,
+    ) -> Option<u32> {
         if self.table.is_empty() {
             return None;
         }

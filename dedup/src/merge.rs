@@ -64,6 +64,8 @@ pub struct Op {
     pub hash: u32,
     /// The page's state byte before planning.
     pub old_state: u8,
+    /// The page lies in a pool VMA (see `Region::in_pool`).
+    pub in_pool: bool,
 }
 
 /// What the merge path needs from the engine.
@@ -197,7 +199,9 @@ pub fn exec_chunk(
                     false
                 }
             }
-            OpKind::Existing => pool.state(op.slot) == SlotState::Written && pool.page(op.slot) == page,
+            OpKind::Existing => {
+                pool.state(op.slot) == SlotState::Written && pool.page(op.slot) == page
+            }
             OpKind::Zero => is_zero(page),
         };
         if good {
@@ -205,6 +209,17 @@ pub fn exec_chunk(
         }
     }
     // Step 4: remap runs / drop zero runs.
+    #[derive(PartialEq, Eq, Clone, Copy)]
+    enum Class {
+        Pool,
+        ZeroDontneed,
+        ZeroAnon,
+    }
+    let class = |op: &Op| match (op.kind, op.in_pool) {
+        (OpKind::Zero, false) => Class::ZeroDontneed,
+        (OpKind::Zero, true) => Class::ZeroAnon,
+        _ => Class::Pool,
+    };
     let mut remapped = false;
     let mut i = 0;
     let mut stop_mapping = false;
@@ -214,30 +229,39 @@ pub fn exec_chunk(
             continue;
         }
         let s = i;
-        let zero = ops[i].kind == OpKind::Zero;
+        let c = class(&ops[i]);
         i += 1;
         while i < n
             && ok & (1 << i) != 0
-            && (ops[i].kind == OpKind::Zero) == zero
-            && (zero || ops[i].slot == ops[i - 1].slot + 1)
+            && class(&ops[i]) == c
+            && (c != Class::Pool || ops[i].slot == ops[i - 1].slot + 1)
         {
             i += 1;
         }
-        let run_mask = if i - s == 64 { u64::MAX } else { ((1u64 << (i - s)) - 1) << s };
+        let run_mask = if i - s == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << (i - s)) - 1) << s
+        };
         let (a, l) = (addr0 + s * PAGE_SIZE, (i - s) * PAGE_SIZE);
-        if zero {
+        if c == Class::ZeroDontneed {
             match mm::madvise(a, l, libc::MADV_DONTNEED) {
                 Ok(()) => res.done |= run_mask,
                 Err(e) => log::warn!("pagefold: zero-page drop: {e}"),
             }
             continue;
         }
-        let extends = s == 0 && continues_left;
+        let extends = s == 0 && continues_left && c == Class::Pool;
         if stop_mapping || (!extends && budget.headroom < 2) {
             budget.limited = true;
             continue;
         }
-        match mm::map_pool_fixed(a, l, pool.raw_fd(), ops[s].slot as u64 * PAGE_SIZE as u64) {
+        let r = if c == Class::Pool {
+            mm::map_pool_fixed(a, l, pool.raw_fd(), ops[s].slot as u64 * PAGE_SIZE as u64)
+        } else {
+            mm::map_anon_fixed(a, l)
+        };
+        match r {
             Ok(()) => {
                 res.done |= run_mask;
                 busy.original &= !run_mask;

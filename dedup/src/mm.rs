@@ -62,6 +62,28 @@ pub fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Result<()
     Ok(())
 }
 
+/// Maps fresh anonymous zero memory over `addr..+len` (`MAP_FIXED`): the
+/// zero-page drop for pages that lie in a pool VMA, where `MADV_DONTNEED`
+/// would reveal the pool page instead of zeros.
+pub fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
+    // SAFETY: replaces a write-protected range verified all-zero, so the
+    // content users see is unchanged.
+    let r = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if r == libc::MAP_FAILED {
+        return Err(err("mmap(MAP_FIXED anon)", addr, len));
+    }
+    Ok(())
+}
+
 /// Maps a fresh private anonymous area of `len` bytes.
 pub fn map_anon(len: usize) -> Result<*mut u8, MmError> {
     // SAFETY: a new mapping at a kernel-chosen address touches nothing else.

@@ -119,10 +119,13 @@ pub enum SlotState {
     Failed,
 }
 
-/// Per-slot metadata (12 bytes + 1 state byte).
+/// Per-slot metadata (16 bytes + 1 state byte).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SlotMeta {
     pub hash: u32,
+    /// The other half of the content's 64-bit hash: lets planning skip a
+    /// memcmp pre-check (the final compare under protection still decides).
+    pub hash_hi: u32,
     pub group: u32,
     /// Guest pages mapping this slot, including merges planned in the
     /// current batch (the batch settles them before stats are published).
@@ -218,13 +221,28 @@ impl Pool {
     }
 
     /// Reserves a slot for content `hash` of `group` (at `hint` if free).
-    pub fn reserve(&mut self, hint: Option<u32>, hash: u32, group: u32) -> Result<u32, PoolError> {
+    pub fn reserve(
+        &mut self,
+        hint: Option<u32>,
+        hash: u32,
+        hash_hi: u32,
+        group: u32,
+    ) -> Result<u32, PoolError> {
         let limit = self.max_pages.min(u32::MAX as u64) as u32;
-        let s = self.alloc.alloc(hint, limit).ok_or(PoolError::Full(self.max_pages))?;
+        let s = self
+            .alloc
+            .alloc(hint, limit)
+            .ok_or(PoolError::Full(self.max_pages))?;
         if (s as u64) >= self.file_pages {
             let want = ((s as u64 + 1) * 2).max(16384).min(self.max_pages);
             // SAFETY: ftruncate on our memfd.
-            if unsafe { libc::ftruncate(self.fd.as_raw_fd(), (want as usize * PAGE_SIZE) as libc::off_t) } != 0 {
+            if unsafe {
+                libc::ftruncate(
+                    self.fd.as_raw_fd(),
+                    (want as usize * PAGE_SIZE) as libc::off_t,
+                )
+            } != 0
+            {
                 let e = io::Error::last_os_error();
                 self.alloc.free(s);
                 return Err(PoolError::Grow(e));
@@ -235,7 +253,12 @@ impl Pool {
             self.meta.resize(s as usize + 1, SlotMeta::default());
             self.state.resize(s as usize + 1, SlotState::Free);
         }
-        self.meta[s as usize] = SlotMeta { hash, group, mappers: 0 };
+        self.meta[s as usize] = SlotMeta {
+            hash,
+            hash_hi,
+            group,
+            mappers: 0,
+        };
         self.state[s as usize] = SlotState::Reserved;
         Ok(s)
     }
@@ -259,7 +282,11 @@ impl Pool {
     /// # Safety
     /// `src` must be readable for a page.
     pub unsafe fn write(&mut self, s: u32, src: *const u8) {
-        assert_eq!(self.state(s), SlotState::Reserved, "pool slot {s} written twice");
+        assert_eq!(
+            self.state(s),
+            SlotState::Reserved,
+            "pool slot {s} written twice"
+        );
         // SAFETY: src readable per contract; the slot is inside the file and
         // not yet mapped by anyone (Reserved), so writing it is invisible.
         unsafe { std::ptr::copy_nonoverlapping(src, self.page_ptr(s), PAGE_SIZE) };
@@ -353,7 +380,12 @@ impl Drop for Pool {
     fn drop(&mut self) {
         // SAFETY: the view is our own mapping; merged guest pages keep their
         // own references to the memfd, so unmapping the view is harmless.
-        unsafe { libc::munmap(self.view as *mut libc::c_void, self.max_pages as usize * PAGE_SIZE) };
+        unsafe {
+            libc::munmap(
+                self.view as *mut libc::c_void,
+                self.max_pages as usize * PAGE_SIZE,
+            )
+        };
     }
 }
 
@@ -409,7 +441,7 @@ mod tests {
     #[test]
     fn write_release_counts() {
         let mut p = Pool::new(1 << 30).unwrap();
-        let s = p.reserve(None, 7, 0).unwrap();
+        let s = p.reserve(None, 7, 0, 0).unwrap();
         let src = [5u8; PAGE_SIZE];
         // SAFETY: src is a page-sized buffer.
         unsafe { p.write(s, src.as_ptr()) };

@@ -70,6 +70,10 @@ pub struct Region {
     pub gid_base: u32,
     pub word: Vec<u32>,
     pub state: Vec<u8>,
+    /// Bit per page: the page lies in a VMA mapping the pool (merged, or
+    /// merged once and copied-on-write since). `MADV_DONTNEED` there would
+    /// reveal pool content, not zeros, so such pages are handled apart.
+    pub in_pool: Vec<u64>,
     pub merged: u64,
     pub zero: u64,
     pub hashed: u64,
@@ -91,7 +95,11 @@ impl Region {
         group: u32,
         gid_base: u32,
     ) -> Result<Self, RegionError> {
-        if len == 0 || addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || addr.checked_add(len).is_none() {
+        if len == 0
+            || !addr.is_multiple_of(PAGE_SIZE)
+            || !len.is_multiple_of(PAGE_SIZE)
+            || addr.checked_add(len).is_none()
+        {
             return Err(RegionError::Bad { addr, len });
         }
         let npages = len / PAGE_SIZE;
@@ -108,6 +116,7 @@ impl Region {
             gid_base,
             word: vec![0; npages],
             state: vec![0; npages],
+            in_pool: vec![0; npages.div_ceil(64)],
             merged: 0,
             zero: 0,
             hashed: 0,
@@ -135,6 +144,20 @@ impl Region {
     /// True if `addr` lies inside the region.
     pub fn contains(&self, addr: usize) -> bool {
         addr >= self.addr && addr < self.addr + self.len()
+    }
+
+    /// True if page `i` lies in a pool VMA.
+    pub fn in_pool(&self, i: usize) -> bool {
+        self.in_pool[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Records whether page `i` lies in a pool VMA.
+    pub fn set_in_pool(&mut self, i: usize, v: bool) {
+        if v {
+            self.in_pool[i / 64] |= 1 << (i % 64);
+        } else {
+            self.in_pool[i / 64] &= !(1 << (i % 64));
+        }
     }
 
     /// Changes page `i`'s kind, keeping the counters exact.
@@ -209,8 +232,12 @@ impl Region {
 
     /// Metadata bytes.
     pub fn metadata_bytes(&self) -> u64 {
-        (self.word.capacity() * 4 + self.state.capacity() + std::mem::size_of::<Self>() + self.owner.len() + self.group_name.len())
-            as u64
+        (self.word.capacity() * 4
+            + self.state.capacity()
+            + self.in_pool.capacity() * 8
+            + std::mem::size_of::<Self>()
+            + self.owner.len()
+            + self.group_name.len()) as u64
     }
 }
 
@@ -220,7 +247,16 @@ mod tests {
 
     #[test]
     fn counters_follow_kinds() {
-        let mut r = Region::new(RegionId(1), 0x10000, 4 * PAGE_SIZE, "o".into(), "g".into(), 0, 0).unwrap();
+        let mut r = Region::new(
+            RegionId(1),
+            0x10000,
+            4 * PAGE_SIZE,
+            "o".into(),
+            "g".into(),
+            0,
+            0,
+        )
+        .unwrap();
         r.set_kind(0, HASHED);
         r.set_volatile(0, true);
         r.set_kind(1, MERGED);
@@ -236,7 +272,16 @@ mod tests {
 
     #[test]
     fn rejects_bad_regions() {
-        assert!(Region::new(RegionId(1), 0x10001, PAGE_SIZE, "o".into(), "g".into(), 0, 0).is_err());
+        assert!(Region::new(
+            RegionId(1),
+            0x10001,
+            PAGE_SIZE,
+            "o".into(),
+            "g".into(),
+            0,
+            0
+        )
+        .is_err());
         assert!(Region::new(RegionId(1), 0x10000, 0, "o".into(), "g".into(), 0, 0).is_err());
     }
 }

@@ -40,7 +40,7 @@ pub const SPAN_PAGES: usize = 4096;
 /// Budget units: a hashed page costs `HASH_COST`, a pagemap-only visit 1.
 const HASH_COST: u64 = 4;
 /// Default longest stripe of identical pool pages a same-content run maps.
-pub const DEFAULT_STRIPE: u32 = 32;
+pub const DEFAULT_STRIPE: u32 = 64;
 /// Kernel memory per VMA we create (vm_area_struct, anon_vma_chain, maple
 /// tree share): used for `profit_bytes`.
 pub const VMA_COST: u64 = 256;
@@ -121,6 +121,11 @@ pub struct Core {
     /// visited page (sizes stripes).
     run_hash: u32,
     run_len: u32,
+    /// The hash is xxh3 (64-bit equality then stands in for a content
+    /// pre-check when planning); false with a test hash override.
+    pub strong_hash: bool,
+    /// High half of the current page's 64-bit hash (set by `visit`).
+    cur_hi: u32,
 }
 
 impl Core {
@@ -131,6 +136,7 @@ impl Core {
         prot: Arc<Mutex<ProtState>>,
         knobs: Knobs,
         hash_fn: HashFn,
+        strong_hash: bool,
         stripe_max: u32,
     ) -> Result<Self, ScanError> {
         let pagemap = Pagemap::open()?;
@@ -165,6 +171,8 @@ impl Core {
             scratch: Vec::new(),
             run_hash: 0,
             run_len: 0,
+            strong_hash,
+            cur_hi: 0,
         };
         c.refresh_map_count(true);
         Ok(c)
@@ -176,12 +184,26 @@ impl Core {
     }
 
     /// Adds a region and registers it with the uffd.
-    pub fn register(&mut self, addr: usize, len: usize, owner: String, group: String) -> Result<RegionId, ScanError> {
-        if len == 0 || addr % crate::PAGE_SIZE != 0 || len % crate::PAGE_SIZE != 0 || addr.checked_add(len).is_none() {
+    pub fn register(
+        &mut self,
+        addr: usize,
+        len: usize,
+        owner: String,
+        group: String,
+    ) -> Result<RegionId, ScanError> {
+        if len == 0
+            || !addr.is_multiple_of(crate::PAGE_SIZE)
+            || !len.is_multiple_of(crate::PAGE_SIZE)
+            || addr.checked_add(len).is_none()
+        {
             return Err(region::RegionError::Bad { addr, len }.into());
         }
         let end = addr + len;
-        if self.regions.iter().any(|r| addr < r.addr + r.len() && r.addr < end) {
+        if self
+            .regions
+            .iter()
+            .any(|r| addr < r.addr + r.len() && r.addr < end)
+        {
             return Err(ScanError::Overlap { addr, len });
         }
         let gnext = self.groups.len() as u32;
@@ -192,7 +214,11 @@ impl Core {
         self.uffd.register_wp(addr, len)?;
         self.next_region_id += 1;
         self.next_gid += r.npages as u64;
-        self.prot.lock().unwrap_or_else(|e| e.into_inner()).regions.push((addr, end));
+        self.prot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .regions
+            .push((addr, end));
         self.regions.push(r);
         Ok(id)
     }
@@ -201,7 +227,11 @@ impl Core {
     /// copies back (the memory stays usable); without, the caller promised
     /// to unmap it right away, so its pool references are simply dropped.
     pub fn unregister(&mut self, id: RegionId, unmerge: bool) -> Result<(), ScanError> {
-        let ri = self.regions.iter().position(|r| r.id == id).ok_or(ScanError::Unknown(id.0))?;
+        let ri = self
+            .regions
+            .iter()
+            .position(|r| r.id == id)
+            .ok_or(ScanError::Unknown(id.0))?;
         if unmerge {
             // Retry a few times: a page that cannot be protected right now
             // (e.g. a concurrent discard) is rare and transient.
@@ -228,7 +258,11 @@ impl Core {
         let _ = self.uffd.unregister(r.addr, r.len());
         {
             let mut p = self.prot.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(pos) = p.regions.iter().position(|&x| x == (r.addr, r.addr + r.len())) {
+            if let Some(pos) = p
+                .regions
+                .iter()
+                .position(|&x| x == (r.addr, r.addr + r.len()))
+            {
                 p.regions.swap_remove(pos);
             }
         }
@@ -269,18 +303,24 @@ impl Core {
         }
     }
 
-    /// Unmerges every merged page of region `ri`; returns pages left merged.
+    /// Gives every page of region `ri` that lies in a pool VMA (merged, or
+    /// merged and copied-on-write since) a private anonymous mapping again;
+    /// returns the pages left in pool VMAs.
     pub fn unmerge_region(&mut self, ri: usize) -> u64 {
         let npages = self.regions[ri].npages;
         let mut left = 0;
         let mut i = 0;
         while i < npages {
-            if region::kind(self.regions[ri].state[i]) != MERGED {
-                i += 1;
+            if !self.regions[ri].in_pool(i) {
+                i += if i % 64 == 0 && self.regions[ri].in_pool[i / 64] == 0 {
+                    64
+                } else {
+                    1
+                };
                 continue;
             }
             let s = i;
-            while i < npages && i - s < CHUNK_PAGES && region::kind(self.regions[ri].state[i]) == MERGED {
+            while i < npages && i - s < CHUNK_PAGES && self.regions[ri].in_pool(i) {
                 i += 1;
             }
             let addr = self.regions[ri].page_addr(s);
@@ -292,11 +332,16 @@ impl Core {
                 Ok(true) => {
                     let mut freed = Vec::new();
                     for p in s..i {
-                        let slot = self.regions[ri].word[p];
+                        let r = &mut self.regions[ri];
+                        r.set_in_pool(p, false);
+                        if region::kind(r.state[p]) != MERGED {
+                            continue;
+                        }
+                        let slot = r.word[p];
+                        r.set_kind(p, NEW);
                         if self.pool.remove_mapper(slot) == 0 {
                             freed.push(slot);
                         }
-                        self.regions[ri].set_kind(p, NEW);
                     }
                     self.release_slots(&freed);
                 }
@@ -323,9 +368,25 @@ impl Core {
         left
     }
 
-    /// Re-reads the VMA count (at most every 2 s unless `force`).
+    /// Re-reads the VMA count: at most every 10 s unless `force` or the
+    /// running estimate (decremented per VMA we create) gets low. Reading
+    /// /proc/self/maps costs about 1 us per VMA.
     pub fn refresh_map_count(&mut self, force: bool) {
-        if !force && self.map_checked.is_some_and(|t| t.elapsed() < Duration::from_secs(2)) {
+        let low = self.budget.headroom < (self.max_map_count / 8) as i64;
+        if !force
+            && !low
+            && self
+                .map_checked
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(10))
+        {
+            return;
+        }
+        if !force
+            && low
+            && self
+                .map_checked
+                .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
             return;
         }
         self.map_checked = Some(Instant::now());
@@ -342,7 +403,10 @@ impl Core {
     }
 
     fn locate(&self, gid: u32) -> Option<(usize, usize)> {
-        let ri = self.regions.partition_point(|r| r.gid_base <= gid).checked_sub(1)?;
+        let ri = self
+            .regions
+            .partition_point(|r| r.gid_base <= gid)
+            .checked_sub(1)?;
         let r = &self.regions[ri];
         let p = (gid - r.gid_base) as usize;
         (p < r.npages).then_some((ri, p))
@@ -433,7 +497,14 @@ impl Core {
     }
 
     /// Scans pages `start..start+n` of region `ri`; returns pages consumed.
-    fn scan_span(&mut self, ri: usize, start: usize, n: usize, budget: &mut u64, merge: bool) -> usize {
+    fn scan_span(
+        &mut self,
+        ri: usize,
+        start: usize,
+        n: usize,
+        budget: &mut u64,
+        merge: bool,
+    ) -> usize {
         let addr = self.regions[ri].page_addr(start);
         let mut entries = std::mem::take(&mut self.scratch);
         if entries.len() < n {
@@ -446,11 +517,12 @@ impl Core {
         }
         let mut ops: Vec<Op> = Vec::new();
         let mut freed: Vec<u32> = Vec::new();
-        let mut prev: Option<u32> = if start > 0 && region::kind(self.regions[ri].state[start - 1]) == MERGED {
-            Some(self.regions[ri].word[start - 1])
-        } else {
-            None
-        };
+        let mut prev: Option<u32> =
+            if start > 0 && region::kind(self.regions[ri].state[start - 1]) == MERGED {
+                Some(self.regions[ri].word[start - 1])
+            } else {
+                None
+            };
         let mut used = 0;
         if start == 0 {
             self.run_len = 0;
@@ -493,10 +565,7 @@ impl Core {
                 }
                 _ => {}
             }
-            prev = match self.visit(ri, p, e, st, prev, budget, merge, &mut ops) {
-                Some(s) => Some(s),
-                None => None,
-            };
+            prev = self.visit(ri, p, e, st, prev, budget, merge, &mut ops);
         }
         self.scratch = entries;
         if !ops.is_empty() {
@@ -540,7 +609,9 @@ impl Core {
         // SAFETY: the region is registered, hence mapped (register contract),
         // and stays so while we hold the core (unregister needs it).
         let page = unsafe { self.regions[ri].page_detached(p) };
-        let h = fold((self.hash_fn)(page));
+        let h64 = (self.hash_fn)(page);
+        let h = fold(h64);
+        self.cur_hi = (h64 >> 32) as u32;
         self.note_run(Some(h));
         let unchanged = kind == HASHED && self.regions[ri].word[p] == h;
         let group = self.regions[ri].group;
@@ -563,18 +634,37 @@ impl Core {
         }
         let st = self.regions[ri].state[p];
         if h == self.zero_hash && is_zero(page) {
-            ops.push(Op { region: ri, page: p, slot: 0, kind: OpKind::Zero, hash: h, old_state: st });
+            let in_pool = self.regions[ri].in_pool(p);
+            ops.push(Op {
+                region: ri,
+                page: p,
+                slot: 0,
+                kind: OpKind::Zero,
+                hash: h,
+                old_state: st,
+                in_pool,
+            });
             self.regions[ri].state[p] = region::with_kind(st, ZERO);
             return None;
         }
         let target = self.choose(ri, p, h, group, prev, page);
-        let mut plan = |core: &mut Core, r: usize, pg: usize, slot: u32, kind: OpKind, hash: u32| {
-            let old = core.regions[r].state[pg];
-            core.pool.add_mapper(slot);
-            ops.push(Op { region: r, page: pg, slot, kind, hash, old_state: old });
-            core.regions[r].state[pg] = region::with_kind(old, MERGED);
-            core.regions[r].word[pg] = slot;
-        };
+        let mut plan =
+            |core: &mut Core, r: usize, pg: usize, slot: u32, kind: OpKind, hash: u32| {
+                let old = core.regions[r].state[pg];
+                core.pool.add_mapper(slot);
+                let in_pool = core.regions[r].in_pool(pg);
+                ops.push(Op {
+                    region: r,
+                    page: pg,
+                    slot,
+                    kind,
+                    hash,
+                    old_state: old,
+                    in_pool,
+                });
+                core.regions[r].state[pg] = region::with_kind(old, MERGED);
+                core.regions[r].word[pg] = slot;
+            };
         match target {
             Some(Target::Existing(s)) => {
                 plan(self, ri, p, s, OpKind::Existing, h);
@@ -608,7 +698,9 @@ impl Core {
 
     fn note_run(&mut self, content: Option<u32>) {
         match content {
-            Some(c) if self.run_len > 0 && c == self.run_hash => self.run_len = self.run_len.saturating_add(1),
+            Some(c) if self.run_len > 0 && c == self.run_hash => {
+                self.run_len = self.run_len.saturating_add(1)
+            }
             Some(c) => {
                 self.run_hash = c;
                 self.run_len = 1;
@@ -618,14 +710,16 @@ impl Core {
     }
 
     /// Stripe length worth having for a same-content run of the current
-    /// length: a stripe of L pool pages turns a run of r pages into r/L
-    /// VMAs; memory is minimal near L = sqrt(r/8) (4 KiB per pool page vs
-    /// ~512 B per VMA and split). Under map-count pressure: the full stripe.
+    /// length r: a stripe of L pool pages turns the run into r/L VMAs. Pure
+    /// memory would favour L = sqrt(r/8) (4 KiB per pool page vs ~512 B per
+    /// VMA and split), but every VMA also costs a ~15 us mmap and one of
+    /// only 65530 map slots, so L = sqrt(r): a run of 16 pages gets 4 pool
+    /// pages, 4096 pages get 64. Under map-count pressure: the full stripe.
     fn wanted_stripe(&self) -> u32 {
         if self.budget.headroom < (self.max_map_count / 4) as i64 {
             return self.stripe_max;
         }
-        let l = ((self.run_len / 8) as f64).sqrt() as u32;
+        let l = (self.run_len as f64).sqrt() as u32;
         l.clamp(1, self.stripe_max)
     }
 
@@ -637,17 +731,28 @@ impl Core {
             && m.hash == h
             && m.group == group
             && (m.mappers as u64) < self.knobs.max_page_sharing
-            && (st == SlotState::Reserved || self.pool.page(s) == page)
+            && if self.strong_hash {
+                m.hash_hi == self.cur_hi
+            } else {
+                st == SlotState::Reserved || self.pool.page(s) == page
+            }
     }
 
-    /// Length of the same-content stripe ending at slot `s`.
+    /// Length of the same-content stripe (slots with room) ending at `s`.
     fn stripe_len(&self, s: u32, h: u32, group: u32) -> u32 {
         let mut n = 1;
         let mut x = s;
         while x > 0 && n < self.stripe_max {
             let m = self.pool.meta(x - 1);
             let st = self.pool.state(x - 1);
-            if m.hash != h || m.group != group || st == SlotState::Free || st == SlotState::Failed {
+            // Full slots (max_page_sharing) end the stripe: a new stripe may
+            // start right after a full one and must be able to grow.
+            if m.hash != h
+                || m.group != group
+                || st == SlotState::Free
+                || st == SlotState::Failed
+                || m.mappers as u64 >= self.knobs.max_page_sharing
+            {
                 break;
             }
             n += 1;
@@ -656,7 +761,15 @@ impl Core {
         n
     }
 
-    fn choose(&mut self, ri: usize, p: usize, h: u32, group: u32, prev: Option<u32>, page: &[u8]) -> Option<Target> {
+    fn choose(
+        &mut self,
+        ri: usize,
+        p: usize,
+        h: u32,
+        group: u32,
+        prev: Option<u32>,
+        page: &[u8],
+    ) -> Option<Target> {
         // 1. Continue the left neighbour's run: no new VMA.
         if let Some(ps) = prev {
             let s1 = ps.wrapping_add(1);
@@ -672,7 +785,7 @@ impl Core {
                 {
                     // Same content as the left neighbour: grow its stripe so
                     // the run stays one VMA.
-                    if let Ok(s) = self.pool.reserve(Some(s1), h, group) {
+                    if let Ok(s) = self.pool.reserve(Some(s1), h, self.cur_hi, group) {
                         return Some(Target::New(s));
                     }
                 }
@@ -682,8 +795,20 @@ impl Core {
             // Out of map-count headroom: only run-extending merges.
             return None;
         }
-        // 2. Stable index: lowest slot with room (stripe starts first).
-        if let Some(&s) = self.stable.get(group, h).iter().take(256).find(|&&s| self.usable(s, h, group, page)) {
+        // 2. Stable index: a slot with room, preferably one whose successor
+        //    has room too (the run then continues along the stripe instead
+        //    of costing a VMA per page); lowest first.
+        let mut fallback = None;
+        for &s in self.stable.get(group, h).iter().take(512) {
+            if !self.usable(s, h, group, page) {
+                continue;
+            }
+            if self.usable(s.wrapping_add(1), h, group, page) {
+                return Some(Target::Existing(s));
+            }
+            fallback.get_or_insert(s);
+        }
+        if let Some(s) = fallback {
             return Some(Target::Existing(s));
         }
         // 3. Unstable index: a page seen earlier this pass.
@@ -691,7 +816,9 @@ impl Core {
         let found = {
             let regions = &self.regions;
             let locate = |gid: u32| -> Option<(usize, usize)> {
-                let ri = regions.partition_point(|r| r.gid_base <= gid).checked_sub(1)?;
+                let ri = regions
+                    .partition_point(|r| r.gid_base <= gid)
+                    .checked_sub(1)?;
                 let pp = (gid - regions[ri].gid_base) as usize;
                 (pp < regions[ri].npages).then_some((ri, pp))
             };
@@ -699,11 +826,16 @@ impl Core {
                 let (r, pp) = locate(gid)?;
                 let rg = &regions[r];
                 let s = rg.state[pp];
-                (gid != me && region::kind(s) == HASHED && !region::is_volatile(s) && rg.group == group)
+                (gid != me
+                    && region::kind(s) == HASHED
+                    && !region::is_volatile(s)
+                    && rg.group == group)
                     .then_some(rg.word[pp])
             };
             self.unstable.find(h, key_of, |gid| {
-                let Some((r, pp)) = locate(gid) else { return false };
+                let Some((r, pp)) = locate(gid) else {
+                    return false;
+                };
                 // SAFETY: registered regions are mapped.
                 let other = unsafe { regions[r].page(pp) };
                 other == page
@@ -718,7 +850,7 @@ impl Core {
                     .then(|| self.regions[cr].word[cp - 1].wrapping_add(1))
                     .filter(|&x| self.pool.is_free(x))
             });
-        let s = self.pool.reserve(hint, h, group).ok()?;
+        let s = self.pool.reserve(hint, h, self.cur_hi, group).ok()?;
         Some(Target::Pair(s, cr, cp))
     }
 
@@ -726,7 +858,8 @@ impl Core {
     fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
         ops.sort_by_key(|o| (o.kind != OpKind::New, o.region, o.page));
         let mut new_slots: Vec<u32> = Vec::new();
-        let mut pending: std::collections::HashSet<(usize, usize)> = ops.iter().map(|o| (o.region, o.page)).collect();
+        // Ops after this index join slots (phase 1), sorted by (region, page).
+        let phase1 = ops.partition_point(|o| o.kind == OpKind::New);
         let mut i = 0;
         while i < ops.len() {
             let s = i;
@@ -747,7 +880,11 @@ impl Core {
                 && first.page > 0
                 && region::kind(r.state[first.page - 1]) == MERGED
                 && r.word[first.page - 1].wrapping_add(1) == first.slot
-                && !pending.contains(&(first.region, first.page - 1));
+                // A left neighbour still waiting in phase 1 is not mapped yet.
+                && !(phase
+                    && ops[phase1..]
+                        .binary_search_by_key(&(first.region, first.page - 1), |o| (o.region, o.page))
+                        .is_ok());
             let base = r.addr;
             let res = {
                 let ctx = Ctx {
@@ -755,10 +892,16 @@ impl Core {
                     prot: &self.prot,
                     pagemap: &self.pagemap,
                 };
-                merge::exec_chunk(&ctx, &mut self.pool, base, chunk, continues_left, &mut self.budget)
+                merge::exec_chunk(
+                    &ctx,
+                    &mut self.pool,
+                    base,
+                    chunk,
+                    continues_left,
+                    &mut self.budget,
+                )
             };
             for (k, op) in chunk.iter().enumerate() {
-                pending.remove(&(op.region, op.page));
                 let done = res.done & (1 << k) != 0;
                 if op.kind == OpKind::New {
                     new_slots.push(op.slot);
@@ -780,9 +923,11 @@ impl Core {
             match op.kind {
                 OpKind::Zero => {
                     r.set_kind(op.page, ZERO);
+                    r.set_in_pool(op.page, false);
                     self.counters.zero_merges += 1;
                 }
                 _ => {
+                    r.set_in_pool(op.page, true);
                     r.set_kind(op.page, MERGED);
                     r.word[op.page] = op.slot;
                     self.counters.merges += 1;
@@ -816,17 +961,23 @@ impl Core {
         let mut count: HashMap<u32, u32> = HashMap::new();
         for r in &self.regions {
             let mut e = vec![Entry(0); r.npages];
-            self.pagemap.read(r.addr, &mut e).map_err(|e| e.to_string())?;
-            for i in 0..r.npages {
+            self.pagemap
+                .read(r.addr, &mut e)
+                .map_err(|e| e.to_string())?;
+            for (i, &ent) in e.iter().enumerate() {
                 if region::kind(r.state[i]) == MERGED {
                     *count.entry(r.word[i]).or_default() += 1;
-                    let ent = e[i];
                     if ent.present() && !ent.file() {
                         // Broken share not yet noticed: allowed (next visit).
                         continue;
                     }
                     if self.pool.state(r.word[i]) != SlotState::Written {
-                        return Err(format!("page {i} of {:?} maps slot {} in state {:?}", r.id, r.word[i], self.pool.state(r.word[i])));
+                        return Err(format!(
+                            "page {i} of {:?} maps slot {} in state {:?}",
+                            r.id,
+                            r.word[i],
+                            self.pool.state(r.word[i])
+                        ));
                     }
                 }
             }
@@ -834,15 +985,24 @@ impl Core {
         let mut live = 0;
         for (&s, &n) in &count {
             if self.pool.meta(s).mappers != n {
-                return Err(format!("slot {s}: pool says {} mappers, pages say {n}", self.pool.meta(s).mappers));
+                return Err(format!(
+                    "slot {s}: pool says {} mappers, pages say {n}",
+                    self.pool.meta(s).mappers
+                ));
             }
             live += 1;
         }
         if live != self.pool.live {
-            return Err(format!("pool live slots {} != mapped slots {live}", self.pool.live));
+            return Err(format!(
+                "pool live slots {} != mapped slots {live}",
+                self.pool.live
+            ));
         }
         if self.pool.slots_in_use() != live {
-            return Err(format!("pool has {} slots allocated but {live} mapped", self.pool.slots_in_use()));
+            return Err(format!(
+                "pool has {} slots allocated but {live} mapped",
+                self.pool.slots_in_use()
+            ));
         }
         Ok(())
     }

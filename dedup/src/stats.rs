@@ -47,7 +47,12 @@ impl Clocks {
 
     /// Total CPU seconds of the engine's threads, past and present.
     pub fn seconds(&self) -> f64 {
-        self.exited + self.live.iter().map(|&(_, c)| crate::mm::clock_seconds(c)).sum::<f64>()
+        self.exited
+            + self
+                .live
+                .iter()
+                .map(|&(_, c)| crate::mm::clock_seconds(c))
+                .sum::<f64>()
     }
 }
 

@@ -114,12 +114,19 @@ impl Uffd {
         if raw < 0 {
             let first = io::Error::last_os_error();
             // SAFETY: the path is a valid NUL-terminated string.
-            let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            let dev =
+                unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
             if dev < 0 {
                 return Err(UffdError::Create(first));
             }
             // SAFETY: dev is an open fd; the ioctl takes flags by value.
-            raw = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW as _, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+            raw = unsafe {
+                libc::ioctl(
+                    dev,
+                    USERFAULTFD_IOC_NEW as _,
+                    libc::O_CLOEXEC | libc::O_NONBLOCK,
+                )
+            };
             let e = io::Error::last_os_error();
             // SAFETY: dev is ours and no longer needed.
             unsafe { libc::close(dev) };
@@ -149,7 +156,14 @@ impl Uffd {
         self.fd.as_raw_fd()
     }
 
-    fn ioctl<T>(&self, op: &'static str, req: u64, arg: &mut T, addr: usize, len: usize) -> Result<(), UffdError> {
+    fn ioctl<T>(
+        &self,
+        op: &'static str,
+        req: u64,
+        arg: &mut T,
+        addr: usize,
+        len: usize,
+    ) -> Result<(), UffdError> {
         // SAFETY: arg is a valid, correctly sized struct for `req`.
         if unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg as *mut T) } != 0 {
             return Err(UffdError::Ioctl {
@@ -166,7 +180,10 @@ impl Uffd {
     /// re-register the VMAs that `mmap(MAP_FIXED)` creates during a merge.
     pub fn register_wp(&self, addr: usize, len: usize) -> Result<(), UffdError> {
         let mut r = UffdioRegister {
-            range: UffdioRange { start: addr as u64, len: len as u64 },
+            range: UffdioRange {
+                start: addr as u64,
+                len: len as u64,
+            },
             mode: UFFDIO_REGISTER_MODE_WP,
             ioctls: 0,
         };
@@ -179,31 +196,55 @@ impl Uffd {
 
     /// Unregisters `addr..+len` (wakes any waiter in it).
     pub fn unregister(&self, addr: usize, len: usize) -> Result<(), UffdError> {
-        let mut r = UffdioRange { start: addr as u64, len: len as u64 };
+        let mut r = UffdioRange {
+            start: addr as u64,
+            len: len as u64,
+        };
         self.ioctl("UFFDIO_UNREGISTER", UFFDIO_UNREGISTER, &mut r, addr, len)
     }
 
     /// Write-protects `addr..+len` (present PTEs only; verify with pagemap).
     pub fn protect(&self, addr: usize, len: usize) -> Result<(), UffdError> {
         let mut w = UffdioWriteprotect {
-            range: UffdioRange { start: addr as u64, len: len as u64 },
+            range: UffdioRange {
+                start: addr as u64,
+                len: len as u64,
+            },
             mode: UFFDIO_WRITEPROTECT_MODE_WP,
         };
-        self.ioctl("UFFDIO_WRITEPROTECT(WP)", UFFDIO_WRITEPROTECT, &mut w, addr, len)
+        self.ioctl(
+            "UFFDIO_WRITEPROTECT(WP)",
+            UFFDIO_WRITEPROTECT,
+            &mut w,
+            addr,
+            len,
+        )
     }
 
     /// Removes write-protection from `addr..+len` and wakes its waiters.
     pub fn unprotect(&self, addr: usize, len: usize) -> Result<(), UffdError> {
         let mut w = UffdioWriteprotect {
-            range: UffdioRange { start: addr as u64, len: len as u64 },
+            range: UffdioRange {
+                start: addr as u64,
+                len: len as u64,
+            },
             mode: 0,
         };
-        self.ioctl("UFFDIO_WRITEPROTECT(0)", UFFDIO_WRITEPROTECT, &mut w, addr, len)
+        self.ioctl(
+            "UFFDIO_WRITEPROTECT(0)",
+            UFFDIO_WRITEPROTECT,
+            &mut w,
+            addr,
+            len,
+        )
     }
 
     /// Wakes every thread blocked on a fault in `addr..+len`.
     pub fn wake(&self, addr: usize, len: usize) -> Result<(), UffdError> {
-        let mut r = UffdioRange { start: addr as u64, len: len as u64 };
+        let mut r = UffdioRange {
+            start: addr as u64,
+            len: len as u64,
+        };
         self.ioctl("UFFDIO_WAKE", UFFDIO_WAKE, &mut r, addr, len)
     }
 
@@ -211,7 +252,13 @@ impl Uffd {
     pub fn read_msgs(&self, buf: &mut [UffdMsg]) -> Result<usize, UffdError> {
         let bytes = std::mem::size_of_val(buf);
         // SAFETY: buf is valid for `bytes` bytes of writes; UffdMsg is POD.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, bytes) };
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                buf.as_mut_ptr() as *mut libc::c_void,
+                bytes,
+            )
+        };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EAGAIN) {

@@ -19,6 +19,9 @@ use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, Mode};
 
 const WRITERS: usize = 4;
 
+/// Each writer's log of (page, new content) since the last round.
+type WriteLog = std::sync::Mutex<Vec<(usize, Vec<u8>)>>;
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -53,7 +56,11 @@ unsafe impl Send for World {}
 fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, seed: u64) {
     let e = Arc::new(
         Engine::new(EngineConfig {
-            knobs: Knobs { pages_to_scan: 1 << 14, sleep_millisecs: 0, max_page_sharing: 8 },
+            knobs: Knobs {
+                pages_to_scan: 1 << 14,
+                sleep_millisecs: 0,
+                max_page_sharing: 8,
+            },
             mode: Mode::On,
             hash_override: hash,
             ..EngineConfig::default()
@@ -61,15 +68,18 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
         .unwrap(),
     );
     // Three regions: two in one group, one in another.
-    let world = Arc::new(World { mems: (0..3).map(|_| Mem::new(pages_per)).collect(), pages_per });
+    let world = Arc::new(World {
+        mems: (0..3).map(|_| Mem::new(pages_per)).collect(),
+        pages_per,
+    });
     let total = world.total();
     let mut shadow: Vec<Vec<u8>> = vec![vec![0u8; PS]; total];
-    for g in 0..total {
+    for (g, sh) in shadow.iter_mut().enumerate() {
         let v = (g % 9) as u64; // many identical, 1/9 zero
         let p = pattern(v);
         // SAFETY: setup, no other thread yet.
         unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), world.ptr(g), PS) };
-        shadow[g] = p;
+        *sh = p;
     }
     for (k, m) in world.mems.iter().enumerate() {
         m.register(&e, &format!("vm{k}"), if k < 2 { "g1" } else { "g2" });
@@ -81,19 +91,34 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
     for v in 0..16u64 {
         let p = pattern(v + 100);
         // SAFETY: p is a valid page buffer.
-        let n = unsafe { libc::pwrite(src_fd, p.as_ptr() as *const libc::c_void, PS, (v as usize * PS) as libc::off_t) };
+        let n = unsafe {
+            libc::pwrite(
+                src_fd,
+                p.as_ptr() as *const libc::c_void,
+                PS,
+                (v as usize * PS) as libc::off_t,
+            )
+        };
         assert_eq!(n, PS as isize);
     }
 
-    let shadows: Arc<Vec<std::sync::Mutex<Vec<(usize, Vec<u8>)>>>> =
-        Arc::new((0..WRITERS).map(|_| std::sync::Mutex::new(Vec::new())).collect());
+    let shadows: Arc<Vec<WriteLog>> = Arc::new(
+        (0..WRITERS)
+            .map(|_| std::sync::Mutex::new(Vec::new()))
+            .collect(),
+    );
     let barrier = Arc::new(Barrier::new(WRITERS + 1));
     let pause = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for w in 0..WRITERS {
-        let (world, barrier, pause, stop, shadows) =
-            (world.clone(), barrier.clone(), pause.clone(), stop.clone(), shadows.clone());
+        let (world, barrier, pause, stop, shadows) = (
+            world.clone(),
+            barrier.clone(),
+            pause.clone(),
+            stop.clone(),
+            shadows.clone(),
+        );
         handles.push(std::thread::spawn(move || {
             let mut rng = Rng(seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let mine: Vec<usize> = (w..world.total()).step_by(WRITERS).collect();
@@ -123,7 +148,13 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
                         let val = rng.next() | 1;
                         // SAFETY: page g is ours; word-aligned offset.
                         unsafe { std::ptr::write_volatile(ptr.add(off) as *mut u64, val) };
-                        let mut cur = shadows[w].lock().unwrap().iter().rev().find(|(x, _)| *x == g).map(|(_, p)| p.clone());
+                        let mut cur = shadows[w]
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .rev()
+                            .find(|(x, _)| *x == g)
+                            .map(|(_, p)| p.clone());
                         if cur.is_none() {
                             cur = Some(Vec::new());
                         }
@@ -142,7 +173,14 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
                     _ => {
                         let v = r / 16 % 16;
                         // SAFETY: page g is ours; pread writes PS bytes into it.
-                        let n = unsafe { libc::pread(src_fd, ptr as *mut libc::c_void, PS, (v as usize * PS) as libc::off_t) };
+                        let n = unsafe {
+                            libc::pread(
+                                src_fd,
+                                ptr as *mut libc::c_void,
+                                PS,
+                                (v as usize * PS) as libc::off_t,
+                            )
+                        };
                         assert_eq!(n, PS as isize, "pread into a guest page failed");
                         pattern(v + 100)
                     }
@@ -177,8 +215,12 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
                 }
             }
         }
-        assert_eq!(bad, 0, "round {round}: {bad} pages lost writes or were corrupted");
-        e.check_consistency().unwrap_or_else(|m| panic!("round {round}: {m}"));
+        assert_eq!(
+            bad, 0,
+            "round {round}: {bad} pages lost writes or were corrupted"
+        );
+        e.check_consistency()
+            .unwrap_or_else(|m| panic!("round {round}: {m}"));
         pause.store(false, Ordering::Release);
         if round + 1 == rounds {
             stop.store(true, Ordering::Release);
@@ -212,7 +254,10 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
     }
     for i in 0..pages_per {
         let en = world.mems[2].entry(&pm, i);
-        assert!(!(en.present() && en.file() && g1.contains(&en.pfn())), "cross-group share");
+        assert!(
+            !(en.present() && en.file() && g1.contains(&en.pfn())),
+            "cross-group share"
+        );
     }
     // Unmerge: everything private again, contents intact.
     e.set_mode(Mode::Unmerge).unwrap();
@@ -239,6 +284,12 @@ fn torture_xxh3() {
 fn torture_weak_hash_collisions() {
     // 4 possible hash values: nearly every match is a collision.
     let t = Instant::now();
-    run(Some(|p: &[u8]| (p[8] & 3) as u64), 10, 500, 512, 0xfeed_beef);
+    run(
+        Some(|p: &[u8]| (p[8] & 3) as u64),
+        10,
+        500,
+        512,
+        0xfeed_beef,
+    );
     eprintln!("torture_weak_hash took {:?}", t.elapsed());
 }

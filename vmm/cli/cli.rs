@@ -9,6 +9,7 @@ use pagefold_vmm::config::{
 };
 use pagefold_vmm::runner::{self, Runner};
 
+use crate::bench;
 use crate::report;
 
 #[path = "client.rs"]
@@ -60,6 +61,8 @@ pub struct Cli {
     pub cmd: Command,
 }
 
+// Parsed once per process: the size difference of the variants is harmless.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run VMs until they all stop: one VM from flags, or several from --config.
@@ -78,6 +81,9 @@ pub enum Command {
     /// Change a running pagefold's dedup mode and knobs.
     #[command(subcommand)]
     Dedup(client::DedupCommand),
+    /// Benchmarks: pagefold against the kernel's KSM, side by side.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[derive(Args, Debug)]
@@ -362,6 +368,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
         Command::Status(a) => client::status(a),
         Command::Vm(c) => client::vm(c),
         Command::Dedup(c) => client::dedup(c),
+        Command::Bench(c) => bench::run(c),
     }
 }
 

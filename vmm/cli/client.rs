@@ -122,10 +122,11 @@ pub fn start_api(runner: &Runner, a: &ApiServeArgs, daemon: bool) -> Result<Opti
         tcp: a.api_tcp,
         allow_remote: a.api_tcp_allow_remote,
     };
-    let server = Server::start(runner.handle(), &listen, Default::default()).map_err(|e| match e {
-        pagefold_api::ServerError::Listen(l) => Error::Usage(l.to_string()),
-        other => Error::Io(other.to_string()),
-    })?;
+    let server =
+        Server::start(runner.handle(), &listen, Default::default()).map_err(|e| match e {
+            pagefold_api::ServerError::Listen(l) => Error::Usage(l.to_string()),
+            other => Error::Io(other.to_string()),
+        })?;
     if let Some(p) = server.socket_path() {
         eprintln!("pagefold: API on {}", p.display());
     }
@@ -151,8 +152,12 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     } else {
         cfg.validate(super::host_mem_total())?;
     }
-    let dedup = pagefold_vmm::dedup::create_backend(&cfg).map_err(|e| Error::Dedup(e.to_string()))?;
-    let mut runner = Runner::new(dedup, true)?;
+    // Always a backend (unless the mode is off): VMs created through the
+    // API later may want dedup.
+    let always = cfg.dedup.mode != pagefold_dedup::Mode::Off;
+    let dedup =
+        pagefold_vmm::dedup::create(&cfg, always).map_err(|e| Error::Dedup(e.to_string()))?;
+    let mut runner = Runner::with_dedup(dedup, true)?;
     runner.keep_alive = true;
     let api = start_api(&runner, &a.api, true)?;
     runner.start_all(&cfg)?;
@@ -182,14 +187,19 @@ fn serve_exit_code(r: &RunReport) -> i32 {
 }
 
 fn client(a: &ClientArgs) -> Result<Client, Error> {
-    let path = a.api_sock.clone().unwrap_or_else(pagefold_api::default_socket_path);
+    let path = a
+        .api_sock
+        .clone()
+        .unwrap_or_else(pagefold_api::default_socket_path);
     Client::new(Target::Unix(path)).map_err(|e| Error::Io(e.to_string()))
 }
 
 /// Sends a request; non-2xx answers become errors (4xx: the user's input,
 /// exit 2; else exit 3).
 fn call(c: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Reply, Error> {
-    let r = c.call(method, path, body).map_err(|e| Error::Io(e.to_string()))?;
+    let r = c
+        .call(method, path, body)
+        .map_err(|e| Error::Io(e.to_string()))?;
     if r.is_success() {
         return Ok(r);
     }
@@ -202,7 +212,8 @@ fn call(c: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Re
 }
 
 fn json(r: &Reply) -> Result<Value, Error> {
-    r.json().map_err(|e| Error::Io(format!("the API sent invalid JSON: {e}")))
+    r.json()
+        .map_err(|e| Error::Io(format!("the API sent invalid JSON: {e}")))
 }
 
 fn pretty(v: &Value) -> String {
@@ -278,10 +289,19 @@ pub fn status(a: StatusArgs) -> Result<i32, Error> {
     let c = client(&a.client)?;
     let health = json(&call(&c, "GET", "/health", None)?)?;
     let vms = json(&call(&c, "GET", "/vms", None)?)?;
-    let dedup = match c.call("GET", "/dedup", None).map_err(|e| Error::Io(e.to_string()))? {
+    let dedup = match c
+        .call("GET", "/dedup", None)
+        .map_err(|e| Error::Io(e.to_string()))?
+    {
         r if r.status == 404 => None,
         r if r.is_success() => Some(json(&r)?),
-        r => return Err(Error::Io(format!("GET /dedup: {} ({})", r.error_message(), r.status))),
+        r => {
+            return Err(Error::Io(format!(
+                "GET /dedup: {} ({})",
+                r.error_message(),
+                r.status
+            )))
+        }
     };
     if a.json {
         let all = serde_json::json!({"health": health, "vms": vms, "dedup": dedup});
@@ -300,10 +320,13 @@ pub fn status(a: StatusArgs) -> Result<i32, Error> {
 
 /// Reads VMs from a TOML config (`[[vm]]` tables or one VM's keys) or JSON.
 fn vms_from_file(path: &Path) -> Result<Vec<VmConfig>, Error> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Usage(format!("reading {}: {e}", path.display())))?;
     let bad = |m: String| Error::Usage(format!("{}: {m}", path.display()));
     if path.extension().is_some_and(|e| e == "json") {
-        return Ok(vec![serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?]);
+        return Ok(vec![
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?
+        ]);
     }
     match toml::from_str::<Config>(&text) {
         Ok(c) if !c.vms.is_empty() => Ok(c.vms),
@@ -320,13 +343,19 @@ fn vms_from_file(path: &Path) -> Result<Vec<VmConfig>, Error> {
 /// `pagefold vm ...`.
 pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
     match cmd {
-        VmCommand::List { json: raw, client: ca } => {
+        VmCommand::List {
+            json: raw,
+            client: ca,
+        } => {
             let c = client(&ca)?;
             let vms = json(&call(&c, "GET", "/vms", None)?)?;
             if raw {
                 println!("{}", pretty(&vms));
             } else {
-                print!("{}", vm_table(vms.as_array().map(Vec::as_slice).unwrap_or(&[]), None));
+                print!(
+                    "{}",
+                    vm_table(vms.as_array().map(Vec::as_slice).unwrap_or(&[]), None)
+                );
             }
         }
         VmCommand::Create { config, client: ca } => {
@@ -334,7 +363,11 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
             for vc in vms_from_file(&config)? {
                 let body = serde_json::to_value(&vc).map_err(|e| Error::Io(e.to_string()))?;
                 let info = json(&call(&c, "PUT", &format!("/vms/{}", vc.name), Some(&body))?)?;
-                println!("created {} ({})", vc.name, info["state"].as_str().unwrap_or("?"));
+                println!(
+                    "created {} ({})",
+                    vc.name,
+                    info["state"].as_str().unwrap_or("?")
+                );
             }
         }
         VmCommand::Pause { name, client: ca } => set_state(&ca, &name, "paused")?,
@@ -359,7 +392,10 @@ fn set_state(ca: &ClientArgs, name: &str, state: &str) -> Result<(), Error> {
 /// `pagefold dedup set KEY=VALUE...`: parsed and checked locally first
 /// (same rules as the server), then applied by the server.
 pub fn dedup(cmd: DedupCommand) -> Result<i32, Error> {
-    let DedupCommand::Set { settings, client: ca } = cmd;
+    let DedupCommand::Set {
+        settings,
+        client: ca,
+    } = cmd;
     let patch = DedupPatch::from_pairs(&settings).map_err(|e| Error::Usage(e.to_string()))?;
     let c = client(&ca)?;
     let body = serde_json::to_value(&patch).map_err(|e| Error::Io(e.to_string()))?;
@@ -378,8 +414,16 @@ mod tests {
         let d = std::env::temp_dir().join(format!("pf-cli-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         let many = d.join("many.toml");
-        std::fs::write(&many, "[[vm]]\nname = \"a\"\nmemory = 64\n[[vm]]\nname = \"b\"\nmemory = \"32M\"\n").unwrap();
-        let names: Vec<_> = vms_from_file(&many).unwrap().into_iter().map(|v| v.name).collect();
+        std::fs::write(
+            &many,
+            "[[vm]]\nname = \"a\"\nmemory = 64\n[[vm]]\nname = \"b\"\nmemory = \"32M\"\n",
+        )
+        .unwrap();
+        let names: Vec<_> = vms_from_file(&many)
+            .unwrap()
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
         assert_eq!(names, ["a", "b"]);
         let one = d.join("one.toml");
         std::fs::write(&one, "name = \"c\"\nmemory = 64\n").unwrap();
@@ -405,7 +449,9 @@ mod tests {
             summary: Default::default(),
         };
         let mut r = RunReport {
-            vms: vec![rep(Outcome::Stopped { reason: "api".into() })],
+            vms: vec![rep(Outcome::Stopped {
+                reason: "api".into(),
+            })],
             signal: None,
             dedup: None,
             first_report_ms: None,
@@ -413,7 +459,9 @@ mod tests {
         assert_eq!(serve_exit_code(&r), 0);
         r.vms.push(rep(Outcome::GuestExit { status: 2 }));
         assert_eq!(serve_exit_code(&r), 1);
-        r.vms.push(rep(Outcome::VmmError { message: "x".into() }));
+        r.vms.push(rep(Outcome::VmmError {
+            message: "x".into(),
+        }));
         assert_eq!(serve_exit_code(&r), 3);
         r.signal = Some("SIGTERM");
         assert_eq!(serve_exit_code(&r), 143);
@@ -421,8 +469,10 @@ mod tests {
 
     #[test]
     fn tables_show_per_vm_dedup_figures() {
-        let vms = vec![serde_json::json!({"name": "vm0", "state": "paused", "vcpus": 1,
-            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g"})];
+        let vms = vec![
+            serde_json::json!({"name": "vm0", "state": "paused", "vcpus": 1,
+            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g"}),
+        ];
         let d = serde_json::json!({"per_owner": {"vm0": {"pages_tracked": 9, "pages_merged": 4,
             "zero_pages": 1, "bytes_saved": 20480}}});
         let t = vm_table(&vms, Some(&d));

@@ -1,5 +1,6 @@
 //! `pagefold`: run KVM VMs with guest-memory deduplication.
 
+mod bench;
 mod cli;
 mod report;
 

@@ -347,7 +347,17 @@ impl Vm {
             }
             if let Some(d) = &self.dedup {
                 for id in self.regions.drain(..) {
-                    if let Err(e) = d.unregister(id) {
+                    let r = if all_out {
+                        // SAFETY: no vCPU runs any more and the VM's memory
+                        // is unmapped right after this (when `self.mem`
+                        // drops), so nothing will read the merged pages: the
+                        // engine may drop its references without giving each
+                        // page a private copy first.
+                        unsafe { d.unregister_unmapping(id) }
+                    } else {
+                        d.unregister(id)
+                    };
+                    if let Err(e) = r {
                         log::error!("VM {}: dedup unregister: {e}", self.config.name);
                     }
                 }

@@ -9,7 +9,10 @@ use super::driver::Driver;
 use super::error::KsmError;
 use super::procstat::{self, ProcessKsmStat};
 use super::sysfs::{KsmSysfs, KSM_SYSFS};
-use crate::auto::{page_size, AutoConfig, AutoController, AutoHandle, MemorySource, ProcMemSource};
+use crate::auto::{
+    max_scanning_factor_limit, page_size, AutoConfig, AutoController, AutoHandle, MemorySource,
+    ProcMemSource,
+};
 use crate::backend::{
     DedupBackend, Error, KnobUpdate, Knobs, Mode, OwnerStats, RegionId, RegionSpec, Result, Stats,
 };
@@ -146,7 +149,16 @@ impl KsmBackend {
         let source = opts
             .memory_source
             .unwrap_or_else(|| Box::new(ProcMemSource::new()));
-        let auto = AutoController::new(opts.auto, source, knobs.pages_to_scan)?;
+        let mut auto_cfg = opts.auto;
+        if auto_cfg == AutoConfig::default() {
+            // A host whose pages_to_scan is so large that 16 x it exceeds RAM
+            // must not make the KSM backend unusable when auto mode was never
+            // configured: clamp the *default* factor. An explicit config is
+            // validated as given.
+            let limit = max_scanning_factor_limit(total_ram_bytes(), knobs.pages_to_scan);
+            auto_cfg.max_scanning_factor = auto_cfg.max_scanning_factor.min(limit);
+        }
+        let auto = AutoController::new(auto_cfg, source, knobs.pages_to_scan)?;
         let auto_handle = auto.handle();
         let ksmd = procstat::find_by_comm(std::path::Path::new("/proc"), "ksmd");
         if ksmd.is_none() {
@@ -404,6 +416,13 @@ impl Drop for KsmBackend {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// Physical RAM from sysconf (the default auto config's bound only).
+fn total_ram_bytes() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    (pages.max(1) as u64).saturating_mul(page_size())
 }
 
 fn madvise(

@@ -29,7 +29,10 @@ impl Mem {
         assert_ne!(p, libc::MAP_FAILED);
         // SAFETY: our mapping.
         unsafe { libc::madvise(p, pages * PS, libc::MADV_NOHUGEPAGE) };
-        Mem { addr: p as usize, pages }
+        Mem {
+            addr: p as usize,
+            pages,
+        }
     }
 
     pub fn page_ptr(&self, i: usize) -> *mut u8 {
@@ -52,7 +55,12 @@ impl Mem {
     }
 
     pub fn spec(&self, owner: &str, group: &str) -> RegionSpec {
-        RegionSpec { host_addr: self.addr, len: self.pages * PS, owner: owner.into(), group: group.into() }
+        RegionSpec {
+            host_addr: self.addr,
+            len: self.pages * PS,
+            owner: owner.into(),
+            group: group.into(),
+        }
     }
 
     /// Registers with the engine.
@@ -87,7 +95,9 @@ pub fn pattern(v: u64) -> Vec<u8> {
     let mut b = vec![0u8; PS];
     if v != 0 {
         for (k, w) in b.chunks_mut(8).enumerate() {
-            let x = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93) | 1;
+            let x = v.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (k as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93)
+                | 1;
             w.copy_from_slice(&x.to_le_bytes());
         }
     }
@@ -97,7 +107,11 @@ pub fn pattern(v: u64) -> Vec<u8> {
 /// Engine with fast knobs for tests.
 pub fn engine(max_sharing: u64) -> Engine {
     Engine::new(EngineConfig {
-        knobs: Knobs { pages_to_scan: 1 << 16, sleep_millisecs: 0, max_page_sharing: max_sharing },
+        knobs: Knobs {
+            pages_to_scan: 1 << 16,
+            sleep_millisecs: 0,
+            max_page_sharing: max_sharing,
+        },
         ..EngineConfig::default()
     })
     .unwrap()

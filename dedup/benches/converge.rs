@@ -1,0 +1,176 @@
+//! Quick convergence/CPU measurement of the engine on a 300 MiB region, the
+//! two shapes of the KSM baseline (docs/engine.md has the results).
+//!
+//! `cargo bench -p pagefold-dedup --bench converge -- [identical|distinct] [default|max] [steady_secs]`
+//!
+//! Converged = `pages_sharing` reached the value it then kept for 3 more
+//! full scans (the baseline's definition); reported time and CPU are at the
+//! first moment that value was reached.
+
+use std::time::{Duration, Instant};
+
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, Mode, RegionSpec, DEFAULT_KNOBS};
+
+const PS: usize = 4096;
+const PAGES: usize = 76800;
+
+fn region(shape: &str) -> usize {
+    // SAFETY: a fresh private anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGES * PS,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: our mapping.
+    unsafe { libc::madvise(p, PAGES * PS, libc::MADV_NOHUGEPAGE) };
+    let base = p as *mut u64;
+    for i in 0..PAGES {
+        // identical: every page the same non-zero content; distinct: every
+        // page unique except 43 equal ones (the baseline's 1 shared / 42).
+        let v = if shape == "identical" || i % 1000 == 7 && i < 43_000 {
+            0xABCD
+        } else {
+            i as u64 + 1
+        };
+        for w in 0..PS / 8 {
+            // SAFETY: inside the mapping.
+            unsafe { *base.add(i * PS / 8 + w) = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64 };
+        }
+    }
+    p as usize
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().filter(|a| !a.starts_with("--")).collect();
+    let shape = args
+        .get(1)
+        .map(String::as_str)
+        .unwrap_or("identical")
+        .to_string();
+    let preset = args
+        .get(2)
+        .map(String::as_str)
+        .unwrap_or("default")
+        .to_string();
+    let steady: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let knobs = if preset == "max" {
+        Knobs {
+            pages_to_scan: 10000,
+            sleep_millisecs: 0,
+            max_page_sharing: 256,
+        }
+    } else {
+        DEFAULT_KNOBS
+    };
+    let addr = region(&shape);
+    let e = Engine::new(EngineConfig {
+        knobs,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    if preset == "passes" {
+        // Per-pass cost on the calling thread: pass 1 hashes, pass 2 merges.
+        // SAFETY: the mapping stays until the process exits.
+        unsafe {
+            e.register(RegionSpec {
+                host_addr: addr,
+                len: PAGES * PS,
+                owner: "bench".into(),
+                group: "g".into(),
+            })
+            .unwrap()
+        };
+        let cpu = || {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: valid out-pointer.
+            unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+            ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+        };
+        for pass in 1..=4 {
+            let (c, t) = (cpu(), Instant::now());
+            e.scan_now(1);
+            let s = e.stats();
+            println!(
+                "{shape} pass {pass}: {:.1} ms CPU ({:.3} us/page), {:.1} ms wall, sharing {}",
+                (cpu() - c) * 1e3,
+                (cpu() - c) * 1e6 / PAGES as f64,
+                t.elapsed().as_secs_f64() * 1e3,
+                s.pages_sharing
+            );
+        }
+        return;
+    }
+    // SAFETY: the mapping stays until the process exits.
+    unsafe {
+        e.register(RegionSpec {
+            host_addr: addr,
+            len: PAGES * PS,
+            owner: "bench".into(),
+            group: "g".into(),
+        })
+        .unwrap()
+    };
+    let t0 = Instant::now();
+    let cpu0 = e.stats().cpu_seconds;
+    e.set_mode(Mode::On).unwrap();
+    let (mut val, mut since, mut since_scans, mut since_cpu) = (u64::MAX, Duration::ZERO, 0, 0.0);
+    loop {
+        std::thread::sleep(Duration::from_millis(2));
+        let s = e.stats();
+        if s.pages_sharing != val {
+            val = s.pages_sharing;
+            since = t0.elapsed();
+            since_scans = s.full_scans;
+            since_cpu = s.cpu_seconds - cpu0;
+        } else if s.full_scans >= since_scans + 3 && val > 0
+            || t0.elapsed() > Duration::from_secs(120)
+        {
+            break;
+        }
+    }
+    let s = e.stats();
+    println!(
+        "{shape}/{preset}: converged at {:.3} s, engine CPU {:.3} s; pages_shared {} pages_sharing {} pool {} vmas {} \
+         (3 more scans seen at {:.2} s, full_scans {}); metadata {:.2} B/page, profit {} MiB",
+        since.as_secs_f64(),
+        since_cpu,
+        s.pages_shared,
+        s.pages_sharing,
+        s.pool_pages,
+        s.vmas_created,
+        t0.elapsed().as_secs_f64(),
+        s.full_scans,
+        e.metadata_per_page(),
+        s.profit_bytes >> 20
+    );
+    // Steady state: nothing changes.
+    let (c1, f1, t1) = (e.stats().cpu_seconds, e.stats().full_scans, Instant::now());
+    std::thread::sleep(Duration::from_secs(steady));
+    let s2 = e.stats();
+    let dt = t1.elapsed().as_secs_f64();
+    println!(
+        "{shape}/{preset}: steady {:.1} s: CPU {:.4} s = {:.3}% of a core, {} full scans",
+        dt,
+        s2.cpu_seconds - c1,
+        (s2.cpu_seconds - c1) / dt * 100.0,
+        s2.full_scans - f1
+    );
+    let t = Instant::now();
+    e.set_mode(Mode::Unmerge).unwrap();
+    assert!(e.wait_mode(Mode::Off, Duration::from_secs(60)));
+    println!(
+        "{shape}/{preset}: unmerge of {} pages: {:.3} s",
+        s2.pages_sharing + s2.pool_pages,
+        t.elapsed().as_secs_f64()
+    );
+    e.shutdown();
+}
