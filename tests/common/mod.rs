@@ -1,6 +1,8 @@
 //! Helpers for integration tests that run the real `pagefold` binary.
 #![allow(dead_code)]
 
+pub mod dedup;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -8,7 +10,11 @@ use std::time::{Duration, Instant};
 
 /// Fails (never skips) when KVM is unusable: these tests exist to boot VMs.
 pub fn require_kvm() {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
         panic!(
             "this test boots VMs and needs /dev/kvm, which cannot be opened: {e} \
              (run on a KVM host as root or as a member of the kvm group)"

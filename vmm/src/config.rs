@@ -146,6 +146,16 @@ pub struct WorkloadConfig {
     /// Phases, in order: fill, churn, verify, rewrite, sleep:MS, wait:MS.
     #[serde(default = "default_phases")]
     pub phases: Vec<String>,
+    /// Raw disk images the guest gets as virtio-blk devices (at most
+    /// `pagefold_guest_abi::disk::MAX_DISKS`); its disk-read phase reads
+    /// disk 0 into its data area, like a page cache.
+    #[serde(default)]
+    pub disks: Vec<DiskConfig>,
+    /// Disk 0 is a test image made with this seed
+    /// (`pagefold_guest_abi::disk::image_page_base`): disk-read then checks
+    /// every byte it reads. Without it, disk-read only checksums.
+    #[serde(default)]
+    pub disk_seed: Option<u64>,
 }
 
 fn default_seed() -> u64 {
@@ -169,6 +179,8 @@ impl Default for WorkloadConfig {
             churn_rate: 0,
             churn_ms: 0,
             phases: default_phases(),
+            disks: Vec::new(),
+            disk_seed: None,
         }
     }
 }
@@ -458,7 +470,8 @@ impl VmConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     Fill,
-    Churn,
+    /// Churn for the given milliseconds (0: the workload's `churn_ms`).
+    Churn(u64),
     Verify,
     Rewrite,
     Sleep(u64),
@@ -467,6 +480,8 @@ pub enum Phase {
     Fault,
     /// Fault injection (tests): a write to an unassigned port.
     BadPort,
+    /// Read this many pages of disk 0 (0: all of it).
+    DiskRead(u64),
 }
 
 impl Phase {
@@ -490,15 +505,24 @@ impl Phase {
         };
         match op {
             "fill" => no_arg(Phase::Fill),
-            "churn" => no_arg(Phase::Churn),
+            "churn" => Ok(Phase::Churn(ms(arg, Some(0))?)),
             "verify" => no_arg(Phase::Verify),
             "rewrite" => no_arg(Phase::Rewrite),
             "fault" => no_arg(Phase::Fault),
             "badport" => no_arg(Phase::BadPort),
             "sleep" => Ok(Phase::Sleep(ms(arg, None)?)),
             "wait" => Ok(Phase::WaitHost(ms(arg, Some(600_000))?)),
+            "disk-read" => match arg {
+                None => Ok(Phase::DiskRead(0)),
+                Some(a) => match a.parse::<u64>() {
+                    Ok(n) if n > 0 => Ok(Phase::DiskRead(n)),
+                    _ => Err(format!(
+                        "phase {s:?}: {a:?} is not a number of pages (4 KiB) above 0"
+                    )),
+                },
+            },
             _ => Err(format!(
-                "unknown phase {op:?} (expected fill, churn, verify, rewrite, sleep:MS, wait[:MS], or the fault injections fault and badport)"
+                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], or the fault injections fault and badport)"
             )),
         }
     }
@@ -536,6 +560,24 @@ impl WorkloadConfig {
         }
         for s in [&self.shared, &self.private].into_iter().flatten() {
             s.bytes().map_err(|e| e.to_string())?;
+        }
+        let max_disks = pagefold_guest_abi::disk::MAX_DISKS;
+        if self.disks.len() > max_disks {
+            return Err(format!(
+                "workload.disks lists {} disks (at most {max_disks})",
+                self.disks.len()
+            ));
+        }
+        if self.disk_seed == Some(0) {
+            return Err("workload.disk_seed must not be 0 (0 means \"unknown content\"; leave it out)".into());
+        }
+        if self.disks.is_empty() && phases.iter().any(|p| matches!(p, Phase::DiskRead(_))) {
+            return Err("the disk-read phase needs a disk (workload.disks, or --disk)".into());
+        }
+        for d in &self.disks {
+            if !d.path.is_file() {
+                return Err(format!("disk image not found: {}", d.path.display()));
+            }
         }
         Ok(())
     }
@@ -646,6 +688,44 @@ mod tests {
             "unknown backend",
         );
         bad("", "no VM to run");
+    }
+
+    #[test]
+    fn workload_disks() {
+        assert_eq!(Phase::parse("disk-read").unwrap(), Phase::DiskRead(0));
+        assert_eq!(Phase::parse("disk-read:16").unwrap(), Phase::DiskRead(16));
+        assert!(Phase::parse("disk-read:0").unwrap_err().contains("pages"));
+        assert!(Phase::parse("disk-read:x").unwrap_err().contains("pages"));
+        let img = std::env::temp_dir().join(format!("pagefold-cfg-disk-{}", std::process::id()));
+        std::fs::write(&img, [0u8; 4096]).unwrap();
+        let toml = |extra: &str| {
+            format!(
+                "[[vm]]\nname = \"a\"\nmemory = 64\n[vm.workload]\nphases = [\"fill\", \"disk-read\"]\n{extra}"
+            )
+        };
+        let c = parse(&toml(&format!(
+            "disk_seed = 5\ndisks = [{{ path = {:?}, readonly = true }}]\n",
+            img.display().to_string()
+        )))
+        .unwrap();
+        c.validate(None).unwrap();
+        let w = c.vms[0].workload.as_ref().unwrap();
+        assert_eq!(w.disks[0].path, img);
+        assert!(w.disks[0].readonly);
+        assert_eq!(w.disk_seed, Some(5));
+        let err = |extra: &str| parse(&toml(extra)).unwrap().validate(None).unwrap_err().to_string();
+        assert!(err("").contains("needs a disk"), "{}", err(""));
+        let e = err("disks = [{ path = \"/nonexistent/disk.img\" }]\n");
+        assert!(e.contains("disk image not found"), "{e}");
+        let e = err(&format!(
+            "disk_seed = 0\ndisks = [{{ path = {:?} }}]\n",
+            img.display().to_string()
+        ));
+        assert!(e.contains("disk_seed"), "{e}");
+        let five = format!("{{ path = {:?} }}, ", img.display().to_string()).repeat(5);
+        let e = err(&format!("disks = [{five}]\n"));
+        assert!(e.contains("at most 4"), "{e}");
+        std::fs::remove_file(&img).unwrap();
     }
 
     #[test]

@@ -385,6 +385,18 @@ impl Runner {
         &self.vms
     }
 
+    /// What VM `name`'s guest reported so far (events are taken in by
+    /// [`Runner::run`] or [`Runner::poll_events`]).
+    pub fn summary(&self, name: &str) -> Option<&WorkloadSummary> {
+        self.summaries.get(name)
+    }
+
+    /// Takes in pending guest reports without running the event loop (for
+    /// callers that drive VMs step by step, such as tests and benchmarks).
+    pub fn poll_events(&mut self) {
+        self.drain_events();
+    }
+
     pub fn dedup(&self) -> Option<&Arc<dyn DedupBackend>> {
         self.res.dedup.as_ref()
     }

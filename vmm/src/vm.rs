@@ -105,6 +105,7 @@ pub struct Vm {
     regions: Vec<RegionId>,
     dedup: Option<Arc<dyn DedupBackend>>,
     workload: Option<Arc<workload::Control>>,
+    workload_params: Option<pagefold_guest_abi::WorkloadParams>,
     serial: Arc<Mutex<SerialDevice>>,
     vcpus: Vec<VcpuFd>,
     ctx: Option<ExitContext>,
@@ -179,6 +180,7 @@ impl Vm {
         // The guest: a Linux kernel, or the built-in workload.
         let ranges = memory::ram_ranges(config.memory_bytes())?;
         let mut subscribers = Vec::new();
+        let mut workload_params = None;
         let (workload, control_port, strict_io) = match &config.kernel {
             Some(kernel) => {
                 subscribers = linux_vm::setup(
@@ -204,6 +206,7 @@ impl Vm {
                 )?;
                 let base = pagefold_guest_abi::ports::BASE;
                 let len = pagefold_guest_abi::ports::LEN;
+                workload_params = Some(params);
                 (Some(control), Some((base, len, port)), true)
             }
         };
@@ -216,6 +219,7 @@ impl Vm {
             regions: Vec::new(),
             dedup: res.dedup.clone(),
             workload,
+            workload_params,
             serial,
             vcpus,
             ctx: Some(ExitContext {
@@ -245,6 +249,12 @@ impl Vm {
 
     pub fn memory(&self) -> &GuestMemoryMmap {
         &self.mem
+    }
+
+    /// The workload guest's parameters (None for Linux guests): tests and
+    /// benchmarks predict page contents from them.
+    pub fn workload_params(&self) -> Option<&pagefold_guest_abi::WorkloadParams> {
+        self.workload_params.as_ref()
     }
 
     /// The workload gate/stop handle, for tests and benchmarks.

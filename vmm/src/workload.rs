@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use pagefold_devices::workload::{DeviceAction, WorkloadControl, WorkloadDevice};
 use pagefold_guest_abi::classes::{DataLayout, ParamsError, MIN_DATA_START};
+use pagefold_guest_abi::disk::{MAX_DISKS, SECTORS_PER_PAGE, SECTOR_SIZE};
 use pagefold_guest_abi::{phase, WorkloadParams, PAGE_SIZE, PARAMS_MAGIC};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
@@ -40,8 +41,31 @@ pub fn name_seed(name: &str) -> u64 {
         .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
+/// A disk as the workload guest sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestDisk {
+    /// Guest-physical base of its virtio-mmio window.
+    pub mmio: u64,
+    /// Size in 512-byte sectors.
+    pub sectors: u64,
+}
+
+impl GuestDisk {
+    /// The disks `linux_vm::attach_disks` attached, in order.
+    pub fn from_attached(d: &crate::linux_vm::Disks) -> Vec<GuestDisk> {
+        d.slots
+            .iter()
+            .zip(&d.sectors)
+            .map(|(s, &sectors)| GuestDisk {
+                mmio: s.addr,
+                sectors,
+            })
+            .collect()
+    }
+}
+
 /// Builds the parameter block for a VM with RAM `ranges`, whose image ends at
-/// `image_end`.
+/// `image_end`, and no disks.
 pub fn params(
     w: &WorkloadConfig,
     vm_name: &str,
@@ -50,7 +74,59 @@ pub fn params(
     image_end: u64,
     tsc_khz: u64,
 ) -> Result<WorkloadParams, Error> {
+    params_with_disks(w, vm_name, vm_index, ranges, image_end, tsc_khz, &[])
+}
+
+/// Pages the disk area needs: the largest disk-read of the program, where
+/// `disk-read` without a count reads all of disk 0 (its whole pages).
+fn disk_area_pages(phases: &[Phase], disks: &[GuestDisk]) -> Result<u64, Error> {
+    let mut pages = 0;
+    for ph in phases {
+        let Phase::DiskRead(n) = *ph else { continue };
+        let disk = disks.first().ok_or_else(|| {
+            Error::Config("the disk-read phase needs a disk (workload.disks, or --disk)".into())
+        })?;
+        let whole = disk.sectors / SECTORS_PER_PAGE;
+        if whole == 0 {
+            return Err(Error::Config(format!(
+                "disk 0 has {} bytes: disk-read needs at least one whole 4 KiB page",
+                disk.sectors * SECTOR_SIZE
+            )));
+        }
+        let n = if n == 0 { whole } else { n };
+        if n > whole {
+            return Err(Error::Config(format!(
+                "disk-read:{n} reads {n} pages, but disk 0 holds only {whole} whole 4 KiB pages"
+            )));
+        }
+        pages = pages.max(n);
+    }
+    Ok(pages)
+}
+
+/// As [`params`], for a VM whose disks are `disks` (in order; disk-read
+/// reads disk 0). The disk area is sized for the program's largest
+/// disk-read and comes out of the RAM the default shared/private sizes are
+/// computed from.
+#[allow(clippy::too_many_arguments)]
+pub fn params_with_disks(
+    w: &WorkloadConfig,
+    vm_name: &str,
+    vm_index: usize,
+    ranges: &[(u64, u64)],
+    image_end: u64,
+    tsc_khz: u64,
+    disks: &[GuestDisk],
+) -> Result<WorkloadParams, Error> {
     w.validate().map_err(Error::Config)?;
+    if disks.len() > MAX_DISKS {
+        return Err(Error::Config(format!(
+            "{} disks: a workload VM has at most {MAX_DISKS}",
+            disks.len()
+        )));
+    }
+    let phases = w.parsed_phases().map_err(Error::Config)?;
+    let disk_pages = disk_area_pages(&phases, disks)?;
     let data_start = (image_end.div_ceil(MIB2) * MIB2).max(MIN_DATA_START);
     let low_end = ranges.first().map(|(a, l)| a + l).unwrap_or(0);
     if data_start >= low_end {
@@ -65,7 +141,14 @@ pub fn params(
     };
     debug_assert!(high_start == 0 || high_start >= MMIO_HOLE_END);
     let usable = (low_end - data_start) + (high_end - high_start);
-    let capacity = usable / bytes_per_page();
+    let disk_bytes = disk_pages * PAGE_SIZE;
+    if disk_bytes >= usable {
+        return Err(Error::TooBig {
+            need: fmt_size(disk_bytes),
+            have: fmt_size(usable),
+        });
+    }
+    let capacity = (usable - disk_bytes) / bytes_per_page();
     let pages = |s: &Option<crate::config::SizeValue>, default_share: u64| -> Result<u64, Error> {
         Ok(match s {
             Some(v) => v.bytes().map_err(|e| Error::Config(e.to_string()))? / PAGE_SIZE,
@@ -100,18 +183,25 @@ pub fn params(
         data_end: low_end,
         high_start,
         high_end,
+        disk_count: disks.len() as u64,
+        disk_pages,
+        disk_seed: w.disk_seed.unwrap_or(0),
         ..Default::default()
     };
-    for (i, ph) in w.parsed_phases().map_err(Error::Config)?.iter().enumerate() {
+    for (slot, d) in p.disk_mmio.iter_mut().zip(disks) {
+        *slot = d.mmio;
+    }
+    for (i, ph) in phases.iter().enumerate() {
         let (op, arg) = match *ph {
             Phase::Fill => (phase::FILL, 0),
-            Phase::Churn => (phase::CHURN, 0),
+            Phase::Churn(ms) => (phase::CHURN, ms),
             Phase::Verify => (phase::VERIFY, 0),
             Phase::Rewrite => (phase::REWRITE, 0),
             Phase::Sleep(ms) => (phase::SLEEP, ms),
             Phase::WaitHost(ms) => (phase::WAIT_HOST, ms),
             Phase::Fault => (phase::FAULT, 0),
             Phase::BadPort => (phase::BAD_PORT_WRITE, 0),
+            Phase::DiskRead(pages) => (phase::DISK_READ, pages),
         };
         p.program[i] = op;
         p.program_args[i] = arg;

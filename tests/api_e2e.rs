@@ -1,0 +1,365 @@
+//! End to end: the real `pagefold` binary serving its API while real
+//! workload VMs run, driven with curl over the Unix socket and with the
+//! `pagefold status|vm|dedup` client commands.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{pagefold, require_kvm, text, wait_bounded, TempDir};
+use serde_json::Value;
+
+fn require_curl() {
+    let ok = Command::new("curl")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success());
+    assert!(
+        matches!(ok, Ok(true)),
+        "this test drives the API with curl, which is not installed"
+    );
+}
+
+/// `curl` over the socket; returns (status, body).
+fn curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args(["-s", "-m", "60", "-w", "\n%{http_code}", "--unix-socket"])
+        .arg(sock)
+        .args(["-X", method])
+        .arg(format!("http://localhost/api/v1{path}"));
+    if body.is_some() {
+        c.args([
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            "@-",
+        ]);
+    }
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run curl");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        // The server may answer (413) before reading it all.
+        let _ = stdin.write_all(body.unwrap_or("").as_bytes());
+    }
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8(o.stdout).unwrap();
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", &out));
+    (
+        code.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("curl {method} {path}: {out:?}")),
+        body.to_string(),
+    )
+}
+
+fn curl_json(sock: &Path, method: &str, path: &str, body: Option<&str>, want: u16) -> Value {
+    let (code, text) = curl(sock, method, path, body);
+    assert_eq!(code, want, "{method} {path}: {text}");
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text}"))
+}
+
+/// Runs a client command of the binary.
+fn cli(args: &[&str], sock: &Path) -> std::process::Output {
+    let mut all: Vec<&str> = args.to_vec();
+    all.push("--api-sock");
+    all.push(sock.to_str().unwrap());
+    common::run(&all, Duration::from_secs(60))
+}
+
+fn wait_for_api(child: &mut Child, sock: &Path) {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("pagefold exited early: {st}");
+        }
+        if sock.exists() && curl(sock, "GET", "/health", None).0 == 200 {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "API did not come up"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn config(dir: &TempDir, phases: &str, mode: &str) -> PathBuf {
+    let p = dir.path("vms.toml");
+    let vm = |name: &str| {
+        format!(
+            "[[vm]]\nname = \"{name}\"\nmemory = \"64M\"\nserial = \"null\"\ndedup = {{ group = \"g\" }}\n\
+             [vm.workload]\nseed = 7\nshared = \"24M\"\nprivate = \"8M\"\nphases = [{phases}]\n"
+        )
+    };
+    let text = format!("[dedup]\nmode = \"{mode}\"\n\n{}\n{}", vm("vm0"), vm("vm1"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn spawn(args: &[&str]) -> Child {
+    pagefold()
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pagefold")
+}
+
+fn names(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn serve_mode_vm_lifecycle_over_curl_and_cli() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-serve");
+    let sock = dir.path("api.sock");
+    let cfg = config(&dir, "\"fill\", \"wait\"", "off");
+    let mut child = spawn(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--api-sock",
+        sock.to_str().unwrap(),
+    ]);
+    wait_for_api(&mut child, &sock);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    let h = curl_json(&sock, "GET", "/health", None, 200);
+    assert_eq!(h["vms"], 2);
+    assert_eq!(
+        names(&curl_json(&sock, "GET", "/vms", None, 200)),
+        ["vm0", "vm1"]
+    );
+
+    // `pagefold status`: a table with both VMs, and JSON.
+    let o = cli(&["status"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for vm in ["vm0", "vm1"] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with(vm) && l.contains("running")),
+            "{out}"
+        );
+    }
+    let o = cli(&["status", "--json"], &sock);
+    let s: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let up0 = s["vms"][0]["uptime_s"].as_f64().unwrap();
+
+    // Pause with the CLI, check with curl and in the metrics; resume with curl.
+    let o = cli(&["vm", "pause", "vm1"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        curl_json(&sock, "GET", "/vms/vm1", None, 200)["state"],
+        "paused"
+    );
+    let (code, metrics) = curl(&sock, "GET", "/metrics", None);
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("pagefold_vm_state{vm=\"vm1\",state=\"paused\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("pagefold_vms 2\n"), "{metrics}");
+    let v = curl_json(
+        &sock,
+        "PATCH",
+        "/vms/vm1",
+        Some(r#"{"state":"running"}"#),
+        200,
+    );
+    assert_eq!(v["state"], "running");
+
+    // Figures move.
+    std::thread::sleep(Duration::from_millis(300));
+    let up1 = curl_json(&sock, "GET", "/vms/vm0", None, 200)["uptime_s"]
+        .as_f64()
+        .unwrap();
+    assert!(up1 > up0, "uptime did not move: {up0} -> {up1}");
+
+    // Create a third VM with curl (JSON body, name from the path) ...
+    let body = r#"{"memory": "32M", "serial": "null", "workload": {"shared": "8M", "private": "4M", "phases": ["fill", "wait"]}}"#;
+    let v = curl_json(&sock, "PUT", "/vms/vm2", Some(body), 201);
+    assert_eq!(v["name"], "vm2");
+    assert_eq!(v["memory_bytes"], 32 << 20);
+    // ... and the error paths.
+    let e = curl_json(&sock, "PUT", "/vms/vm2", Some(body), 409);
+    assert!(
+        e["error"].as_str().unwrap().contains("already exists"),
+        "{e}"
+    );
+    let e = curl_json(&sock, "PUT", "/vms/vm3", Some(r#"{"memory": "3M"}"#), 400);
+    assert!(e["error"].as_str().unwrap().contains("memory"), "{e}");
+    curl_json(&sock, "GET", "/vms/nope", None, 404);
+    curl_json(&sock, "POST", "/vms", None, 405);
+    curl_json(&sock, "PATCH", "/dedup", Some(r#"{"mode":"on"}"#), 404);
+    let big = format!("{{\"memory\": 64, \"x\": \"{}\"}}", "y".repeat(200_000));
+    curl_json(&sock, "PUT", "/vms/big", Some(&big), 413);
+    let o = cli(&["vm", "pause", "ghost"], &sock);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no VM named \"ghost\""),
+        "{}",
+        text(&o)
+    );
+
+    // Delete with the CLI; it is gone everywhere.
+    let o = cli(&["vm", "delete", "vm1"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    curl_json(&sock, "GET", "/vms/vm1", None, 404);
+    assert_eq!(
+        names(&curl_json(&sock, "GET", "/vms", None, 200)),
+        ["vm0", "vm2"]
+    );
+    let (_, metrics) = curl(&sock, "GET", "/metrics", None);
+    assert!(!metrics.contains("vm=\"vm1\""), "{metrics}");
+    let o = cli(&["vm", "list"], &sock);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("vm2"),
+        "{}",
+        text(&o)
+    );
+
+    // Shutdown through the API ends the daemon cleanly and removes the socket.
+    let v = curl_json(&sock, "PUT", "/shutdown", None, 202);
+    assert_eq!(v["status"], "shutting down");
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!sock.exists(), "socket left behind");
+}
+
+#[test]
+fn run_mode_serves_while_vms_run_then_exits() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-run");
+    let sock = dir.path("api.sock");
+    let cfg = config(&dir, "\"fill\", \"sleep:3000\", \"verify\"", "off");
+    let json = dir.path("report.json");
+    let mut child = spawn(&[
+        "run",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    wait_for_api(&mut child, &sock);
+    assert_eq!(
+        names(&curl_json(&sock, "GET", "/vms", None, 200)),
+        ["vm0", "vm1"]
+    );
+    // A second pagefold may not take over a live socket.
+    let o = common::run(
+        &["serve", "--api-sock", sock.to_str().unwrap()],
+        Duration::from_secs(20),
+    );
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("another process is serving"),
+        "{}",
+        text(&o)
+    );
+    let o = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!sock.exists(), "socket left behind");
+    let r = common::read_json(&json);
+    assert_eq!(r["vms"].as_array().unwrap().len(), 2);
+}
+
+/// Needs the dedup engine behind `vmm::dedup::create_backend`.
+#[test]
+fn dedup_figures_and_knobs_over_the_api() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-dedup");
+    let sock = dir.path("api.sock");
+    let cfg = config(&dir, "\"fill\", \"wait\"", "on");
+    let mut child = spawn(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--api-sock",
+        sock.to_str().unwrap(),
+    ]);
+    wait_for_api(&mut child, &sock);
+    let d = curl_json(&sock, "GET", "/dedup", None, 200);
+    assert_eq!(d["mode"], "on");
+
+    // A knob out of range: the CLI refuses with the field and range.
+    let o = cli(&["dedup", "set", "pages_to_scan=0"], &sock);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("pages_to_scan: 0 (valid range 1..="),
+        "{}",
+        text(&o)
+    );
+    let e = curl_json(
+        &sock,
+        "PATCH",
+        "/dedup",
+        Some(r#"{"sleep_millisecs": 99999}"#),
+        400,
+    );
+    assert_eq!(
+        e["error"],
+        "invalid value for sleep_millisecs: 99999 (valid range 0..=60000)"
+    );
+    // A valid change sticks.
+    let o = cli(
+        &["dedup", "set", "pages_to_scan=4096", "sleep_millisecs=5"],
+        &sock,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let d = curl_json(&sock, "GET", "/dedup", None, 200);
+    assert_eq!(d["knobs"]["pages_to_scan"], 4096);
+    assert_eq!(d["knobs"]["sleep_millisecs"], 5);
+
+    // The two identical guests get merged: figures move, per VM too.
+    let start = Instant::now();
+    loop {
+        let d = curl_json(&sock, "GET", "/dedup", None, 200);
+        let merged = |vm: &str| d["per_owner"][vm]["pages_merged"].as_u64().unwrap_or(0);
+        if d["pages_sharing"].as_u64().unwrap() > 1000 && merged("vm0") > 0 && merged("vm1") > 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no merging seen: {d}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, metrics) = curl(&sock, "GET", "/metrics", None);
+    assert!(
+        metrics.contains("pagefold_dedup_vm_pages_merged{vm=\"vm0\""),
+        "{metrics}"
+    );
+    let o = cli(&["status"], &sock);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("dedup: backend pagefold, mode on"), "{out}");
+
+    // SIGTERM ends the daemon; the socket goes.
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(143), "{}", text(&o));
+    assert!(!sock.exists(), "socket left behind");
+}

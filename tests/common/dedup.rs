@@ -1,0 +1,187 @@
+//! In-process helpers for dedup tests on live VMs: a runner with the real
+//! backend, and an oracle that reads guest memory and the kernel's pagemap.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use pagefold_dedup::{Mode, Stats};
+use pagefold_guest_abi::classes::DataLayout;
+use pagefold_guest_abi::expect::{Expectation, VmState};
+use pagefold_vmm::config::Config;
+use pagefold_vmm::runner::Runner;
+use pagefold_vmm::vm::Vm;
+use vm_memory::{GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
+
+pub const PAGE: usize = 4096;
+
+/// Builds a runner with the backend the config asks for, and starts its VMs.
+pub fn start(cfg_toml: &str) -> Runner {
+    super::require_kvm();
+    let cfg: Config = toml::from_str(cfg_toml).expect("test config");
+    cfg.validate(None).expect("valid test config");
+    let dedup = pagefold_vmm::dedup::create(&cfg, true).expect("dedup backend");
+    let mut runner = Runner::with_dedup(dedup, true).expect("runner");
+    runner.echo = false;
+    runner.start_all(&cfg).expect("start VMs");
+    runner
+}
+
+pub fn stats(r: &Runner) -> Stats {
+    r.dedup().expect("backend").stats()
+}
+
+pub fn set_mode(r: &Runner, m: Mode) {
+    r.dedup().expect("backend").set_mode(m).expect("set mode");
+}
+
+/// Waits until every VM's guest has reported `phases` finished phases (it
+/// then sits in its next phase, e.g. a WAIT_HOST gate).
+pub fn wait_phases(r: &mut Runner, phases: usize, limit: Duration) {
+    let end = Instant::now() + limit;
+    loop {
+        let done = r.vms().iter().all(|v| {
+            r.summary(v.name()).map(|s| s.phases.len() >= phases).unwrap_or(false)
+        });
+        if done {
+            return;
+        }
+        assert!(Instant::now() < end, "guests did not finish {phases} phases in {limit:?}");
+        for v in r.vms() {
+            assert!(!v.is_stopping(), "VM {} stopped early: {:?}", v.name(), v.info().outcome);
+        }
+        r.poll_events();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `pages_sharing` and `zero_pages` hold still over `scans`
+/// more full scans; returns the settled stats.
+pub fn wait_settled(r: &Runner, scans: u64, limit: Duration) -> Stats {
+    let end = Instant::now() + limit;
+    let mut last = stats(r);
+    let mut since = last.full_scans;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let s = stats(r);
+        if (s.pages_sharing, s.zero_pages, s.pages_shared) != (last.pages_sharing, last.zero_pages, last.pages_shared) {
+            since = s.full_scans;
+        } else if s.full_scans >= since + scans && s.pages_sharing > 0 {
+            return s;
+        }
+        last = s;
+        assert!(Instant::now() < end, "dedup did not settle within {limit:?}: {last:?}");
+    }
+}
+
+/// Releases every VM's WAIT_HOST gate.
+pub fn release(r: &Runner) {
+    for v in r.vms() {
+        v.workload_control().expect("workload VM").release_gate();
+    }
+}
+
+/// One page of a VM, as the oracle sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct PageView {
+    pub host: usize,
+    pub in_data: bool,
+    pub zero: bool,
+    pub hash: u64,
+    pub pfn: u64,
+    /// Mapped from a file (the engine's pool) rather than anonymous memory.
+    pub file: bool,
+}
+
+fn pagemap() -> File {
+    File::open("/proc/self/pagemap").expect("pagemap")
+}
+
+fn pm_entry(f: &File, addr: usize) -> u64 {
+    let mut b = [0u8; 8];
+    f.read_exact_at(&mut b, (addr / PAGE) as u64 * 8).expect("pagemap read");
+    u64::from_le_bytes(b)
+}
+
+/// The zero page's PFN, as a read of untouched anonymous memory maps it.
+pub fn zero_pfn() -> u64 {
+    // SAFETY: a fresh private anonymous mapping, read once and unmapped.
+    unsafe {
+        let p = libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        assert_ne!(p, libc::MAP_FAILED);
+        std::ptr::read_volatile(p as *const u8);
+        let e = pm_entry(&pagemap(), p as usize);
+        libc::munmap(p, PAGE);
+        e & ((1 << 55) - 1)
+    }
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+}
+
+/// Reads (and so faults in, read-only) every page of a VM's RAM and returns
+/// what the oracle needs. Reads never break a merge.
+pub fn view(vm: &Vm) -> Vec<PageView> {
+    let pm = pagemap();
+    let layout = vm.workload_params().map(|p| DataLayout::new(p).expect("layout"));
+    let mem = vm.memory();
+    let mut out = Vec::new();
+    for region in mem.iter() {
+        let base = region.start_addr().0;
+        let host = mem.get_host_address(GuestAddress(base)).expect("host address") as usize;
+        for off in (0..region.len() as usize).step_by(PAGE) {
+            let gpa = base + off as u64;
+            let h = host + off;
+            // SAFETY: `h` is a page of this VM's live guest memory mapping;
+            // a racy read of guest memory is fine for a byte snapshot.
+            let bytes = unsafe { std::slice::from_raw_parts(h as *const u8, PAGE) };
+            let snapshot = bytes.to_vec();
+            let e = pm_entry(&pm, h);
+            let in_data = layout.is_some_and(|l| {
+                let first = l.page_gpa(0);
+                gpa >= first && gpa < first + l.pages * PAGE as u64 && l.low_pages + l.high_pages > 0
+            });
+            out.push(PageView {
+                host: h,
+                in_data,
+                zero: snapshot.iter().all(|&b| b == 0),
+                hash: fnv(&snapshot),
+                pfn: e & ((1 << 55) - 1),
+                file: e >> 61 & 1 == 1,
+            });
+        }
+    }
+    out
+}
+
+/// What a perfect dedup frees among non-zero pages: pages beyond the first
+/// of each content.
+pub fn ideal_sharing<'a>(pages: impl Iterator<Item = &'a PageView>) -> u64 {
+    let mut counts: HashMap<u64, u64> = HashMap::new();
+    let mut n = 0;
+    for p in pages.filter(|p| !p.zero) {
+        *counts.entry(p.hash).or_default() += 1;
+        n += 1;
+    }
+    n - counts.len() as u64
+}
+
+/// Distinct physical frames among non-zero pages.
+pub fn distinct_frames<'a>(pages: impl Iterator<Item = &'a PageView>) -> u64 {
+    let mut f: Vec<u64> = pages.filter(|p| !p.zero).map(|p| p.pfn).collect();
+    f.sort_unstable();
+    f.dedup();
+    f.len() as u64
+}
+
+/// The ABI's prediction for the data areas of `vms` (no churn).
+pub fn expectation(vms: &[&Vm]) -> Expectation {
+    let states: Vec<VmState<'_>> = vms
+        .iter()
+        .map(|v| VmState { params: v.workload_params().expect("workload VM"), churn_writes: 0 })
+        .collect();
+    Expectation::compute(&states).expect("expectation")
+}
