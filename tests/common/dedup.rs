@@ -29,6 +29,28 @@ pub fn start(cfg_toml: &str) -> Runner {
     runner
 }
 
+/// As [`start`], with auto mode reading a scripted host-memory source.
+pub fn start_with_source(cfg_toml: &str, source: Box<dyn pagefold_dedup::auto::MemorySource>) -> Runner {
+    super::require_kvm();
+    let cfg: Config = toml::from_str(cfg_toml).expect("test config");
+    cfg.validate(None).expect("valid test config");
+    let dedup = pagefold_vmm::dedup::create_backend_with_source(&cfg, true, Some(source)).expect("dedup backend");
+    let mut runner = Runner::with_dedup(dedup, true).expect("runner");
+    runner.echo = false;
+    runner.start_all(&cfg).expect("start VMs");
+    runner
+}
+
+/// Polls `cond` every 20 ms (taking in guest reports) until it holds.
+pub fn wait_for(r: &mut Runner, what: &str, limit: Duration, mut cond: impl FnMut(&Runner) -> bool) {
+    let end = Instant::now() + limit;
+    while !cond(r) {
+        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        r.poll_events();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn stats(r: &Runner) -> Stats {
     r.dedup().expect("backend").stats()
 }
