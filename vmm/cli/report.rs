@@ -20,19 +20,54 @@ pub fn print(r: &RunReport) {
             );
         }
     }
-    if let Some(d) = &r.dedup {
+    if let Some(d) = r.dedup_peak.as_ref().or(r.dedup.as_ref()) {
         println!(
-            "dedup ({}, mode {}): pages_shared {}, pages_sharing {}, zero pages {}, saved {}, engine CPU {:.2} s",
+            "dedup ({}, mode {}) at its peak: pages_shared {}, pages_sharing {}, zero pages {}, saved {} (profit {}), {} merges, {} COW breaks",
             d.backend,
             d.mode,
             d.pages_shared,
             d.pages_sharing,
             d.zero_pages,
             fmt_size(d.bytes_saved),
-            d.cpu_seconds
+            fmt_signed(d.profit_bytes),
+            d.merges,
+            d.cow_breaks,
         );
+        for (vm, o) in &d.per_owner {
+            println!(
+                "    {vm:<12} group {:<10} merged {:>7} pages, zero {:>6} pages, saved {}",
+                o.group,
+                o.pages_merged,
+                o.zero_pages,
+                fmt_size(o.bytes_saved)
+            );
+        }
+    }
+    if let Some(d) = &r.dedup {
+        println!("dedup engine CPU over the run: {:.2} s", d.cpu_seconds);
     }
     if let Some(ms) = r.first_report_ms {
         println!("first guest report {ms:.1} ms after start");
     }
+}
+
+fn fmt_signed(v: i64) -> String {
+    if v < 0 {
+        format!("-{}", fmt_size(v.unsigned_abs()))
+    } else {
+        fmt_size(v as u64)
+    }
+}
+
+/// One progress line about dedup while VMs run.
+pub fn progress(s: &pagefold_dedup::Stats) -> String {
+    format!(
+        "dedup: mode {}, pages_sharing {}, zero pages {}, saved {}, scans {}, CPU {:.2} s",
+        s.mode,
+        s.pages_sharing,
+        s.zero_pages,
+        fmt_size(s.bytes_saved),
+        s.full_scans,
+        s.cpu_seconds
+    )
 }

@@ -136,6 +136,9 @@ pub struct RunReport {
     pub vms: Vec<VmReport>,
     pub signal: Option<&'static str>,
     pub dedup: Option<pagefold_dedup::Stats>,
+    /// The dedup figures when the saving was largest while VMs ran (the
+    /// final ones come after the VMs released their memory).
+    pub dedup_peak: Option<pagefold_dedup::Stats>,
     /// Time from process start (see [`mark_process_start`]) to the first
     /// guest report.
     pub first_report_ms: Option<f64>,
@@ -173,6 +176,8 @@ pub struct Runner {
     handle: control::Handle,
     inbox: control::Inbox,
     shutdown_requested: bool,
+    dedup_peak: Option<pagefold_dedup::Stats>,
+    last_sample: Instant,
     /// Event-loop subscribers of each live VM, removed when it ends.
     subscriber_ids: BTreeMap<String, Vec<event_manager::SubscriberId>>,
     /// Print guest reports as they arrive.
@@ -233,6 +238,8 @@ impl Runner {
             handle,
             inbox,
             shutdown_requested: false,
+            dedup_peak: None,
+            last_sample: started,
             subscriber_ids: BTreeMap::new(),
             echo: true,
             keep_alive: false,
@@ -352,6 +359,20 @@ impl Runner {
                 self.shutdown_requested = true;
                 self.stop_all("shutdown requested through the API");
                 Ok(Response::Done)
+            }
+        }
+    }
+
+    /// Keeps the dedup figures of the largest saving seen (every 250 ms).
+    fn sample_dedup(&mut self) {
+        if self.vms.is_empty() || self.last_sample.elapsed() < std::time::Duration::from_millis(250) {
+            return;
+        }
+        self.last_sample = Instant::now();
+        if let Some(d) = &self.res.dedup {
+            let s = d.stats();
+            if self.dedup_peak.as_ref().is_none_or(|p| s.bytes_saved >= p.bytes_saved) {
+                self.dedup_peak = Some(s);
             }
         }
     }
@@ -479,6 +500,7 @@ impl Runner {
                 eprintln!("pagefold: {} received, stopping all VMs", signals::name(sig));
                 self.stop_all(&format!("{} received", signals::name(sig)));
             }
+            self.sample_dedup();
             self.reap();
             tick(self);
             let idle_ok = self.keep_alive && !self.shutdown_requested && signal.is_none();
@@ -494,6 +516,7 @@ impl Runner {
             vms: std::mem::take(&mut self.ended).into_values().collect(),
             signal,
             dedup: self.res.dedup.as_ref().map(|d| d.stats()),
+            dedup_peak: self.dedup_peak.take(),
             first_report_ms: self.first_report,
         })
     }
