@@ -28,4 +28,12 @@ pub enum BenchError {
     Json(#[from] serde_json::Error),
     #[error("no systems to run")]
     NoSystems,
+    #[error("unknown system {name:?} (known: {known})")]
+    UnknownSystem { name: String, known: String },
+    #[error("auto controller: {0}")]
+    Auto(#[from] pagefold_dedup::auto::AutoError),
+    #[error("workload VMs: {0}")]
+    Vm(String),
+    #[error("converting {path} to PNG: {message}")]
+    Png { path: String, message: String },
 }

@@ -1,26 +1,48 @@
 //! Benchmarks: pagefold against in-kernel KSM, side by side.
 //!
 //! - `ksm-seed` ([`run_ksm_seed`]): the 2022 auto-mode test's 300 MiB region
-//!   (`full` and `sparse`), time and CPU to converge, for every [`System`].
-//! - `auto` ([`run_auto`]): auto mode reacting to a scripted memory drop.
+//!   (`full` and `sparse`), optionally two identical workload VMs, time and
+//!   CPU to converge, for every [`System`].
+//! - `auto` ([`run_auto_all`]): auto mode reacting to a scripted memory drop
+//!   in two identical workload VMs.
 //!
 //! Both hold the KSM lock ([`pagefold_dedup::ksm::ksm_exclusive`]) and leave
 //! every KSM tunable as found. See docs/benchmarks.md.
 
 mod auto_bench;
+mod auto_report;
 mod error;
+mod host;
+mod png;
+mod ratio;
 mod region;
 mod report;
 mod seed;
 mod settle;
 mod svg;
 mod system;
+mod target;
+mod vms;
 
-pub use auto_bench::{bench_auto_config, run_auto, AutoFactory, AutoOptions, AutoRow, AutoSystem};
+pub use auto_bench::{
+    bench_auto_config, run_auto, run_auto_all, select_auto_systems, AutoFactory, AutoOptions,
+    AutoReport, AutoRow, AutoSample, AutoSeries, AutoSystem, AUTO_SYSTEM_NAMES,
+};
+pub use auto_report::{auto_chart, auto_goals, auto_json, auto_markdown, auto_table};
 pub use error::BenchError;
+pub use host::{load_avg, mem_available, other_ksm_users};
+pub use png::svg_to_png;
+pub use ratio::{fmt_ratio, ratio, Goal};
 pub use region::{Region, Shape, PAGE, SEED_REGION_BYTES};
-pub use report::{rows_json, table, write_file};
+pub use report::{
+    cpu_vs_ksm_max, rows_json, seed_goals, seed_markdown, speedup_vs_ksm_default, table, write_file,
+};
 pub use seed::{run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series};
 pub use settle::{Sample, Settled, Settler};
 pub use svg::{nice_step, render, seed_chart, simplify, Line, Panel};
-pub use system::{all_systems, ksm_systems, BackendFactory, System, DEFAULT_KNOBS, MAX_KNOBS};
+pub use system::{
+    all_systems, engine_factory, ksm_systems, select_systems, BackendFactory, System,
+    KSM_DEFAULT_KNOBS, MAX_KNOBS, SYSTEM_NAMES,
+};
+pub use target::{Attached, Case};
+pub use vms::{Expected, VmOptions, VmPair};

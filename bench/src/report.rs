@@ -1,21 +1,16 @@
 //! Printing and saving `ksm-seed` results: a table with ratios against the
-//! kernel baselines, and the JSON array of rows.
+//! kernel baselines, the goal checks, a markdown version, and the JSON
+//! array of rows.
 
 use std::fmt::Write as _;
 
 use crate::error::BenchError;
+use crate::ratio::{fmt_ratio, ratio, Goal};
 use crate::seed::{SeedReport, SeedRow};
+use crate::target::Case;
 
-fn find<'a>(rows: &'a [SeedRow], system: &str, row: &SeedRow) -> Option<&'a SeedRow> {
-    rows.iter()
-        .find(|r| r.system == system && r.shape == row.shape)
-}
-
-fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.3}x", a / b),
-        _ => "-".into(),
-    }
+fn find<'a>(rows: &'a [SeedRow], system: &str, case: Case) -> Option<&'a SeedRow> {
+    rows.iter().find(|r| r.system == system && r.shape == case)
 }
 
 fn num(v: Option<f64>, prec: usize) -> String {
@@ -23,44 +18,133 @@ fn num(v: Option<f64>, prec: usize) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// The human-readable table: one line per run, then warnings.
+/// Pages a run freed: merged duplicates plus zero pages.
+fn saved(r: &SeedRow) -> u64 {
+    r.pages_sharing + r.zero_pages
+}
+
+/// Converge speed-up of `r` over ksm-default of the same case (how many
+/// times sooner it converged).
+pub fn speedup_vs_ksm_default(rows: &[SeedRow], r: &SeedRow) -> Option<f64> {
+    let d = find(rows, "ksm-default", r.shape)?;
+    ratio(d.converge_s, r.converge_s)
+}
+
+/// CPU-to-converge of `r` relative to ksm-max of the same case.
+pub fn cpu_vs_ksm_max(rows: &[SeedRow], r: &SeedRow) -> Option<f64> {
+    let m = find(rows, "ksm-max", r.shape)?;
+    ratio(r.cpu_s, m.cpu_s)
+}
+
+/// The project's goals for `ksm-seed`, one check per case that has the
+/// systems it needs.
+pub fn seed_goals(report: &SeedReport) -> Vec<Goal> {
+    let rows = &report.rows;
+    let mut cases: Vec<Case> = rows.iter().map(|r| r.shape).collect();
+    cases.dedup();
+    let mut out = Vec::new();
+    for case in cases {
+        let pd = find(rows, "pagefold-default", case);
+        let kd = find(rows, "ksm-default", case);
+        if let (Some(pd), Some(_)) = (pd, kd) {
+            let v = speedup_vs_ksm_default(rows, pd);
+            out.push(Goal::at_least(
+                format!("{case}: pagefold-default converges >= 20x sooner than ksm-default"),
+                v,
+                20.0,
+                String::new(),
+            ));
+        }
+        if let (Some(pd), Some(kd)) = (pd, kd) {
+            let (p, k) = (pd.steady_cpu_per_s, kd.steady_cpu_per_s);
+            out.push(Goal::at_most(
+                format!("{case}: pagefold-default steady CPU <= ksm-default steady CPU (ratio)"),
+                ratio(p, k),
+                1.0,
+                format!(
+                    "pagefold {} % of a core, ksm {} %",
+                    num(p.map(|v| v * 100.0), 3),
+                    num(k.map(|v| v * 100.0), 3)
+                ),
+            ));
+        }
+        let pm = find(rows, "pagefold-max", case);
+        let km = find(rows, "ksm-max", case);
+        if let (Some(pm), Some(km)) = (pm, km) {
+            let (a, b) = (saved(pm) as f64, saved(km) as f64);
+            let same = b == 0.0 || a >= b * 0.999;
+            let mut g = Goal::at_most(
+                format!("{case}: pagefold-max CPU to converge <= 0.5x ksm-max, same saving"),
+                cpu_vs_ksm_max(rows, pm),
+                0.5,
+                format!(
+                    "saved pages (pages_sharing + zero_pages): pagefold {} vs ksm {} ({:+}){}",
+                    saved(pm),
+                    saved(km),
+                    saved(pm) as i64 - saved(km) as i64,
+                    if same { "" } else { ": fewer, goal missed" }
+                ),
+            );
+            if !same {
+                g.met = Some(false);
+            }
+            out.push(g);
+        }
+    }
+    out
+}
+
+/// The human-readable table: one line per run, then goals and warnings.
 pub fn table(report: &SeedReport) -> String {
     let rows = &report.rows;
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<17} {:<6} {:>10} {:>8} {:>12} {:>13} {:>8} {:>11} {:>11} {:>11} {:>11}",
+        "{:<17} {:<6} {:>10} {:>7} {:>10} {:>10} {:>13} {:>6} {:>7} {:>12} {:>11} {:>14}",
         "system",
         "shape",
         "converge_s",
         "cpu_s",
-        "steady_cpu/s",
+        "confirm%",
+        "steady%",
         "pages_sharing",
+        "zero",
         "shared",
-        "conv/ksm-df",
-        "cpu/ksm-df",
-        "conv/ksm-mx",
-        "cpu/ksm-mx"
+        "x ksm-df",
+        "cpu/ksm-mx",
+        "load(1m)"
     );
     for r in rows {
-        let df = find(rows, "ksm-default", r);
-        let mx = find(rows, "ksm-max", r);
         let _ = writeln!(
             out,
-            "{:<17} {:<6} {:>10} {:>8} {:>12} {:>13} {:>8} {:>11} {:>11} {:>11} {:>11}{}",
+            "{:<17} {:<6} {:>10} {:>7} {:>10} {:>10} {:>13} {:>6} {:>7} {:>12} {:>11} {:>14}{}",
             r.system,
             r.shape.to_string(),
             num(r.converge_s, 2),
             num(r.cpu_s, 2),
-            num(r.steady_cpu_per_s, 4),
+            num(r.confirm_cpu_per_s.map(|v| v * 100.0), 3),
+            num(r.steady_cpu_per_s.map(|v| v * 100.0), 3),
             r.pages_sharing,
+            r.zero_pages,
             r.pages_shared,
-            ratio(r.converge_s, df.and_then(|d| d.converge_s)),
-            ratio(r.cpu_s, df.and_then(|d| d.cpu_s)),
-            ratio(r.converge_s, mx.and_then(|d| d.converge_s)),
-            ratio(r.cpu_s, mx.and_then(|d| d.cpu_s)),
+            fmt_ratio(speedup_vs_ksm_default(rows, r)),
+            fmt_ratio(cpu_vs_ksm_max(rows, r)),
+            format!("{:.2}", r.load_avg[0]),
             if r.converged { "" } else { "  (not settled)" }
         );
+    }
+    for r in rows.iter().filter(|r| r.expected_pages_sharing.is_some()) {
+        let _ = writeln!(
+            out,
+            "expected [{} {}]: data pages: pages_sharing {} + zero {} (guest image and page tables may add a few)",
+            r.system,
+            r.shape,
+            r.expected_pages_sharing.unwrap_or(0),
+            r.expected_zero_pages.unwrap_or(0)
+        );
+    }
+    for g in seed_goals(report) {
+        let _ = writeln!(out, "{}", g.line());
     }
     for r in rows {
         for w in &r.warnings {
@@ -69,6 +153,37 @@ pub fn table(report: &SeedReport) -> String {
     }
     for u in &report.unrestored {
         let _ = writeln!(out, "warning: KSM tunable not restored: {u}");
+    }
+    out
+}
+
+/// The same results as a markdown table plus the goal checks.
+pub fn seed_markdown(report: &SeedReport) -> String {
+    let rows = &report.rows;
+    let mut out = String::new();
+    out.push_str(
+        "| system | shape | converge (s) | CPU to converge (s) | steady CPU (% core) | pages_sharing | zero_pages | speed-up vs ksm-default | CPU vs ksm-max | load avg 1m |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {}{} | {} | {} | {} | {} | {} | {} | {:.2} |",
+            r.system,
+            r.shape,
+            num(r.converge_s, 2),
+            if r.converged { "" } else { " (not settled)" },
+            num(r.cpu_s, 3),
+            num(r.steady_cpu_per_s.map(|v| v * 100.0), 3),
+            r.pages_sharing,
+            r.zero_pages,
+            fmt_ratio(speedup_vs_ksm_default(rows, r)),
+            fmt_ratio(cpu_vs_ksm_max(rows, r)),
+            r.load_avg[0]
+        );
+    }
+    out.push('\n');
+    for g in seed_goals(report) {
+        let _ = writeln!(out, "- {}", g.line());
     }
     out
 }
@@ -91,53 +206,110 @@ mod tests {
     use super::*;
     use crate::region::Shape;
 
-    fn row(system: &str, shape: Shape, conv: f64, cpu: f64) -> SeedRow {
+    fn row(system: &str, case: Case, conv: f64, cpu: f64, sharing: u64) -> SeedRow {
         SeedRow {
             system: system.into(),
-            shape,
+            shape: case,
             converge_s: Some(conv),
             cpu_s: Some(cpu),
-            pages_sharing: 76500,
+            pages_sharing: sharing,
             pages_shared: 300,
+            zero_pages: 0,
             converged: true,
             full_scans_to_converge: Some(1),
+            confirm_cpu_per_s: Some(0.004),
             steady_cpu_per_s: Some(0.004),
+            steady_window_s: Some(30.0),
             run_s: conv * 2.0,
             own_ksm_pages: None,
+            expected_pages_sharing: None,
+            expected_zero_pages: None,
+            load_avg: [1.0, 2.0, 3.0],
             warnings: vec![],
+        }
+    }
+
+    const FULL: Case = Case::Region(Shape::Full);
+    const SPARSE: Case = Case::Region(Shape::Sparse);
+
+    fn report() -> SeedReport {
+        let mut pd = row("pagefold-default", FULL, 1.0, 0.3, 76480);
+        pd.steady_cpu_per_s = Some(0.002);
+        SeedReport {
+            rows: vec![
+                row("ksm-default", FULL, 40.0, 0.8, 76500),
+                row("ksm-max", FULL, 0.5, 0.5, 76500),
+                pd,
+                row("pagefold-max", FULL, 0.25, 0.2, 76480),
+                row("ksm-default", SPARSE, 10.0, 1.0, 42),
+                row("pagefold-default", SPARSE, 2.0, 0.1, 42),
+            ],
+            series: vec![],
+            unrestored: vec!["run: was \"0\", now Some(\"1\")".into()],
         }
     }
 
     #[test]
     fn ratios_compare_within_a_shape() {
-        let report = SeedReport {
-            rows: vec![
-                row("ksm-default", Shape::Full, 40.0, 0.8),
-                row("ksm-max", Shape::Full, 0.5, 0.5),
-                row("pagefold-max", Shape::Full, 0.25, 0.1),
-                row("ksm-default", Shape::Sparse, 10.0, 1.0),
-            ],
-            series: vec![],
-            unrestored: vec!["run: was \"0\", now Some(\"1\")".into()],
-        };
-        let t = table(&report);
+        let r = report();
+        let t = table(&r);
         let pf = t.lines().find(|l| l.starts_with("pagefold-max")).unwrap();
-        // 0.25 / 40 and 0.1 / 0.8 against ksm-default; 0.5x and 0.2x vs max.
-        assert!(pf.contains("0.006x"), "{pf}");
-        assert!(pf.contains("0.125x"), "{pf}");
-        assert!(pf.contains("0.500x"), "{pf}");
-        assert!(pf.contains("0.200x"), "{pf}");
-        let sp = t.lines().find(|l| l.contains("sparse")).unwrap();
-        assert!(
-            sp.contains("1.000x") && sp.trim_end().ends_with('-'),
-            "{sp}"
-        );
+        // 40 / 0.25 = 160x sooner than ksm-default; 0.2 / 0.5 of ksm-max CPU.
+        assert!(pf.contains("160.00x"), "{pf}");
+        assert!(pf.contains("0.40x"), "{pf}");
+        let sp = t
+            .lines()
+            .find(|l| l.starts_with("pagefold-default") && l.contains("sparse"))
+            .unwrap();
+        // 10 / 2; no ksm-max row for sparse.
+        assert!(sp.contains("5.00x") && sp.contains(" -"), "{sp}");
         assert!(t.contains("not restored"));
-        let v: serde_json::Value = serde_json::from_str(&rows_json(&report).unwrap()).unwrap();
-        assert_eq!(v[2]["system"], "pagefold-max");
-        assert_eq!(v[2]["shape"], "full");
-        assert_eq!(v[2]["converge_s"], 0.25);
-        assert_eq!(v[2]["cpu_s"], 0.1);
-        assert_eq!(v[2]["pages_sharing"], 76500);
+        let v: serde_json::Value = serde_json::from_str(&rows_json(&r).unwrap()).unwrap();
+        assert_eq!(v[3]["system"], "pagefold-max");
+        assert_eq!(v[3]["shape"], "full");
+        assert_eq!(v[3]["converge_s"], 0.25);
+        assert_eq!(v[3]["cpu_s"], 0.2);
+        assert_eq!(v[3]["pages_sharing"], 76480);
+        assert_eq!(v[0]["zero_pages"], 0);
+    }
+
+    #[test]
+    fn goals_judge_each_case() {
+        let g = seed_goals(&report());
+        let get = |s: &str| g.iter().find(|g| g.name.starts_with(s)).unwrap();
+        // full: 40x >= 20x met; sparse: 5x missed.
+        assert_eq!(get("full: pagefold-default converges").met, Some(true));
+        assert_eq!(get("sparse: pagefold-default converges").met, Some(false));
+        // Steady CPU 0.002 vs 0.004: 0.5x <= 1 met.
+        assert_eq!(get("full: pagefold-default steady").met, Some(true));
+        // 0.4x CPU, 76480 vs 76500 pages is within 0.1 %.
+        let m = get("full: pagefold-max");
+        assert_eq!(m.met, Some(true), "{}", m.line());
+        assert!(m.line().contains("(-20)"), "{}", m.line());
+        // No ksm-max row for sparse: no check.
+        assert!(!g.iter().any(|g| g.name.starts_with("sparse: pagefold-max")));
+    }
+
+    #[test]
+    fn fewer_saved_pages_misses_the_max_goal() {
+        let mut r = report();
+        r.rows[3].pages_sharing = 70000;
+        let g = seed_goals(&r);
+        let m = g
+            .iter()
+            .find(|g| g.name.starts_with("full: pagefold-max"))
+            .unwrap();
+        assert_eq!(m.met, Some(false));
+        assert!(m.line().contains("goal missed"), "{}", m.line());
+    }
+
+    #[test]
+    fn markdown_has_one_line_per_row() {
+        let md = seed_markdown(&report());
+        assert_eq!(
+            md.lines().filter(|l| l.starts_with("| pagefold")).count(),
+            3
+        );
+        assert!(md.contains("- [met]") && md.contains("- [MISSED]"), "{md}");
     }
 }

@@ -1,26 +1,36 @@
 //! The `ksm-seed` benchmark: how fast, and at what CPU cost, does each
-//! system merge the 2022 auto-mode test's 300 MiB region?
+//! system merge the 2022 auto-mode test's 300 MiB region (and, with
+//! `--vms`, two identical workload VMs)?
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagefold_dedup::ksm::{
     count_ksm_pages, ksm_exclusive, self_ksm_stat, snapshot_tunables, KSM_SYSFS,
 };
-use pagefold_dedup::{DedupBackend, Mode, RegionSpec};
+use pagefold_dedup::{DedupBackend, Mode};
 use serde::Serialize;
 
 use crate::error::BenchError;
-use crate::region::{Region, Shape, SEED_REGION_BYTES};
-use crate::settle::{Sample, Settler};
+use crate::host::{load_avg, other_ksm_users};
+use crate::region::{Shape, SEED_REGION_BYTES};
+use crate::settle::{Sample, Settled, Settler};
 use crate::system::System;
+use crate::target::{Attached, Case};
+use crate::vms::VmOptions;
 
 /// How to run `ksm-seed`.
 #[derive(Debug, Clone)]
 pub struct SeedOptions {
     pub region_bytes: usize,
-    pub shapes: Vec<Shape>,
-    /// Converged = `pages_sharing` held for this many full scans.
+    pub cases: Vec<Case>,
+    pub vm: VmOptions,
+    /// Converged = `pages_sharing` (and `zero_pages`) held for this many
+    /// full scans.
     pub settle_scans: u64,
+    /// After settling, systems with `measure_steady` keep running this long
+    /// to measure steady-state CPU.
+    pub steady: Duration,
     pub sample_interval: Duration,
     /// Give up on a run after this long (reported as not converged).
     pub timeout: Duration,
@@ -32,11 +42,14 @@ impl Default for SeedOptions {
     fn default() -> Self {
         Self {
             region_bytes: SEED_REGION_BYTES,
-            shapes: Shape::ALL.to_vec(),
+            cases: Shape::ALL.iter().map(|&s| Case::Region(s)).collect(),
+            vm: VmOptions::default(),
             settle_scans: 3,
+            // One default KSM scan of 300 MiB takes ~18.5 s: cover more.
+            steady: Duration::from_secs(30),
             // Max-effort KSM does a full scan in ~40 ms: sample finer.
             sample_interval: Duration::from_millis(10),
-            timeout: Duration::from_secs(300),
+            timeout: Duration::from_secs(400),
             progress: true,
         }
     }
@@ -46,7 +59,8 @@ impl Default for SeedOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct SeedRow {
     pub system: String,
-    pub shape: Shape,
+    /// `full`, `sparse` or `vms`.
+    pub shape: Case,
     /// Seconds until `pages_sharing` first reached its settled value.
     pub converge_s: Option<f64>,
     /// Merging-side CPU seconds up to then.
@@ -54,23 +68,36 @@ pub struct SeedRow {
     /// The settled (or, on timeout, last) value.
     pub pages_sharing: u64,
     pub pages_shared: u64,
+    /// Pages dropped to the zero page, counted apart from `pages_sharing`.
+    pub zero_pages: u64,
     pub converged: bool,
     pub full_scans_to_converge: Option<u64>,
-    /// Merging-side CPU per second while holding the settled value.
+    /// Merging-side CPU per wall second from convergence until settled
+    /// (the confirming full scans).
+    pub confirm_cpu_per_s: Option<f64>,
+    /// Merging-side CPU per wall second over the steady window after
+    /// settling (systems with `measure_steady` only).
     pub steady_cpu_per_s: Option<f64>,
-    /// Wall time of the whole run (until settled or timeout).
+    pub steady_window_s: Option<f64>,
+    /// Wall time of the whole run (until settled or timeout, plus the
+    /// steady window).
     pub run_s: f64,
-    /// Kernel KSM only: KSM pages of our region at the end (exact, from
-    /// kpageflags), to tell our merges from other processes'.
+    /// Kernel KSM only, region cases: KSM pages of our region at the end
+    /// (exact, from kpageflags), to tell our merges from other processes'.
     pub own_ksm_pages: Option<u64>,
+    /// VM case: exact non-zero sharing and zero pages of the data pages.
+    pub expected_pages_sharing: Option<u64>,
+    pub expected_zero_pages: Option<u64>,
+    /// Host load average (1, 5, 15 min) when the run started.
+    pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
 }
 
-/// `pages_sharing` over time for one (system, shape).
+/// `pages_sharing` over time for one (system, case).
 #[derive(Debug, Clone, Serialize)]
 pub struct Series {
     pub system: String,
-    pub shape: Shape,
+    pub shape: Case,
     pub samples: Vec<Sample>,
 }
 
@@ -83,29 +110,9 @@ pub struct SeedReport {
     pub unrestored: Vec<String>,
 }
 
-/// Other processes using KSM make host-wide counters and scan times
-/// include their pages.
-fn other_ksm_users() -> Vec<String> {
-    let me = std::process::id();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| pid != me)
-        .filter_map(|pid| {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/ksm_stat")).ok()?;
-            let s = pagefold_dedup::ksm::parse_ksm_stat(&text);
-            let mergeable = text.lines().any(|l| l.trim() == "ksm_mergeable: yes");
-            (mergeable || s.merging_pages.unwrap_or(0) > 0).then(|| {
-                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                format!("{pid} ({})", comm.trim())
-            })
-        })
-        .collect()
-}
-
-/// Runs every system on every shape, holding the KSM lock throughout, and
-/// checks at the end that every KSM tunable is as found.
+/// Runs every system on every case, holding the KSM lock throughout, and
+/// checks at the end that every KSM tunable is as found (also after a
+/// failed run: the backend restores its knobs on shutdown).
 pub fn run_ksm_seed(systems: &[System], opts: &SeedOptions) -> Result<SeedReport, BenchError> {
     if systems.is_empty() {
         return Err(BenchError::NoSystems);
@@ -115,23 +122,35 @@ pub fn run_ksm_seed(systems: &[System], opts: &SeedOptions) -> Result<SeedReport
     let before = snapshot_tunables(root);
     let mut rows = Vec::new();
     let mut series = Vec::new();
-    for &shape in &opts.shapes {
+    let mut result = Ok(());
+    'all: for &case in &opts.cases {
         for system in systems {
-            let (row, samples) = run_seed_once(system, shape, opts)?;
-            rows.push(row);
-            series.push(Series {
-                system: system.name.clone(),
-                shape,
-                samples,
-            });
+            match run_seed_once(system, case, opts) {
+                Ok((row, samples)) => {
+                    rows.push(row);
+                    series.push(Series {
+                        system: system.name.clone(),
+                        shape: case,
+                        samples,
+                    });
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break 'all;
+                }
+            }
         }
     }
     let after = snapshot_tunables(root);
-    let unrestored = before
+    let unrestored: Vec<String> = before
         .iter()
         .filter(|(k, v)| after.get(*k) != Some(*v))
         .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
         .collect();
+    if !unrestored.is_empty() {
+        log::error!("KSM tunables not restored: {}", unrestored.join("; "));
+    }
+    result?;
     Ok(SeedReport {
         rows,
         series,
@@ -146,11 +165,11 @@ fn backend_err(system: &System) -> impl Fn(pagefold_dedup::Error) -> BenchError 
     }
 }
 
-/// One (system, shape) run on a fresh region and a fresh backend. The
-/// caller holds the KSM lock.
+/// One (system, case) run on fresh memory and a fresh backend. The caller
+/// holds the KSM lock.
 pub fn run_seed_once(
     system: &System,
-    shape: Shape,
+    case: Case,
     opts: &SeedOptions,
 ) -> Result<(SeedRow, Vec<Sample>), BenchError> {
     let err = backend_err(system);
@@ -164,33 +183,38 @@ pub fn run_seed_once(
             ));
         }
     }
-    let mut region = Region::map(opts.region_bytes)?;
-    region.fill(shape);
-    let backend = system.build()?;
+    let load = load_avg();
+    let backend: Arc<dyn DedupBackend> = Arc::from(system.build()?);
     if let Some(k) = system.knobs {
-        backend.set_knobs(k).map_err(&err)?;
+        if let Err(e) = backend.set_knobs(k) {
+            backend.shutdown();
+            return Err(err(e));
+        }
     }
-    let spec = RegionSpec {
-        host_addr: region.addr(),
-        len: region.len(),
-        owner: "ksm-seed".into(),
-        group: "ksm-seed".into(),
-    };
-    // SAFETY: region is a private anonymous mapping that outlives the
-    // registration (unregistered below before it is dropped).
-    let id = unsafe { backend.register(spec) }.map_err(&err)?;
-    let result = sample_until_settled(&*backend, system, shape, opts);
-    let own_ksm_pages = system
-        .kernel_ksm
-        .then(|| count_ksm_pages(region.addr(), region.len()).ok())
-        .flatten();
-    let teardown = teardown(&*backend, id, system);
-    let (settled, samples) = result?;
+    let attached =
+        match Attached::attach(&backend, case, opts.region_bytes, &opts.vm, opts.progress) {
+            Ok(a) => a,
+            Err(e) => {
+                backend.shutdown();
+                return Err(e);
+            }
+        };
+    let result = sample_until_settled(&*backend, system, case, opts);
+    let own_ksm_pages = attached
+        .region()
+        .filter(|_| system.kernel_ksm)
+        .and_then(|r| count_ksm_pages(r.addr(), r.len()).ok());
+    let expected = attached.expected();
+    let detached = attached.detach(&*backend);
+    let teardown = teardown(&*backend, system);
+    let run = result?;
+    detached?;
     teardown?;
-    let last = samples.last().copied();
+    let last = run.samples.last().copied();
+    let settled = run.settled;
     let row = SeedRow {
         system: system.name.clone(),
-        shape,
+        shape: case,
         converge_s: settled.map(|s| s.converge_s),
         cpu_s: settled.map(|s| s.cpu_s),
         pages_sharing: settled
@@ -198,44 +222,69 @@ pub fn run_seed_once(
             .or(last.map(|s| s.pages_sharing))
             .unwrap_or(0),
         pages_shared: last.map(|s| s.pages_shared).unwrap_or(0),
+        zero_pages: settled
+            .map(|s| s.zero_pages)
+            .or(last.map(|s| s.zero_pages))
+            .unwrap_or(0),
         converged: settled.is_some(),
         full_scans_to_converge: settled.map(|s| s.full_scans_to_converge),
-        steady_cpu_per_s: settled.and_then(|s| s.steady_cpu_per_s()),
+        confirm_cpu_per_s: settled.and_then(|s| s.steady_cpu_per_s()),
+        steady_cpu_per_s: run.steady.map(|w| w.cpu_per_s),
+        steady_window_s: run.steady.map(|w| w.wall_s),
         run_s: last.map(|s| s.t_s).unwrap_or(0.0),
         own_ksm_pages,
+        expected_pages_sharing: expected.map(|e| e.pages_sharing),
+        expected_zero_pages: expected.map(|e| e.zero_pages),
+        load_avg: load,
         warnings,
     };
     if opts.progress {
         eprintln!(
-            "[{} {}] done: converge {} s, cpu {} s, pages_sharing {}",
+            "[{} {}] done: converge {} s, cpu {} s, pages_sharing {}, zero_pages {}, steady cpu/s {}",
             row.system,
             row.shape,
             fmt_opt(row.converge_s),
             fmt_opt(row.cpu_s),
-            row.pages_sharing
+            row.pages_sharing,
+            row.zero_pages,
+            row.steady_cpu_per_s
+                .map(|v| format!("{v:.4}"))
+                .unwrap_or_else(|| "-".into())
         );
     }
-    Ok((row, samples))
+    Ok((row, run.samples))
 }
 
 fn fmt_opt(v: Option<f64>) -> String {
     v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "-".into())
 }
 
-type Sampled = (Option<crate::settle::Settled>, Vec<Sample>);
+/// CPU over the steady window.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    wall_s: f64,
+    cpu_per_s: f64,
+}
+
+struct Run {
+    settled: Option<Settled>,
+    steady: Option<Window>,
+    samples: Vec<Sample>,
+}
 
 fn sample_until_settled(
     backend: &dyn DedupBackend,
     system: &System,
-    shape: Shape,
+    case: Case,
     opts: &SeedOptions,
-) -> Result<Sampled, BenchError> {
+) -> Result<Run, BenchError> {
     let base = backend.stats();
     let t0 = Instant::now();
     backend.set_mode(Mode::On).map_err(backend_err(system))?;
     let mut settler = Settler::new(opts.settle_scans);
     let mut samples = Vec::new();
     let mut next_progress = Duration::from_secs(1);
+    let mut settled: Option<Settled> = None;
     loop {
         std::thread::sleep(opts.sample_interval);
         let st = backend.stats();
@@ -244,39 +293,67 @@ fn sample_until_settled(
             t_s: t.as_secs_f64(),
             pages_sharing: st.pages_sharing,
             pages_shared: st.pages_shared,
+            zero_pages: st.zero_pages,
             full_scans: st.full_scans.saturating_sub(base.full_scans),
             cpu_s: (st.cpu_seconds - base.cpu_seconds).max(0.0),
         };
         samples.push(s);
-        if let Some(done) = settler.push(s) {
-            return Ok((Some(done), samples));
-        }
         if opts.progress && t >= next_progress {
             next_progress += Duration::from_secs(1);
             eprintln!(
-                "[{} {shape}] {:6.1} s  pages_sharing {:6}  full_scans {:3}  cpu {:.2} s",
-                system.name, s.t_s, s.pages_sharing, s.full_scans, s.cpu_s
+                "[{} {case}] {:6.1} s  pages_sharing {:6}  zero {:5}  full_scans {:3}  cpu {:.2} s{}",
+                system.name,
+                s.t_s,
+                s.pages_sharing,
+                s.zero_pages,
+                s.full_scans,
+                s.cpu_s,
+                if settled.is_some() { "  (settled; steady window)" } else { "" }
             );
         }
-        if t >= opts.timeout {
-            return Ok((None, samples));
+        match settled {
+            None => {
+                if let Some(done) = settler.push(s) {
+                    settled = Some(done);
+                    if !system.measure_steady || opts.steady.is_zero() {
+                        return Ok(Run {
+                            settled,
+                            steady: None,
+                            samples,
+                        });
+                    }
+                } else if t >= opts.timeout {
+                    return Ok(Run {
+                        settled: None,
+                        steady: None,
+                        samples,
+                    });
+                }
+            }
+            Some(done) => {
+                let wall = s.t_s - done.settled_s;
+                if wall >= opts.steady.as_secs_f64() {
+                    let steady = Some(Window {
+                        wall_s: wall,
+                        cpu_per_s: (s.cpu_s - done.cpu_at_settled_s) / wall,
+                    });
+                    return Ok(Run {
+                        settled,
+                        steady,
+                        samples,
+                    });
+                }
+            }
         }
     }
 }
 
-/// Stops merging and gives the region back. For kernel KSM, ksmd keeps
+/// Stops merging and shuts the backend down. For kernel KSM, ksmd keeps
 /// running until this process's stale rmap items are gone, so the next run
-/// does not start with the previous run's `pages_sharing`.
-fn teardown(
-    backend: &dyn DedupBackend,
-    id: pagefold_dedup::RegionId,
-    system: &System,
-) -> Result<(), BenchError> {
+/// does not start with the previous run's `pages_sharing`. The memory has
+/// already been detached.
+fn teardown(backend: &dyn DedupBackend, system: &System) -> Result<(), BenchError> {
     let err = backend_err(system);
-    if !system.kernel_ksm {
-        backend.set_mode(Mode::Off).map_err(&err)?;
-    }
-    backend.unregister(id).map_err(&err)?;
     if system.kernel_ksm {
         let t = Instant::now();
         while self_ksm_stat()
@@ -286,8 +363,8 @@ fn teardown(
         {
             std::thread::sleep(Duration::from_millis(20));
         }
-        backend.set_mode(Mode::Off).map_err(&err)?;
     }
+    let r = backend.set_mode(Mode::Off).map_err(&err);
     backend.shutdown();
-    Ok(())
+    r
 }

@@ -1,5 +1,7 @@
 //! When has a run converged? As in ksm-baseline.md: `pages_sharing` first
-//! reached the value it then held for N full scans.
+//! reached the value it then held for N full scans. Zero pages are counted
+//! apart (pagefold's `zero_pages`, KSM's `ksm_zero_pages`), so the settled
+//! value is the pair (`pages_sharing`, `zero_pages`).
 
 use serde::Serialize;
 
@@ -9,6 +11,8 @@ pub struct Sample {
     pub t_s: f64,
     pub pages_sharing: u64,
     pub pages_shared: u64,
+    /// Pages dropped to the zero page (not in `pages_sharing`).
+    pub zero_pages: u64,
     /// Full scans completed since the run started.
     pub full_scans: u64,
     /// Merging-side CPU seconds since the run started.
@@ -19,6 +23,7 @@ pub struct Sample {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Settled {
     pub pages_sharing: u64,
+    pub zero_pages: u64,
     /// First time the final value was seen.
     pub converge_s: f64,
     /// CPU used up to `converge_s`.
@@ -55,7 +60,7 @@ impl Settler {
 
     pub fn push(&mut self, s: Sample) -> Option<Settled> {
         let since = match self.since {
-            Some(p) if p.pages_sharing == s.pages_sharing => p,
+            Some(p) if (p.pages_sharing, p.zero_pages) == (s.pages_sharing, s.zero_pages) => p,
             _ => {
                 self.since = Some(s);
                 s
@@ -63,6 +68,7 @@ impl Settler {
         };
         (s.full_scans >= since.full_scans + self.scans).then_some(Settled {
             pages_sharing: since.pages_sharing,
+            zero_pages: since.zero_pages,
             converge_s: since.t_s,
             cpu_s: since.cpu_s,
             full_scans_to_converge: since.full_scans,
@@ -81,6 +87,7 @@ mod tests {
             t_s,
             pages_sharing,
             pages_shared: 0,
+            zero_pages: 0,
             full_scans,
             cpu_s,
         }
@@ -112,5 +119,28 @@ mod tests {
         st.push(s(2.0, 11, 1, 0.0));
         assert_eq!(st.push(s(3.0, 11, 2, 0.0)), None);
         assert_eq!(st.push(s(4.0, 11, 3, 0.0)).unwrap().converge_s, 2.0);
+    }
+
+    #[test]
+    fn zero_pages_still_changing_is_not_settled() {
+        let mut st = Settler::new(2);
+        let z = |t: f64, zero: u64, scans: u64| Sample {
+            zero_pages: zero,
+            ..s(t, 100, scans, 0.0)
+        };
+        st.push(z(0.0, 0, 0));
+        st.push(z(1.0, 5, 1));
+        // pages_sharing held for 2 scans, but zero pages changed at t=1.
+        assert_eq!(st.push(z(2.0, 5, 2)), None);
+        let d = st.push(z(3.0, 5, 3)).unwrap();
+        assert_eq!((d.converge_s, d.zero_pages, d.pages_sharing), (1.0, 5, 100));
+    }
+
+    #[test]
+    fn never_settles_without_full_scans() {
+        let mut st = Settler::new(3);
+        for i in 0..100 {
+            assert_eq!(st.push(s(i as f64, 7, 0, 0.0)), None);
+        }
     }
 }

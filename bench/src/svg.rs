@@ -1,7 +1,8 @@
 //! A small self-contained SVG line-chart writer (no plotting dependency):
 //! axes with ticks, labels, a legend, one panel per chart stacked
 //! vertically. Time is on a log axis because the systems converge between
-//! tens of milliseconds and minutes.
+//! tens of milliseconds and minutes (`log_x`); the `auto` chart uses a
+//! linear axis that may start below zero (time before the trigger).
 
 use std::fmt::Write as _;
 
@@ -30,6 +31,8 @@ pub struct Panel {
     pub title: String,
     pub x_label: String,
     pub y_label: String,
+    /// Log-scale x axis (x > 0); otherwise linear.
+    pub log_x: bool,
     pub lines: Vec<Line>,
 }
 
@@ -76,6 +79,9 @@ pub fn simplify(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
 }
 
 fn fmt_tick(v: f64) -> String {
+    if v < 0.0 {
+        return format!("-{}", fmt_tick(-v));
+    }
     if v >= 1000.0 {
         format!("{}", v as u64)
     } else if v >= 1.0 {
@@ -85,21 +91,71 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
+/// Maps data x to pixels and lists the x ticks (value, label).
+struct XAxis {
+    log: bool,
+    lo: f64,
+    hi: f64,
+}
+
+impl XAxis {
+    fn new(p: &Panel) -> XAxis {
+        let xs = || p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0));
+        let xmax = xs().fold(f64::NEG_INFINITY, f64::max);
+        let xmax = if xmax.is_finite() { xmax } else { 1.0 };
+        if p.log_x {
+            let xmax = xmax.max(0.01);
+            let xmin = xs().filter(|&x| x > 0.0).fold(f64::INFINITY, f64::min);
+            let lo = xmin.min(xmax).max(1e-3).log10().floor();
+            let hi = xmax.log10().ceil().max(lo + 1.0);
+            XAxis { log: true, lo, hi }
+        } else {
+            let xmin = xs().fold(f64::INFINITY, f64::min).min(0.0);
+            let step = nice_step((xmax - xmin).max(1e-9), 8.0);
+            let lo = (xmin / step).floor() * step;
+            let hi = ((xmax / step).ceil() * step).max(lo + step);
+            XAxis { log: false, lo, hi }
+        }
+    }
+
+    /// 0..1 across the plot.
+    fn frac(&self, x: f64) -> f64 {
+        if self.log {
+            (x.max(10f64.powf(self.lo)).log10() - self.lo) / (self.hi - self.lo)
+        } else {
+            (x - self.lo) / (self.hi - self.lo)
+        }
+    }
+
+    fn ticks(&self) -> Vec<f64> {
+        let mut out = Vec::new();
+        if self.log {
+            let mut k = self.lo;
+            while k <= self.hi + 1e-9 {
+                out.push(10f64.powf(k));
+                k += 1.0;
+            }
+        } else {
+            let step = nice_step(self.hi - self.lo, 8.0);
+            let mut x = self.lo;
+            while x <= self.hi + step / 2.0 {
+                out.push((x / step).round() * step);
+                x += step;
+            }
+        }
+        out
+    }
+}
+
 fn panel(out: &mut String, p: &Panel, y0: f64) {
     let pw = W - LEFT - RIGHT;
     let ph = PANEL_H - TOP - BOTTOM;
     let all = || p.lines.iter().flat_map(|l| l.points.iter());
-    let xmax = all().map(|q| q.0).fold(0.0f64, f64::max).max(0.01);
-    let xmin_data = all()
-        .map(|q| q.0)
-        .filter(|&x| x > 0.0)
-        .fold(f64::INFINITY, f64::min);
-    let lx0 = xmin_data.min(xmax).max(1e-3).log10().floor();
-    let lx1 = xmax.log10().ceil().max(lx0 + 1.0);
+    let xa = XAxis::new(p);
     let ymax_data = all().map(|q| q.1).fold(0.0f64, f64::max);
     let ystep = nice_step(ymax_data.max(1.0), 5.0);
     let ymax = (ymax_data / ystep).ceil().max(1.0) * ystep;
-    let sx = |x: f64| LEFT + (x.max(10f64.powf(lx0)).log10() - lx0) / (lx1 - lx0) * pw;
+    let sx = |x: f64| LEFT + xa.frac(x) * pw;
     let sy = |y: f64| y0 + TOP + ph - y / ymax * ph;
     let _ = writeln!(
         out,
@@ -109,18 +165,16 @@ fn panel(out: &mut String, p: &Panel, y0: f64) {
         esc(&p.title)
     );
     // Grid and ticks.
-    let mut k = lx0;
-    while k <= lx1 + 1e-9 {
-        let x = sx(10f64.powf(k));
+    for t in xa.ticks() {
+        let x = sx(t);
         let _ = writeln!(
             out,
             r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" font-size="12" text-anchor="middle">{}</text>"##,
             y0 + TOP,
             y0 + TOP + ph,
             y0 + TOP + ph + 18.0,
-            fmt_tick(10f64.powf(k))
+            fmt_tick(t)
         );
-        k += 1.0;
     }
     let mut y = 0.0;
     while y <= ymax + ystep / 2.0 {
@@ -197,12 +251,15 @@ pub fn render(panels: &[Panel]) -> String {
 pub fn seed_chart(report: &SeedReport) -> String {
     let mut shapes: Vec<_> = report.series.iter().map(|s| s.shape).collect();
     shapes.dedup();
+    shapes.sort_by_key(|c| c.to_string());
+    shapes.dedup();
     let panels: Vec<Panel> = shapes
         .iter()
         .map(|&shape| Panel {
-            title: format!("ksm-seed, shape {shape}: pages_sharing over time"),
+            title: format!("ksm-seed, {shape}: pages_sharing + zero_pages over time"),
             x_label: "time since merging was switched on (s, log scale)".into(),
-            y_label: "pages_sharing".into(),
+            y_label: "pages_sharing + zero_pages".into(),
+            log_x: true,
             lines: report
                 .series
                 .iter()
@@ -212,7 +269,7 @@ pub fn seed_chart(report: &SeedReport) -> String {
                     points: s
                         .samples
                         .iter()
-                        .map(|p| (p.t_s, p.pages_sharing as f64))
+                        .map(|p| (p.t_s, (p.pages_sharing + p.zero_pages) as f64))
                         .collect(),
                 })
                 .collect(),
@@ -254,6 +311,7 @@ mod tests {
             title: "t <1>".into(),
             x_label: "time (s)".into(),
             y_label: "pages_sharing".into(),
+            log_x: true,
             lines: vec![
                 Line {
                     name: "ksm-default".into(),
@@ -275,5 +333,55 @@ mod tests {
         // Decades 0.01 .. 100 on x, 0 .. 80000 on y.
         assert!(svg.contains(">0.01</text>") && svg.contains(">100</text>"));
         assert!(svg.contains(">80000</text>"));
+    }
+
+    #[test]
+    fn linear_axis_spans_negative_time() {
+        let p = Panel {
+            title: "auto".into(),
+            x_label: "s".into(),
+            y_label: "MiB".into(),
+            log_x: false,
+            lines: vec![Line {
+                name: "a".into(),
+                points: vec![(-10.0, 0.0), (0.0, 0.0), (30.0, 256.0)],
+            }],
+        };
+        let svg = render(&[p]);
+        assert!(
+            svg.contains(">-10</text>") && svg.contains(">30</text>"),
+            "{svg}"
+        );
+        // Every coordinate is a finite number inside the picture.
+        let pts = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        for xy in pts.split(' ') {
+            let (x, y) = xy.split_once(',').unwrap();
+            let (x, y): (f64, f64) = (x.parse().unwrap(), y.parse().unwrap());
+            assert!(
+                (0.0..=W).contains(&x) && (0.0..=PANEL_H).contains(&y),
+                "{xy}"
+            );
+        }
+        // First point at the left edge, last at the right edge of the plot.
+        assert!(pts.starts_with(&format!("{LEFT:.1},")), "{pts}");
+    }
+
+    #[test]
+    fn empty_panel_still_renders() {
+        let p = Panel {
+            title: "none".into(),
+            x_label: "x".into(),
+            y_label: "y".into(),
+            log_x: false,
+            lines: vec![],
+        };
+        let svg = render(&[p]);
+        assert!(svg.trim_end().ends_with("</svg>") && !svg.contains("NaN") && !svg.contains("inf"));
     }
 }

@@ -3,7 +3,7 @@
 //! through the same trait, side by side in one run.
 
 use pagefold_dedup::ksm::KsmBackend;
-use pagefold_dedup::{DedupBackend, KnobUpdate};
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate};
 
 use crate::error::BenchError;
 
@@ -19,11 +19,15 @@ pub struct System {
     pub factory: BackendFactory,
     /// Drives the host's kernel KSM (global knobs; checked for pollution).
     pub kernel_ksm: bool,
+    /// Measure steady-state CPU after convergence (the goal compares the
+    /// two default settings; max-effort settings skip the extra wait).
+    pub measure_steady: bool,
 }
 
 /// KSM's defaults, set explicitly so a host with other values still
-/// measures "default KSM".
-pub const DEFAULT_KNOBS: KnobUpdate = KnobUpdate {
+/// measures "default KSM". Not the engine's defaults
+/// ([`pagefold_dedup::DEFAULT_KNOBS`], 4096 pages / 20 ms).
+pub const KSM_DEFAULT_KNOBS: KnobUpdate = KnobUpdate {
     pages_to_scan: Some(100),
     sleep_millisecs: Some(20),
     max_page_sharing: None,
@@ -36,16 +40,27 @@ pub const MAX_KNOBS: KnobUpdate = KnobUpdate {
     max_page_sharing: None,
 };
 
+/// Names accepted by [`select_systems`], in run order.
+pub const SYSTEM_NAMES: [&str; 4] = ["ksm-default", "ksm-max", "pagefold-default", "pagefold-max"];
+
+/// pagefold's engine exactly as the VMM creates it by default.
+pub fn engine_factory() -> BackendFactory {
+    Box::new(|| {
+        let e = Engine::new(EngineConfig::default()).map_err(pagefold_dedup::Error::from)?;
+        Ok(Box::new(e) as Box<dyn DedupBackend>)
+    })
+}
+
 impl System {
     pub fn ksm_default() -> Self {
-        Self::ksm("ksm-default", DEFAULT_KNOBS)
+        Self::ksm("ksm-default", KSM_DEFAULT_KNOBS, true)
     }
 
     pub fn ksm_max() -> Self {
-        Self::ksm("ksm-max", MAX_KNOBS)
+        Self::ksm("ksm-max", MAX_KNOBS, false)
     }
 
-    fn ksm(name: &str, knobs: KnobUpdate) -> Self {
+    fn ksm(name: &str, knobs: KnobUpdate, measure_steady: bool) -> Self {
         Self {
             name: name.into(),
             knobs: Some(knobs),
@@ -56,16 +71,18 @@ impl System {
                 )
             }),
             kernel_ksm: true,
+            measure_steady,
         }
     }
 
-    /// pagefold's engine with its own default knobs.
+    /// pagefold's engine with its own default knobs (`DEFAULT_KNOBS`).
     pub fn pagefold_default(factory: BackendFactory) -> Self {
         Self {
             name: "pagefold-default".into(),
             knobs: None,
             factory,
             kernel_ksm: false,
+            measure_steady: true,
         }
     }
 
@@ -76,6 +93,7 @@ impl System {
             knobs: Some(MAX_KNOBS),
             factory,
             kernel_ksm: false,
+            measure_steady: false,
         }
     }
 
@@ -92,18 +110,53 @@ pub fn ksm_systems() -> Vec<System> {
     vec![System::ksm_default(), System::ksm_max()]
 }
 
-/// All four systems; `engine` builds pagefold's engine (called per run).
-pub fn all_systems(
-    engine: impl Fn() -> Result<Box<dyn DedupBackend>, pagefold_dedup::Error>
-        + Send
-        + Sync
-        + Clone
-        + 'static,
-) -> Vec<System> {
+/// All four systems, pagefold's built by [`engine_factory`].
+pub fn all_systems() -> Vec<System> {
     vec![
         System::ksm_default(),
         System::ksm_max(),
-        System::pagefold_default(Box::new(engine.clone())),
-        System::pagefold_max(Box::new(engine)),
+        System::pagefold_default(engine_factory()),
+        System::pagefold_max(engine_factory()),
     ]
+}
+
+/// The systems named in `names` (see [`SYSTEM_NAMES`]), in run order;
+/// empty `names` means all.
+pub fn select_systems(names: &[String]) -> Result<Vec<System>, BenchError> {
+    if let Some(bad) = names.iter().find(|n| !SYSTEM_NAMES.contains(&n.as_str())) {
+        return Err(BenchError::UnknownSystem {
+            name: bad.clone(),
+            known: SYSTEM_NAMES.join(", "),
+        });
+    }
+    Ok(all_systems()
+        .into_iter()
+        .filter(|s| names.is_empty() || names.contains(&s.name))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selects_by_name_in_run_order() {
+        let names = vec!["pagefold-max".to_string(), "ksm-default".to_string()];
+        let s = select_systems(&names).unwrap();
+        let got: Vec<_> = s.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(got, ["ksm-default", "pagefold-max"]);
+        assert_eq!(select_systems(&[]).unwrap().len(), 4);
+        let e = select_systems(&["ksm-turbo".to_string()]).err().unwrap();
+        assert!(e.to_string().contains("ksm-turbo"), "{e}");
+    }
+
+    #[test]
+    fn pagefold_default_keeps_the_engines_own_knobs() {
+        let s = System::pagefold_default(engine_factory());
+        assert_eq!(s.knobs, None);
+        assert_ne!(
+            Some(pagefold_dedup::DEFAULT_KNOBS.pages_to_scan),
+            KSM_DEFAULT_KNOBS.pages_to_scan
+        );
+    }
 }

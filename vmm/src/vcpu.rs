@@ -25,14 +25,16 @@ pub trait ControlPort: Send {
     fn read(&mut self, port: u16, data: &mut [u8]) -> Result<(), String>;
 }
 
+/// A control device on the port bus: (first port, number of ports, device).
+pub type ControlPortRange = (u16, u16, Arc<Mutex<dyn ControlPort>>);
+
 /// Everything a vCPU thread dispatches exits to.
 #[derive(Clone)]
 pub struct ExitContext {
     pub shared: Arc<VmShared>,
     pub pio: Bus,
     pub mmio: Bus,
-    /// (first port, number of ports, device)
-    pub control: Option<(u16, u16, Arc<Mutex<dyn ControlPort>>)>,
+    pub control: Option<ControlPortRange>,
     /// Treat accesses to unclaimed ports/addresses as guest errors (workload
     /// guests) instead of ignoring them (Linux probes legacy hardware).
     pub strict_io: bool,
