@@ -13,7 +13,7 @@ use pagefold_guest_abi::expect::{Expectation, VmState};
 use pagefold_vmm::config::Config;
 use pagefold_vmm::runner::Runner;
 use pagefold_vmm::vm::Vm;
-use vm_memory::{GuestAddress, GuestMemory, GuestMemoryBackend, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 pub const PAGE: usize = 4096;
 
@@ -30,11 +30,15 @@ pub fn start(cfg_toml: &str) -> Runner {
 }
 
 /// As [`start`], with auto mode reading a scripted host-memory source.
-pub fn start_with_source(cfg_toml: &str, source: Box<dyn pagefold_dedup::auto::MemorySource>) -> Runner {
+pub fn start_with_source(
+    cfg_toml: &str,
+    source: Box<dyn pagefold_dedup::auto::MemorySource>,
+) -> Runner {
     super::require_kvm();
     let cfg: Config = toml::from_str(cfg_toml).expect("test config");
     cfg.validate(None).expect("valid test config");
-    let dedup = pagefold_vmm::dedup::create_backend_with_source(&cfg, true, Some(source)).expect("dedup backend");
+    let dedup = pagefold_vmm::dedup::create_backend_with_source(&cfg, true, Some(source))
+        .expect("dedup backend");
     let mut runner = Runner::with_dedup(dedup, true).expect("runner");
     runner.echo = false;
     runner.start_all(&cfg).expect("start VMs");
@@ -42,10 +46,18 @@ pub fn start_with_source(cfg_toml: &str, source: Box<dyn pagefold_dedup::auto::M
 }
 
 /// Polls `cond` every 20 ms (taking in guest reports) until it holds.
-pub fn wait_for(r: &mut Runner, what: &str, limit: Duration, mut cond: impl FnMut(&Runner) -> bool) {
+pub fn wait_for(
+    r: &mut Runner,
+    what: &str,
+    limit: Duration,
+    mut cond: impl FnMut(&Runner) -> bool,
+) {
     let end = Instant::now() + limit;
     while !cond(r) {
-        assert!(Instant::now() < end, "timed out after {limit:?} waiting for {what}");
+        assert!(
+            Instant::now() < end,
+            "timed out after {limit:?} waiting for {what}"
+        );
         r.poll_events();
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -65,14 +77,24 @@ pub fn wait_phases(r: &mut Runner, phases: usize, limit: Duration) {
     let end = Instant::now() + limit;
     loop {
         let done = r.vms().iter().all(|v| {
-            r.summary(v.name()).map(|s| s.phases.len() >= phases).unwrap_or(false)
+            r.summary(v.name())
+                .map(|s| s.phases.len() >= phases)
+                .unwrap_or(false)
         });
         if done {
             return;
         }
-        assert!(Instant::now() < end, "guests did not finish {phases} phases in {limit:?}");
+        assert!(
+            Instant::now() < end,
+            "guests did not finish {phases} phases in {limit:?}"
+        );
         for v in r.vms() {
-            assert!(!v.is_stopping(), "VM {} stopped early: {:?}", v.name(), v.info().outcome);
+            assert!(
+                !v.is_stopping(),
+                "VM {} stopped early: {:?}",
+                v.name(),
+                v.info().outcome
+            );
         }
         r.poll_events();
         std::thread::sleep(Duration::from_millis(20));
@@ -88,13 +110,18 @@ pub fn wait_settled(r: &Runner, scans: u64, limit: Duration) -> Stats {
     loop {
         std::thread::sleep(Duration::from_millis(50));
         let s = stats(r);
-        if (s.pages_sharing, s.zero_pages, s.pages_shared) != (last.pages_sharing, last.zero_pages, last.pages_shared) {
+        if (s.pages_sharing, s.zero_pages, s.pages_shared)
+            != (last.pages_sharing, last.zero_pages, last.pages_shared)
+        {
             since = s.full_scans;
         } else if s.full_scans >= since + scans && s.pages_sharing > 0 {
             return s;
         }
         last = s;
-        assert!(Instant::now() < end, "dedup did not settle within {limit:?}: {last:?}");
+        assert!(
+            Instant::now() < end,
+            "dedup did not settle within {limit:?}: {last:?}"
+        );
     }
 }
 
@@ -123,7 +150,8 @@ fn pagemap() -> File {
 
 fn pm_entry(f: &File, addr: usize) -> u64 {
     let mut b = [0u8; 8];
-    f.read_exact_at(&mut b, (addr / PAGE) as u64 * 8).expect("pagemap read");
+    f.read_exact_at(&mut b, (addr / PAGE) as u64 * 8)
+        .expect("pagemap read");
     u64::from_le_bytes(b)
 }
 
@@ -131,7 +159,14 @@ fn pm_entry(f: &File, addr: usize) -> u64 {
 pub fn zero_pfn() -> u64 {
     // SAFETY: a fresh private anonymous mapping, read once and unmapped.
     unsafe {
-        let p = libc::mmap(std::ptr::null_mut(), PAGE, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
         assert_ne!(p, libc::MAP_FAILED);
         std::ptr::read_volatile(p as *const u8);
         let e = pm_entry(&pagemap(), p as usize);
@@ -141,19 +176,25 @@ pub fn zero_pfn() -> u64 {
 }
 
 fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Reads (and so faults in, read-only) every page of a VM's RAM and returns
 /// what the oracle needs. Reads never break a merge.
 pub fn view(vm: &Vm) -> Vec<PageView> {
     let pm = pagemap();
-    let layout = vm.workload_params().map(|p| DataLayout::new(p).expect("layout"));
+    let layout = vm
+        .workload_params()
+        .map(|p| DataLayout::new(p).expect("layout"));
     let mem = vm.memory();
     let mut out = Vec::new();
     for region in mem.iter() {
         let base = region.start_addr().0;
-        let host = mem.get_host_address(GuestAddress(base)).expect("host address") as usize;
+        let host = mem
+            .get_host_address(GuestAddress(base))
+            .expect("host address") as usize;
         for off in (0..region.len() as usize).step_by(PAGE) {
             let gpa = base + off as u64;
             let h = host + off;
@@ -164,7 +205,9 @@ pub fn view(vm: &Vm) -> Vec<PageView> {
             let e = pm_entry(&pm, h);
             let in_data = layout.is_some_and(|l| {
                 let first = l.page_gpa(0);
-                gpa >= first && gpa < first + l.pages * PAGE as u64 && l.low_pages + l.high_pages > 0
+                gpa >= first
+                    && gpa < first + l.pages * PAGE as u64
+                    && l.low_pages + l.high_pages > 0
             });
             out.push(PageView {
                 host: h,
@@ -203,7 +246,10 @@ pub fn distinct_frames<'a>(pages: impl Iterator<Item = &'a PageView>) -> u64 {
 pub fn expectation(vms: &[&Vm]) -> Expectation {
     let states: Vec<VmState<'_>> = vms
         .iter()
-        .map(|v| VmState { params: v.workload_params().expect("workload VM"), churn_writes: 0 })
+        .map(|v| VmState {
+            params: v.workload_params().expect("workload VM"),
+            churn_writes: 0,
+        })
         .collect();
     Expectation::compute(&states).expect("expectation")
 }

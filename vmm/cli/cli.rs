@@ -161,9 +161,12 @@ pub struct WorkloadArgs {
     /// Churn duration in milliseconds.
     #[arg(long, help_heading = "Workload guest")]
     pub churn_ms: Option<u64>,
-    /// Phases, comma-separated: fill, churn, verify, rewrite, sleep:MS, wait[:MS].
+    /// Phases, comma-separated: fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES].
     #[arg(long, help_heading = "Workload guest")]
     pub phases: Option<String>,
+    /// Disk 0 is a test image made with this seed: disk-read checks every byte.
+    #[arg(long, help_heading = "Workload guest")]
+    pub disk_seed: Option<u64>,
 }
 
 /// A Linux guest instead of the workload guest.
@@ -178,8 +181,10 @@ pub struct KernelArgs {
     /// Kernel command line.
     #[arg(long, help_heading = "Linux guest", requires = "kernel")]
     pub cmdline: Option<String>,
-    /// Disk image (raw), PATH or PATH,ro; repeatable.
-    #[arg(long, help_heading = "Linux guest", requires = "kernel")]
+    /// Disk image (raw), PATH or PATH,ro; repeatable. A virtio-blk disk for
+    /// a Linux guest, or for the workload guest (its disk-read phase reads
+    /// disk 0).
+    #[arg(long, help_heading = "Linux guest")]
     pub disk: Vec<String>,
 }
 
@@ -270,6 +275,13 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
                 if let Some(p) = &w.phases {
                     wc.phases = p.split(',').map(|s| s.trim().to_string()).collect();
                 }
+                wc.disks = a
+                    .kernel
+                    .disk
+                    .iter()
+                    .map(|d| parse_disk(d))
+                    .collect::<Result<_, _>>()?;
+                wc.disk_seed = w.disk_seed;
                 Some(wc)
             };
             let kernel = match &a.kernel.kernel {
@@ -341,7 +353,16 @@ fn run_vms(cfg: Config, json: Option<PathBuf>, api: &client::ApiServeArgs) -> Re
     let mut runner = Runner::with_dedup(dedup, cfg.vms.len() > 1)?;
     let api = client::start_api(&runner, api, false)?;
     runner.start_all(&cfg)?;
-    let report = runner.run(|_| {})?;
+    let mut last = std::time::Instant::now();
+    let report = runner.run(|r| {
+        // Long runs show progress: the dedup figures once a second.
+        if last.elapsed() >= std::time::Duration::from_secs(1) && !r.vms().is_empty() {
+            last = std::time::Instant::now();
+            if let Some(d) = r.dedup() {
+                println!("{}", report::progress(&d.stats()));
+            }
+        }
+    })?;
     drop(api);
     drop(runner);
     report::print(&report);

@@ -86,7 +86,8 @@ pub enum VmCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum DedupCommand {
-    /// Change the dedup mode or knobs: mode=off|on|unmerge|auto, pages_to_scan=N, sleep_millisecs=N, max_page_sharing=N.
+    /// Change the dedup mode or knobs: mode=off|on|unmerge|auto, pages_to_scan=N, sleep_millisecs=N,
+    /// max_page_sharing=N, auto_threshold=PCT, max_scanning_factor=N, memory_signal=free|available.
     Set {
         #[arg(required = true, value_name = "KEY=VALUE")]
         settings: Vec<String>,
@@ -454,6 +455,7 @@ mod tests {
             })],
             signal: None,
             dedup: None,
+            dedup_peak: None,
             first_report_ms: None,
         };
         assert_eq!(serve_exit_code(&r), 0);

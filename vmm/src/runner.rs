@@ -341,9 +341,7 @@ impl Runner {
                 self.find(&n)?;
                 let i = self.vms.iter().position(|v| v.name() == n).unwrap_or(0);
                 let mut vm = self.vms.remove(i);
-                let outcome = vm.finish(Outcome::Stopped {
-                    reason: "deleted through the API".into(),
-                });
+                let outcome = vm.finish(Outcome::Deleted);
                 let wall_s = vm.info().uptime_s;
                 self.forget_subscribers(&n);
                 drop(vm);

@@ -32,8 +32,10 @@ pub enum Outcome {
     GuestError { message: String },
     /// A VMM-side failure (vCPU set-up, KVM error, device error).
     VmmError { message: String },
-    /// The host stopped it (signal, API, shutdown of the process).
+    /// The host stopped it (signal, shutdown of the process).
     Stopped { reason: String },
+    /// Deleted through the API: a requested end, not a failure.
+    Deleted,
 }
 
 impl Outcome {
@@ -41,7 +43,10 @@ impl Outcome {
     pub fn is_success(&self) -> bool {
         matches!(
             self,
-            Outcome::GuestExit { status: 0 } | Outcome::GuestPowerOff | Outcome::GuestReset
+            Outcome::GuestExit { status: 0 }
+                | Outcome::GuestPowerOff
+                | Outcome::GuestReset
+                | Outcome::Deleted
         )
     }
 }
@@ -56,6 +61,7 @@ impl fmt::Display for Outcome {
             Outcome::GuestError { message } => write!(f, "guest error: {message}"),
             Outcome::VmmError { message } => write!(f, "VMM error: {message}"),
             Outcome::Stopped { reason } => write!(f, "stopped: {reason}"),
+            Outcome::Deleted => write!(f, "deleted through the API"),
         }
     }
 }

@@ -92,6 +92,9 @@ pub struct VmInfo {
     pub uptime_s: f64,
 }
 
+/// How long `pause` keeps kicking vCPUs before it returns anyway.
+const PAUSE_KICK_WINDOW: Duration = Duration::from_millis(50);
+
 /// How long a stop may take before the VMM gives up on a vCPU thread.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -179,7 +182,7 @@ impl Vm {
 
         // The guest: a Linux kernel, or the built-in workload.
         let ranges = memory::ram_ranges(config.memory_bytes())?;
-        let mut subscribers = Vec::new();
+        let subscribers;
         let mut workload_params = None;
         let (workload, control_port, strict_io) = match &config.kernel {
             Some(kernel) => {
@@ -192,11 +195,23 @@ impl Vm {
             None => {
                 let wl = config.workload.clone().unwrap_or_default();
                 let image = boot::load_image(&mem, crate::workload_image::WORKLOAD_ELF)?;
-                let cr3 = boot::write_tables(&mem, memory::ram_top(&ranges))?;
+                // Disks: the same virtio-blk wiring as Linux guests; the
+                // guest's driver reaches the windows through its page tables.
+                let disks = linux_vm::attach_disks(&name, &wl.disks, &vm_fd, &mem, &mut mmio)?;
+                let cr3 = boot::write_tables_with_mmio(&mem, memory::ram_top(&ranges), &disks.windows())?;
                 boot::setup_vcpu(&vcpus[0], image.entry, cr3)?;
                 let tsc_khz = vcpus[0].get_tsc_khz().unwrap_or(0);
-                let params =
-                    workload::params(&wl, &config.name, index, &ranges, image.end, u64::from(tsc_khz))?;
+                let guest_disks = workload::GuestDisk::from_attached(&disks);
+                subscribers = disks.subscribers;
+                let params = workload::params_with_disks(
+                    &wl,
+                    &config.name,
+                    index,
+                    &ranges,
+                    image.end,
+                    u64::from(tsc_khz),
+                    &guest_disks,
+                )?;
                 let (port, control) = workload::device(
                     &name,
                     params,
@@ -297,14 +312,21 @@ impl Vm {
         Ok(())
     }
 
+    /// Pauses the VM. Returns at once (the event loop must never wait on a
+    /// guest): vCPUs running guest code are kicked out of KVM_RUN and park at
+    /// their next checkpoint; a vCPU blocked in a device operation (a
+    /// workload guest's SLEEP or WAIT_HOST) runs no guest code and parks as
+    /// soon as that operation returns.
     pub fn pause(&self) -> Result<(), Error> {
         if !self.shared.pause() {
             return Err(Error::Stopping(self.config.name.clone()));
         }
-        // Make running vCPUs notice: they park at their next checkpoint.
         let n = self.threads.len();
-        self.shared
-            .wait_until(STOP_TIMEOUT, || self.kick(), || self.shared.parked_vcpus() >= n || self.shared.state() != RunState::Paused);
+        self.shared.wait_until(
+            PAUSE_KICK_WINDOW,
+            || self.kick(),
+            || self.shared.parked_vcpus() >= n || self.shared.state() != RunState::Paused,
+        );
         Ok(())
     }
 

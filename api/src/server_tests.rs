@@ -1,0 +1,185 @@
+//! Server tests over real sockets: transports, socket life cycle, and that
+//! slow or idle clients are cut off without holding anyone else up.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::client::{Client, Target};
+use crate::listen::ListenConfig;
+use crate::server::{Limits, Server, ServerError};
+use crate::socket::SocketError;
+use crate::testutil::FakeVmm;
+
+fn sock(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("pf-api-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d.join("api.sock")
+}
+
+fn unix(path: &std::path::Path) -> ListenConfig {
+    ListenConfig {
+        unix: Some(path.to_path_buf()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn serves_unix_and_tcp_and_cleans_up() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let p = sock("both");
+    let listen = ListenConfig {
+        unix: Some(p.clone()),
+        tcp: Some("127.0.0.1:0".parse().unwrap()),
+        allow_remote: false,
+    };
+    let server = Server::start(vmm.handle.clone(), &listen, Limits::default()).unwrap();
+    assert_eq!(
+        std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let addr = server.tcp_addr().unwrap();
+    assert_ne!(addr.port(), 0);
+    for target in [Target::Unix(p.clone()), Target::Tcp(addr)] {
+        let c = Client::new(target).unwrap();
+        let r = c.call("GET", "/health", None).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json().unwrap()["vms"], 2);
+        let r = c.call("GET", "/vms/none", None).unwrap();
+        assert_eq!(r.status, 404);
+        assert_eq!(r.error_message(), "no VM named \"none\"");
+    }
+    // A second server on the same socket is refused while the first lives.
+    match Server::start(vmm.handle.clone(), &unix(&p), Limits::default()) {
+        Err(ServerError::Socket(SocketError::InUse(_))) => {}
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("second server started on a live socket"),
+    }
+    server.stop();
+    assert!(!p.exists(), "socket not removed");
+    let _ = std::fs::remove_dir_all(p.parent().unwrap());
+}
+
+#[test]
+fn remote_tcp_needs_explicit_permission() {
+    let vmm = FakeVmm::start(false, &[]);
+    let listen = ListenConfig {
+        tcp: Some("0.0.0.0:0".parse().unwrap()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        Server::start(vmm.handle.clone(), &listen, Limits::default()),
+        Err(ServerError::Listen(_))
+    ));
+}
+
+fn short_limits() -> Limits {
+    Limits {
+        header_timeout: Duration::from_millis(400),
+        body_timeout: Duration::from_millis(400),
+        ..Limits::default()
+    }
+}
+
+/// Reads until EOF; returns what came and how long it took.
+fn read_to_close(s: &mut UnixStream) -> (String, Duration) {
+    let t = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    (String::from_utf8_lossy(&out).into_owned(), t.elapsed())
+}
+
+#[test]
+fn slow_headers_are_cut_off_without_stalling_others() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let p = sock("slow");
+    let server = Server::start(vmm.handle.clone(), &unix(&p), short_limits()).unwrap();
+    let mut slow = UnixStream::connect(&p).unwrap();
+    slow.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    // Meanwhile, a normal client is answered at once.
+    let c = Client::new(Target::Unix(p.clone())).unwrap();
+    let t = Instant::now();
+    assert_eq!(c.call("GET", "/dedup", None).unwrap().status, 200);
+    assert!(
+        t.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    let (_, took) = read_to_close(&mut slow);
+    assert!(
+        took < Duration::from_secs(2),
+        "slow client held for {took:?}"
+    );
+    drop(server);
+}
+
+#[test]
+fn idle_keepalive_connections_are_closed() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let p = sock("idle");
+    let server = Server::start(vmm.handle.clone(), &unix(&p), short_limits()).unwrap();
+    let mut s = UnixStream::connect(&p).unwrap();
+    s.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let (text, took) = read_to_close(&mut s);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        took < Duration::from_secs(2),
+        "idle connection kept {took:?}"
+    );
+    drop(server);
+}
+
+#[test]
+fn slow_bodies_get_408() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let p = sock("body");
+    let server = Server::start(vmm.handle.clone(), &unix(&p), short_limits()).unwrap();
+    let mut s = UnixStream::connect(&p).unwrap();
+    s.write_all(b"PATCH /api/v1/dedup HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"mode\"")
+        .unwrap();
+    let (text, took) = read_to_close(&mut s);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"error\""), "{text}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    drop(server);
+}
+
+#[test]
+fn oversized_content_length_is_refused_before_reading() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let p = sock("big");
+    let server = Server::start(vmm.handle.clone(), &unix(&p), Limits::default()).unwrap();
+    let mut s = UnixStream::connect(&p).unwrap();
+    s.write_all(b"PUT /api/v1/vms/a HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (text, _) = read_to_close(&mut s);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    drop(server);
+}
+
+#[test]
+fn many_concurrent_clients() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let p = sock("many");
+    let server = Server::start(vmm.handle.clone(), &unix(&p), Limits::default()).unwrap();
+    let threads: Vec<_> = (0..32)
+        .map(|_| {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let c = Client::new(Target::Unix(p)).unwrap();
+                for _ in 0..10 {
+                    assert_eq!(c.call("GET", "/metrics", None).unwrap().status, 200);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    drop(server);
+}

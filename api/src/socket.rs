@@ -1,0 +1,203 @@
+//! The API's Unix socket file: created with mode 0600 (bound under a
+//! temporary name, restricted, then renamed into place, so it is never
+//! reachable with a wider mode), never clobbering a socket another live
+//! process answers on, replacing a stale one, and removed on exit if it is
+//! still ours.
+
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+/// Errors creating the socket.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("API socket {0}: another process is serving on it (stop it, or choose another path with --api-sock)")]
+    InUse(PathBuf),
+    #[error("API socket {0}: the path exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    #[error("API socket {0}: path too long for a Unix socket (at most 100 bytes)")]
+    TooLong(PathBuf),
+    #[error("API socket {path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Removes the socket file at drop if it is still the one we created.
+#[derive(Debug)]
+pub struct SocketGuard {
+    path: PathBuf,
+    /// Identity of the file we created: inode numbers are reused at once
+    /// on tmpfs, so the change time is part of it.
+    id: (u64, u64, i64, i64),
+}
+
+fn identity(m: &std::fs::Metadata) -> (u64, u64, i64, i64) {
+    (m.dev(), m.ino(), m.ctime(), m.ctime_nsec())
+}
+
+impl SocketGuard {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if identity(&m) == self.id {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+fn io(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> SocketError {
+    let path = path.to_path_buf();
+    move |source| SocketError::Io { path, what, source }
+}
+
+/// Binds the API socket at `path` (see the module doc).
+pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), SocketError> {
+    // sun_path is 108 bytes; leave room for the temporary name's suffix.
+    if path.as_os_str().len() > 100 {
+        return Err(SocketError::TooLong(path.to_path_buf()));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io(&dir, "creating its directory"))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(SocketError::NotASocket(path.to_path_buf()))
+        }
+        Ok(_) => match UnixStream::connect(path) {
+            Ok(_) => return Err(SocketError::InUse(path.to_path_buf())),
+            Err(e)
+                if e.kind() == ErrorKind::ConnectionRefused || e.kind() == ErrorKind::NotFound =>
+            {
+                log::info!("removing stale API socket {}", path.display());
+                match std::fs::remove_file(path) {
+                    Err(e) if e.kind() != ErrorKind::NotFound => {
+                        return Err(io(path, "removing the stale socket")(e))
+                    }
+                    _ => {}
+                }
+            }
+            Err(e) => return Err(io(path, "probing the existing socket")(e)),
+        },
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(io(path, "inspecting the path")(e)),
+    }
+    let tmp = dir.join(format!(".pf{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(io(&tmp, "binding"))?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .map_err(io(&tmp, "setting mode 0600"))
+        .and_then(|_| std::fs::rename(&tmp, path).map_err(io(path, "moving into place")));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    let m = std::fs::symlink_metadata(path).map_err(io(path, "inspecting the new socket"))?;
+    Ok((
+        listener,
+        SocketGuard {
+            path: path.to_path_buf(),
+            id: identity(&m),
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("pf-sock-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn creates_0600_socket_in_new_0700_dir_and_cleans_up() {
+        let d = scratch("mode");
+        let p = d.join("sub").join("api.sock");
+        let (l, g) = bind(&p).unwrap();
+        let m = std::fs::metadata(&p).unwrap();
+        assert!(m.file_type().is_socket());
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(p.parent().unwrap())
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
+        UnixStream::connect(&p).unwrap();
+        drop(l);
+        drop(g);
+        assert!(!p.exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn refuses_live_socket_and_replaces_stale_one() {
+        let d = scratch("live");
+        let p = d.join("api.sock");
+        let (l, g) = bind(&p).unwrap();
+        assert!(matches!(bind(&p), Err(SocketError::InUse(_))));
+        // Stale: the listener is gone but the file stays.
+        drop(l);
+        std::mem::forget(g);
+        assert!(p.exists());
+        let (_l2, g2) = bind(&p).unwrap();
+        UnixStream::connect(&p).unwrap();
+        drop(g2);
+        assert!(!p.exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn refuses_to_replace_a_regular_file() {
+        let d = scratch("file");
+        std::fs::create_dir_all(&d).unwrap();
+        let p = d.join("api.sock");
+        std::fs::write(&p, b"precious").unwrap();
+        assert!(matches!(bind(&p), Err(SocketError::NotASocket(_))));
+        assert_eq!(std::fs::read(&p).unwrap(), b"precious");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn guard_leaves_a_replaced_socket_alone() {
+        let d = scratch("replaced");
+        let p = d.join("api.sock");
+        let (l, g) = bind(&p).unwrap();
+        drop(l);
+        // Someone else replaced the (stale) socket with theirs.
+        let (_l2, g2) = bind(&p).unwrap();
+        drop(g);
+        assert!(p.exists(), "the other server's socket must survive");
+        drop(g2);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn long_paths_are_refused() {
+        let p = PathBuf::from(format!("/tmp/{}", "x".repeat(120)));
+        assert!(matches!(bind(&p), Err(SocketError::TooLong(_))));
+    }
+}

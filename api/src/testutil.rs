@@ -1,0 +1,225 @@
+//! Test doubles for route and server tests: a VMM event loop that keeps a
+//! table of pretend VMs (the real runner needs KVM; the end-to-end test in
+//! tests/api_e2e.rs uses it), and a dedup backend holding just mode, knobs
+//! and fixed figures (the real engines need userfaultfd or KSM; the
+//! end-to-end test uses the real one).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pagefold_dedup::auto::{AutoConfig, AutoController, ScriptedSource};
+use pagefold_dedup::backend::OwnerStats;
+use pagefold_dedup::{DedupBackend, Error, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
+use pagefold_vmm::control::{self, Handle, Request, RequestError, Response};
+use pagefold_vmm::state::RunState;
+use pagefold_vmm::vm::VmInfo;
+
+pub struct TestBackend {
+    state: Mutex<(Mode, Knobs)>,
+}
+
+impl TestBackend {
+    pub fn new() -> TestBackend {
+        TestBackend {
+            state: Mutex::new((
+                Mode::On,
+                Knobs {
+                    pages_to_scan: 100,
+                    sleep_millisecs: 20,
+                    max_page_sharing: 256,
+                },
+            )),
+        }
+    }
+}
+
+impl DedupBackend for TestBackend {
+    fn name(&self) -> &'static str {
+        "test"
+    }
+    unsafe fn register(&self, _spec: RegionSpec) -> pagefold_dedup::backend::Result<RegionId> {
+        Err(Error::Unsupported("test backend".into()))
+    }
+    fn unregister(&self, id: RegionId) -> pagefold_dedup::backend::Result<()> {
+        Err(Error::UnknownRegion(id.0))
+    }
+    fn set_mode(&self, mode: Mode) -> pagefold_dedup::backend::Result<()> {
+        if mode == Mode::Unmerge {
+            return Err(Error::Unsupported("the test backend cannot unmerge".into()));
+        }
+        self.state.lock().unwrap().0 = mode;
+        Ok(())
+    }
+    fn mode(&self) -> Mode {
+        self.state.lock().unwrap().0
+    }
+    fn set_knobs(&self, update: KnobUpdate) -> pagefold_dedup::backend::Result<Knobs> {
+        let mut s = self.state.lock().unwrap();
+        s.1 = update.apply(&s.1)?;
+        Ok(s.1)
+    }
+    fn knobs(&self) -> Knobs {
+        self.state.lock().unwrap().1
+    }
+    fn stats(&self) -> Stats {
+        let (mode, knobs) = *self.state.lock().unwrap();
+        let mut per_owner = BTreeMap::new();
+        per_owner.insert(
+            "vm0".to_string(),
+            OwnerStats {
+                group: "g".into(),
+                pages_tracked: 100,
+                pages_merged: 40,
+                zero_pages: 2,
+                bytes_saved: 42 * 4096,
+            },
+        );
+        Stats {
+            backend: "test".into(),
+            mode,
+            knobs: Some(knobs),
+            pages_shared: 10,
+            pages_sharing: 30,
+            zero_pages: 2,
+            full_scans: 4,
+            merges: 40,
+            bytes_saved: 32 * 4096,
+            per_owner,
+            ..Stats::default()
+        }
+    }
+    fn shutdown(&self) {}
+}
+
+/// A pretend VMM loop on its own thread.
+pub struct FakeVmm {
+    pub handle: Handle,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, RequestError> {
+    let find = |vms: &mut BTreeMap<String, VmInfo>, n: &str| {
+        vms.get(n)
+            .cloned()
+            .ok_or_else(|| RequestError::NotFound(n.to_string()))
+    };
+    match req {
+        Request::ListVms => Ok(Response::Vms(vms.values().cloned().collect())),
+        Request::GetVm(n) => Ok(Response::Vm(find(vms, &n)?)),
+        Request::CreateVm(vc) => {
+            if vms.contains_key(&vc.name) {
+                return Err(RequestError::Conflict(format!(
+                    "a VM named {:?} already exists",
+                    vc.name
+                )));
+            }
+            vc.validate()
+                .map_err(|e| RequestError::BadRequest(e.to_string()))?;
+            let info = VmInfo {
+                name: vc.name.clone(),
+                state: RunState::Running,
+                vcpus: vc.vcpus,
+                memory_bytes: vc.memory_bytes(),
+                dedup_group: Some(vc.dedup_group()),
+                outcome: None,
+                uptime_s: 0.0,
+            };
+            vms.insert(vc.name.clone(), info.clone());
+            Ok(Response::Vm(info))
+        }
+        Request::Pause(n) | Request::Resume(n) if n == "stopping" => {
+            Err(RequestError::Conflict(format!("VM {n:?} is stopping")))
+        }
+        Request::Pause(n) => {
+            find(vms, &n)?;
+            let v = vms.get_mut(&n).unwrap();
+            v.state = RunState::Paused;
+            Ok(Response::Vm(v.clone()))
+        }
+        Request::Resume(n) => {
+            find(vms, &n)?;
+            let v = vms.get_mut(&n).unwrap();
+            v.state = RunState::Running;
+            Ok(Response::Vm(v.clone()))
+        }
+        Request::DeleteVm(n) => {
+            vms.remove(&n).ok_or(RequestError::NotFound(n))?;
+            Ok(Response::Done)
+        }
+        Request::Shutdown => Ok(Response::Done),
+    }
+}
+
+impl FakeVmm {
+    /// Starts the loop; `vm_names` are VMs that exist from the start.
+    pub fn start(with_backend: bool, vm_names: &[&str]) -> FakeVmm {
+        let backend: Option<Arc<dyn DedupBackend>> =
+            with_backend.then(|| Arc::new(TestBackend::new()) as _);
+        // A real auto-mode controller over a scripted 1 GiB host (the
+        // backend does not run it; only its handle's status and settings
+        // are used here).
+        let auto = with_backend.then(|| {
+            let src = ScriptedSource::new(ScriptedSource::sample(1 << 30, 512 << 20));
+            AutoController::new(AutoConfig::default(), Box::new(src), 100)
+                .unwrap()
+                .handle()
+        });
+        let (handle, inbox) = control::channel(backend, auto).unwrap();
+        let mut vms = BTreeMap::new();
+        for n in vm_names
+            .iter()
+            .copied()
+            .chain(["stopping"].into_iter().filter(|_| !vm_names.is_empty()))
+        {
+            vms.insert(
+                n.to_string(),
+                VmInfo {
+                    name: n.to_string(),
+                    state: if n == "stopping" {
+                        RunState::Stopping
+                    } else {
+                        RunState::Running
+                    },
+                    vcpus: 1,
+                    memory_bytes: 64 << 20,
+                    dedup_group: Some("g".into()),
+                    outcome: None,
+                    uptime_s: 1.0,
+                },
+            );
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                while let Some((req, reply)) = inbox.try_next() {
+                    let shutdown = matches!(req, Request::Shutdown);
+                    let _ = reply.send(serve(&mut vms, req));
+                    if shutdown {
+                        // Like the runner: once it is done, the channel closes.
+                        return;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        FakeVmm {
+            handle,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for FakeVmm {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
