@@ -36,8 +36,14 @@ pub struct Image {
 /// where the loader skips segments without file bytes).
 pub fn image_end(elf: &[u8]) -> Result<u64, Error> {
     let rd16 = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let rd32 = |o: usize| elf.get(o..o + 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
-    let rd64 = |o: usize| elf.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    let rd32 = |o: usize| {
+        elf.get(o..o + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let rd64 = |o: usize| {
+        elf.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+    };
     if elf.get(0..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) {
         return Err(Error::BadElf("not a 64-bit ELF"));
     }
@@ -83,6 +89,17 @@ const IOMAP_BYTES: u64 = 0x2000;
 
 /// Writes the GDT and the page tables covering `[0, ram_top)`.
 pub fn write_tables(mem: &GuestMemoryMmap, ram_top: u64) -> Result<u64, Error> {
+    write_tables_with_mmio(mem, ram_top, &[])
+}
+
+/// Writes the GDT and the page tables covering `[0, ram_top)` and the device
+/// windows `mmio` (`(start, len)`: the virtio-mmio windows of the VM's
+/// disks, which the guest's driver accesses directly at CPL3).
+pub fn write_tables_with_mmio(
+    mem: &GuestMemoryMmap,
+    ram_top: u64,
+    mmio: &[(u64, u64)],
+) -> Result<u64, Error> {
     let gm = |what, r: Result<(), vm_memory::GuestMemoryError>| {
         r.map_err(|source| x86::Error::GuestMemory { what, source })
     };
@@ -94,7 +111,10 @@ pub fn write_tables(mem: &GuestMemoryMmap, ram_top: u64) -> Result<u64, Error> {
     )?;
     gm(
         "TSS",
-        mem.write_slice(&[0u8; IOMAP_BYTES as usize], GuestAddress(TSS_ADDR + IOMAP_OFFSET)),
+        mem.write_slice(
+            &[0u8; IOMAP_BYTES as usize],
+            GuestAddress(TSS_ADDR + IOMAP_OFFSET),
+        ),
     )?;
     gm(
         "TSS",
@@ -103,13 +123,17 @@ pub fn write_tables(mem: &GuestMemoryMmap, ram_top: u64) -> Result<u64, Error> {
     let table = gdt::table(TSS_ADDR);
     for (i, d) in table.iter().enumerate() {
         mem.write_obj(*d, GuestAddress(layout::GDT_ADDR + i as u64 * 8))
-            .map_err(|source| x86::Error::GuestMemory { what: "GDT", source })?;
+            .map_err(|source| x86::Error::GuestMemory {
+                what: "GDT",
+                source,
+            })?;
     }
-    let cr3 = paging::write_identity_map(
+    let cr3 = paging::write_identity_map_with(
         mem,
         layout::PAGE_TABLES_START,
         layout::PAGE_TABLES_END,
         ram_top,
+        mmio,
         true,
     )?;
     Ok(cr3)
@@ -190,7 +214,10 @@ mod tests {
     fn loads_the_workload_image() {
         let mem = crate::memory::create(16 << 20).unwrap();
         let img = load_image(&mem, WORKLOAD_ELF).unwrap();
-        assert!(img.entry >= layout::IMAGE_BASE && img.entry < img.end, "{img:?}");
+        assert!(
+            img.entry >= layout::IMAGE_BASE && img.entry < img.end,
+            "{img:?}"
+        );
         assert!(img.end < 8 << 20, "image unexpectedly large: {img:?}");
         // The entry point holds code, not zeros.
         let first: u64 = mem.read_obj(GuestAddress(img.entry)).unwrap();
@@ -202,11 +229,36 @@ mod tests {
     }
 
     #[test]
+    fn tables_map_the_virtio_window() {
+        let mem = crate::memory::create(16 << 20).unwrap();
+        let pd3 = layout::PAGE_TABLES_START + (2 + 3) * 4096;
+        let slot = 0xd000_0000u64;
+        write_tables(&mem, 16 << 20).unwrap();
+        let pdpt3: u64 = mem
+            .read_obj(GuestAddress(layout::PAGE_TABLES_START + 4096 + 3 * 8))
+            .unwrap();
+        assert_eq!(pdpt3, 0, "GiB 3 is not mapped without windows");
+        write_tables_with_mmio(&mem, 16 << 20, &[(slot, 0x1000)]).unwrap();
+        let pdpt3: u64 = mem
+            .read_obj(GuestAddress(layout::PAGE_TABLES_START + 4096 + 3 * 8))
+            .unwrap();
+        assert_eq!(pdpt3 & !0xfff, pd3);
+        let pde: u64 = mem
+            .read_obj(GuestAddress(pd3 + ((slot >> 21) & 511) * 8))
+            .unwrap();
+        // Present, writable, user, 2 MiB, identity.
+        assert_eq!(pde, slot | 0x87);
+    }
+
+    #[test]
     fn rejects_bad_elves() {
         assert!(matches!(image_end(b"nope"), Err(Error::BadElf(_))));
         let mut h = vec![0u8; 64];
         h[..4].copy_from_slice(b"\x7fELF");
         h[4] = 2;
-        assert!(matches!(image_end(&h), Err(Error::BadElf("no loadable segment"))));
+        assert!(matches!(
+            image_end(&h),
+            Err(Error::BadElf("no loadable segment"))
+        ));
     }
 }

@@ -14,8 +14,11 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::KernelConfig;
-use crate::linux::{self, layout::ACPI_PM_PORT, pm::AcpiPmDevice, DeviceDiscovery, LinuxBootConfig, VirtioMmioDevice};
+use crate::config::{DiskConfig, KernelConfig};
+use crate::linux::{
+    self, layout::ACPI_PM_PORT, pm::AcpiPmDevice, DeviceDiscovery, LinuxBootConfig,
+    VirtioMmioDevice,
+};
 use crate::state::{Outcome, VmShared};
 
 /// Errors of Linux VM set-up.
@@ -81,7 +84,9 @@ fn evt() -> Result<EventFd, Error> {
 /// once instead of waiting in the kernel's buffer, which matters when a boot
 /// stops early (and on hosts where kernel code is emulated, it always does).
 pub fn effective_cmdline(user: &str) -> String {
-    let wants_serial = user.split_whitespace().any(|w| w.starts_with("console=ttyS0"));
+    let wants_serial = user
+        .split_whitespace()
+        .any(|w| w.starts_with("console=ttyS0"));
     let has_early = user
         .split_whitespace()
         .any(|w| w.starts_with("earlyprintk") || w.starts_with("earlycon"));
@@ -90,6 +95,82 @@ pub fn effective_cmdline(user: &str) -> String {
     } else {
         user.to_string()
     }
+}
+
+/// The virtio-blk disks of a VM, attached to its MMIO bus.
+pub struct Disks {
+    /// Where each disk's virtio-mmio window is, in disk order.
+    pub slots: Vec<VirtioMmioDevice>,
+    /// Each disk's size in 512-byte sectors.
+    pub sectors: Vec<u64>,
+    /// The queue-notification subscribers the event loop must run.
+    pub subscribers: Vec<Subscriber>,
+}
+
+impl Disks {
+    /// The MMIO windows as `(start, len)`, for page tables.
+    pub fn windows(&self) -> Vec<(u64, u64)> {
+        self.slots.iter().map(|s| (s.addr, s.size)).collect()
+    }
+}
+
+/// Attaches `disks` as virtio-blk devices on virtio-mmio: disk `n` at
+/// `VirtioMmioDevice::slot(n)`, with an irqfd for its GSI and an ioeventfd
+/// on its QueueNotify register (so a notification does not stop the vCPU;
+/// the returned subscriber runs the queue on the event loop). Linux guests
+/// and workload guests share this.
+pub fn attach_disks(
+    name: &str,
+    disks: &[DiskConfig],
+    vm_fd: &VmFd,
+    mem: &GuestMemoryMmap,
+    mmio: &mut Bus,
+) -> Result<Disks, Error> {
+    let mut out = Disks {
+        slots: Vec::new(),
+        sectors: Vec::new(),
+        subscribers: Vec::new(),
+    };
+    for (i, disk) in disks.iter().enumerate() {
+        let slot = VirtioMmioDevice::slot(i as u32);
+        let serial = format!("{name}-vd{i}");
+        let serial = &serial[..serial.len().min(20)];
+        let block = Block::open(&disk.path, disk.readonly, serial).map_err(|e| Error::Disk {
+            path: disk.path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let sectors = block.nsectors();
+        let irqfd = evt()?;
+        vm_fd
+            .register_irqfd(&irqfd, slot.irq)
+            .map_err(kvm("irqfd for virtio-blk"))?;
+        let transport = MmioTransport::new(mem.clone(), Box::new(block), irqfd).map_err(|e| {
+            Error::Transport {
+                index: i,
+                message: e.to_string(),
+            }
+        })?;
+        for (q, qevt) in transport.queue_evts().iter().enumerate() {
+            vm_fd
+                .register_ioevent(
+                    qevt,
+                    &IoEventAddress::Mmio(slot.addr + NOTIFY_REG_OFFSET),
+                    q as u32,
+                )
+                .map_err(kvm("ioeventfd for virtio-blk"))?;
+        }
+        let transport = Arc::new(Mutex::new(transport));
+        mmio.insert(transport.clone(), slot.addr, slot.size)
+            .map_err(|e| Error::Other(e.to_string()))?;
+        let notifier = MmioNotifier::new(transport).map_err(|e| Error::Transport {
+            index: i,
+            message: e.to_string(),
+        })?;
+        out.subscribers.push(Arc::new(Mutex::new(notifier)));
+        out.slots.push(slot);
+        out.sectors.push(sectors);
+    }
+    Ok(out)
 }
 
 /// Sets up a Linux guest; returns the subscribers the event loop must run.
@@ -105,44 +186,16 @@ pub fn setup(
     mmio: &mut Bus,
     shared: &Arc<VmShared>,
 ) -> Result<Vec<Subscriber>, Error> {
-    let mut subs: Vec<Subscriber> = Vec::new();
-    let mut devices = Vec::new();
-    for (i, disk) in kernel.disks.iter().enumerate() {
-        let slot = VirtioMmioDevice::slot(i as u32);
-        let serial = format!("{name}-vd{i}");
-        let serial = &serial[..serial.len().min(20)];
-        let block = Block::open(&disk.path, disk.readonly, serial).map_err(|e| Error::Disk {
-            path: disk.path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        let irqfd = evt()?;
-        vm_fd
-            .register_irqfd(&irqfd, slot.irq)
-            .map_err(kvm("irqfd for virtio-blk"))?;
-        let transport = MmioTransport::new(mem.clone(), Box::new(block), irqfd).map_err(|e| Error::Transport {
-            index: i,
-            message: e.to_string(),
-        })?;
-        for (q, qevt) in transport.queue_evts().iter().enumerate() {
-            vm_fd
-                .register_ioevent(qevt, &IoEventAddress::Mmio(slot.addr + NOTIFY_REG_OFFSET), q as u32)
-                .map_err(kvm("ioeventfd for virtio-blk"))?;
-        }
-        let transport = Arc::new(Mutex::new(transport));
-        mmio.insert(transport.clone(), slot.addr, slot.size)
-            .map_err(|e| Error::Other(e.to_string()))?;
-        let notifier = MmioNotifier::new(transport).map_err(|e| Error::Transport {
-            index: i,
-            message: e.to_string(),
-        })?;
-        subs.push(Arc::new(Mutex::new(notifier)));
-        devices.push(slot);
-    }
+    let disks = attach_disks(name, &kernel.disks, vm_fd, mem, mmio)?;
+    let mut subs = disks.subscribers;
+    let devices = disks.slots;
 
     let (reset, shutdown) = (evt()?, evt()?);
     let pm = AcpiPmDevice::new(
         reset.try_clone().map_err(|e| Error::Other(e.to_string()))?,
-        shutdown.try_clone().map_err(|e| Error::Other(e.to_string()))?,
+        shutdown
+            .try_clone()
+            .map_err(|e| Error::Other(e.to_string()))?,
     );
     pio.insert(Arc::new(Mutex::new(pm)), u64::from(ACPI_PM_PORT), 1)
         .map_err(|e| Error::Other(e.to_string()))?;
@@ -178,7 +231,10 @@ mod tests {
             effective_cmdline("console=ttyS0 panic=-1"),
             "console=ttyS0 panic=-1 earlyprintk=serial,ttyS0,115200"
         );
-        assert_eq!(effective_cmdline("console=ttyS0 earlycon=uart"), "console=ttyS0 earlycon=uart");
+        assert_eq!(
+            effective_cmdline("console=ttyS0 earlycon=uart"),
+            "console=ttyS0 earlycon=uart"
+        );
         assert_eq!(effective_cmdline("quiet"), "quiet");
     }
 }

@@ -82,6 +82,8 @@ pub struct PhaseRow {
     pub dup_pages: u64,
     pub mismatches: u64,
     pub churn_writes_total: u64,
+    /// Checksum of the pages a disk-read phase read (0 otherwise).
+    pub checksum: u64,
     /// Host-measured duration.
     pub ms: f64,
     pub gbps: f64,
@@ -114,6 +116,7 @@ impl VmReport {
                 dup_pages: p.report.dup_pages,
                 mismatches: p.report.mismatches,
                 churn_writes_total: p.report.churn_writes_total,
+                checksum: p.report.checksum,
                 ms: p.elapsed.as_secs_f64() * 1e3,
                 gbps: p.gbps(),
             })
@@ -413,6 +416,11 @@ impl Runner {
     /// Takes in pending guest reports without running the event loop (for
     /// callers that drive VMs step by step, such as tests and benchmarks).
     pub fn poll_events(&mut self) {
+        // Device work (virtio notifications) runs on the event loop: give it
+        // a non-blocking turn too.
+        if let Err(e) = self.em.run_with_timeout(0) {
+            log::warn!("event loop: {e:?}");
+        }
         self.drain_events();
     }
 

@@ -14,8 +14,8 @@ use crate::config::{fmt_size, Phase, WorkloadConfig};
 use crate::memory::MMIO_HOLE_END;
 use crate::vcpu::ControlPort;
 
-pub use pagefold_devices::workload::WorkloadEvent as Event;
 pub use pagefold_devices::workload::WorkloadControl as Control;
+pub use pagefold_devices::workload::WorkloadEvent as Event;
 
 /// Errors of workload set-up.
 #[derive(Debug, thiserror::Error)]
@@ -37,8 +37,9 @@ pub fn bytes_per_page() -> u64 {
 /// A stable 64-bit seed from a VM name (FNV-1a), so a VM's private content is
 /// the same from run to run but differs between VMs.
 pub fn name_seed(name: &str) -> u64 {
-    name.bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// A disk as the workload guest sees it.
@@ -160,11 +161,13 @@ pub fn params_with_disks(
     if shared_pages + private_pages > capacity {
         return Err(Error::TooBig {
             need: fmt_size((shared_pages + private_pages) * bytes_per_page()),
-            have: fmt_size(usable),
+            have: fmt_size(usable - disk_bytes),
         });
     }
     if shared_pages + private_pages == 0 {
-        return Err(Error::Config("the workload has no pages (shared and private are both 0)".into()));
+        return Err(Error::Config(
+            "the workload has no pages (shared and private are both 0)".into(),
+        ));
     }
     let mut p = WorkloadParams {
         magic: PARAMS_MAGIC,
@@ -276,7 +279,10 @@ mod tests {
         assert_eq!(p.data_end, 256 << 20);
         assert_eq!(p.shared_pages, 16384);
         assert_eq!(p.private_pages, 4096);
-        assert_eq!(&p.program[..4], &[phase::FILL, phase::SLEEP, phase::VERIFY, phase::END]);
+        assert_eq!(
+            &p.program[..4],
+            &[phase::FILL, phase::SLEEP, phase::VERIFY, phase::END]
+        );
         assert_eq!(p.program_args[1], 5);
         assert_eq!(p.private_seed, name_seed("a"));
         assert_ne!(name_seed("a"), name_seed("b"));
@@ -286,5 +292,62 @@ mod tests {
         };
         let e = params(&big, "a", 0, &[(0, 256 << 20)], 0x20_0000, 0).unwrap_err();
         assert!(e.to_string().contains("only"), "{e}");
+    }
+
+    #[test]
+    fn params_with_a_disk() {
+        let img = std::env::temp_dir().join(format!("pagefold-wl-disk-{}", std::process::id()));
+        std::fs::write(&img, [0u8; 4096]).unwrap();
+        let w = WorkloadConfig {
+            shared: Some(crate::config::SizeValue::Text("16M".into())),
+            private: Some(crate::config::SizeValue::Text("0M".into())),
+            phases: vec!["fill".into(), "disk-read".into(), "disk-read:3".into()],
+            disks: vec![crate::config::DiskConfig {
+                path: img.clone(),
+                readonly: true,
+            }],
+            disk_seed: Some(9),
+            ..Default::default()
+        };
+        let disk = GuestDisk {
+            mmio: 0xd000_0000,
+            sectors: 8 * 100 + 5,
+        };
+        let ram = [(0, 64 << 20)];
+        let p = params_with_disks(&w, "a", 0, &ram, 0x20_0000, 0, &[disk]).unwrap();
+        // Whole pages of disk 0; the largest read sizes the area.
+        assert_eq!(p.disk_pages, 100);
+        assert_eq!(p.disk_count, 1);
+        assert_eq!(p.disk_mmio, [0xd000_0000, 0, 0, 0]);
+        assert_eq!(p.disk_seed, 9);
+        assert_eq!(&p.program[1..3], &[phase::DISK_READ, phase::DISK_READ]);
+        assert_eq!(&p.program_args[1..3], &[0, 3]);
+        assert_eq!(p.disk_read_pages(), 100);
+        // Reading past the disk, or with no disk, is refused up front.
+        let mut long = w.clone();
+        long.phases = vec!["fill".into(), "disk-read:101".into()];
+        let e = params_with_disks(&long, "a", 0, &ram, 0x20_0000, 0, &[disk]).unwrap_err();
+        assert!(e.to_string().contains("holds only 100"), "{e}");
+        let e = params_with_disks(&w, "a", 0, &ram, 0x20_0000, 0, &[]).unwrap_err();
+        assert!(e.to_string().contains("needs a disk"), "{e}");
+        // The disk area comes out of the default sizes' share of RAM.
+        let mut dflt = w.clone();
+        dflt.shared = None;
+        dflt.private = None;
+        let big = GuestDisk {
+            mmio: 0xd000_0000,
+            sectors: 8 * 8192,
+        };
+        let p = params_with_disks(&dflt, "a", 0, &ram, 0x20_0000, 0, &[big]).unwrap();
+        let usable = (64 << 20) - (4 << 20);
+        let capacity = (usable - 8192 * PAGE_SIZE) / bytes_per_page();
+        assert_eq!(p.shared_pages, capacity / 2);
+        assert!(DataLayout::new(&p).is_ok());
+        // A disk no phase reads is announced but gets no area.
+        let mut none = w.clone();
+        none.phases = vec!["fill".into()];
+        let p = params_with_disks(&none, "a", 0, &ram, 0x20_0000, 0, &[disk]).unwrap();
+        assert_eq!((p.disk_count, p.disk_pages), (1, 0));
+        std::fs::remove_file(&img).unwrap();
     }
 }

@@ -14,6 +14,7 @@
 //! A short last block keeps the same positions; if it has no unique page its
 //! would-be duplicates are unique.
 
+use crate::disk::{image_page_base, MAX_DISKS};
 use crate::generator::{kind, page_base};
 use crate::{phase, WorkloadParams, PAGE_SIZE, PARAMS_MAGIC};
 
@@ -196,6 +197,9 @@ pub enum ParamsError {
         slot: usize,
         op: u32,
     },
+    /// Inconsistent disk fields (count, MMIO addresses, DISK_READ without a
+    /// disk or reading more than the disk area holds).
+    BadDisk(&'static str),
 }
 
 impl core::fmt::Display for ParamsError {
@@ -214,13 +218,15 @@ impl core::fmt::Display for ParamsError {
                 )
             }
             Self::BadOpcode { slot, op } => write!(f, "unknown phase opcode {op} in slot {slot}"),
+            Self::BadDisk(why) => write!(f, "disk parameters: {why}"),
         }
     }
 }
 
-/// Where records and logical pages live in guest-physical memory. Data slots
-/// are numbered over the low area then the high area; record pages take the
-/// first slots, logical page `i` is slot `record_pages + i`.
+/// Where records, logical pages and the disk area live in guest-physical
+/// memory. Data slots are numbered over the low area then the high area;
+/// record pages take the first slots, logical page `i` is slot
+/// `record_pages + i`, and disk page `k` is slot `record_pages + pages + k`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataLayout {
     pub low_start: u64,
@@ -229,6 +235,8 @@ pub struct DataLayout {
     pub high_pages: u64,
     pub record_pages: u64,
     pub pages: u64,
+    /// Pages of the disk area (`WorkloadParams::disk_pages`).
+    pub disk_pages: u64,
 }
 
 /// Lowest allowed data address: above the image area (the image is small;
@@ -272,9 +280,40 @@ impl DataLayout {
                 end: p.high_end,
             });
         }
+        let in_data =
+            |a: u64| (a >= p.data_start && a < p.data_end) || (a >= p.high_start && a < p.high_end);
+        if p.disk_count > MAX_DISKS as u64 {
+            return Err(ParamsError::BadDisk("more disks than disk_mmio holds"));
+        }
+        for (i, &a) in p.disk_mmio.iter().enumerate() {
+            if (i as u64) < p.disk_count {
+                if a == 0 || a % PAGE_SIZE != 0 || a < MIN_DATA_START || in_data(a) {
+                    return Err(ParamsError::BadDisk(
+                        "a disk's MMIO window is unaligned or inside RAM",
+                    ));
+                }
+            } else if a != 0 {
+                return Err(ParamsError::BadDisk(
+                    "MMIO address for a disk past disk_count",
+                ));
+            }
+        }
+        let reads = p.phases().any(|(_, op, _)| op == phase::DISK_READ);
+        if reads && (p.disk_count == 0 || p.disk_pages == 0) {
+            return Err(ParamsError::BadDisk(
+                "disk-read needs a disk and a non-empty disk area",
+            ));
+        }
+        if p.disk_read_pages() > p.disk_pages {
+            return Err(ParamsError::BadDisk(
+                "disk-read reads more pages than the disk area holds",
+            ));
+        }
         let pages = p.total_pages();
         let record_pages = pages.div_ceil(RECORDS_PER_PAGE);
-        let needed = record_pages + pages;
+        let needed = record_pages
+            .saturating_add(pages)
+            .saturating_add(p.disk_pages);
         let available = low_pages + high_pages;
         if needed > available {
             return Err(ParamsError::TooManyPages { needed, available });
@@ -286,6 +325,7 @@ impl DataLayout {
             high_pages,
             record_pages,
             pages,
+            disk_pages: p.disk_pages,
         })
     }
 
@@ -311,6 +351,43 @@ impl DataLayout {
     /// Guest-physical address of record page `k`.
     pub fn record_page_gpa(&self, k: u64) -> u64 {
         self.slot_gpa(k)
+    }
+
+    /// Data slot of disk-area page `k`.
+    pub fn disk_slot(&self, k: u64) -> u64 {
+        self.record_pages + self.pages + k
+    }
+
+    /// Guest-physical address of disk-area page `k` (where disk page `k`
+    /// is read to).
+    pub fn disk_page_gpa(&self, k: u64) -> u64 {
+        self.slot_gpa(self.disk_slot(k))
+    }
+
+    /// Disk-area pages that follow page `k` contiguously in guest-physical
+    /// memory (`k` included, up to the end of the disk area): the runs one
+    /// virtio-blk data descriptor can cover.
+    pub fn disk_run(&self, k: u64) -> u64 {
+        let slot = self.disk_slot(k);
+        let left = self.disk_pages - k;
+        if slot < self.low_pages {
+            left.min(self.low_pages - slot)
+        } else {
+            left
+        }
+    }
+}
+
+/// Content of disk-area page `k` once the program's DISK_READ phases ran:
+/// `None` when it is disk data of unknown content (`disk_seed == 0`); zero
+/// when no DISK_READ reaches it (never written).
+pub fn disk_page_content(p: &WorkloadParams, k: u64) -> Option<Content> {
+    if k >= p.disk_read_pages() {
+        Some(Content::Zero)
+    } else if p.disk_seed == 0 {
+        None
+    } else {
+        Some(Content::Pattern(image_page_base(p.disk_seed, k)))
     }
 }
 
@@ -499,6 +576,89 @@ mod tests {
             DataLayout::new(&p),
             Err(ParamsError::BadOpcode { slot: 3, op: 77 })
         );
+    }
+
+    fn disk_params() -> WorkloadParams {
+        let mut p = params(100, 100, 0, 0, 0);
+        p.disk_count = 1;
+        p.disk_mmio[0] = 0xd000_0000;
+        p.disk_pages = 50;
+        p.disk_seed = 77;
+        p.program[0] = phase::FILL;
+        p.program[1] = phase::DISK_READ;
+        p
+    }
+
+    #[test]
+    fn disk_area_follows_the_logical_pages_and_may_span_both_areas() {
+        let mut p = disk_params();
+        p.data_end = p.data_start + (1 + 200 + 20) * PAGE_SIZE;
+        p.high_start = 0x1_0000_0000;
+        p.high_end = p.high_start + 30 * PAGE_SIZE;
+        let l = DataLayout::new(&p).unwrap();
+        assert_eq!(l.disk_pages, 50);
+        assert_eq!(l.disk_page_gpa(0), l.page_gpa(199) + PAGE_SIZE);
+        assert_eq!(l.disk_page_gpa(19), p.data_end - PAGE_SIZE);
+        assert_eq!(l.disk_page_gpa(20), p.high_start);
+        assert_eq!(l.disk_run(0), 20);
+        assert_eq!(l.disk_run(19), 1);
+        assert_eq!(l.disk_run(20), 30);
+        assert_eq!(l.disk_run(49), 1);
+        // One page short: refused.
+        p.high_end -= PAGE_SIZE;
+        assert_eq!(
+            DataLayout::new(&p),
+            Err(ParamsError::TooManyPages {
+                needed: 251,
+                available: 250
+            })
+        );
+    }
+
+    #[test]
+    fn disk_fields_are_validated() {
+        assert!(DataLayout::new(&disk_params()).is_ok());
+        let bad = |f: &dyn Fn(&mut WorkloadParams)| {
+            let mut p = disk_params();
+            f(&mut p);
+            assert!(
+                matches!(DataLayout::new(&p), Err(ParamsError::BadDisk(_))),
+                "{p:?}"
+            );
+        };
+        bad(&|p| p.disk_count = 0);
+        bad(&|p| p.disk_count = MAX_DISKS as u64 + 1);
+        bad(&|p| p.disk_mmio[0] = 0xd000_0010);
+        bad(&|p| p.disk_mmio[0] = p.data_start);
+        bad(&|p| p.disk_mmio[1] = 0xd000_1000);
+        bad(&|p| p.disk_pages = 0);
+        bad(&|p| p.program_args[1] = 51);
+        // Reading part of the area is fine; so is a disk nobody reads.
+        let mut p = disk_params();
+        p.program_args[1] = 10;
+        assert!(DataLayout::new(&p).is_ok());
+        assert_eq!(p.disk_read_pages(), 10);
+        p.program[1] = phase::VERIFY;
+        assert_eq!(p.disk_read_pages(), 0);
+        assert!(DataLayout::new(&p).is_ok());
+    }
+
+    #[test]
+    fn disk_pages_are_image_pages_up_to_the_read_length() {
+        let mut p = disk_params();
+        p.program_args[1] = 30;
+        assert_eq!(
+            disk_page_content(&p, 0),
+            Some(Content::Pattern(image_page_base(77, 0)))
+        );
+        assert_eq!(
+            disk_page_content(&p, 29),
+            Some(Content::Pattern(image_page_base(77, 29)))
+        );
+        assert_eq!(disk_page_content(&p, 30), Some(Content::Zero));
+        p.disk_seed = 0;
+        assert_eq!(disk_page_content(&p, 0), None);
+        assert_eq!(disk_page_content(&p, 30), Some(Content::Zero));
     }
 
     #[test]

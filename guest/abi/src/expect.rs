@@ -5,11 +5,15 @@
 //! grouping pages by base is exact, not probabilistic. Record pages (the
 //! guest's version table) are unique per VM by construction and are counted
 //! apart; the guest's image, stack and page tables are outside the data area
-//! and not counted at all.
+//! and not counted at all. Disk-area pages (DISK_READ's page cache) are data
+//! pages too: predicted exactly for test images (`disk_seed != 0`), counted
+//! in `unpredicted_pages` otherwise.
 
 extern crate std;
 
-use crate::classes::{page_content, version_after_churn, Content, DataLayout, ParamsError};
+use crate::classes::{
+    disk_page_content, page_content, version_after_churn, Content, DataLayout, ParamsError,
+};
 use crate::WorkloadParams;
 use std::collections::HashMap;
 
@@ -25,11 +29,11 @@ pub struct VmState<'a> {
 /// Predicted page counts over the data pages of a set of VMs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Expectation {
-    /// Logical data pages of all VMs.
+    /// Data pages of all VMs: logical pages plus disk-area pages.
     pub data_pages: u64,
     /// Of those, all-zero pages.
     pub zero_pages: u64,
-    /// Non-zero data pages.
+    /// Non-zero data pages of known content.
     pub nonzero_pages: u64,
     /// Distinct non-zero contents.
     pub distinct_contents: u64,
@@ -42,6 +46,11 @@ pub struct Expectation {
     pub sharing_pages: u64,
     /// Record pages of all VMs (always unique: never shared).
     pub record_pages: u64,
+    /// Of `data_pages`, disk-area pages read from disks of unknown content
+    /// (`disk_seed == 0`): left out of every other count.
+    pub unpredicted_pages: u64,
+    /// Of `data_pages`, disk-area pages (read or not).
+    pub disk_pages: u64,
 }
 
 impl Expectation {
@@ -60,8 +69,17 @@ impl Expectation {
                     Content::Pattern(base) => *counts.entry(base).or_default() += 1,
                 }
             }
+            for k in 0..layout.disk_pages {
+                e.data_pages += 1;
+                e.disk_pages += 1;
+                match disk_page_content(vm.params, k) {
+                    Some(Content::Zero) => e.zero_pages += 1,
+                    Some(Content::Pattern(base)) => *counts.entry(base).or_default() += 1,
+                    None => e.unpredicted_pages += 1,
+                }
+            }
         }
-        e.nonzero_pages = e.data_pages - e.zero_pages;
+        e.nonzero_pages = e.data_pages - e.zero_pages - e.unpredicted_pages;
         e.distinct_contents = counts.len() as u64;
         e.shared_contents = counts.values().filter(|&&n| n > 1).count() as u64;
         e.sharing_pages = e.nonzero_pages - e.distinct_contents;
@@ -149,6 +167,57 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(e2.sharing_pages, 2 * 750);
+    }
+
+    fn with_disk(
+        mut p: WorkloadParams,
+        disk_seed: u64,
+        disk_pages: u64,
+        read: u64,
+    ) -> WorkloadParams {
+        p.disk_count = 1;
+        p.disk_mmio[0] = 0xd000_0000;
+        p.disk_pages = disk_pages;
+        p.disk_seed = disk_seed;
+        p.data_end += disk_pages * PAGE_SIZE;
+        p.program[0] = crate::phase::FILL;
+        p.program[1] = crate::phase::DISK_READ;
+        p.program_args[1] = read;
+        p
+    }
+
+    #[test]
+    fn vms_reading_one_test_image_share_their_disk_pages() {
+        let a = with_disk(vm(1, 2, 0, 1_000), 5, 300, 0);
+        let b = with_disk(vm(1, 3, 0, 1_000), 5, 300, 0);
+        let st = |p| VmState {
+            params: p,
+            churn_writes: 0,
+        };
+        let one = Expectation::compute(&[st(&a)]).unwrap();
+        assert_eq!(one.disk_pages, 300);
+        assert_eq!(one.data_pages, 1_300);
+        assert_eq!(one.unpredicted_pages, 0);
+        assert_eq!(one.distinct_contents, 850 + 300);
+        let two = Expectation::compute(&[st(&a), st(&b)]).unwrap();
+        // Private pages (different private seeds) share only their dups; the
+        // disk pages of the second VM all share with the first's.
+        assert_eq!(two.sharing_pages, 2 * 50 + 300);
+        assert_eq!(two.shared_contents, 2 * 50 + 300);
+        // Another image shares nothing.
+        let c = with_disk(vm(1, 3, 0, 1_000), 6, 300, 0);
+        let e = Expectation::compute(&[st(&a), st(&c)]).unwrap();
+        assert_eq!(e.sharing_pages, 2 * 50);
+        // Reading part of the area leaves the rest zero.
+        let d = with_disk(vm(1, 3, 0, 1_000), 5, 300, 100);
+        let e = Expectation::compute(&[st(&a), st(&d)]).unwrap();
+        assert_eq!(e.sharing_pages, 2 * 50 + 100);
+        assert_eq!(e.zero_pages, 2 * 100 + 200);
+        // Unknown content is set apart, never guessed.
+        let u = with_disk(vm(1, 3, 0, 1_000), 0, 300, 0);
+        let e = Expectation::compute(&[st(&u)]).unwrap();
+        assert_eq!(e.unpredicted_pages, 300);
+        assert_eq!(e.nonzero_pages, 900);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub mod kind {
     pub const SHARED: u32 = 1;
     /// Private (per-VM, churned).
     pub const PRIVATE: u32 = 2;
+    /// Pages of a test disk image (`disk::image_page_base`).
+    pub const DISK: u32 = 3;
 }
 
 /// The murmur3 64-bit finalizer: a bijection with full avalanche.
@@ -261,7 +263,7 @@ mod tests {
     fn bases_differ_across_every_input() {
         let mut seen = HashSet::new();
         for seed in 0..4u64 {
-            for k in [kind::SHARED, kind::PRIVATE] {
+            for k in [kind::SHARED, kind::PRIVATE, kind::DISK] {
                 for index in 0..256u64 {
                     for version in 0..4u32 {
                         assert!(seen.insert(page_base(seed, k, index, version)));

@@ -5,6 +5,7 @@
 #![no_std]
 
 pub mod classes;
+pub mod disk;
 #[cfg(any(test, feature = "std"))]
 pub mod expect;
 pub mod generator;
@@ -43,8 +44,11 @@ pub mod ports {
     pub const STATUS: u16 = BASE + 12;
 }
 
-/// Magic value of [`WorkloadParams::magic`] (protocol version 1).
-pub const PARAMS_MAGIC: u64 = 0x7061_6765_666f_6c01;
+/// Magic value of [`WorkloadParams::magic`]. The low byte is the layout
+/// version of [`WorkloadParams`] (2: the disk fields at the end), so a guest
+/// and a host built from different layouts refuse each other's parameters
+/// instead of misreading them.
+pub const PARAMS_MAGIC: u64 = 0x7061_6765_666f_6c02;
 
 /// Phase opcodes of [`WorkloadParams::program`].
 pub mod phase {
@@ -70,8 +74,15 @@ pub mod phase {
     /// Fault injection for tests: write to an I/O port no device decodes
     /// (`BAD_PORT`).
     pub const BAD_PORT_WRITE: u32 = 8;
+    /// Read pages of disk 0 through virtio-blk into the disk area of the
+    /// data area (a "page cache", see [`crate::disk`]): disk page `k` goes to
+    /// `DataLayout::disk_page_gpa(k)`. Checksums every page, and with
+    /// `disk_seed != 0` checks each against the test-image generator
+    /// (mismatches count like VERIFY's). Arg: pages to read from the start of
+    /// the disk (0: `disk_pages`).
+    pub const DISK_READ: u32 = 9;
     /// Highest valid opcode.
-    pub const LAST: u32 = BAD_PORT_WRITE;
+    pub const LAST: u32 = DISK_READ;
     /// The port BAD_PORT_WRITE pokes.
     pub const BAD_PORT: u16 = 0x1234;
 
@@ -87,6 +98,7 @@ pub mod phase {
             REWRITE => "rewrite",
             FAULT => "fault",
             BAD_PORT_WRITE => "badport",
+            DISK_READ => "disk-read",
             _ => "unknown",
         }
     }
@@ -129,8 +141,23 @@ pub struct WorkloadParams {
     /// Phase program (opcodes from [`phase`]), ended by `phase::END`.
     pub program: [u32; 16],
     /// One argument per program slot: SLEEP: ms; WAIT_HOST: max ms (0: no
-    /// limit); CHURN: duration ms (0: `churn_ms`); others: unused.
+    /// limit); CHURN: duration ms (0: `churn_ms`); DISK_READ: pages (0:
+    /// `disk_pages`); others: unused.
     pub program_args: [u64; 16],
+    // Layout version 2 (the fields below are new; older fields keep their
+    // offsets).
+    /// Number of virtio-blk disks (at most [`disk::MAX_DISKS`]).
+    pub disk_count: u64,
+    /// Guest-physical base of each disk's virtio-mmio register window
+    /// (identity-mapped by the VMM; entries past `disk_count` are 0).
+    pub disk_mmio: [u64; disk::MAX_DISKS],
+    /// Pages of the data area reserved for disk reads (after the logical
+    /// pages; see `classes::DataLayout::disk_page_gpa`).
+    pub disk_pages: u64,
+    /// Non-zero: disk 0 is a test image made with this seed
+    /// ([`disk::image_page_base`]), and DISK_READ checks every page against
+    /// it. Zero: the content is unknown; DISK_READ only checksums it.
+    pub disk_seed: u64,
 }
 
 impl WorkloadParams {
@@ -154,6 +181,10 @@ impl WorkloadParams {
         high_end: 0,
         program: [0; 16],
         program_args: [0; 16],
+        disk_count: 0,
+        disk_mmio: [0; disk::MAX_DISKS],
+        disk_pages: 0,
+        disk_seed: 0,
     };
 
     /// Logical pages the workload holds (shared + private).
@@ -169,5 +200,15 @@ impl WorkloadParams {
             .enumerate()
             .map(|(slot, (&op, &arg))| (slot, op, arg))
             .take_while(|&(_, op, _)| op != phase::END)
+    }
+
+    /// Pages the program's DISK_READ phases fill, from the start of the disk
+    /// area: the largest of their page counts (0 if there is none).
+    pub fn disk_read_pages(&self) -> u64 {
+        self.phases()
+            .filter(|&(_, op, _)| op == phase::DISK_READ)
+            .map(|(_, _, arg)| if arg == 0 { self.disk_pages } else { arg })
+            .max()
+            .unwrap_or(0)
     }
 }

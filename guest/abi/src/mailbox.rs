@@ -62,10 +62,15 @@ pub mod exit_code {
     pub const BAD_PARAMS: u32 = 3;
     /// The guest panicked (a LOG with the location precedes the EXIT).
     pub const PANIC: u32 = 4;
+    /// A DISK_READ could not use its disk: no virtio-blk device at the
+    /// address, a refused feature set or queue, an I/O error status, or no
+    /// completion in time (a LOG with the reason precedes the EXIT).
+    pub const DISK_ERROR: u32 = 5;
 }
 
-/// Mailbox protocol version, sent with HELLO.
-pub const ABI_VERSION: u64 = 1;
+/// Mailbox protocol version, sent with HELLO (2: `PhaseReport::checksum`,
+/// the disk fields of `WorkloadParams`).
+pub const ABI_VERSION: u64 = 2;
 
 /// The guest sends PROGRESS every this many pages of a long phase (256 MiB);
 /// its status is also how a host stop reaches a running phase.
@@ -104,6 +109,10 @@ pub struct PhaseReport {
     pub churn_writes_total: u64,
     /// Guest-measured duration in TSC cycles (the host's time is authoritative).
     pub tsc_cycles: u64,
+    /// DISK_READ: checksum of the pages read (`disk::checksum_step` over
+    /// `disk::page_digest` of each page in disk order): equal checksums mean
+    /// two guests hold the same page-cache pages.
+    pub checksum: u64,
 }
 
 /// Value of [`PhaseReport::first_mismatch`] when nothing mismatched.
@@ -142,6 +151,7 @@ impl Mailbox {
             found_word: 0,
             churn_writes_total: 0,
             tsc_cycles: 0,
+            checksum: 0,
         },
         params: WorkloadParams::ZERO,
         log_len: 0,
@@ -167,8 +177,17 @@ mod tests {
     #[test]
     fn layout_is_fixed_and_padding_free() {
         // The host and the guest are separate builds: pin the layout.
-        assert_eq!(size_of::<PhaseReport>(), 8 + 11 * 8);
-        assert_eq!(size_of::<WorkloadParams>(), 14 * 8 + 16 * 4 + 16 * 8);
+        assert_eq!(size_of::<PhaseReport>(), 8 + 12 * 8);
+        assert_eq!(
+            size_of::<WorkloadParams>(),
+            14 * 8 + 16 * 4 + 16 * 8 + (3 + crate::disk::MAX_DISKS) * 8
+        );
+        // Layout version 2 appended the disk fields; version-1 fields keep
+        // their offsets.
+        assert_eq!(
+            core::mem::offset_of!(WorkloadParams, disk_count),
+            14 * 8 + 16 * 4 + 16 * 8
+        );
         assert_eq!(offset::ARGS, 0);
         assert_eq!(offset::REPORT, 32);
         assert_eq!(offset::PARAMS, 32 + size_of::<PhaseReport>());

@@ -11,6 +11,7 @@ mod phases;
 mod program;
 mod rt;
 mod store;
+mod virtio;
 
 use core::arch::global_asm;
 

@@ -4,8 +4,12 @@
 use crate::clock::{rdtsc, Clock};
 use crate::host;
 use crate::store::Store;
+use crate::virtio::{BlockDev, DiskError, DEPTH, MAX_REQUEST_BYTES, STATUS_OK};
 use pagefold_guest_abi::classes::{
     churn_len, churn_member, page_class, page_content, Content, PageClass,
+};
+use pagefold_guest_abi::disk::{
+    checksum_step, image_page_base, page_digest, CHECKSUM_INIT, SECTORS_PER_PAGE,
 };
 use pagefold_guest_abi::generator::{
     check_page, fill_page_nt, first_difference, is_zero_page, store_fence, zero_page_nt,
@@ -15,6 +19,30 @@ use pagefold_guest_abi::{phase, WorkloadParams, PAGE_SIZE};
 
 /// The host asked us to stop.
 pub struct Stopped;
+
+/// Why DISK_READ ended early.
+pub enum DiskFailure {
+    Stopped,
+    Disk(DiskError),
+}
+
+impl From<Stopped> for DiskFailure {
+    fn from(_: Stopped) -> Self {
+        Self::Stopped
+    }
+}
+
+/// DISK_READ gives up when no request completes for this long. The VMM
+/// stops a stuck guest anyway; this turns a silent hang into a named error.
+const DISK_TIMEOUT_MS: u64 = 10_000;
+
+/// DISK_READ checks the device status (one MMIO exit) when nothing has
+/// completed for this long, so a queue the device declared broken fails at
+/// once instead of after the timeout.
+const DISK_STATUS_CHECK_MS: u64 = 50;
+
+/// Device status bit: the device declared the queue broken.
+const S_NEEDS_RESET: u32 = 64;
 
 /// State that lives across phases.
 pub struct Workload {
@@ -141,6 +169,167 @@ impl Workload {
         }
         r.bytes = r.pages * PAGE_SIZE;
         Ok(r)
+    }
+
+    /// DISK_READ: reads the first `arg` pages of disk 0 (0: `disk_pages`)
+    /// into the disk area, page `k` to `disk_page_gpa(k)`, with up to
+    /// `DEPTH` requests of at most 1 MiB in flight; checksums each page in
+    /// disk order and, for a test image, checks it. Pages are checked while
+    /// the device reads the next ones.
+    pub fn disk_read(&mut self, slot: usize, arg: u64) -> Result<PhaseReport, DiskFailure> {
+        let mut r = report(phase::DISK_READ, slot);
+        let pages = if arg == 0 {
+            self.params.disk_pages
+        } else {
+            arg
+        };
+        let base = self.params.disk_mmio[0];
+        let mut dev = BlockDev::init(base).map_err(DiskFailure::Disk)?;
+        let result = self.read_disk_pages(&mut dev, pages, &mut r);
+        dev.ack_interrupts();
+        let sectors = dev.sectors();
+        dev.reset();
+        result?;
+        r.bytes = r.pages * PAGE_SIZE;
+        crate::log!(
+            "disk-read: disk 0 at {:#x} ({} sectors): {} pages, checksum {:#018x}, zero {}, mismatches {}",
+            base,
+            sectors,
+            r.pages,
+            r.checksum,
+            r.zero_pages,
+            r.mismatches
+        );
+        if r.mismatches > 0 {
+            crate::log!(
+                "disk-read: first mismatch: page {} word {}: expected {:#018x}, found {:#018x}",
+                r.first_mismatch,
+                r.mismatch_word,
+                r.expected_word,
+                r.found_word
+            );
+        }
+        Ok(r)
+    }
+
+    fn read_disk_pages(
+        &mut self,
+        dev: &mut BlockDev,
+        pages: u64,
+        r: &mut PhaseReport,
+    ) -> Result<(), DiskFailure> {
+        let needed = pages * SECTORS_PER_PAGE;
+        if dev.sectors() < needed {
+            return Err(DiskFailure::Disk(DiskError::TooSmall {
+                sectors: dev.sectors(),
+                needed,
+            }));
+        }
+        let layout = self.store.layout;
+        let seed = self.params.disk_seed;
+        let max_pages = MAX_REQUEST_BYTES / PAGE_SIZE;
+        // Request slots form a FIFO: `head` is the oldest in flight. Pages
+        // are checked in disk order, so the checksum does not depend on the
+        // order completions arrive in.
+        let mut req = [(0u64, 0u64); DEPTH];
+        let mut done = [None::<u8>; DEPTH];
+        let (mut head, mut inflight) = (0usize, 0usize);
+        let mut next = 0u64;
+        r.checksum = CHECKSUM_INIT;
+        let clock = Clock::start(self.params.tsc_khz);
+        let mut last_progress = 0u64;
+        let mut spins = 0u32;
+        while r.pages < pages {
+            let mut submitted = false;
+            while inflight < DEPTH && next < pages {
+                let n = (pages - next).min(layout.disk_run(next)).min(max_pages);
+                let s = (head + inflight) % DEPTH;
+                dev.submit_read(
+                    s,
+                    next * SECTORS_PER_PAGE,
+                    layout.disk_page_gpa(next),
+                    (n * PAGE_SIZE) as u32,
+                );
+                req[s] = (next, n);
+                done[s] = None;
+                next += n;
+                inflight += 1;
+                submitted = true;
+            }
+            if submitted {
+                dev.notify();
+            }
+            let mut progressed = false;
+            while let Some(c) = dev.poll() {
+                done[c.slot] = Some(c.status);
+                progressed = true;
+            }
+            while inflight > 0 {
+                let Some(status) = done[head] else { break };
+                let (first, n) = req[head];
+                if status != STATUS_OK {
+                    return Err(DiskFailure::Disk(DiskError::Io {
+                        sector: first * SECTORS_PER_PAGE,
+                        status,
+                    }));
+                }
+                for k in first..first + n {
+                    self.check_disk_page(k, seed, r);
+                    tick(phase::DISK_READ, r.pages, pages)?;
+                }
+                done[head] = None;
+                head = (head + 1) % DEPTH;
+                inflight -= 1;
+            }
+            if progressed {
+                spins = 0;
+                last_progress = clock.elapsed_us();
+                continue;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 4096 == 0 {
+                let idle_ms = clock.elapsed_us().saturating_sub(last_progress) / 1000;
+                if idle_ms >= DISK_STATUS_CHECK_MS {
+                    let status = dev.device_status();
+                    if status & S_NEEDS_RESET != 0 {
+                        return Err(DiskFailure::Disk(DiskError::DeviceStatus { status }));
+                    }
+                }
+                if idle_ms >= DISK_TIMEOUT_MS {
+                    return Err(DiskFailure::Disk(DiskError::Timeout {
+                        sector: req[head].0 * SECTORS_PER_PAGE,
+                        ms: idle_ms,
+                    }));
+                }
+            }
+            core::hint::spin_loop();
+        }
+        Ok(())
+    }
+
+    /// Folds disk-area page `k` into the report: checksum, zero count, and
+    /// (test image) the comparison with the generator.
+    fn check_disk_page(&self, k: u64, seed: u64, r: &mut PhaseReport) {
+        let page = self.store.disk_page(k);
+        r.checksum = checksum_step(r.checksum, page_digest(page));
+        if is_zero_page(page) {
+            r.zero_pages += 1;
+        }
+        if seed != 0 {
+            let base = image_page_base(seed, k);
+            if !check_page(page, base) {
+                if r.mismatches == 0 {
+                    r.first_mismatch = k;
+                    if let Some((j, e, f)) = first_difference(page, Some(base)) {
+                        r.mismatch_word = j as u64;
+                        r.expected_word = e;
+                        r.found_word = f;
+                    }
+                }
+                r.mismatches += 1;
+            }
+        }
+        r.pages += 1;
     }
 
     /// CHURN: rewrite churn-set pages round-robin with a new version each,

@@ -1,7 +1,7 @@
 //! Start-up handshake and the phase program.
 
 use crate::host;
-use crate::phases::{cycles_since, Stopped, Workload};
+use crate::phases::{cycles_since, DiskFailure, Stopped, Workload};
 use crate::store::Store;
 use crate::{clock::rdtsc, log};
 use pagefold_guest_abi::classes::DataLayout;
@@ -39,6 +39,14 @@ pub fn run() -> u32 {
             phase::WAIT_HOST => idle(op, slot, host::wait_host(arg)),
             phase::FAULT => fault(),
             phase::BAD_PORT_WRITE => bad_port(),
+            phase::DISK_READ => match w.disk_read(slot, arg) {
+                Ok(r) => Ok(r),
+                Err(DiskFailure::Stopped) => Err(Stopped),
+                Err(DiskFailure::Disk(e)) => {
+                    log!("disk-read: {}", e);
+                    return exit_code::DISK_ERROR;
+                }
+            },
             // DataLayout::new rejected every other opcode.
             _ => unreachable!(),
         };

@@ -36,6 +36,11 @@ impl Store {
         self.slot(self.layout.record_pages + i)
     }
 
+    /// Disk-area page `k` (`k < layout.disk_pages`).
+    pub fn disk_page(&self, k: u64) -> &'static mut PageWords {
+        self.slot(self.layout.disk_slot(k))
+    }
+
     pub fn version(&self, i: u64) -> u32 {
         // SAFETY: record_gpa is inside a record page (see `slot`), 4-aligned.
         unsafe { (self.layout.record_gpa(i) as *const u32).read() }
