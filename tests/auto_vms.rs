@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::dedup::*;
-use pagefold_dedup::auto::{ScriptedSource, MemSample};
+use pagefold_dedup::auto::{MemSample, ScriptedSource};
 use pagefold_dedup::Mode;
 
 const T: Duration = Duration::from_secs(90);
@@ -48,7 +48,11 @@ fn finish_ok(mut r: pagefold_vmm::runner::Runner) {
     let report = r.run(|_| {}).expect("run");
     for v in &report.vms {
         assert_eq!(v.exit_status, Some(0), "{} {:?}", v.name, v.outcome);
-        assert_eq!(v.mismatches, 0, "{}: guest memory changed under dedup", v.name);
+        assert_eq!(
+            v.mismatches, 0,
+            "{}: guest memory changed under dedup",
+            v.name
+        );
     }
 }
 
@@ -73,12 +77,21 @@ fn auto_mode_merges_only_while_memory_is_short() {
     let a = auto_status(&r);
     assert!(!a.auto_triggered, "{a:?}");
     assert_eq!(a.triggered_times, 0);
-    assert!(a.rounds > 10, "the untriggered controller should keep planning slow rounds: {a:?}");
-    assert_eq!((s.merges, s.pages_sharing), (0, 0), "merged while memory was plentiful: {s:?}");
+    assert!(
+        a.rounds > 10,
+        "the untriggered controller should keep planning slow rounds: {a:?}"
+    );
+    assert_eq!(
+        (s.merges, s.pages_sharing),
+        (0, 0),
+        "merged while memory was plentiful: {s:?}"
+    );
 
     // Below the threshold (20% of 16 GiB = 3.2 GiB): merging starts.
     script.set(sample(2 * GIB));
-    wait_for(&mut r, "merging after the trigger", T, |r| stats(r).pages_sharing > 1000);
+    wait_for(&mut r, "merging after the trigger", T, |r| {
+        stats(r).pages_sharing > 1000
+    });
     let a = auto_status(&r);
     assert!(a.auto_triggered && a.triggered_times == 1, "{a:?}");
     assert_eq!(a.trigger_bytes, TOTAL / 5);
@@ -91,7 +104,9 @@ fn auto_mode_merges_only_while_memory_is_short() {
 
     // Above the stop line: merging stops, merged pages stay merged.
     script.set(sample(10 * GIB));
-    wait_for(&mut r, "auto mode to stop", T, |r| !auto_status(r).auto_triggered);
+    wait_for(&mut r, "auto mode to stop", T, |r| {
+        !auto_status(r).auto_triggered
+    });
     let m = stats(&r).merges;
     std::thread::sleep(Duration::from_millis(1000));
     let s = stats(&r);
@@ -121,7 +136,9 @@ fn mode_changes_while_guests_write_lose_nothing() {
     wait_for(&mut r, "merges in mode on", T, |r| stats(r).merges > 0);
     std::thread::sleep(Duration::from_millis(500));
     set_mode(&r, Mode::Auto);
-    wait_for(&mut r, "auto to trigger", T, |r| auto_status(r).auto_triggered);
+    wait_for(&mut r, "auto to trigger", T, |r| {
+        auto_status(r).auto_triggered
+    });
     std::thread::sleep(Duration::from_millis(700));
     set_mode(&r, Mode::Unmerge);
     wait_for(&mut r, "unmerge to finish", T, |r| {
@@ -154,7 +171,9 @@ fn ksm_backend_merges_guest_memory_and_restores_knobs() {
             let (a, b) = (&r.vms()[0], &r.vms()[1]);
             expectation(&[a, b])
         };
-        wait_for(&mut r, "KSM to merge the guests' duplicates", T, |r| stats(r).merges >= e.sharing_pages);
+        wait_for(&mut r, "KSM to merge the guests' duplicates", T, |r| {
+            stats(r).merges >= e.sharing_pages
+        });
         set_mode(&r, Mode::Unmerge);
         wait_for(&mut r, "KSM unmerge", T, |r| stats(r).merges == 0);
         finish_ok(r);

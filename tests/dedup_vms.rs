@@ -17,7 +17,13 @@ const MAX: &str = "pages_to_scan = 10000\nsleep_millisecs = 0";
 /// longest smart-scan skip (7 passes) plus the two visits a page needs.
 const SETTLE: u64 = 12;
 
-fn two_vms(mode: &str, extra_dedup: &str, groups: (&str, &str), phases: &str, workload: &str) -> String {
+fn two_vms(
+    mode: &str,
+    extra_dedup: &str,
+    groups: (&str, &str),
+    phases: &str,
+    workload: &str,
+) -> String {
     let vm = |name: &str, group: &str| {
         format!(
             r#"
@@ -49,8 +55,16 @@ fn finish_ok(mut r: pagefold_vmm::runner::Runner) {
     let report = r.run(|_| {}).expect("run");
     for v in &report.vms {
         assert_eq!(v.exit_status, Some(0), "{} {:?}", v.name, v.outcome);
-        assert_eq!(v.mismatches, 0, "{}: guest memory changed under dedup", v.name);
-        assert!(v.phases.iter().any(|p| p.phase == "verify"), "{} did not verify", v.name);
+        assert_eq!(
+            v.mismatches, 0,
+            "{}: guest memory changed under dedup",
+            v.name
+        );
+        assert!(
+            v.phases.iter().any(|p| p.phase == "verify"),
+            "{} did not verify",
+            v.name
+        );
     }
 }
 
@@ -60,17 +74,31 @@ fn finish_ok(mut r: pagefold_vmm::runner::Runner) {
 /// frames, and every zero data page maps the zero page.
 #[test]
 fn same_seed_in_one_group_merges_exactly() {
-    let mut r = start(&two_vms("on", MAX, ("g", "g"), r#""fill", "wait", "verify""#, ""));
+    let mut r = start(&two_vms(
+        "on",
+        MAX,
+        ("g", "g"),
+        r#""fill", "wait", "verify""#,
+        "",
+    ));
     wait_phases(&mut r, 1, T);
     let settled = wait_settled(&r, SETTLE, T);
     set_mode(&r, Mode::Off);
     std::thread::sleep(Duration::from_millis(200));
     let s = stats(&r);
-    assert_eq!(s.pages_sharing, settled.pages_sharing, "sharing moved after the engine stopped");
+    assert_eq!(
+        s.pages_sharing, settled.pages_sharing,
+        "sharing moved after the engine stopped"
+    );
     let (a, b) = (&r.vms()[0], &r.vms()[1]);
     let e = expectation(&[a, b]);
     let (va, vb) = (view(a), view(b));
-    let data: Vec<_> = va.iter().chain(vb.iter()).filter(|p| p.in_data).copied().collect();
+    let data: Vec<_> = va
+        .iter()
+        .chain(vb.iter())
+        .filter(|p| p.in_data)
+        .copied()
+        .collect();
     assert_eq!(data.len() as u64, e.data_pages);
     // The ABI's prediction agrees with the guests' actual memory...
     assert_eq!(ideal_sharing(data.iter()), e.sharing_pages);
@@ -81,7 +109,9 @@ fn same_seed_in_one_group_merges_exactly() {
         for p in data.iter().filter(|p| !p.zero) {
             seen.entry(p.hash).or_insert_with(Vec::new).push(p.pfn);
         }
-        seen.values().filter(|f| f.len() > 1 && f.iter().any(|x| *x != f[0])).count()
+        seen.values()
+            .filter(|f| f.len() > 1 && f.iter().any(|x| *x != f[0]))
+            .count()
     };
     assert_eq!(
         distinct_frames(data.iter()),
@@ -89,14 +119,23 @@ fn same_seed_in_one_group_merges_exactly() {
         "data frames vs distinct contents ({unmerged_dups} duplicated contents not on one frame; {s:?})"
     );
     let zpfn = zero_pfn();
-    assert!(data.iter().filter(|p| p.zero).all(|p| p.pfn == zpfn), "zero data pages must map the zero page");
+    assert!(
+        data.iter().filter(|p| p.zero).all(|p| p.pfn == zpfn),
+        "zero data pages must map the zero page"
+    );
     // Over all of guest RAM, the engine's count equals a perfect dedup.
     let all_ideal = ideal_sharing(va.iter().chain(vb.iter()));
-    assert_eq!(s.pages_sharing, all_ideal, "engine pages_sharing vs ideal over all RAM: {s:?}");
+    assert_eq!(
+        s.pages_sharing, all_ideal,
+        "engine pages_sharing vs ideal over all RAM: {s:?}"
+    );
     assert!(s.pages_sharing >= e.sharing_pages);
     assert!(s.zero_pages >= e.zero_pages, "{s:?}");
     // Per-VM figures add up.
-    assert!(s.per_owner.get("a").is_some_and(|o| o.pages_merged > 0), "{s:?}");
+    assert!(
+        s.per_owner.get("a").is_some_and(|o| o.pages_merged > 0),
+        "{s:?}"
+    );
     finish_ok(r);
 }
 
@@ -104,20 +143,38 @@ fn same_seed_in_one_group_merges_exactly() {
 /// merges its own in-guest duplicates.
 #[test]
 fn groups_never_share_across() {
-    let mut r = start(&two_vms("on", MAX, ("ga", "gb"), r#""fill", "wait", "verify""#, ""));
+    let mut r = start(&two_vms(
+        "on",
+        MAX,
+        ("ga", "gb"),
+        r#""fill", "wait", "verify""#,
+        "",
+    ));
     wait_phases(&mut r, 1, T);
     wait_settled(&r, SETTLE, T);
     set_mode(&r, Mode::Off);
     std::thread::sleep(Duration::from_millis(200));
     let (a, b) = (&r.vms()[0], &r.vms()[1]);
     let (va, vb) = (view(a), view(b));
-    let frames_a: std::collections::HashSet<u64> = va.iter().filter(|p| !p.zero).map(|p| p.pfn).collect();
-    let crossing = vb.iter().filter(|p| !p.zero && frames_a.contains(&p.pfn)).count();
-    assert_eq!(crossing, 0, "VMs in different groups share {crossing} frames");
+    let frames_a: std::collections::HashSet<u64> =
+        va.iter().filter(|p| !p.zero).map(|p| p.pfn).collect();
+    let crossing = vb
+        .iter()
+        .filter(|p| !p.zero && frames_a.contains(&p.pfn))
+        .count();
+    assert_eq!(
+        crossing, 0,
+        "VMs in different groups share {crossing} frames"
+    );
     for (vm, v) in [(a, &va), (b, &vb)] {
         let e = expectation(&[vm]);
         let data: Vec<_> = v.iter().filter(|p| p.in_data).copied().collect();
-        assert_eq!(distinct_frames(data.iter()), e.distinct_contents, "in-guest duplicates of {}", vm.name());
+        assert_eq!(
+            distinct_frames(data.iter()),
+            e.distinct_contents,
+            "in-guest duplicates of {}",
+            vm.name()
+        );
     }
     finish_ok(r);
 }
@@ -125,7 +182,13 @@ fn groups_never_share_across() {
 /// `unmerge` gives every page its own private copy back, contents intact.
 #[test]
 fn unmerge_returns_private_pages() {
-    let mut r = start(&two_vms("on", "", ("g", "g"), r#""fill", "wait", "verify""#, ""));
+    let mut r = start(&two_vms(
+        "on",
+        "",
+        ("g", "g"),
+        r#""fill", "wait", "verify""#,
+        "",
+    ));
     wait_phases(&mut r, 1, T);
     let before = wait_settled(&r, 2, T);
     assert!(before.pages_sharing > 0);
@@ -136,12 +199,20 @@ fn unmerge_returns_private_pages() {
         if s.mode == Mode::Off && s.pages_sharing == 0 && s.pages_shared == 0 {
             break;
         }
-        assert!(std::time::Instant::now() < end, "unmerge did not finish: {s:?}");
+        assert!(
+            std::time::Instant::now() < end,
+            "unmerge did not finish: {s:?}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     for vm in r.vms() {
         let file_backed = view(vm).iter().filter(|p| p.file).count();
-        assert_eq!(file_backed, 0, "{} still maps {file_backed} pool pages", vm.name());
+        assert_eq!(
+            file_backed,
+            0,
+            "{} still maps {file_backed} pool pages",
+            vm.name()
+        );
     }
     finish_ok(r);
 }
@@ -167,31 +238,59 @@ fn guests_churning_under_merging_lose_nothing() {
 #[test]
 #[ignore]
 fn diag_unmerged() {
-    let mut r = start(&two_vms("on", MAX, ("g", "g"), r#""fill", "wait", "verify""#, ""));
+    let mut r = start(&two_vms(
+        "on",
+        MAX,
+        ("g", "g"),
+        r#""fill", "wait", "verify""#,
+        "",
+    ));
     wait_phases(&mut r, 1, T);
     let s0 = wait_settled(&r, SETTLE, T);
     set_mode(&r, Mode::Off);
     std::thread::sleep(Duration::from_millis(200));
     let (a, b) = (&r.vms()[0], &r.vms()[1]);
     let (va, vb) = (view(a), view(b));
-    let mut seen: std::collections::HashMap<u64, Vec<(char, usize, bool, u64, bool)>> = Default::default();
+    /// (VM, page index, file-backed, PFN, in data area)
+    type Site = (char, usize, bool, u64, bool);
+    let mut seen: std::collections::HashMap<u64, Vec<Site>> = Default::default();
     for (tag, v) in [('a', &va), ('b', &vb)] {
         for (i, p) in v.iter().enumerate() {
             if !p.zero {
-                seen.entry(p.hash).or_default().push((tag, i, p.file, p.pfn, p.in_data));
+                seen.entry(p.hash)
+                    .or_default()
+                    .push((tag, i, p.file, p.pfn, p.in_data));
             }
         }
     }
     let mut pat: std::collections::BTreeMap<String, usize> = Default::default();
     let mut examples = vec![];
-    for f in seen.values().filter(|f| f.len() > 1 && f.iter().any(|x| x.3 != f[0].3)) {
-        let key: String = f.iter().map(|x| format!("{}{}{}", x.0, if x.2 { 'F' } else { 'A' }, if x.4 { 'd' } else { 'n' })).collect::<Vec<_>>().join(",");
+    for f in seen
+        .values()
+        .filter(|f| f.len() > 1 && f.iter().any(|x| x.3 != f[0].3))
+    {
+        let key: String = f
+            .iter()
+            .map(|x| {
+                format!(
+                    "{}{}{}",
+                    x.0,
+                    if x.2 { 'F' } else { 'A' },
+                    if x.4 { 'd' } else { 'n' }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",");
         *pat.entry(key).or_default() += 1;
-        if examples.len() < 12 { examples.push(f.clone()); }
+        if examples.len() < 12 {
+            examples.push(f.clone());
+        }
     }
     eprintln!("stats {s0:?}");
     eprintln!("patterns {pat:?}");
-    for e in examples { eprintln!("ex {e:?}"); }
+    for e in examples {
+        eprintln!("ex {e:?}");
+    }
     release(&r);
     let _ = r.run(|_| {});
 }

@@ -18,9 +18,23 @@ fn one_vm_fills_and_verifies() {
     let json = dir.path("report.json");
     let o = run(
         &[
-            "run", "--name", "solo", "--memory", "64M", "--shared", "24M", "--private", "8M",
-            "--zero-permille", "100", "--dup-permille", "50", "--phases", "fill,rewrite,verify",
-            "--json", json.to_str().unwrap(),
+            "run",
+            "--name",
+            "solo",
+            "--memory",
+            "64M",
+            "--shared",
+            "24M",
+            "--private",
+            "8M",
+            "--zero-permille",
+            "100",
+            "--dup-permille",
+            "50",
+            "--phases",
+            "fill,rewrite,verify",
+            "--json",
+            json.to_str().unwrap(),
         ],
         LIMIT,
     );
@@ -85,7 +99,16 @@ fn two_vms_same_seed_in_one_process() {
     )
     .unwrap();
     let json = dir.path("r.json");
-    let o = run(&["run", "--config", cfg.to_str().unwrap(), "--json", json.to_str().unwrap()], LIMIT);
+    let o = run(
+        &[
+            "run",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
     assert!(o.status.success(), "{}", text(&o));
     let r = read_json(&json);
     for name in ["left", "right"] {
@@ -94,17 +117,35 @@ fn two_vms_same_seed_in_one_process() {
         assert_eq!(v["mismatches"], 0, "{v}");
         assert_eq!(phases(v, "fill")[0]["pages"], 24 * 256);
     }
-    assert!(phases(vm(&r, "left"), "churn")[0]["churn_writes_total"].as_u64().unwrap() > 0);
+    assert!(
+        phases(vm(&r, "left"), "churn")[0]["churn_writes_total"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
     // Output of two VMs is told apart by a prefix.
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("[left] fill:") && out.contains("[right] fill:"), "{out}");
+    assert!(
+        out.contains("[left] fill:") && out.contains("[right] fill:"),
+        "{out}"
+    );
 }
 
 #[test]
 fn sigterm_stops_every_vm_promptly() {
     require_kvm();
     let child = pagefold()
-        .args(["run", "--memory", "32M", "--shared", "4M", "--private", "4M", "--phases", "fill,sleep:60000,verify"])
+        .args([
+            "run",
+            "--memory",
+            "32M",
+            "--shared",
+            "4M",
+            "--private",
+            "4M",
+            "--phases",
+            "fill,sleep:60000,verify",
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -116,7 +157,11 @@ fn sigterm_stops_every_vm_promptly() {
         libc::kill(child.id() as i32, libc::SIGTERM);
     }
     let o = wait_bounded(child, Duration::from_secs(20));
-    assert!(start.elapsed() < Duration::from_secs(5), "stop took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "stop took {:?}",
+        start.elapsed()
+    );
     assert_eq!(o.status.code(), Some(143), "{}", text(&o));
     let out = text(&o);
     assert!(out.contains("SIGTERM received"), "{out}");
@@ -130,25 +175,53 @@ fn bad_input_gets_clear_errors() {
         let o = run(args, Duration::from_secs(30));
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(err.contains(want), "{args:?}: stderr should mention {want:?}: {err}");
+        assert!(
+            err.contains(want),
+            "{args:?}: stderr should mention {want:?}: {err}"
+        );
         assert!(!err.contains("panicked"), "{err}");
     };
     check(&["run", "--memory", "0"], "larger than zero");
     check(&["run", "--memory", "lots"], "invalid size");
     check(&["run", "--memory", "100T"], "more than this host has");
-    check(&["run", "--config", "/nonexistent/x.toml"], "reading config file");
-    check(&["run", "--kernel", "/nonexistent/vmlinux"], "file not found");
-    check(&["run", "--memory", "64M", "--phases", "fill,dance"], "unknown phase");
-    check(&["run", "--memory", "64M", "--dedup", "sometimes"], "unknown dedup mode");
-    check(&["run", "--memory", "64M", "--pages-to-scan", "0"], "valid range");
+    check(
+        &["run", "--config", "/nonexistent/x.toml"],
+        "reading config file",
+    );
+    check(
+        &["run", "--kernel", "/nonexistent/vmlinux"],
+        "file not found",
+    );
+    check(
+        &["run", "--memory", "64M", "--phases", "fill,dance"],
+        "unknown phase",
+    );
+    check(
+        &["run", "--memory", "64M", "--dedup", "sometimes"],
+        "unknown dedup mode",
+    );
+    check(
+        &["run", "--memory", "64M", "--pages-to-scan", "0"],
+        "valid range",
+    );
     let cfg = dir.path("bad.toml");
     std::fs::write(&cfg, "[[vm]]\nname = \"a\"\nmemory = \"64M\"\nwheels = 4\n").unwrap();
-    check(&["run", "--config", cfg.to_str().unwrap()], "unknown field `wheels`");
+    check(
+        &["run", "--config", cfg.to_str().unwrap()],
+        "unknown field `wheels`",
+    );
     // Too big a workload for the VM is refused before it starts.
     require_kvm();
-    let o = run(&["run", "--memory", "32M", "--shared", "64M"], Duration::from_secs(30));
+    let o = run(
+        &["run", "--memory", "32M", "--shared", "64M"],
+        Duration::from_secs(30),
+    );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("workload needs"), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("workload needs"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// A guest that crashes (triple fault) or pokes an unknown port gets a clear
@@ -156,7 +229,10 @@ fn bad_input_gets_clear_errors() {
 #[test]
 fn a_crashing_guest_does_not_take_down_the_other_vm() {
     require_kvm();
-    for (bad_phase, want) in [("fault", "triple fault"), ("badport", "unexpected port write at 0x1234")] {
+    for (bad_phase, want) in [
+        ("fault", "triple fault"),
+        ("badport", "unexpected port write at 0x1234"),
+    ] {
         let dir = TempDir::new("crash");
         let cfg = dir.path("c.toml");
         std::fs::write(
@@ -182,16 +258,32 @@ fn a_crashing_guest_does_not_take_down_the_other_vm() {
         )
         .unwrap();
         let json = dir.path("r.json");
-        let o = run(&["run", "--config", cfg.to_str().unwrap(), "--json", json.to_str().unwrap()], LIMIT);
+        let o = run(
+            &[
+                "run",
+                "--config",
+                cfg.to_str().unwrap(),
+                "--json",
+                json.to_str().unwrap(),
+            ],
+            LIMIT,
+        );
         assert_eq!(o.status.code(), Some(3), "{}", text(&o));
         let r = read_json(&json);
         let bad = vm(&r, "bad");
         assert_eq!(bad["outcome"]["kind"], "guest_error", "{bad}");
-        assert!(bad["outcome"]["message"].as_str().unwrap().contains(want), "{bad}");
+        assert!(
+            bad["outcome"]["message"].as_str().unwrap().contains(want),
+            "{bad}"
+        );
         assert!(phases(bad, "verify").is_empty(), "{bad}");
         let good = vm(&r, "good");
         assert_eq!(good["exit_status"], 0, "{good}");
         assert_eq!(phases(good, "verify")[0]["mismatches"], 0, "{good}");
-        assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("[bad] guest error: {want}")), "{}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains(&format!("[bad] guest error: {want}")),
+            "{}",
+            text(&o)
+        );
     }
 }

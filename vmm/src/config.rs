@@ -72,7 +72,9 @@ pub enum SizeValue {
 impl SizeValue {
     pub fn bytes(&self) -> Result<u64, Error> {
         match self {
-            SizeValue::Mib(m) => m.checked_mul(1 << 20).ok_or_else(|| Error::Size(m.to_string())),
+            SizeValue::Mib(m) => m
+                .checked_mul(1 << 20)
+                .ok_or_else(|| Error::Size(m.to_string())),
             SizeValue::Text(t) => parse_size(t),
         }
     }
@@ -308,7 +310,9 @@ impl Config {
     /// files, knob ranges, and that the host can give the memory asked for.
     pub fn validate(&self, host_mem_total: Option<u64>) -> Result<(), Error> {
         if self.vms.is_empty() {
-            return Err(Error::Invalid("no VM to run: the config has no [[vm]]".into()));
+            return Err(Error::Invalid(
+                "no VM to run: the config has no [[vm]]".into(),
+            ));
         }
         self.dedup.validate()?;
         let mut names = BTreeSet::new();
@@ -341,7 +345,8 @@ impl DedupConfig {
             sleep_millisecs: self.sleep_millisecs.unwrap_or(defaults.sleep_millisecs),
             max_page_sharing: self.max_page_sharing.unwrap_or(defaults.max_page_sharing),
         };
-        k.validate().map_err(|e| Error::Invalid(format!("dedup: {e}")))?;
+        k.validate()
+            .map_err(|e| Error::Invalid(format!("dedup: {e}")))?;
         Ok(k)
     }
 
@@ -462,7 +467,10 @@ impl VmConfig {
 
     /// The dedup group this VM's pages may be shared in.
     pub fn dedup_group(&self) -> String {
-        self.dedup.group.clone().unwrap_or_else(|| self.name.clone())
+        self.dedup
+            .group
+            .clone()
+            .unwrap_or_else(|| self.name.clone())
     }
 }
 
@@ -569,7 +577,10 @@ impl WorkloadConfig {
             ));
         }
         if self.disk_seed == Some(0) {
-            return Err("workload.disk_seed must not be 0 (0 means \"unknown content\"; leave it out)".into());
+            return Err(
+                "workload.disk_seed must not be 0 (0 means \"unknown content\"; leave it out)"
+                    .into(),
+            );
         }
         if self.disks.is_empty() && phases.iter().any(|p| matches!(p, Phase::DiskRead(_))) {
             return Err("the disk-read phase needs a disk (workload.disks, or --disk)".into());
@@ -655,9 +666,18 @@ mod tests {
             assert!(e.contains(want), "{e} should mention {want}");
         };
         bad("[[vm]]\nname = \"a\"\nmemory = 0\n", "larger than zero");
-        bad("[[vm]]\nname = \"a\"\nmemory = \"3M\"\n", "multiple of 2 MiB");
-        bad("[[vm]]\nname = \"a\"\nmemory = \"64G\"\n", "more than this host has");
-        bad("[[vm]]\nname = \"a\"\nmemory = 64\nvcpus = 0\n", "valid range 1..=64");
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = \"3M\"\n",
+            "multiple of 2 MiB",
+        );
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = \"64G\"\n",
+            "more than this host has",
+        );
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = 64\nvcpus = 0\n",
+            "valid range 1..=64",
+        );
         bad("[[vm]]\nname = \"a b\"\nmemory = 64\n", "name must be");
         bad(
             "[[vm]]\nname = \"a\"\nmemory = 64\n[[vm]]\nname = \"a\"\nmemory = 64\n",
@@ -713,7 +733,13 @@ mod tests {
         assert_eq!(w.disks[0].path, img);
         assert!(w.disks[0].readonly);
         assert_eq!(w.disk_seed, Some(5));
-        let err = |extra: &str| parse(&toml(extra)).unwrap().validate(None).unwrap_err().to_string();
+        let err = |extra: &str| {
+            parse(&toml(extra))
+                .unwrap()
+                .validate(None)
+                .unwrap_err()
+                .to_string()
+        };
         assert!(err("").contains("needs a disk"), "{}", err(""));
         let e = err("disks = [{ path = \"/nonexistent/disk.img\" }]\n");
         assert!(e.contains("disk image not found"), "{e}");
@@ -732,8 +758,14 @@ mod tests {
     fn phases() {
         assert_eq!(Phase::parse("wait").unwrap(), Phase::WaitHost(600_000));
         assert_eq!(Phase::parse("sleep:5").unwrap(), Phase::Sleep(5));
-        assert!(Phase::parse("sleep").unwrap_err().contains("needs a duration"));
-        assert!(Phase::parse("fill:3").unwrap_err().contains("takes no argument"));
-        assert!(Phase::parse("sleep:x").unwrap_err().contains("not a number"));
+        assert!(Phase::parse("sleep")
+            .unwrap_err()
+            .contains("needs a duration"));
+        assert!(Phase::parse("fill:3")
+            .unwrap_err()
+            .contains("takes no argument"));
+        assert!(Phase::parse("sleep:x")
+            .unwrap_err()
+            .contains("not a number"));
     }
 }

@@ -53,7 +53,10 @@ pub enum RequestError {
     Gone,
 }
 
-type Envelope = (Request, crossbeam_channel::Sender<Result<Response, RequestError>>);
+type Envelope = (
+    Request,
+    crossbeam_channel::Sender<Result<Response, RequestError>>,
+);
 
 /// A cloneable handle for other threads.
 #[derive(Clone)]
@@ -95,12 +98,13 @@ impl Handle {
         let (rtx, rrx) = crossbeam_channel::bounded(1);
         self.tx.send((req, rtx)).map_err(|_| RequestError::Gone)?;
         let _ = self.wake.write(1);
-        rrx.recv_timeout(Duration::from_secs(30)).map_err(|e| match e {
-            crossbeam_channel::RecvTimeoutError::Timeout => {
-                RequestError::Internal("the VMM did not answer within 30 s".into())
-            }
-            crossbeam_channel::RecvTimeoutError::Disconnected => RequestError::Gone,
-        })?
+        rrx.recv_timeout(Duration::from_secs(30))
+            .map_err(|e| match e {
+                crossbeam_channel::RecvTimeoutError::Timeout => {
+                    RequestError::Internal("the VMM did not answer within 30 s".into())
+                }
+                crossbeam_channel::RecvTimeoutError::Disconnected => RequestError::Gone,
+            })?
     }
 
     /// The dedup backend, for status and knob changes (thread-safe itself).

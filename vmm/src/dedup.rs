@@ -90,7 +90,9 @@ pub fn create_backend_with_source(
                 .map_err(|e| Error::Config(e.to_string()))?;
             let handle = ctl.handle();
             engine.set_round_policy(Box::new(ctl));
-            engine.set_mode(d.mode).map_err(|e| backend_err("pagefold", e))?;
+            engine
+                .set_mode(d.mode)
+                .map_err(|e| backend_err("pagefold", e))?;
             Ok(Some(Dedup {
                 backend: Arc::new(engine),
                 auto: Some(handle),

@@ -61,7 +61,10 @@ mod tests {
     #[test]
     fn layout_leaves_a_hole_when_large() {
         assert_eq!(ram_ranges(256 << 20).unwrap(), vec![(0, 256 << 20)]);
-        assert_eq!(ram_ranges(MMIO_HOLE_START).unwrap(), vec![(0, MMIO_HOLE_START)]);
+        assert_eq!(
+            ram_ranges(MMIO_HOLE_START).unwrap(),
+            vec![(0, MMIO_HOLE_START)]
+        );
         let r = ram_ranges(4 << 30).unwrap();
         assert_eq!(r, vec![(0, 3 << 30), (4 << 30, 1 << 30)]);
         assert_eq!(ram_top(&r), 5 << 30);

@@ -152,7 +152,11 @@ impl RunReport {
     /// failure; 3 a VM failed (guest crash or VMM error); 128+N on signal N.
     pub fn exit_code(&self) -> i32 {
         if let Some(sig) = self.signal {
-            return signals::exit_code(if sig == "SIGINT" { libc::SIGINT } else { libc::SIGTERM });
+            return signals::exit_code(if sig == "SIGINT" {
+                libc::SIGINT
+            } else {
+                libc::SIGTERM
+            });
         }
         let mut code = 0;
         for v in &self.vms {
@@ -194,13 +198,19 @@ impl Runner {
     /// Opens KVM and prepares the process-wide resources.
     pub fn new(dedup: Option<Arc<dyn DedupBackend>>, prefix_output: bool) -> Result<Runner, Error> {
         Self::with_dedup(
-            dedup.map(|backend| crate::dedup::Dedup { backend, auto: None }),
+            dedup.map(|backend| crate::dedup::Dedup {
+                backend,
+                auto: None,
+            }),
             prefix_output,
         )
     }
 
     /// As [`Runner::new`], with the backend's auto-mode handle (for status).
-    pub fn with_dedup(dedup: Option<crate::dedup::Dedup>, prefix_output: bool) -> Result<Runner, Error> {
+    pub fn with_dedup(
+        dedup: Option<crate::dedup::Dedup>,
+        prefix_output: bool,
+    ) -> Result<Runner, Error> {
         let auto = dedup.as_ref().and_then(|d| d.auto.clone());
         let dedup = dedup.map(|d| d.backend);
         let started = *PROCESS_START.get_or_init(Instant::now);
@@ -215,8 +225,9 @@ impl Runner {
             control::channel(dedup.clone(), auto).map_err(|e| Error::EventLoop(e.to_string()))?;
         let mut em: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
             EventManager::new().map_err(|e| Error::EventLoop(format!("{e:?}")))?;
-        let report_wake =
-            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::EventLoop(e.to_string()))?);
+        let report_wake = Arc::new(
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::EventLoop(e.to_string()))?,
+        );
         let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> = Arc::new(Mutex::new(Waker(vec![
             inbox.wake.as_raw_fd(),
             report_wake.as_raw_fd(),
@@ -300,7 +311,10 @@ impl Runner {
                     return Err(RequestError::Gone);
                 }
                 if self.vms.iter().any(|v| v.name() == vc.name) {
-                    return Err(RequestError::Conflict(format!("a VM named {:?} already exists", vc.name)));
+                    return Err(RequestError::Conflict(format!(
+                        "a VM named {:?} already exists",
+                        vc.name
+                    )));
                 }
                 let mut total = vc.memory_bytes();
                 for v in &self.vms {
@@ -332,12 +346,14 @@ impl Runner {
             }
             Request::Pause(n) => {
                 let vm = self.find(&n)?;
-                vm.pause().map_err(|e| RequestError::Conflict(e.to_string()))?;
+                vm.pause()
+                    .map_err(|e| RequestError::Conflict(e.to_string()))?;
                 Ok(Response::Vm(vm.info()))
             }
             Request::Resume(n) => {
                 let vm = self.find(&n)?;
-                vm.resume().map_err(|e| RequestError::Conflict(e.to_string()))?;
+                vm.resume()
+                    .map_err(|e| RequestError::Conflict(e.to_string()))?;
                 Ok(Response::Vm(vm.info()))
             }
             Request::DeleteVm(n) => {
@@ -353,7 +369,8 @@ impl Runner {
                     .summaries
                     .remove(&n)
                     .unwrap_or_else(|| WorkloadSummary::new(n.clone()));
-                self.ended.insert(n.clone(), VmReport::new(n, outcome, summary, wall_s));
+                self.ended
+                    .insert(n.clone(), VmReport::new(n, outcome, summary, wall_s));
                 Ok(Response::Done)
             }
             Request::Shutdown => {
@@ -366,13 +383,18 @@ impl Runner {
 
     /// Keeps the dedup figures of the largest saving seen (every 250 ms).
     fn sample_dedup(&mut self) {
-        if self.vms.is_empty() || self.last_sample.elapsed() < std::time::Duration::from_millis(250) {
+        if self.vms.is_empty() || self.last_sample.elapsed() < std::time::Duration::from_millis(250)
+        {
             return;
         }
         self.last_sample = Instant::now();
         if let Some(d) = &self.res.dedup {
             let s = d.stats();
-            if self.dedup_peak.as_ref().is_none_or(|p| s.bytes_saved >= p.bytes_saved) {
+            if self
+                .dedup_peak
+                .as_ref()
+                .is_none_or(|p| s.bytes_saved >= p.bytes_saved)
+            {
                 self.dedup_peak = Some(s);
             }
         }
@@ -503,7 +525,10 @@ impl Runner {
             let sig = signals::received();
             if sig != 0 && signal.is_none() {
                 signal = Some(signals::name(sig));
-                eprintln!("pagefold: {} received, stopping all VMs", signals::name(sig));
+                eprintln!(
+                    "pagefold: {} received, stopping all VMs",
+                    signals::name(sig)
+                );
                 self.stop_all(&format!("{} received", signals::name(sig)));
             }
             self.sample_dedup();

@@ -24,16 +24,24 @@ pub enum RunState {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Outcome {
     /// The workload guest exited through its control device.
-    GuestExit { status: u32 },
+    GuestExit {
+        status: u32,
+    },
     /// The guest asked for a reset (i8042) or a power-off/reset system event.
     GuestReset,
     GuestPowerOff,
     /// The guest crashed (triple fault, emulation failure, bad I/O...).
-    GuestError { message: String },
+    GuestError {
+        message: String,
+    },
     /// A VMM-side failure (vCPU set-up, KVM error, device error).
-    VmmError { message: String },
+    VmmError {
+        message: String,
+    },
     /// The host stopped it (signal, shutdown of the process).
-    Stopped { reason: String },
+    Stopped {
+        reason: String,
+    },
     /// Deleted through the API: a requested end, not a failure.
     Deleted,
 }
@@ -55,7 +63,9 @@ impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Outcome::GuestExit { status: 0 } => write!(f, "guest finished (exit status 0)"),
-            Outcome::GuestExit { status } => write!(f, "guest reported failure (exit status {status})"),
+            Outcome::GuestExit { status } => {
+                write!(f, "guest reported failure (exit status {status})")
+            }
             Outcome::GuestReset => write!(f, "guest requested a reset"),
             Outcome::GuestPowerOff => write!(f, "guest powered off"),
             Outcome::GuestError { message } => write!(f, "guest error: {message}"),
@@ -176,7 +186,12 @@ impl VmShared {
 
     /// Waits until `cond` holds, calling `kick` every couple of milliseconds
     /// (to interrupt KVM_RUN); false on timeout.
-    pub fn wait_until(&self, timeout: Duration, mut kick: impl FnMut(), cond: impl Fn() -> bool) -> bool {
+    pub fn wait_until(
+        &self,
+        timeout: Duration,
+        mut kick: impl FnMut(),
+        cond: impl Fn() -> bool,
+    ) -> bool {
         let end = Instant::now() + timeout;
         while !cond() {
             if Instant::now() >= end {
@@ -220,7 +235,9 @@ mod tests {
         let s3 = s.clone();
         let t = std::thread::spawn(move || s3.vcpu_checkpoint());
         assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
-        s.request_stop(Outcome::Stopped { reason: "test".into() });
+        s.request_stop(Outcome::Stopped {
+            reason: "test".into(),
+        });
         assert!(!t.join().unwrap());
         assert!(Outcome::GuestPowerOff.is_success());
         assert!(!Outcome::GuestExit { status: 1 }.is_success());

@@ -83,7 +83,10 @@ fn handle_exit(ctx: &ExitContext, exit: VcpuExit<'_>) -> Next {
         VcpuExit::IoOut(port, data) => {
             if let Some((base, len, dev)) = &ctx.control {
                 if port >= *base && port < base + len {
-                    let r = dev.lock().unwrap_or_else(|e| e.into_inner()).write(port, data);
+                    let r = dev
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .write(port, data);
                     return match r {
                         Ok(None) => Next::Continue,
                         Ok(Some(status)) => Next::Stop(Outcome::GuestExit { status }),
@@ -101,7 +104,10 @@ fn handle_exit(ctx: &ExitContext, exit: VcpuExit<'_>) -> Next {
         VcpuExit::IoIn(port, data) => {
             if let Some((base, len, dev)) = &ctx.control {
                 if port >= *base && port < base + len {
-                    let r = dev.lock().unwrap_or_else(|e| e.into_inner()).read(port, data);
+                    let r = dev
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .read(port, data);
                     return match r {
                         Ok(()) => Next::Continue,
                         Err(message) => Next::Stop(Outcome::GuestError { message }),
@@ -147,7 +153,9 @@ fn handle_exit(ctx: &ExitContext, exit: VcpuExit<'_>) -> Next {
             }),
         },
         VcpuExit::FailEntry(reason, cpu) => Next::Stop(Outcome::VmmError {
-            message: format!("KVM_EXIT_FAIL_ENTRY: hardware entry failure reason {reason:#x} on CPU {cpu}"),
+            message: format!(
+                "KVM_EXIT_FAIL_ENTRY: hardware entry failure reason {reason:#x} on CPU {cpu}"
+            ),
         }),
         VcpuExit::InternalError => Next::StopAtRip(INTERNAL_ERROR),
         VcpuExit::Intr => Next::Continue,

@@ -153,7 +153,8 @@ impl Vm {
 
         // Devices on the port-I/O bus.
         let mut pio = Bus::new();
-        let serial_irq = EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Device(e.to_string()))?;
+        let serial_irq =
+            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Device(e.to_string()))?;
         setup("serial irqfd", vm_fd.register_irqfd(&serial_irq, COM1_IRQ))?;
         let out = serial_writer(&config.serial, &name, res.prefix_output)?;
         let serial = Arc::new(Mutex::new(SerialDevice::new(serial_irq, out)));
@@ -198,7 +199,8 @@ impl Vm {
                 // Disks: the same virtio-blk wiring as Linux guests; the
                 // guest's driver reaches the windows through its page tables.
                 let disks = linux_vm::attach_disks(&name, &wl.disks, &vm_fd, &mem, &mut mmio)?;
-                let cr3 = boot::write_tables_with_mmio(&mem, memory::ram_top(&ranges), &disks.windows())?;
+                let cr3 =
+                    boot::write_tables_with_mmio(&mem, memory::ram_top(&ranges), &disks.windows())?;
                 boot::setup_vcpu(&vcpus[0], image.entry, cr3)?;
                 let tsc_khz = vcpus[0].get_tsc_khz().unwrap_or(0);
                 let guest_disks = workload::GuestDisk::from_attached(&disks);
@@ -303,7 +305,10 @@ impl Vm {
     /// Starts the vCPU threads.
     pub fn start(&mut self) -> Result<(), Error> {
         vcpu::install_kick_handler()?;
-        let ctx = self.ctx.take().ok_or_else(|| Error::Stopping(self.config.name.clone()))?;
+        let ctx = self
+            .ctx
+            .take()
+            .ok_or_else(|| Error::Stopping(self.config.name.clone()))?;
         self.started = Instant::now();
         for (i, v) in self.vcpus.drain(..).enumerate() {
             let t = vcpu::spawn(format!("{}-vcpu{i}", self.config.name), v, ctx.clone())?;
@@ -362,9 +367,11 @@ impl Vm {
             if let Some(w) = &self.workload {
                 w.stop();
             }
-            let all_out = self
-                .shared
-                .wait_until(STOP_TIMEOUT, || self.kick(), || self.shared.live_vcpus() == 0);
+            let all_out = self.shared.wait_until(
+                STOP_TIMEOUT,
+                || self.kick(),
+                || self.shared.live_vcpus() == 0,
+            );
             if all_out {
                 for t in self.threads.drain(..) {
                     let _ = t.join();
@@ -394,7 +401,10 @@ impl Vm {
                     }
                 }
             }
-            self.serial.lock().unwrap_or_else(|e| e.into_inner()).flush();
+            self.serial
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .flush();
         }
         self.shared.outcome().unwrap_or(Outcome::Stopped {
             reason: "never started".into(),
@@ -420,7 +430,10 @@ impl Vm {
 
     /// Queues host input for the guest's serial port.
     pub fn serial_input(&self, bytes: &[u8]) -> usize {
-        self.serial.lock().unwrap_or_else(|e| e.into_inner()).enqueue_input(bytes)
+        self.serial
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .enqueue_input(bytes)
     }
 
     /// Event-loop subscribers of this VM's devices (taken once, by the runner).
@@ -443,11 +456,16 @@ impl Drop for Vm {
 }
 
 /// The writer behind a VM's serial port.
-fn serial_writer(out: &SerialOutput, name: &str, prefix: bool) -> Result<Box<dyn Write + Send>, Error> {
+fn serial_writer(
+    out: &SerialOutput,
+    name: &str,
+    prefix: bool,
+) -> Result<Box<dyn Write + Send>, Error> {
     Ok(match out {
-        SerialOutput::Stdout if prefix => {
-            Box::new(LinePrefixWriter::new(&format!("[{name}] "), std::io::stdout()))
-        }
+        SerialOutput::Stdout if prefix => Box::new(LinePrefixWriter::new(
+            &format!("[{name}] "),
+            std::io::stdout(),
+        )),
         SerialOutput::Stdout => Box::new(LinePrefixWriter::new("", std::io::stdout())),
         SerialOutput::Null => Box::new(std::io::sink()),
         SerialOutput::File(p) => Box::new(File::create(p).map_err(|source| Error::SerialFile {

@@ -269,7 +269,7 @@ impl DedupBackend for KsmBackend {
             addr: spec.host_addr,
             len: spec.len,
         };
-        if spec.len == 0 || !spec.host_addr.is_multiple_of(page) || !spec.len.is_multiple_of(page) {
+        if spec.len == 0 || spec.host_addr % page != 0 || spec.len % page != 0 {
             return Err(bad());
         }
         let end = spec.host_addr.checked_add(spec.len).ok_or_else(bad)?;

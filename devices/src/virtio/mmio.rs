@@ -451,7 +451,7 @@ impl BusDevice for MmioTransport {
             self.device.read_config(offset - reg::CONFIG, data);
             return;
         }
-        if data.len() != 4 || !offset.is_multiple_of(4) {
+        if data.len() != 4 || offset % 4 != 0 {
             warn!(
                 "virtio-mmio: {}-byte read at {offset:#x}; registers are 32 bits",
                 data.len()
@@ -470,7 +470,7 @@ impl BusDevice for MmioTransport {
             }
             return;
         }
-        if data.len() != 4 || !offset.is_multiple_of(4) {
+        if data.len() != 4 || offset % 4 != 0 {
             warn!(
                 "virtio-mmio: {}-byte write at {offset:#x}; registers are 32 bits",
                 data.len()

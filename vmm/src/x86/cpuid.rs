@@ -110,7 +110,7 @@ mod tests {
             index,
             eax: 0xffff_ffff,
             ebx: 0xffff_ffff,
-            ecx: 0xffff_ffff & !ECX_HYPERVISOR_BIT,
+            ecx: !ECX_HYPERVISOR_BIT,
             edx: 0xffff_ffff,
             ..Default::default()
         }

@@ -90,7 +90,10 @@ mod tests {
     #[test]
     fn descriptors_decode_as_intended() {
         let cs = segment(USER_CS, 0);
-        assert_eq!((cs.dpl, cs.l, cs.db, cs.type_, cs.present, cs.s), (3, 1, 0, 11, 1, 1));
+        assert_eq!(
+            (cs.dpl, cs.l, cs.db, cs.type_, cs.present, cs.s),
+            (3, 1, 0, 11, 1, 1)
+        );
         let ds = segment(USER_DS, 0);
         assert_eq!((ds.dpl, ds.l, ds.db, ds.type_), (3, 0, 1, 3));
         let kcs = segment(KERNEL_CS, 0);

@@ -40,7 +40,11 @@ fn with_delivery_mode(reg: u32, mode: u32) -> u32 {
 pub fn configure_lint(vcpu: &VcpuFd) -> Result<(), Error> {
     let mut l = vcpu.get_lapic().map_err(Error::Lapic)?;
     let lvt0 = get_reg(&l, APIC_LVT0);
-    set_reg(&mut l, APIC_LVT0, with_delivery_mode(lvt0, APIC_MODE_EXTINT));
+    set_reg(
+        &mut l,
+        APIC_LVT0,
+        with_delivery_mode(lvt0, APIC_MODE_EXTINT),
+    );
     let lvt1 = get_reg(&l, APIC_LVT1);
     set_reg(&mut l, APIC_LVT1, with_delivery_mode(lvt1, APIC_MODE_NMI));
     vcpu.set_lapic(&l).map_err(Error::Lapic)

@@ -267,7 +267,7 @@ where
 /// Checks that `len` bytes at `sector` are whole sectors inside the disk;
 /// returns the byte offset.
 fn check_range(disk: &Disk, sector: u64, len: usize) -> Result<u64, Error> {
-    if !(len as u64).is_multiple_of(SECTOR_SIZE) {
+    if (len as u64) % SECTOR_SIZE != 0 {
         return Err(Error::Unaligned(len));
     }
     let count = len as u64 / SECTOR_SIZE;
