@@ -2,6 +2,8 @@
 //! two shapes of the KSM baseline (docs/engine.md has the results).
 //!
 //! `cargo bench -p pagefold-dedup --bench converge -- [identical|distinct] [default|max] [steady_secs]`
+//! or `... -- [identical|distinct] passes [passes]` (per-pass CPU on the
+//! calling thread).
 //!
 //! Converged = `pages_sharing` reached the value it then kept for 3 more
 //! full scans (the baseline's definition); reported time and CPU are at the
@@ -95,7 +97,9 @@ fn main() {
             unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
             ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
         };
-        for pass in 1..=4 {
+        // [steady_secs] is the number of passes here (default 4).
+        let passes = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4u32);
+        for pass in 1..=passes {
             let (c, t) = (cpu(), Instant::now());
             e.scan_now(1);
             let s = e.stats();

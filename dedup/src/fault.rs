@@ -43,8 +43,12 @@ impl ProtState {
 pub struct FaultCounters {
     /// Write faults that hit a page under merge (resolved by the merger).
     pub in_merge: AtomicU64,
-    /// Stray write-protect faults resolved by unprotecting.
+    /// Stray write-protect faults: the page was still write-protected with
+    /// no merge in flight (protection left behind); resolved by unprotecting.
     pub stray: AtomicU64,
+    /// Fault messages read after the merge they hit had finished and woken
+    /// the writer (the page is no longer protected): nothing to do.
+    pub late: AtomicU64,
 }
 
 /// A stop signal for the handler thread (an eventfd it polls).
@@ -84,6 +88,9 @@ pub fn run(
     counters: Arc<FaultCounters>,
 ) {
     let mut msgs = [UffdMsg::default(); 16];
+    // Tells a late message (the merger already unprotected and woke the
+    // page) from protection really left behind.
+    let pagemap = crate::pagemap::Pagemap::open().ok();
     loop {
         let mut fds = [
             libc::pollfd {
@@ -123,9 +130,18 @@ pub fn run(
                 // The merger wakes this range when it is done (merge-races 2).
                 counters.in_merge.fetch_add(1, Ordering::Relaxed);
             } else if p.region_contains(page) {
-                counters.stray.fetch_add(1, Ordering::Relaxed);
-                if let Err(e) = uffd.unprotect(page, PAGE_SIZE) {
-                    log::debug!("pagefold: stray fault unprotect: {e}");
+                let still_protected = pagemap
+                    .as_ref()
+                    .and_then(|pm| pm.entry(page).ok())
+                    .is_none_or(|e| e.uffd_wp());
+                if still_protected {
+                    counters.stray.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = uffd.unprotect(page, PAGE_SIZE) {
+                        log::debug!("pagefold: stray fault unprotect: {e}");
+                        let _ = uffd.wake(page, PAGE_SIZE);
+                    }
+                } else {
+                    counters.late.fetch_add(1, Ordering::Relaxed);
                     let _ = uffd.wake(page, PAGE_SIZE);
                 }
             } else {

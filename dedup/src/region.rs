@@ -3,8 +3,9 @@
 //! * `word[i]`: the page's last folded hash while it is unmerged, its pool
 //!   slot while merged (a merged page is never re-hashed: pool pages are
 //!   immutable, so only pagemap is checked for copy-on-write).
-//! * `state[i]`: kind (2 bits), smart-scan level (2 bits), pages to skip
-//!   (3 bits), volatile flag (1 bit).
+//! * `state[i]`: kind (2 bits), smart-scan level (2 bits), volatile flag
+//!   (1 bit); 3 bits free. Which passes a page at level L is hashed on is
+//!   not stored per page: see [`due`].
 
 use crate::backend::RegionId;
 use crate::PAGE_SIZE;
@@ -30,13 +31,37 @@ pub const ZERO: u8 = 3;
 const KIND_MASK: u8 = 0b11;
 const LEVEL_SHIFT: u8 = 2;
 const LEVEL_MASK: u8 = 0b11 << LEVEL_SHIFT;
-const SKIP_SHIFT: u8 = 4;
-const SKIP_MASK: u8 = 0b111 << SKIP_SHIFT;
 const VOLATILE: u8 = 1 << 7;
 
 /// Highest smart-scan level: a page unique for 3+ passes is looked at once
 /// every 8 passes (KSM's smart_scan idea, bounded).
 pub const MAX_LEVEL: u8 = 3;
+
+/// Is a HASHED page at smart-scan level `level`, whose stored hash is
+/// `hash`, to be hashed on pass number `pass`? Level L means once every
+/// 2^L passes, on the passes where `(pass + phase(hash)) % 2^L == 0`.
+///
+/// Why pass-aligned rather than a per-page countdown: the unstable index
+/// only holds pages hashed in the current pass, so two identical unique
+/// pages can pair only in a pass that hashes both. With countdowns started
+/// whenever each page happened to become stable, two pages could stay out of
+/// phase forever (page i of two VMs that filled memory at different times
+/// never merged). Aligned to the pass number, pages at levels `la` and `lb`
+/// are both hashed on every pass where `(pass + phase) % 2^max(la, lb) ==
+/// 0`, so they meet at least every `2^MAX_LEVEL` passes.
+///
+/// The phase comes from the content hash, so identical pages (equal stored
+/// hashes) share it while different contents spread the hashing evenly over
+/// the passes instead of hashing every top-level page on one pass in 8. A
+/// stale stored hash (content changed while skipped) only shifts that page's
+/// next visit; the visit then sees the change and resets it to level 0.
+pub fn due(pass: u64, level: u8, hash: u32) -> bool {
+    let period_mask = (1u64 << level) - 1;
+    // Top MAX_LEVEL bits of a multiplicative mix: good spread even for weak
+    // or clustered hashes.
+    let phase = (hash.wrapping_mul(0x9E37_79B9) >> (32 - MAX_LEVEL)) as u64;
+    pass.wrapping_add(phase) & period_mask == 0
+}
 
 pub fn kind(s: u8) -> u8 {
     s & KIND_MASK
@@ -44,17 +69,14 @@ pub fn kind(s: u8) -> u8 {
 pub fn level(s: u8) -> u8 {
     (s & LEVEL_MASK) >> LEVEL_SHIFT
 }
-pub fn skip(s: u8) -> u8 {
-    (s & SKIP_MASK) >> SKIP_SHIFT
-}
 pub fn is_volatile(s: u8) -> bool {
     s & VOLATILE != 0
 }
 pub fn with_kind(s: u8, k: u8) -> u8 {
     (s & !KIND_MASK) | k
 }
-pub fn with_level_skip(s: u8, level: u8, skip: u8) -> u8 {
-    (s & !(LEVEL_MASK | SKIP_MASK)) | (level << LEVEL_SHIFT) | (skip.min(7) << SKIP_SHIFT)
+pub fn with_level(s: u8, level: u8) -> u8 {
+    (s & !LEVEL_MASK) | (level.min(MAX_LEVEL) << LEVEL_SHIFT)
 }
 
 /// A registered region.
@@ -96,8 +118,8 @@ impl Region {
         gid_base: u32,
     ) -> Result<Self, RegionError> {
         if len == 0
-            || !addr.is_multiple_of(PAGE_SIZE)
-            || !len.is_multiple_of(PAGE_SIZE)
+            || addr % PAGE_SIZE != 0
+            || len % PAGE_SIZE != 0
             || addr.checked_add(len).is_none()
         {
             return Err(RegionError::Bad { addr, len });
@@ -186,7 +208,7 @@ impl Region {
             _ => {}
         }
         if k != HASHED {
-            ns = with_level_skip(ns, 0, 0);
+            ns = with_level(ns, 0);
         }
         self.state[i] = ns;
     }
@@ -266,8 +288,58 @@ mod tests {
         assert_eq!((r.hashed, r.volatile, r.merged), (0, 0, 2));
         r.set_kind(1, NEW);
         assert_eq!(r.merged, 1);
-        let s = with_level_skip(with_kind(0, HASHED), 3, 7);
-        assert_eq!((kind(s), level(s), skip(s)), (HASHED, 3, 7));
+        let s = with_level(with_kind(0, HASHED) | VOLATILE, 3);
+        assert_eq!((kind(s), level(s), is_volatile(s)), (HASHED, 3, true));
+        assert_eq!(level(with_level(s, 1)), 1);
+    }
+
+    #[test]
+    fn due_visits_each_level_once_per_period() {
+        for h in [0u32, 1, 7, 0xdead_beef, u32::MAX] {
+            assert!((0..20).all(|p| due(p, 0, h)));
+            for l in 1..=MAX_LEVEL {
+                let period = 1u64 << l;
+                for start in 0..period {
+                    let hits = (start..start + period).filter(|&p| due(p, l, h)).count();
+                    assert_eq!(hits, 1, "hash {h:#x} level {l}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn equal_hashes_meet_at_every_level_pair() {
+        // Two pages with the same stored hash, at any levels, are both due
+        // on some pass of every window of 2^MAX_LEVEL passes.
+        for h in [3u32, 0x1234_5678, 0xffff_0000] {
+            for la in 0..=MAX_LEVEL {
+                for lb in 0..=MAX_LEVEL {
+                    for start in 0..16u64 {
+                        let w = start..start + (1 << MAX_LEVEL);
+                        assert!(
+                            w.clone().any(|p| due(p, la, h) && due(p, lb, h)),
+                            "levels {la},{lb} hash {h:#x} from pass {start}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn phases_spread_over_passes() {
+        // Top-level pages of distinct contents are not all due on one pass.
+        let due_per_pass: Vec<usize> = (0..8u64)
+            .map(|p| {
+                (0..8000u32)
+                    .filter(|&h| due(p, MAX_LEVEL, h.wrapping_mul(2_654_435_761)))
+                    .count()
+            })
+            .collect();
+        assert!(
+            due_per_pass.iter().all(|&n| (700..1300).contains(&n)),
+            "{due_per_pass:?}"
+        );
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //!   scan are merge candidates). Unchanged: try, in order, the slot after the
 //!   left neighbour's slot (keeps runs in one VMA), the stable index, the
 //!   unstable index; else insert it into the unstable index and raise its
-//!   smart-scan level (it is then skipped 1, 3, 7 passes).
+//!   smart-scan level (level L: hashed once every 2^L passes, on passes
+//!   aligned to the pass number and the content hash, so identical pages are
+//!   hashed on the same passes and meet: `region::due`).
 //!
 //! Merges are planned during the span and executed at its end in chunks
 //! (`merge.rs`): first the pages that create pool slots, then those that join
@@ -192,8 +194,8 @@ impl Core {
         group: String,
     ) -> Result<RegionId, ScanError> {
         if len == 0
-            || !addr.is_multiple_of(crate::PAGE_SIZE)
-            || !len.is_multiple_of(crate::PAGE_SIZE)
+            || addr % crate::PAGE_SIZE != 0
+            || len % crate::PAGE_SIZE != 0
             || addr.checked_add(len).is_none()
         {
             return Err(region::RegionError::Bad { addr, len }.into());
@@ -431,7 +433,12 @@ impl Core {
                 self.cursor_page = 0;
             }
             let (ri, start) = (self.cursor_region, self.cursor_page);
-            let n = (self.regions[ri].npages - start).min(SPAN_PAGES);
+            // Read pagemap only for pages this wake-up can visit: every visit
+            // costs at least one budget unit, so a small budget (auto mode's
+            // untriggered rounds scan ~5 pages) must not pay for a whole span.
+            let n = (self.regions[ri].npages - start)
+                .min(SPAN_PAGES)
+                .min(usize::try_from(budget).unwrap_or(usize::MAX).max(1));
             let used = self.scan_span(ri, start, n, &mut budget, merge);
             self.cursor_page += used;
             if self.cursor_page >= self.regions[ri].npages {
@@ -597,11 +604,17 @@ impl Core {
             }
             return None;
         }
-        if kind == HASHED && region::skip(st) > 0 {
+        if kind == HASHED
+            && !region::due(
+                self.counters.full_scans,
+                region::level(st),
+                self.regions[ri].word[p],
+            )
+        {
+            // Smart scan, pass-aligned (see `region::due`): identical pages
+            // are hashed on the same passes, so they always meet.
             *budget -= 1;
             self.note_run(Some(self.regions[ri].word[p]));
-            let r = &mut self.regions[ri];
-            r.state[p] = region::with_level_skip(st, region::level(st), region::skip(st) - 1);
             return None;
         }
         *budget = budget.saturating_sub(HASH_COST);
@@ -624,7 +637,7 @@ impl Core {
             }
             if !unchanged {
                 r.set_volatile(p, true);
-                r.state[p] = region::with_level_skip(r.state[p], 0, 0);
+                r.state[p] = region::with_level(r.state[p], 0);
                 return None;
             }
             r.set_volatile(p, false);
@@ -687,8 +700,7 @@ impl Core {
                 if lvl == 0 {
                     self.pass_progress += 1;
                 }
-                let nl = (lvl + 1).min(MAX_LEVEL);
-                r.state[p] = region::with_level_skip(r.state[p], nl, (1u8 << nl) - 1);
+                r.state[p] = region::with_level(r.state[p], (lvl + 1).min(MAX_LEVEL));
                 let gid = r.gid_base + p as u32;
                 let _ = self.unstable.insert(h, gid);
                 None
@@ -936,7 +948,7 @@ impl Core {
             self.pass_progress += 1;
         } else {
             r.word[op.page] = op.hash;
-            r.state[op.page] = region::with_level_skip(op.old_state, 0, 0);
+            r.state[op.page] = region::with_level(op.old_state, 0);
             self.counters.abandoned += 1;
             if op.kind != OpKind::Zero && self.pool.remove_mapper(op.slot) == 0 {
                 freed.push(op.slot);

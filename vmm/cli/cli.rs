@@ -127,6 +127,10 @@ pub struct RunArgs {
     #[command(flatten)]
     pub dedup: DedupArgs,
 
+    /// The VM that gets this terminal's input on its serial port (default:
+    /// the first VM that boots a kernel).
+    #[arg(long)]
+    pub stdin_vm: Option<String>,
     /// Write the final report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -304,6 +308,7 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
             };
             Config {
                 dedup: DedupConfig::default(),
+                stdin: None,
                 vms: vec![VmConfig {
                     name: a.name.clone().unwrap_or_else(|| "vm0".to_string()),
                     vcpus: a.vcpus.unwrap_or(1),
@@ -320,6 +325,9 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
         }
     };
     a.dedup.apply(&mut cfg.dedup)?;
+    if a.stdin_vm.is_some() {
+        cfg.stdin = a.stdin_vm.clone();
+    }
     Ok(cfg)
 }
 
@@ -346,13 +354,38 @@ pub(crate) fn host_mem_total() -> Option<u64> {
 }
 
 /// Runs the VMs of `cfg` to completion and prints the report.
-fn run_vms(cfg: Config, json: Option<PathBuf>, api: &client::ApiServeArgs) -> Result<i32, Error> {
+fn run_vms(
+    cfg: Config,
+    json: Option<PathBuf>,
+    api: &client::ApiServeArgs,
+    status_after: Option<std::time::Duration>,
+) -> Result<i32, Error> {
     cfg.validate(host_mem_total())?;
     let dedup =
         pagefold_vmm::dedup::create(&cfg, false).map_err(|e| Error::Dedup(e.to_string()))?;
     let mut runner = Runner::with_dedup(dedup, cfg.vms.len() > 1)?;
+    let status_sock = api.api_sock.clone();
     let api = client::start_api(&runner, api, false)?;
     runner.start_all(&cfg)?;
+    let _terminal = runner.attach_stdin(cfg.stdin.as_deref());
+    // The demo shows what `pagefold status` says while its VMs run, asking
+    // its own API like any client would.
+    if let (Some(after), Some(sock)) = (status_after, status_sock) {
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            println!("\n$ pagefold status --api-sock {}", sock.display());
+            let args = client::StatusArgs {
+                json: false,
+                client: client::ClientArgs {
+                    api_sock: Some(sock),
+                },
+            };
+            if let Err(e) = client::status(args) {
+                eprintln!("pagefold status: {e}");
+            }
+            println!();
+        });
+    }
     let mut last = std::time::Instant::now();
     let report = runner.run(|r| {
         // Long runs show progress: the dedup figures once a second.
@@ -379,11 +412,22 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
     match cli.cmd {
         Command::Run(a) => {
             let json = a.json.clone();
-            run_vms(run_config(&a)?, json, &a.api)
+            run_vms(run_config(&a)?, json, &a.api, None)
         }
         Command::Demo(a) => {
             let json = a.json.clone();
-            run_vms(demo_config(&a)?, json, &a.api)
+            let mut api = a.api.clone();
+            if api.api_sock.is_none() {
+                api.api_sock = Some(
+                    std::env::temp_dir().join(format!("pagefold-demo-{}.sock", std::process::id())),
+                );
+            }
+            run_vms(
+                demo_config(&a)?,
+                json,
+                &api,
+                Some(std::time::Duration::from_secs(4)),
+            )
         }
         Command::Serve(a) => client::serve(a),
         Command::Status(a) => client::status(a),

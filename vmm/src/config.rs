@@ -287,6 +287,10 @@ pub struct Config {
     pub dedup: DedupConfig,
     #[serde(default, rename = "vm")]
     pub vms: Vec<VmConfig>,
+    /// The VM that receives host stdin on its serial port (default: the
+    /// first VM that boots a kernel).
+    #[serde(default)]
+    pub stdin: Option<String>,
 }
 
 /// Maximum vCPUs per VM.
@@ -323,6 +327,11 @@ impl Config {
                 return Err(Error::Invalid(format!("two VMs are named {:?}", vm.name)));
             }
             total = total.saturating_add(vm.memory.bytes()?);
+        }
+        if let Some(s) = &self.stdin {
+            if !names.contains(s) {
+                return Err(Error::Invalid(format!("stdin: no VM named {s:?}")));
+            }
         }
         if let Some(host) = host_mem_total {
             if total > host {

@@ -11,6 +11,7 @@ pub mod memory;
 pub mod runner;
 pub mod signals;
 pub mod state;
+pub mod stdin;
 pub mod vcpu;
 pub mod vm;
 pub mod workload;

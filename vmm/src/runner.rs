@@ -265,6 +265,23 @@ impl Runner {
         self.handle.clone()
     }
 
+    /// Sends host stdin to VM `name`'s serial port (by default the first
+    /// Linux VM; workload guests read no input). Raw terminal mode lasts as
+    /// long as the returned guard.
+    pub fn attach_stdin(&mut self, name: Option<&str>) -> Option<crate::stdin::RawTerminal> {
+        if !crate::stdin::stdin_is_pollable() {
+            return None;
+        }
+        let vm = match name {
+            Some(n) => self.vms.iter().find(|v| v.name() == n)?,
+            None => self.vms.iter().find(|v| v.is_linux())?,
+        };
+        let fwd = crate::stdin::StdinForwarder::new(vm.name(), vm.serial_device());
+        let sub: Arc<Mutex<dyn MutEventSubscriber + Send>> = Arc::new(Mutex::new(fwd));
+        self.em.add_subscriber(sub);
+        Some(crate::stdin::RawTerminal::enable())
+    }
+
     /// Creates and starts one VM.
     pub fn add_vm(&mut self, vc: &VmConfig) -> Result<(), Error> {
         let index = self.vms.len() + self.ended.len();
@@ -323,6 +340,7 @@ impl Runner {
                 let cfg = Config {
                     dedup: Default::default(),
                     vms: vec![(*vc).clone()],
+                    stdin: None,
                 };
                 cfg.validate(host_mem_total())
                     .map_err(|e| RequestError::BadRequest(e.to_string()))?;
@@ -468,7 +486,7 @@ impl Runner {
                 self.first_report = Some(self.started.elapsed().as_secs_f64() * 1e3);
             }
             if self.echo {
-                if self.vms.len() > 1 || !self.ended.is_empty() {
+                if self.res.prefix_output {
                     println!("[{}] {}", ev.vm, ev.kind);
                 } else {
                     println!("{}", ev.kind);

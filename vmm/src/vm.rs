@@ -428,6 +428,16 @@ impl Vm {
         }
     }
 
+    /// The serial device (stdin forwarding).
+    pub fn serial_device(&self) -> Arc<Mutex<SerialDevice>> {
+        self.serial.clone()
+    }
+
+    /// True for VMs that boot a Linux kernel.
+    pub fn is_linux(&self) -> bool {
+        self.config.kernel.is_some()
+    }
+
     /// Queues host input for the guest's serial port.
     pub fn serial_input(&self, bytes: &[u8]) -> usize {
         self.serial
