@@ -4,8 +4,8 @@
 //!   slot while merged (a merged page is never re-hashed: pool pages are
 //!   immutable, so only pagemap is checked for copy-on-write).
 //! * `state[i]`: kind (2 bits), smart-scan level (2 bits), volatile flag
-//!   (1 bit); 3 bits free. Which passes a page at level L is hashed on is
-//!   not stored per page: see [`due`].
+//!   (1 bit), rehash flag (1 bit); 2 bits free. Which passes a page at
+//!   level L is hashed on is not stored per page: see [`due`].
 
 use crate::backend::RegionId;
 use crate::PAGE_SIZE;
@@ -32,6 +32,9 @@ const KIND_MASK: u8 = 0b11;
 const LEVEL_SHIFT: u8 = 2;
 const LEVEL_MASK: u8 = 0b11 << LEVEL_SHIFT;
 const VOLATILE: u8 = 1 << 7;
+/// A HASHED page whose last join-without-hashing (see `Core::visit`) failed:
+/// its stored hash may be stale, so its next visit hashes it.
+pub const REHASH: u8 = 1 << 4;
 
 /// Highest smart-scan level: a page unique for 3+ passes is looked at once
 /// every 8 passes (KSM's smart_scan idea, bounded).
@@ -71,6 +74,9 @@ pub fn level(s: u8) -> u8 {
 }
 pub fn is_volatile(s: u8) -> bool {
     s & VOLATILE != 0
+}
+pub fn needs_rehash(s: u8) -> bool {
+    s & REHASH != 0
 }
 pub fn with_kind(s: u8, k: u8) -> u8 {
     (s & !KIND_MASK) | k
@@ -200,7 +206,7 @@ impl Region {
             ZERO => self.zero -= 1,
             _ => {}
         }
-        let mut ns = with_kind(s, k) & !VOLATILE;
+        let mut ns = with_kind(s, k) & !(VOLATILE | REHASH);
         match k {
             HASHED => self.hashed += 1,
             MERGED => self.merged += 1,

@@ -618,10 +618,15 @@ impl Core {
             return None;
         }
         *budget = budget.saturating_sub(HASH_COST);
-        self.counters.pages_hashed += 1;
         // SAFETY: the region is registered, hence mapped (register contract),
         // and stays so while we hold the core (unregister needs it).
         let page = unsafe { self.regions[ri].page_detached(p) };
+        if kind == HASHED && merge && !region::needs_rehash(st) {
+            if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
+                return Some(s);
+            }
+        }
+        self.counters.pages_hashed += 1;
         let h64 = (self.hash_fn)(page);
         let h = fold(h64);
         self.cur_hi = (h64 >> 32) as u32;
@@ -631,6 +636,7 @@ impl Core {
         {
             let r = &mut self.regions[ri];
             r.word[p] = h;
+            r.state[p] &= !region::REHASH;
             if kind == NEW {
                 r.set_kind(p, HASHED);
                 self.pass_progress += 1;
@@ -706,6 +712,101 @@ impl Core {
                 None
             }
         }
+    }
+
+    /// Joins an existing pool slot without hashing the page: its stored hash
+    /// (from its previous visit) looks the slot up exactly as `choose` would
+    /// (the left neighbour's next slot, then the stable index), and only a
+    /// plain join is taken; anything else (a new slot, a pair, no target)
+    /// returns None and the page is hashed as usual. Sound because the final
+    /// compare under write-protection decides every merge; if the page
+    /// changed, that compare fails and the page gets `REHASH`, so its next
+    /// visit hashes it (a stale hash is never retried). Skips KSM's
+    /// "unchanged since the previous scan" check for these pages: a page
+    /// equal to a pool page now is merged now. New pool slots are always
+    /// made from a fresh hash (the stable index never files a slot under a
+    /// wrong hash).
+    fn join_unhashed(
+        &mut self,
+        ri: usize,
+        p: usize,
+        prev: Option<u32>,
+        page: &[u8],
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let h = self.regions[ri].word[p];
+        if h == self.zero_hash {
+            return None;
+        }
+        let group = self.regions[ri].group;
+        let run = (self.run_hash, self.run_len);
+        self.note_run(Some(h));
+        let Some(s) = self.existing_target(h, group, prev, page) else {
+            (self.run_hash, self.run_len) = run;
+            return None;
+        };
+        let r = &mut self.regions[ri];
+        // Kept in `old_state`: restored with it if the merge fails.
+        let old = r.state[p] | region::REHASH;
+        let in_pool = r.in_pool(p);
+        r.state[p] = region::with_kind(old, MERGED);
+        r.word[p] = s;
+        self.pool.add_mapper(s);
+        ops.push(Op {
+            region: ri,
+            page: p,
+            slot: s,
+            kind: OpKind::Existing,
+            hash: h,
+            old_state: old,
+            in_pool,
+        });
+        Some(s)
+    }
+
+    /// `choose`'s answer when it is a plain join of an existing slot, by the
+    /// stored hash only (no 64-bit check: the final compare decides).
+    fn existing_target(&self, h: u32, group: u32, prev: Option<u32>, page: &[u8]) -> Option<u32> {
+        let joinable = |s: u32| {
+            let st = self.pool.state(s);
+            let m = self.pool.meta(s);
+            (st == SlotState::Reserved || st == SlotState::Written)
+                && m.hash == h
+                && m.group == group
+                && (m.mappers as u64) < self.knobs.max_page_sharing
+                && (self.strong_hash || st == SlotState::Reserved || self.pool.page(s) == page)
+        };
+        if let Some(ps) = prev {
+            let s1 = ps.wrapping_add(1);
+            if s1 != 0 {
+                if joinable(s1) {
+                    return Some(s1);
+                }
+                let pm = self.pool.meta(ps);
+                if self.pool.is_free(s1)
+                    && pm.hash == h
+                    && pm.group == group
+                    && self.stripe_len(ps, h, group) < self.wanted_stripe()
+                {
+                    // `choose` grows the stripe: a new slot needs a fresh hash.
+                    return None;
+                }
+            }
+        }
+        if self.budget.limited {
+            return None;
+        }
+        let mut fallback = None;
+        for &s in self.stable.get(group, h).iter().take(512) {
+            if !joinable(s) {
+                continue;
+            }
+            if joinable(s.wrapping_add(1)) {
+                return Some(s);
+            }
+            fallback.get_or_insert(s);
+        }
+        fallback
     }
 
     fn note_run(&mut self, content: Option<u32>) {
