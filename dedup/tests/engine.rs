@@ -330,3 +330,49 @@ fn bad_registrations_are_rejected() {
         Err(pagefold_dedup::Error::UnknownRegion(999))
     ));
 }
+
+#[test]
+fn join_without_rehash_never_merges_a_changed_page_and_rehashes_it() {
+    let e = engine(256);
+    let (a, b, c) = (Mem::new(8), Mem::new(8), Mem::new(8));
+    for i in 0..8 {
+        a.fill(i, 500 + i as u64);
+        b.fill(i, 500 + i as u64);
+        c.fill(i, 500 + i as u64);
+    }
+    let _ra = a.register(&e, "vm-a", "g");
+    let _rb = b.register(&e, "vm-b", "g");
+    e.scan_now(2);
+    assert_eq!(e.stats().pages_sharing, 8);
+    // c's pages are hashed once (stored hash = the pool content's) ...
+    let _rc = c.register(&e, "vm-c", "g");
+    e.scan_now(1);
+    // ... then half of them change before the next visit.
+    for i in 4..8 {
+        c.fill(i, 900 + i as u64);
+    }
+    let (h0, ab0) = (e.pages_hashed(), e.abandoned());
+    e.scan_now(1);
+    // Unchanged pages joined by their stored hash (no hashing); changed ones
+    // failed the final compare and were not merged.
+    assert_eq!(e.pages_hashed(), h0, "nothing hashed in the join pass");
+    assert_eq!(e.abandoned() - ab0, 4);
+    assert_eq!(e.stats().pages_sharing, 12, "{:?}", e.stats());
+    for i in 0..8 {
+        let v = if i < 4 { 500 } else { 900 } + i as u64;
+        assert_eq!(c.read(i), pattern(v), "page {i}");
+    }
+    e.check_consistency().unwrap();
+    // The failed pages are hashed at their next visit, not joined again by
+    // their stale hash.
+    let (h1, ab1) = (e.pages_hashed(), e.abandoned());
+    e.scan_now(1);
+    assert_eq!(e.pages_hashed() - h1, 4);
+    assert_eq!(e.abandoned(), ab1);
+    assert_eq!(e.stats().pages_sharing, 12);
+    for i in 4..8 {
+        assert_eq!(c.read(i), pattern(900 + i as u64));
+    }
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
