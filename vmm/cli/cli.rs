@@ -346,13 +346,6 @@ pub fn demo_config(a: &DemoArgs) -> Result<Config, Error> {
     Ok(cfg)
 }
 
-pub(crate) fn host_mem_total() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
 /// Runs the VMs of `cfg` to completion and prints the report.
 fn run_vms(
     cfg: Config,
@@ -360,7 +353,7 @@ fn run_vms(
     api: &client::ApiServeArgs,
     status_after: Option<std::time::Duration>,
 ) -> Result<i32, Error> {
-    cfg.validate(host_mem_total())?;
+    cfg.validate(pagefold_vmm::memory::host_mem_total())?;
     let dedup =
         pagefold_vmm::dedup::create(&cfg, false).map_err(|e| Error::Dedup(e.to_string()))?;
     let mut runner = Runner::with_dedup(dedup, cfg.vms.len() > 1)?;

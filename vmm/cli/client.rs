@@ -151,7 +151,7 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     if cfg.vms.is_empty() {
         cfg.dedup.validate()?;
     } else {
-        cfg.validate(super::host_mem_total())?;
+        cfg.validate(pagefold_vmm::memory::host_mem_total())?;
     }
     // Always a backend (unless the mode is off): VMs created through the
     // API later may want dedup.

@@ -42,6 +42,15 @@ pub fn ram_top(ranges: &[(u64, u64)]) -> u64 {
     ranges.iter().map(|(a, l)| a + l).max().unwrap_or(0)
 }
 
+/// The host's total RAM (`MemTotal`), read with the same `/proc/meminfo`
+/// parser as auto mode; `None` if it cannot be read.
+pub fn host_mem_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    pagefold_dedup::auto::parse_meminfo(&text)
+        .ok()
+        .map(|s| s.total_bytes)
+}
+
 /// Maps guest RAM: `MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE` regions (vm-memory's
 /// default), never populated up front — untouched RAM costs nothing and
 /// stays mergeable.
@@ -70,6 +79,14 @@ mod tests {
         assert_eq!(ram_top(&r), 5 << 30);
         assert!(matches!(ram_ranges(0), Err(Error::BadSize(0))));
         assert!(matches!(ram_ranges(4097), Err(Error::BadSize(4097))));
+    }
+
+    #[test]
+    fn reads_host_total_memory() {
+        let total = host_mem_total().expect("/proc/meminfo readable");
+        // Every KVM host has more than 64 MiB of RAM.
+        assert!(total > 64 << 20, "{total}");
+        assert_eq!(total % 1024, 0, "MemTotal is given in KiB");
     }
 
     #[test]

@@ -342,9 +342,10 @@ impl Runner {
                     vms: vec![(*vc).clone()],
                     stdin: None,
                 };
-                cfg.validate(host_mem_total())
+                let host = crate::memory::host_mem_total();
+                cfg.validate(host)
                     .map_err(|e| RequestError::BadRequest(e.to_string()))?;
-                if let Some(host) = host_mem_total() {
+                if let Some(host) = host {
                     if total > host {
                         return Err(RequestError::Conflict(format!(
                             "the VMs would need {} in all, more than this host has ({})",
@@ -569,13 +570,6 @@ impl Runner {
             first_report_ms: self.first_report,
         })
     }
-}
-
-fn host_mem_total() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 impl Drop for Runner {
