@@ -43,19 +43,6 @@ fn config(mode: &str, backend: &str, dedup_extra: &str, phases: &str, extra: &st
     )
 }
 
-fn finish_ok(mut r: pagefold_vmm::runner::Runner) {
-    release(&r);
-    let report = r.run(|_| {}).expect("run");
-    for v in &report.vms {
-        assert_eq!(v.exit_status, Some(0), "{} {:?}", v.name, v.outcome);
-        assert_eq!(
-            v.mismatches, 0,
-            "{}: guest memory changed under dedup",
-            v.name
-        );
-    }
-}
-
 fn auto_status(r: &pagefold_vmm::runner::Runner) -> pagefold_dedup::auto::AutoStatus {
     r.handle().auto().expect("auto handle").status()
 }

@@ -50,24 +50,6 @@ fn two_vms(
     )
 }
 
-fn finish_ok(mut r: pagefold_vmm::runner::Runner) {
-    release(&r);
-    let report = r.run(|_| {}).expect("run");
-    for v in &report.vms {
-        assert_eq!(v.exit_status, Some(0), "{} {:?}", v.name, v.outcome);
-        assert_eq!(
-            v.mismatches, 0,
-            "{}: guest memory changed under dedup",
-            v.name
-        );
-        assert!(
-            v.phases.iter().any(|p| p.phase == "verify"),
-            "{} did not verify",
-            v.name
-        );
-    }
-}
-
 /// Two VMs with the same seed in one group: after the engine settles, the
 /// sharing it reports is exactly what a perfect dedup of the guests' memory
 /// gives, the data areas hold exactly the ABI-predicted number of distinct

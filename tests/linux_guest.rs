@@ -199,16 +199,7 @@ fn two_linux_vms_in_one_group_share_pages() {
     )
     .unwrap();
     let json = dir.path("report.json");
-    let o = run(
-        &[
-            "run",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        HW_LIMIT,
-    );
+    let o = run_config(&cfg, &json, HW_LIMIT);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let r = read_json(&json);
     for name in ["one", "two"] {

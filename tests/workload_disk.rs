@@ -159,16 +159,7 @@ fn two_vms_reading_one_image_hold_identical_pages() {
     // Different workload seeds: only the disk pages have reason to match.
     std::fs::write(&cfg, format!("{}{}", vm("left", 1), vm("right", 2))).unwrap();
     let json = dir.path("report.json");
-    let o = run(
-        &[
-            "run",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        LIMIT,
-    );
+    let o = run_config(&cfg, &json, LIMIT);
     assert!(o.status.success(), "{}", text(&o));
     let r = read_json(&json);
     for name in ["left", "right"] {

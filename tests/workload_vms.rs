@@ -99,16 +99,7 @@ fn two_vms_same_seed_in_one_process() {
     )
     .unwrap();
     let json = dir.path("r.json");
-    let o = run(
-        &[
-            "run",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--json",
-            json.to_str().unwrap(),
-        ],
-        LIMIT,
-    );
+    let o = run_config(&cfg, &json, LIMIT);
     assert!(o.status.success(), "{}", text(&o));
     let r = read_json(&json);
     for name in ["left", "right"] {
@@ -258,16 +249,7 @@ fn a_crashing_guest_does_not_take_down_the_other_vm() {
         )
         .unwrap();
         let json = dir.path("r.json");
-        let o = run(
-            &[
-                "run",
-                "--config",
-                cfg.to_str().unwrap(),
-                "--json",
-                json.to_str().unwrap(),
-            ],
-            LIMIT,
-        );
+        let o = run_config(&cfg, &json, LIMIT);
         assert_eq!(o.status.code(), Some(3), "{}", text(&o));
         let r = read_json(&json);
         let bad = vm(&r, "bad");

@@ -125,6 +125,26 @@ pub fn wait_settled(r: &Runner, scans: u64, limit: Duration) -> Stats {
     }
 }
 
+/// Releases the guests' gates, runs the VMs to their end, and requires every
+/// guest to have verified its memory with no mismatch and exited with 0.
+pub fn finish_ok(mut r: Runner) {
+    release(&r);
+    let report = r.run(|_| {}).expect("run");
+    for v in &report.vms {
+        assert_eq!(v.exit_status, Some(0), "{} {:?}", v.name, v.outcome);
+        assert_eq!(
+            v.mismatches, 0,
+            "{}: guest memory changed under dedup",
+            v.name
+        );
+        assert!(
+            v.phases.iter().any(|p| p.phase == "verify"),
+            "{} did not verify",
+            v.name
+        );
+    }
+}
+
 /// Releases every VM's WAIT_HOST gate.
 pub fn release(r: &Runner) {
     for v in r.vms() {

@@ -86,6 +86,20 @@ pub fn run(args: &[&str], limit: Duration) -> Output {
     wait_bounded(child, limit)
 }
 
+/// Runs the VMs of config file `cfg`, writing the JSON report to `json`.
+pub fn run_config(cfg: &Path, json: &Path, limit: Duration) -> Output {
+    run(
+        &[
+            "run",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        limit,
+    )
+}
+
 pub fn text(o: &Output) -> String {
     format!(
         "--- stdout\n{}\n--- stderr\n{}",
