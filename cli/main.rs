@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod error;
 mod report;
 
 use std::process::ExitCode;

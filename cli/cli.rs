@@ -7,7 +7,7 @@ use pagefold_vmm::config::{
     self, Config, DedupConfig, DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig,
     VmDedup, WorkloadConfig,
 };
-use pagefold_vmm::runner::{self, Runner};
+use pagefold_vmm::runner::Runner;
 
 use crate::bench;
 use crate::report;
@@ -15,34 +15,7 @@ use crate::report;
 #[path = "client.rs"]
 mod client;
 
-/// Errors the CLI reports; each maps to an exit code.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("{0}")]
-    Usage(String),
-    #[error(transparent)]
-    Config(#[from] config::Error),
-    #[error(transparent)]
-    Runner(#[from] runner::Error),
-    #[error("{0}")]
-    Dedup(String),
-    #[error("{0}")]
-    Io(String),
-}
-
-impl Error {
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            Error::Usage(_) | Error::Config(_) => 2,
-            // A workload that does not fit its VM is bad input too.
-            Error::Runner(runner::Error::Vm {
-                source: pagefold_vmm::vm::Error::Workload(_),
-                ..
-            }) => 2,
-            _ => 3,
-        }
-    }
-}
+pub use crate::error::Error;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -333,7 +306,7 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
 
 /// The demo's configuration: two identical workload VMs in one dedup group.
 pub fn demo_config(a: &DemoArgs) -> Result<Config, Error> {
-    let text = include_str!("../../examples/two-workload-vms.toml");
+    let text = include_str!("../examples/two-workload-vms.toml");
     let mut cfg: Config =
         toml::from_str(text).map_err(|e| Error::Usage(format!("built-in demo config: {e}")))?;
     cfg.dedup.mode = a

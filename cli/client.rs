@@ -13,7 +13,7 @@ use pagefold_vmm::runner::{RunReport, Runner};
 use pagefold_vmm::state::Outcome;
 use serde_json::Value;
 
-use super::Error;
+use crate::error::Error;
 use crate::report;
 
 /// Where `run`, `demo` and `serve` serve the API.

@@ -11,7 +11,7 @@ use pagefold_bench::{
     AutoOptions, BenchError, Case, SeedOptions, Shape,
 };
 
-use crate::cli::Error;
+use crate::error::Error;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {

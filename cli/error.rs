@@ -1,0 +1,33 @@
+//! The CLI's error type: one variant per kind of failure, each mapped to an
+//! exit code (0 ok, 1 guest failure, 2 bad input, 3 VM failure).
+
+use pagefold_vmm::{config, runner};
+
+/// Errors the CLI reports; each maps to an exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Config(#[from] config::Error),
+    #[error(transparent)]
+    Runner(#[from] runner::Error),
+    #[error("{0}")]
+    Dedup(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+impl Error {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Usage(_) | Error::Config(_) => 2,
+            // A workload that does not fit its VM is bad input too.
+            Error::Runner(runner::Error::Vm {
+                source: pagefold_vmm::vm::Error::Workload(_),
+                ..
+            }) => 2,
+            _ => 3,
+        }
+    }
+}
