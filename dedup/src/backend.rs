@@ -196,6 +196,14 @@ pub struct Stats {
     pub metadata_bytes: u64,
     /// Saved minus engine metadata and kernel VMA overhead (may be negative).
     pub profit_bytes: i64,
+    /// Milliseconds since the scanner last started a wake-up (0 when the
+    /// backend does not know, or has not woken yet).
+    #[serde(default)]
+    pub last_wakeup_age_ms: u64,
+    /// The backend's own watchdog: scanning is on but no wake-up started
+    /// within the planned sleep plus a grace period (a stalled engine).
+    #[serde(default)]
+    pub wakeup_overdue: bool,
     pub per_owner: BTreeMap<String, OwnerStats>,
 }
 

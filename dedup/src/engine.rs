@@ -113,6 +113,16 @@ struct Ctl {
     generation: u64,
     full_scans: u64,
     last_round_merges: u64,
+    /// Set by anything that can make work appear (a new region, a mode or
+    /// knob change, a new round policy): the scanner then drops its idle
+    /// back-off before its next wake-up. Without it, back-off earned while
+    /// nothing changed (e.g. hundreds of idle passes at `sleep_millisecs`
+    /// 0) kept a freshly registered VM waiting at the 1 s cap per wake-up.
+    reset_backoff: bool,
+    /// When the scanner last started a wake-up, and the sleep it planned
+    /// after it (the watchdog's reference).
+    last_wakeup: Option<Instant>,
+    planned_sleep: Duration,
 }
 
 struct Shared {
@@ -141,9 +151,11 @@ impl Shared {
         self.cv.notify_all();
     }
 
+    /// Wakes the scanner now and drops its idle back-off.
     fn kick(&self) {
         let mut c = lock(&self.ctl);
         c.generation += 1;
+        c.reset_backoff = true;
         self.cv.notify_all();
     }
 }
@@ -185,6 +197,9 @@ impl Engine {
                 generation: 0,
                 full_scans: 0,
                 last_round_merges: 0,
+                reset_backoff: false,
+                last_wakeup: None,
+                planned_sleep: Duration::ZERO,
             }),
             cv: Condvar::new(),
             clocks: Mutex::new(Clocks::default()),
@@ -323,6 +338,16 @@ impl Engine {
     }
 }
 
+/// A wake-up is overdue when the scanner has not started one for its
+/// planned sleep plus this much: no batch (at most `pages_to_scan` x the
+/// auto factor pages, or one unmerge step) takes that long when the engine
+/// is healthy, and the API's health check reports it as stalled.
+pub const WAKEUP_GRACE: Duration = Duration::from_secs(10);
+
+fn overdue_after(planned_sleep: Duration) -> Duration {
+    planned_sleep + WAKEUP_GRACE
+}
+
 fn effective_sleep(sh: &Shared, knobs: &Knobs, mode: Mode, idle: u32) -> Duration {
     let base = knobs.sleep_millisecs;
     if !sh.adaptive || mode != Mode::On || idle == 0 {
@@ -337,7 +362,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
     lock(&sh.clocks).enter();
     let mut unmerge_tries = 0;
     loop {
-        let (mode, knobs, gen) = {
+        let (mode, knobs, gen, reset) = {
             let mut c = lock(&sh.ctl);
             while !c.stop && c.mode == Mode::Off {
                 c = sh.cv.wait(c).unwrap_or_else(|e| e.into_inner());
@@ -345,8 +370,15 @@ fn scanner_loop(sh: &Arc<Shared>) {
             if c.stop {
                 break;
             }
-            (c.mode, c.knobs, c.generation)
+            c.last_wakeup = Some(Instant::now());
+            let reset = std::mem::take(&mut c.reset_backoff);
+            (c.mode, c.knobs, c.generation, reset)
         };
+        // Lock order is core -> ctl (publish), so the core is taken only
+        // after ctl is released.
+        if reset {
+            lock(&sh.core).idle_passes = 0;
+        }
         let sleep = match mode {
             Mode::Off => continue,
             Mode::Unmerge => {
@@ -408,7 +440,8 @@ fn scanner_loop(sh: &Arc<Shared>) {
                 effective_sleep(sh, &knobs, mode, idle)
             }
         };
-        let c = lock(&sh.ctl);
+        let mut c = lock(&sh.ctl);
+        c.planned_sleep = sleep;
         let _ = sh
             .cv
             .wait_timeout_while(c, sleep, |c| !c.stop && c.generation == gen)
@@ -443,6 +476,7 @@ impl DedupBackend for Engine {
         let mut c = lock(&self.shared.ctl);
         c.mode = mode;
         c.generation += 1;
+        c.reset_backoff = true;
         self.shared.cv.notify_all();
         Ok(())
     }
@@ -456,6 +490,7 @@ impl DedupBackend for Engine {
         let k = update.apply(&c.knobs)?;
         c.knobs = k;
         c.generation += 1;
+        c.reset_backoff = true;
         self.shared.cv.notify_all();
         Ok(k)
     }
@@ -470,6 +505,11 @@ impl DedupBackend for Engine {
             let c = lock(&self.shared.ctl);
             s.mode = c.mode;
             s.knobs = Some(c.knobs);
+            if let Some(t) = c.last_wakeup {
+                let age = t.elapsed();
+                s.last_wakeup_age_ms = age.as_millis() as u64;
+                s.wakeup_overdue = c.mode != Mode::Off && age > overdue_after(c.planned_sleep);
+            }
         }
         s.cpu_seconds = lock(&self.shared.clocks).seconds();
         s

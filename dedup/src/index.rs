@@ -135,6 +135,25 @@ impl UnstableIndex {
         self.len = 0;
     }
 
+    /// Makes room for `pages` entries without losing the ones inserted this
+    /// pass (regions registered mid-pass would otherwise fill the table and
+    /// lose every insert until the pass ends). `key_of` gives an entry's key
+    /// (`None`: stale, dropped).
+    pub fn grow(&mut self, pages: usize, key_of: impl Fn(u32) -> Option<u32>) {
+        let want = (pages * 2).max(64);
+        if want <= self.table.len() {
+            return;
+        }
+        let old = std::mem::replace(&mut self.table, vec![EMPTY; want]);
+        self.len = 0;
+        for id in old.into_iter().filter(|&id| id != EMPTY) {
+            if let Some(hash) = key_of(id) {
+                // Cannot fail: the new table is at most a quarter full.
+                let _ = self.insert(hash, id);
+            }
+        }
+    }
+
     /// Entries inserted since the last reset.
     pub fn len(&self) -> usize {
         self.len
@@ -260,6 +279,31 @@ mod tests {
                 }
                 for id in seen { prop_assert_eq!(keys[id as usize], k); prop_assert!(!dead[id as usize]); }
             }
+        }
+    }
+
+    #[test]
+    fn grow_keeps_entries_and_drops_stale_ones() {
+        let mut u = UnstableIndex::default();
+        u.reset(40);
+        for id in 0..70u32 {
+            u.insert(id % 7, id).unwrap();
+        }
+        // Entry 3 went stale (its page changed since it was inserted).
+        u.grow(1000, |id| (id != 3).then_some(id % 7));
+        assert_eq!(u.len(), 69);
+        let mut seen = Vec::new();
+        u.find(
+            3 % 7,
+            |id| (id != 3).then_some(id % 7),
+            |id| {
+                seen.push(id);
+                false
+            },
+        );
+        assert!(seen.contains(&10) && !seen.contains(&3), "{seen:?}");
+        for id in 1000..1900u32 {
+            u.insert(id, id).expect("room for the grown size");
         }
     }
 

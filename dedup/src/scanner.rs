@@ -222,7 +222,24 @@ impl Core {
             .regions
             .push((addr, end));
         self.regions.push(r);
+        self.grow_unstable();
         Ok(id)
+    }
+
+    /// Sizes the unstable index for every tracked page, keeping this pass's
+    /// entries (their key is the stored hash of a still-HASHED page).
+    fn grow_unstable(&mut self) {
+        let pages = self.tracked_pages() as usize;
+        let regions = &self.regions;
+        let key_of = |gid: u32| -> Option<u32> {
+            let ri = regions
+                .partition_point(|r| r.gid_base <= gid)
+                .checked_sub(1)?;
+            let r = &regions[ri];
+            let p = (gid - r.gid_base) as usize;
+            (p < r.npages && region::kind(r.state[p]) == HASHED).then_some(r.word[p])
+        };
+        self.unstable.grow(pages, key_of);
     }
 
     /// Removes a region. With `unmerge`, its merged pages first get private

@@ -399,6 +399,9 @@ impl DedupBackend for KsmBackend {
             bytes_saved: saved,
             metadata_bytes: (saved as i64 - profit).max(0) as u64,
             profit_bytes: profit,
+            // ksmd's wake-ups are the kernel's; no watchdog here.
+            last_wakeup_age_ms: 0,
+            wakeup_overdue: false,
             per_owner: self.per_owner(&st, proc),
         }
     }
