@@ -82,14 +82,14 @@ fn scattered(n: usize) -> (usize, usize) {
         x ^= x << 17;
         perm.swap(i, (x % (i as u64 + 1)) as usize);
     }
-    for i in 0..n {
+    for (i, &j) in perm.iter().enumerate() {
         let v = i as u64 + 1;
         for w in 0..PS / 8 {
             let word = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64;
             // SAFETY: both indices are inside their mappings.
             unsafe {
                 *a.add(i * PS / 8 + w) = word;
-                *b.add(perm[i] * PS / 8 + w) = word;
+                *b.add(j * PS / 8 + w) = word;
             }
         }
     }
