@@ -495,7 +495,7 @@ impl Core {
                 continue;
             }
             let s = i;
-            while i < npages && i - s < CHUNK_PAGES && self.regions[ri].in_pool(i) {
+            while i < npages && i - s < merge::UNMERGE_CHUNK_PAGES && self.regions[ri].in_pool(i) {
                 i += 1;
             }
             let addr = self.regions[ri].page_addr(s);
