@@ -189,6 +189,9 @@ pub struct DedupArgs {
     /// scattered (pagefold backend): auto or off.
     #[arg(long, help_heading = "Deduplication")]
     pub ksm_assist: Option<pagefold_dedup::AssistMode>,
+    /// Do not feed virtio-blk reads to the engine as I/O hints.
+    #[arg(long, help_heading = "Deduplication")]
+    pub no_io_hints: bool,
 }
 
 fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
@@ -231,6 +234,9 @@ impl DedupArgs {
         d.max_page_sharing = self.max_page_sharing.or(d.max_page_sharing);
         if let Some(a) = self.ksm_assist {
             d.ksm_assist = a;
+        }
+        if self.no_io_hints {
+            d.io_hints = false;
         }
         Ok(())
     }

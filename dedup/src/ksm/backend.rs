@@ -405,6 +405,10 @@ impl DedupBackend for KsmBackend {
             ksm_assist: String::new(),
             ksm_pages_sharing: 0,
             ksm_cpu_seconds: 0.0,
+            hints: 0,
+            hints_dropped: 0,
+            hint_merges: 0,
+            hint_merge_delay_ms: 0.0,
             per_owner: self.per_owner(&st, proc),
         }
     }
