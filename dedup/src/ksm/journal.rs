@@ -102,7 +102,7 @@ type Result<T> = std::result::Result<T, JournalError>;
 pub struct Holder {
     pub pid: u32,
     pub start_time: u64,
-    /// Distinguishes several holders in one process (two backends).
+    /// Distinguishes the holds of one process (two backends, two knobs).
     pub token: u64,
     /// The process's name when it took the hold, for `ksm status`.
     #[serde(default)]
@@ -219,8 +219,9 @@ pub struct Restored {
 impl std::fmt::Display for Restored {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "restored {}={}", label(&self.path), self.value)?;
-        if let Some(was) = &self.was {
-            write!(f, " (was {was})")?;
+        match &self.was {
+            Some(was) => write!(f, " (was {was})")?,
+            None => write!(f, " (unchanged)")?,
         }
         let pids: Vec<String> = self.holders.iter().map(|h| h.pid.to_string()).collect();
         let s = if pids.len() == 1 { "" } else { "s" };
