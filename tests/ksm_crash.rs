@@ -94,6 +94,10 @@ impl Env {
     /// A KSM-backed VM that sets `pages_to_scan` 777, fills its memory and
     /// then sleeps: it holds the knobs until it is killed.
     fn start_holder(&self, tag: &str) -> Child {
+        self.start_holder_with(tag, "777")
+    }
+
+    fn start_holder_with(&self, tag: &str, pages_to_scan: &str) -> Child {
         let err = File::create(self.tmp.path(&format!("{tag}.stderr"))).unwrap();
         self.cmd()
             .args([
@@ -103,7 +107,7 @@ impl Env {
                 "--dedup",
                 "on",
                 "--pages-to-scan",
-                "777",
+                pages_to_scan,
                 "--memory",
                 "64M",
                 "--shared",
@@ -139,18 +143,10 @@ impl Env {
             .find(|e| e["path"] == path.to_str().unwrap())
     }
 
-    /// Starts a holder, waits until it changed the knobs, SIGKILLs it and
-    /// checks that the knobs stayed changed and the journal names it.
-    fn crash(&self, tag: &str, before: &BTreeMap<String, String>) -> u32 {
-        let mut child = self.start_holder(tag);
-        let pid = child.id();
-        let changed = || {
-            ksm_knob("pages_to_scan") == "777"
-                && ksm_knob("run") == "1"
-                && self.record("run").is_some()
-        };
+    /// Waits until `cond`; on timeout kills `child` and shows its stderr.
+    fn wait_child(&self, child: &mut Child, tag: &str, mut cond: impl FnMut() -> bool) {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            wait_until("pagefold to start KSM", Duration::from_secs(120), changed)
+            wait_until("pagefold to start KSM", Duration::from_secs(120), &mut cond)
         }));
         if let Err(p) = r {
             let _ = child.kill();
@@ -159,6 +155,27 @@ impl Env {
             eprintln!("pagefold stderr: {err:?}");
             std::panic::resume_unwind(p);
         }
+    }
+
+    /// Whether the journal names `pid` as a holder of KSM knob `name`.
+    fn held_by(&self, name: &str, pid: u32) -> bool {
+        self.record(name).is_some_and(|r| {
+            r["holders"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|h| h["pid"] == pid)
+        })
+    }
+
+    /// Starts a holder, waits until it changed the knobs, SIGKILLs it and
+    /// checks that the knobs stayed changed and the journal names it.
+    fn crash(&self, tag: &str, before: &BTreeMap<String, String>) -> u32 {
+        let mut child = self.start_holder(tag);
+        let pid = child.id();
+        self.wait_child(&mut child, tag, || {
+            ksm_knob("pages_to_scan") == "777" && ksm_knob("run") == "1" && self.held_by("run", pid)
+        });
         // Child::kill sends SIGKILL: no destructor, no signal handler runs.
         child.kill().unwrap();
         let status = child.wait().unwrap();
@@ -287,6 +304,81 @@ fn knobs_left_by_a_killed_pagefold_are_restored_by_the_next_one() {
         "{}",
         text(&next)
     );
+    assert_eq!(snapshot_tunables(Path::new(KSM_SYSFS)), before);
+    assert!(!env.journal().exists(), "records cleared");
+    drop(back);
+}
+
+/// Two pagefolds hold the knobs at once. The second must keep the first
+/// one's original (not the value the first one set); when the first is
+/// killed, recovery must leave the knobs to the second, which restores the
+/// true originals when it ends normally.
+#[test]
+fn a_killed_holder_does_not_take_the_knobs_from_a_live_one() {
+    require_kvm();
+    assert!(
+        Path::new(KSM_SYSFS).join("run").exists(),
+        "this machine has KSM; the test needs it"
+    );
+    let _lock = ksm_exclusive().unwrap();
+    let back = KnobsBack::take();
+    let before = back.before.clone();
+    assert_ne!(before["pages_to_scan"], "777", "{before:?}");
+    assert_ne!(before["pages_to_scan"], "555", "{before:?}");
+    assert_ne!(before["run"], "1", "KSM is already running: {before:?}");
+    let env = Env {
+        tmp: TempDir::new("ksm-two"),
+    };
+    let mut a = env.start_holder_with("a", "777");
+    let pid_a = a.id();
+    env.wait_child(&mut a, "a", || {
+        ksm_knob("pages_to_scan") == "777" && env.held_by("run", pid_a)
+    });
+    let mut b = env.start_holder_with("b", "555");
+    let pid_b = b.id();
+    env.wait_child(&mut b, "b", || {
+        ksm_knob("pages_to_scan") == "555" && env.held_by("run", pid_b)
+    });
+    for name in ["pages_to_scan", "run"] {
+        let rec = env.record(name).unwrap();
+        assert_eq!(rec["original"], before[name].as_str(), "{rec}");
+        assert!(
+            env.held_by(name, pid_a) && env.held_by(name, pid_b),
+            "{rec}"
+        );
+    }
+
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let restore = wait_bounded(
+        env.cmd()
+            .args(["ksm", "restore"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+        Duration::from_secs(30),
+    );
+    assert!(restore.status.success(), "{}", text(&restore));
+    let err = String::from_utf8_lossy(&restore.stderr);
+    assert!(!err.contains("restored"), "{}", text(&restore));
+    assert!(
+        err.contains(&format!(
+            "pagefold: KSM pages_to_scan left as is: held by running pid {pid_b}"
+        )),
+        "{}",
+        text(&restore)
+    );
+    assert_eq!(ksm_knob("pages_to_scan"), "555");
+    assert_eq!(ksm_knob("run"), "1");
+    // The dead holder was dropped from the records, the live one kept.
+    assert!(!env.held_by("run", pid_a) && env.held_by("run", pid_b));
+
+    // SIGTERM: pagefold stops its VMs and shuts the backend down cleanly.
+    // SAFETY: kill(2) on our own child's pid, not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid_b as i32, libc::SIGTERM) }, 0);
+    let out = wait_bounded(b, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(143), "{:?}", out.status);
     assert_eq!(snapshot_tunables(Path::new(KSM_SYSFS)), before);
     assert!(!env.journal().exists(), "records cleared");
     drop(back);
