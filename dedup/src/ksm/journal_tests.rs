@@ -412,3 +412,32 @@ fn raise_only_raises_and_its_guard_restores() {
     let g = j.set(&s.knob("advisor_mode"), "scan-time").unwrap();
     assert_eq!(g.original(), "none");
 }
+
+/// The real `vm.max_map_count` (root), with a private journal: raised while
+/// the guard lives, back as found after it. Takes the KSM lock, the lock of
+/// every test that changes global state; puts the value back even if the
+/// test fails.
+#[test]
+fn raises_and_restores_the_real_max_map_count() {
+    let _lock = crate::ksm::ksm_exclusive().unwrap();
+    let path = sysctl_path("vm.max_map_count").unwrap();
+    let found = read_knob(&path).unwrap();
+    let s = Scratch::new(&[]);
+    let j = Journal::at(s.dir.join("journal"));
+    let r = std::panic::catch_unwind(|| {
+        let n: u64 = found.parse().unwrap();
+        let g = j.raise(&path, n + 4096).unwrap();
+        assert_eq!(g.original(), found);
+        assert_eq!(read_knob(&path).unwrap(), (n + 4096).to_string());
+        assert_eq!(entries(&j)[0].original, found);
+        drop(g);
+        assert_eq!(read_knob(&path).unwrap(), found);
+        assert!(!j.path().exists());
+    });
+    if read_knob(&path).unwrap() != found {
+        std::fs::write(&path, &found).unwrap();
+    }
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
+}
