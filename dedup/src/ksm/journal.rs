@@ -80,6 +80,13 @@ pub enum JournalError {
     /// The journal does not parse (read-only access: left in place).
     #[error("state journal {path} is corrupt: {detail}")]
     Unreadable { path: PathBuf, detail: String },
+    /// A journal in another format version (another pagefold release):
+    /// left alone, as its holders may still run.
+    #[error(
+        "state journal {path} has format version {found}, this pagefold knows version \
+         {VERSION}: left alone (use the pagefold that wrote it)"
+    )]
+    Version { path: PathBuf, found: u32 },
     /// Someone else's journal would make us write their values as root.
     #[error(
         "state journal {path} belongs to uid {owner}, not to this user (uid {uid}): not trusted"
@@ -453,16 +460,12 @@ impl Journal {
                 uid,
             });
         }
-        let parsed = serde_json::from_slice::<Contents>(&bytes)
-            .map_err(|e| e.to_string())
-            .and_then(|c| {
-                if c.version == VERSION {
-                    Ok(c)
-                } else {
-                    Err(format!("version {} (expected {VERSION})", c.version))
-                }
-            });
-        match parsed {
+        match serde_json::from_slice::<Contents>(&bytes).map_err(|e| e.to_string()) {
+            // Another pagefold's format: not ours to rewrite or move.
+            Ok(c) if c.version != VERSION => Err(JournalError::Version {
+                path,
+                found: c.version,
+            }),
             Ok(c) => Ok(c),
             Err(detail) if move_corrupt => {
                 let secs = std::time::SystemTime::now()

@@ -348,10 +348,15 @@ fn a_corrupt_journal_is_a_clear_error_and_is_kept_aside() {
     let hold = j.hold(&s.knob("run")).unwrap();
     assert_eq!(hold.original, "0");
     assert!(j.release(&hold).unwrap());
-    // A journal of another version is not guessed at either.
-    std::fs::write(j.path(), "{\"version\": 99, \"entries\": []}").unwrap();
+    // A journal of another version is not guessed at, nor moved: its
+    // holders may still run.
+    let other = "{\"version\": 99, \"entries\": []}";
+    std::fs::write(j.path(), other).unwrap();
     let e = j.recover(false).unwrap_err();
+    assert!(matches!(e, JournalError::Version { found: 99, .. }), "{e}");
     assert!(e.to_string().contains("version 99"), "{e}");
+    assert!(j.hold(&s.knob("run")).is_err());
+    assert_eq!(std::fs::read_to_string(j.path()).unwrap(), other);
 }
 
 #[test]
