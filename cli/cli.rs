@@ -10,6 +10,7 @@ use pagefold_vmm::config::{
 use pagefold_vmm::runner::Runner;
 
 use crate::bench;
+use crate::ksm;
 use crate::report;
 
 #[path = "client.rs"]
@@ -57,6 +58,10 @@ pub enum Command {
     /// Benchmarks: pagefold against the kernel's KSM, side by side.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The host-global state pagefold changes (KSM knobs, sysctls): show
+    /// it, or restore what a killed pagefold left changed.
+    #[command(subcommand)]
+    Ksm(ksm::KsmCommand),
 }
 
 #[derive(Args, Debug)]
@@ -413,6 +418,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
         Command::Vm(c) => client::vm(c),
         Command::Dedup(c) => client::dedup(c),
         Command::Bench(c) => bench::run(c),
+        Command::Ksm(c) => ksm::run(c),
     }
 }
 

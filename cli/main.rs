@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod error;
+mod ksm;
 mod report;
 
 use std::process::ExitCode;
