@@ -28,7 +28,8 @@
 //!   each KSM full scan that merges nothing more doubles the sleep, up to
 //!   1 s; `run` goes back to its original value whenever the engine does not
 //!   merge (mode off, auto untriggered). Every knob is restored when the
-//!   assist ends.
+//!   assist ends, and every change is journaled first (`ksm::journal`), so
+//!   a `kill -9` is undone by the next pagefold that uses KSM.
 //! * **Honest figures**: the engine counts the KSM sharing of its own
 //!   regions from their PFNs (a frame mapped k times in our regions saves
 //!   k - 1 pages), KSM's metadata (`ksm_rmap_items` x 64 B) against the
@@ -93,8 +94,10 @@ impl FromStr for AssistMode {
 pub struct AssistConfig {
     pub mode: AssistMode,
     /// New VMAs the engine's merges created in one group during one pass
-    /// before the layout is judged...
+    /// before the layout is judged (at least this many, and at least the
+    /// group's pages / `flip_group_den` when that is non-zero)...
     pub flip_vmas: u64,
+    pub flip_group_den: u64,
     /// ...scattered: fewer than this many merged pages per new VMA.
     pub flip_run_pages: u64,
     /// Merges with a known partner that the VMA budget refused in one pass
@@ -106,9 +109,14 @@ impl Default for AssistConfig {
     fn default() -> Self {
         AssistConfig {
             mode: AssistMode::Off,
-            // 4096 single-page merges (~80 ms of mmap work, 1 MiB of VMA
-            // slab) is where KSM's per-page merge (~5 us, no VMA) wins.
+            // Per merged page a one-page VMA costs ~10 us of mmap and ~390 B
+            // of kernel memory (dedup/benches/vma_cost.rs); KSM costs ~5 us
+            // per merge but also ~3 us and 64 B for *every* page of the
+            // group it scans. Break-even lies between 1/6 (memory) and 3/5
+            // (CPU) of the group's pages being scattered merges: hand over
+            // at a quarter, or when the VMA budget refuses merges.
             flip_vmas: 4096,
+            flip_group_den: 4,
             flip_run_pages: 8,
             flip_deferred: 64,
         }
@@ -208,6 +216,9 @@ impl KsmAssist {
                 )
             })?)
         };
+        // A pagefold killed while it drove KSM left knobs behind: put them
+        // back before reading what is "original" (docs/global-state.md).
+        ksm::journal::recover();
         let sysfs = KsmSysfs::open().map_err(|e| e.to_string())?;
         let orig_run = sysfs.read_u64("run").map_err(|e| e.to_string())?;
         if orig_run == 2 {

@@ -372,7 +372,21 @@ impl Core {
         }
         let cfg = self.assist.cfg;
         let g = self.pass_groups.get(&group).copied().unwrap_or_default();
-        g.new_vmas >= cfg.flip_vmas && g.merged < cfg.flip_run_pages.saturating_mul(g.new_vmas)
+        if g.new_vmas < cfg.flip_vmas {
+            return false;
+        }
+        if cfg.flip_group_den > 0 {
+            let pages: u64 = self
+                .regions
+                .iter()
+                .filter(|r| r.group == group)
+                .map(|r| r.npages as u64)
+                .sum();
+            if g.new_vmas < pages / cfg.flip_group_den {
+                return false;
+            }
+        }
+        g.merged < cfg.flip_run_pages.saturating_mul(g.new_vmas)
     }
 
     /// Hands `group` to KSM if its merges this pass look scattered (many new

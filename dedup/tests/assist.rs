@@ -38,6 +38,7 @@ fn engine(assist: AssistMode) -> Engine {
         assist: AssistConfig {
             mode: assist,
             flip_vmas: 256,
+            flip_group_den: 0,
             ..AssistConfig::default()
         },
         ..EngineConfig::default()

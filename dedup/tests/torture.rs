@@ -340,6 +340,7 @@ fn torture_ksm_assist() {
         AssistConfig {
             mode: AssistMode::Auto,
             flip_vmas: 64,
+            flip_group_den: 0,
             ..AssistConfig::default()
         },
     );
