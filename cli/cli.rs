@@ -10,6 +10,7 @@ use pagefold_vmm::config::{
 use pagefold_vmm::runner::Runner;
 
 use crate::bench;
+use crate::output::write_out_or_drop;
 use crate::report;
 
 #[path = "client.rs"]
@@ -339,7 +340,10 @@ fn run_vms(
     if let (Some(after), Some(sock)) = (status_after, status_sock) {
         std::thread::spawn(move || {
             std::thread::sleep(after);
-            println!("\n$ pagefold status --api-sock {}", sock.display());
+            let _ = write_out_or_drop(&format!(
+                "\n$ pagefold status --api-sock {}\n",
+                sock.display()
+            ));
             let args = client::StatusArgs {
                 json: false,
                 client: client::ClientArgs {
@@ -349,7 +353,7 @@ fn run_vms(
             if let Err(e) = client::status(args) {
                 eprintln!("pagefold status: {e}");
             }
-            println!();
+            let _ = write_out_or_drop("\n");
         });
     }
     let mut last = std::time::Instant::now();
@@ -358,13 +362,13 @@ fn run_vms(
         if last.elapsed() >= std::time::Duration::from_secs(1) && !r.vms().is_empty() {
             last = std::time::Instant::now();
             if let Some(d) = r.dedup() {
-                println!("{}", report::progress(&d.stats()));
+                let _ = write_out_or_drop(&format!("{}\n", report::progress(&d.stats())));
             }
         }
     })?;
     drop(api);
     drop(runner);
-    report::print(&report);
+    report::print(&report)?;
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| Error::Io(e.to_string()))?;
         std::fs::write(&path, text)

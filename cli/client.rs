@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use pagefold_api::client::{Client, Reply, Target};
 use pagefold_api::{DedupPatch, ListenConfig, Server};
-use pagefold_vmm::config::{fmt_size, Config, VmConfig};
+use pagefold_vmm::config::{fmt_size, validate_vm_name, Config, VmConfig};
 use pagefold_vmm::runner::{RunReport, Runner};
 use pagefold_vmm::state::Outcome;
 use serde_json::Value;
 
 use crate::error::Error;
+use crate::output::{out, outln};
 use crate::report;
 
 /// Where `run`, `demo` and `serve` serve the API.
@@ -165,7 +166,7 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     let report = runner.run(|_| {})?;
     drop(api);
     drop(runner);
-    report::print(&report);
+    report::print(&report)?;
     Ok(serve_exit_code(&report))
 }
 
@@ -227,15 +228,25 @@ fn u(v: &Value, k: &str) -> u64 {
 
 fn vm_table(vms: &[Value], dedup: Option<&Value>) -> String {
     let mut out = format!(
-        "{:<16} {:<9} {:>5} {:>10} {:>9} {:<12} {:>9} {:>9} {:>7} {:>10}\n",
-        "VM", "STATE", "VCPUS", "MEMORY", "UPTIME", "GROUP", "TRACKED", "MERGED", "ZERO", "SAVED"
+        "{:<16} {:<9} {:>5} {:>10} {:>9} {:<12} {:>9} {:>9} {:>7} {:>10}  {}\n",
+        "VM",
+        "STATE",
+        "VCPUS",
+        "MEMORY",
+        "UPTIME",
+        "GROUP",
+        "TRACKED",
+        "MERGED",
+        "ZERO",
+        "SAVED",
+        "OUTCOME"
     );
     for v in vms {
         let name = v["name"].as_str().unwrap_or("?");
         let owner = dedup.and_then(|d| d["per_owner"].get(name));
         let fig = |k: &str| owner.map_or("-".to_string(), |o| u(o, k).to_string());
         out += &format!(
-            "{:<16} {:<9} {:>5} {:>10} {:>8.1}s {:<12} {:>9} {:>9} {:>7} {:>10}\n",
+            "{:<16} {:<9} {:>5} {:>10} {:>8.1}s {:<12} {:>9} {:>9} {:>7} {:>10}  {}\n",
             name,
             v["state"].as_str().unwrap_or("?"),
             u(v, "vcpus"),
@@ -246,9 +257,25 @@ fn vm_table(vms: &[Value], dedup: Option<&Value>) -> String {
             fig("pages_merged"),
             fig("zero_pages"),
             owner.map_or("-".to_string(), |o| fmt_size(u(o, "bytes_saved"))),
+            outcome_text(&v["outcome"]),
         );
     }
     out
+}
+
+/// A VM's outcome in a table cell: `-` while it runs, else how it ended
+/// (`exit 0`, `stopped: SIGTERM received`, `guest_error: triple fault`).
+fn outcome_text(o: &Value) -> String {
+    let Some(kind) = o["kind"].as_str() else {
+        return "-".into();
+    };
+    if let Some(status) = o["status"].as_u64() {
+        return format!("exit {status}");
+    }
+    match o["reason"].as_str().or(o["message"].as_str()) {
+        Some(why) => format!("{kind}: {why}"),
+        None => kind.to_string(),
+    }
 }
 
 fn dedup_summary(d: &Value) -> String {
@@ -285,37 +312,41 @@ fn dedup_summary(d: &Value) -> String {
     s
 }
 
+/// `GET /dedup`, or `None` when the process has no dedup backend (404).
+fn get_dedup(c: &Client) -> Result<Option<Value>, Error> {
+    match c
+        .call("GET", "/dedup", None)
+        .map_err(|e| Error::Io(e.to_string()))?
+    {
+        r if r.status == 404 => Ok(None),
+        r if r.is_success() => Ok(Some(json(&r)?)),
+        r => Err(Error::Io(format!(
+            "GET /dedup: {} ({})",
+            r.error_message(),
+            r.status
+        ))),
+    }
+}
+
 /// `pagefold status`.
 pub fn status(a: StatusArgs) -> Result<i32, Error> {
     let c = client(&a.client)?;
     let health = json(&call(&c, "GET", "/health", None)?)?;
     let vms = json(&call(&c, "GET", "/vms", None)?)?;
-    let dedup = match c
-        .call("GET", "/dedup", None)
-        .map_err(|e| Error::Io(e.to_string()))?
-    {
-        r if r.status == 404 => None,
-        r if r.is_success() => Some(json(&r)?),
-        r => {
-            return Err(Error::Io(format!(
-                "GET /dedup: {} ({})",
-                r.error_message(),
-                r.status
-            )))
-        }
-    };
+    let dedup = get_dedup(&c)?;
     if a.json {
         let all = serde_json::json!({"health": health, "vms": vms, "dedup": dedup});
-        println!("{}", pretty(&all));
+        outln!("{}", pretty(&all))?;
         return Ok(0);
     }
     let list = vms.as_array().cloned().unwrap_or_default();
-    println!("pagefold at {}: {} VM(s)", c.target(), list.len());
+    let mut text = format!("pagefold at {}: {} VM(s)\n", c.target(), list.len());
     match &dedup {
-        Some(d) => print!("{}", dedup_summary(d)),
-        None => println!("dedup: off (no backend)"),
+        Some(d) => text += &dedup_summary(d),
+        None => text += "dedup: off (no backend)\n",
     }
-    print!("{}", vm_table(&list, dedup.as_ref()));
+    text += &vm_table(&list, dedup.as_ref());
+    out!("{text}")?;
     Ok(0)
 }
 
@@ -343,6 +374,14 @@ fn vms_from_file(path: &Path) -> Result<Vec<VmConfig>, Error> {
 
 /// `pagefold vm ...`.
 pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
+    if let VmCommand::Pause { name, .. }
+    | VmCommand::Resume { name, .. }
+    | VmCommand::Delete { name, .. } = &cmd
+    {
+        // Such a name cannot exist, and as a URL path segment it might not
+        // even reach the VM's resource (`..`).
+        validate_vm_name(name).map_err(Error::Usage)?;
+    }
     match cmd {
         VmCommand::List {
             json: raw,
@@ -351,12 +390,18 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
             let c = client(&ca)?;
             let vms = json(&call(&c, "GET", "/vms", None)?)?;
             if raw {
-                println!("{}", pretty(&vms));
+                outln!("{}", pretty(&vms))?;
             } else {
-                print!(
+                // The per-VM dedup figures come from the same source as
+                // `status`'s: the backend's per-owner statistics.
+                let dedup = get_dedup(&c)?;
+                out!(
                     "{}",
-                    vm_table(vms.as_array().map(Vec::as_slice).unwrap_or(&[]), None)
-                );
+                    vm_table(
+                        vms.as_array().map(Vec::as_slice).unwrap_or(&[]),
+                        dedup.as_ref()
+                    )
+                )?;
             }
         }
         VmCommand::Create { config, client: ca } => {
@@ -364,11 +409,11 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
             for vc in vms_from_file(&config)? {
                 let body = serde_json::to_value(&vc).map_err(|e| Error::Io(e.to_string()))?;
                 let info = json(&call(&c, "PUT", &format!("/vms/{}", vc.name), Some(&body))?)?;
-                println!(
+                outln!(
                     "created {} ({})",
                     vc.name,
                     info["state"].as_str().unwrap_or("?")
-                );
+                )?;
             }
         }
         VmCommand::Pause { name, client: ca } => set_state(&ca, &name, "paused")?,
@@ -376,7 +421,7 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
         VmCommand::Delete { name, client: ca } => {
             let c = client(&ca)?;
             call(&c, "DELETE", &format!("/vms/{name}"), None)?;
-            println!("deleted {name}");
+            outln!("deleted {name}")?;
         }
     }
     Ok(0)
@@ -386,7 +431,7 @@ fn set_state(ca: &ClientArgs, name: &str, state: &str) -> Result<(), Error> {
     let c = client(ca)?;
     let body = serde_json::json!({ "state": state });
     let info = json(&call(&c, "PATCH", &format!("/vms/{name}"), Some(&body))?)?;
-    println!("{name}: {}", info["state"].as_str().unwrap_or("?"));
+    outln!("{name}: {}", info["state"].as_str().unwrap_or("?"))?;
     Ok(())
 }
 
@@ -401,7 +446,7 @@ pub fn dedup(cmd: DedupCommand) -> Result<i32, Error> {
     let c = client(&ca)?;
     let body = serde_json::to_value(&patch).map_err(|e| Error::Io(e.to_string()))?;
     let d = json(&call(&c, "PATCH", "/dedup", Some(&body))?)?;
-    print!("{}", dedup_summary(&d));
+    out!("{}", dedup_summary(&d))?;
     Ok(0)
 }
 
@@ -483,5 +528,23 @@ mod tests {
             assert!(row.contains(cell), "{cell} missing in {row}");
         }
         assert!(vm_table(&vms, None).lines().nth(1).unwrap().contains(" - "));
+        // A finished VM shows its state and how it ended.
+        let done = vec![
+            serde_json::json!({"name": "vm1", "state": "stopped", "vcpus": 1,
+            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g",
+            "outcome": {"kind": "guest_exit", "status": 3}}),
+            serde_json::json!({"name": "vm2", "state": "stopped", "vcpus": 1,
+            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g",
+            "outcome": {"kind": "guest_error", "message": "triple fault"}}),
+        ];
+        let t = vm_table(&done, None);
+        let rows: Vec<&str> = t.lines().collect();
+        assert!(rows[0].ends_with("OUTCOME"), "{t}");
+        assert!(
+            rows[1].contains("stopped") && rows[1].ends_with("exit 3"),
+            "{t}"
+        );
+        assert!(rows[2].ends_with("guest_error: triple fault"), "{t}");
+        assert!(t.lines().nth(1).unwrap().contains("stopped"));
     }
 }
