@@ -25,7 +25,7 @@ pub enum Error {
     Vm { vm: String, message: String },
     /// The VMs ask for more memory than the host has: a conflict with the
     /// host's state rather than malformed input (the API answers 409).
-    #[error("the VMs ask for {} of memory in all, more than this host has ({})", fmt_size_exact(*.asked), fmt_size_exact(*.host))]
+    #[error("the VMs ask for {} of memory in all, more than this host has ({})", fmt_size_exact(*.asked), fmt_size_exact_about(*.host))]
     HostMemory { asked: u64, host: u64 },
     #[error("{0}")]
     Invalid(String),
@@ -142,6 +142,18 @@ pub fn fmt_size_exact(b: u64) -> String {
         i += 1;
     }
     format!("{v} {}", U[i])
+}
+
+/// [`fmt_size_exact`], with the rounded figure too when the exact one is
+/// hard to read (`24684096 KiB, about 23.5 GiB`).
+pub fn fmt_size_exact_about(b: u64) -> String {
+    let exact = fmt_size_exact(b);
+    let about = fmt_size(b);
+    if about.contains('.') {
+        format!("{exact}, about {about}")
+    } else {
+        exact
+    }
 }
 
 /// What a size looks like, for messages.
@@ -854,6 +866,11 @@ mod tests {
         assert_eq!(fmt_size_exact(1536 << 10), "1536 KiB");
         assert_eq!(fmt_size_exact(1000), "1000 B");
         assert_eq!(fmt_size_exact(0), "0 B");
+        assert_eq!(
+            fmt_size_exact_about(24684096 << 10),
+            "24684096 KiB, about 23.5 GiB"
+        );
+        assert_eq!(fmt_size_exact_about(4 << 30), "4 GiB");
         let c = parse("[[vm]]\nname = \"a\"\nmemory = 4097\n").unwrap();
         c.validate(None).unwrap();
         assert_eq!(c.vms[0].memory_bytes(), 4098 << 20);
