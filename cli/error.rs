@@ -27,11 +27,9 @@ impl Error {
         match self {
             Error::StdoutClosed => 0,
             Error::Usage(_) | Error::Config(_) => 2,
-            // A workload that does not fit its VM is bad input too.
-            Error::Runner(runner::Error::Vm {
-                source: pagefold_vmm::vm::Error::Workload(_),
-                ..
-            }) => 2,
+            // A workload that does not fit its VM, or a kernel image the
+            // loader cannot load, is bad input too.
+            Error::Runner(runner::Error::Vm { source, .. }) if source.is_bad_input() => 2,
             _ => 3,
         }
     }

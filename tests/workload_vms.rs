@@ -244,6 +244,23 @@ fn misleading_input_gets_accurate_messages() {
         ],
         "is not an ELF vmlinux or bzImage kernel",
     );
+    // ELF magic, then nothing a loader can use: still bad input (exit 2),
+    // not a VM failure (exit 3).
+    require_kvm();
+    let bad_elf = dir.path("bad.elf");
+    let mut bytes = b"\x7fELF".to_vec();
+    bytes.resize(8192, 0);
+    std::fs::write(&bad_elf, bytes).unwrap();
+    check(
+        &[
+            "run",
+            "--memory",
+            "64M",
+            "--kernel",
+            bad_elf.to_str().unwrap(),
+        ],
+        "loading the kernel failed",
+    );
     let err = check(
         &["run", "--memory", "64M", "--kernel", "/dev/null"],
         "/dev/null is not a regular file",

@@ -401,10 +401,9 @@ impl Runner {
                 }
                 match self.add_vm(&vc) {
                     Ok(()) => Ok(Response::Vm(self.find(&vc.name)?.info())),
-                    Err(Error::Vm {
-                        source: vm::Error::Workload(e),
-                        ..
-                    }) => Err(RequestError::BadRequest(e.to_string())),
+                    Err(Error::Vm { source: e, .. }) if e.is_bad_input() => {
+                        Err(RequestError::BadRequest(e.to_string()))
+                    }
                     Err(e) => Err(RequestError::Internal(e.to_string())),
                 }
             }
