@@ -350,8 +350,9 @@ fn run_vms(
                     api_sock: Some(sock),
                 },
             };
-            if let Err(e) = client::status(args) {
-                eprintln!("pagefold status: {e}");
+            match client::status(args) {
+                Ok(_) | Err(Error::StdoutClosed) => {}
+                Err(e) => eprintln!("pagefold status: {e}"),
             }
             let _ = write_out_or_drop("\n");
         });

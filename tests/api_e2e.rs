@@ -589,3 +589,33 @@ fn finished_vms_stay_listed_and_input_errors_are_accurate() {
     let o = wait_bounded(child, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+/// 300 idle connections (past the server's cap of 256) do not stall the
+/// next request for a header timeout: it is answered well under a second.
+#[test]
+fn idle_connections_do_not_stall_the_api() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-idle");
+    let sock = dir.path("api.sock");
+    let mut child = spawn(&["serve", "--api-sock", sock.to_str().unwrap()]);
+    wait_for_api(&mut child, &sock);
+    let idle: Vec<std::os::unix::net::UnixStream> = (0..300)
+        .map(|_| std::os::unix::net::UnixStream::connect(&sock).unwrap())
+        .collect();
+    let c = pagefold_api::Client::new(pagefold_api::client::Target::Unix(sock.clone())).unwrap();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = c.call("GET", "/health", None).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "a request behind 300 idle connections took {:?}",
+            t.elapsed()
+        );
+    }
+    drop(idle);
+    curl_json(&sock, "PUT", "/shutdown", None, 202);
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
