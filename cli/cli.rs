@@ -186,6 +186,10 @@ pub struct DedupArgs {
     /// Most sites that may map one shared page.
     #[arg(long, help_heading = "Deduplication")]
     pub max_page_sharing: Option<u64>,
+    /// Let kernel KSM merge the duplicates of a group whose layout is
+    /// scattered (pagefold backend): auto or off.
+    #[arg(long, help_heading = "Deduplication")]
+    pub ksm_assist: Option<pagefold_dedup::AssistMode>,
 }
 
 fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
@@ -226,6 +230,9 @@ impl DedupArgs {
         d.pages_to_scan = self.pages_to_scan.or(d.pages_to_scan);
         d.sleep_millisecs = self.sleep_millisecs.or(d.sleep_millisecs);
         d.max_page_sharing = self.max_page_sharing.or(d.max_page_sharing);
+        if let Some(a) = self.ksm_assist {
+            d.ksm_assist = a;
+        }
         Ok(())
     }
 }

@@ -1,7 +1,12 @@
 //! Quick convergence/CPU measurement of the engine on a 300 MiB region, the
 //! two shapes of the KSM baseline (docs/engine.md has the results).
 //!
-//! `cargo bench -p pagefold-dedup --bench converge -- [identical|distinct] [default|max] [steady_secs]`
+//! `cargo bench -p pagefold-dedup --bench converge -- [identical|distinct|scattered] [default|max] [steady_secs]`
+//!
+//! `scattered`: two regions of `PAGEFOLD_SCATTERED_PAGES` pages (default
+//! 131072 = 512 MiB each) where the second holds the first's distinct pages
+//! in a random order; `PAGEFOLD_ASSIST=auto|off` (default auto) says whether
+//! kernel KSM may take what the VMA budget cannot (takes the KSM lock).
 //! or `... -- [identical|distinct] passes [passes]` (per-pass CPU on the
 //! calling thread).
 //!
@@ -48,6 +53,49 @@ fn region(shape: &str) -> usize {
     p as usize
 }
 
+/// Two regions: A with `n` distinct pages, B with A's pages in a seeded
+/// random order. Returns their addresses.
+fn scattered(n: usize) -> (usize, usize) {
+    let map = || {
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n * PS,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: our mapping.
+        unsafe { libc::madvise(p, n * PS, libc::MADV_NOHUGEPAGE) };
+        p as *mut u64
+    };
+    let (a, b) = (map(), map());
+    let mut perm: Vec<usize> = (0..n).collect();
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        perm.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    for (i, &j) in perm.iter().enumerate() {
+        let v = i as u64 + 1;
+        for w in 0..PS / 8 {
+            let word = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64;
+            // SAFETY: both indices are inside their mappings.
+            unsafe {
+                *a.add(i * PS / 8 + w) = word;
+                *b.add(j * PS / 8 + w) = word;
+            }
+        }
+    }
+    (a as usize, b as usize)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().filter(|a| !a.starts_with("--")).collect();
     let shape = args
@@ -70,12 +118,45 @@ fn main() {
     } else {
         DEFAULT_KNOBS
     };
-    let addr = region(&shape);
+    let assist = std::env::var("PAGEFOLD_ASSIST").unwrap_or_else(|_| "auto".into());
+    let scattered_pages: usize = std::env::var("PAGEFOLD_SCATTERED_PAGES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(131_072);
+    let _ksm_lock = (shape == "scattered" && assist == "auto")
+        .then(|| pagefold_dedup::ksm::ksm_exclusive().expect("KSM lock"));
+    let (addr, extra) = if shape == "scattered" {
+        let (a, b) = scattered(scattered_pages);
+        (a, Some(b))
+    } else {
+        (region(&shape), None)
+    };
+    let len = if shape == "scattered" {
+        scattered_pages * PS
+    } else {
+        PAGES * PS
+    };
     let e = Engine::new(EngineConfig {
         knobs,
+        assist: pagefold_dedup::AssistConfig {
+            mode: assist.parse().expect("PAGEFOLD_ASSIST: auto or off"),
+            ..Default::default()
+        },
         ..EngineConfig::default()
     })
     .unwrap();
+    if let Some(b) = extra {
+        // SAFETY: the mapping stays until the process exits.
+        unsafe {
+            e.register(RegionSpec {
+                host_addr: b,
+                len,
+                owner: "b".into(),
+                group: "g".into(),
+            })
+            .unwrap()
+        };
+    }
     if preset == "passes" {
         // Per-pass cost on the calling thread: pass 1 hashes, pass 2 merges.
         // SAFETY: the mapping stays until the process exits.
@@ -117,7 +198,7 @@ fn main() {
     unsafe {
         e.register(RegionSpec {
             host_addr: addr,
-            len: PAGES * PS,
+            len,
             owner: "bench".into(),
             group: "g".into(),
         })
@@ -127,6 +208,13 @@ fn main() {
     let cpu0 = e.stats().cpu_seconds;
     e.set_mode(Mode::On).unwrap();
     let (mut val, mut since, mut since_scans, mut since_cpu) = (u64::MAX, Duration::ZERO, 0, 0.0);
+    let ksm_full_scans = || {
+        std::fs::read_to_string("/sys/kernel/mm/ksm/full_scans")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mut since_ksm_scans = 0;
     loop {
         std::thread::sleep(Duration::from_millis(2));
         let s = e.stats();
@@ -135,8 +223,12 @@ fn main() {
             since = t0.elapsed();
             since_scans = s.full_scans;
             since_cpu = s.cpu_seconds - cpu0;
-        } else if s.full_scans >= since_scans + 3 && val > 0
-            || t0.elapsed() > Duration::from_secs(120)
+            since_ksm_scans = ksm_full_scans();
+        } else if s.full_scans >= since_scans + 3
+            && val > 0
+            // KSM needs two of its own scans to merge (checksum, then merge).
+            && (!s.ksm_assist.starts_with("engaged") || ksm_full_scans() >= since_ksm_scans + 2)
+            || t0.elapsed() > Duration::from_secs(300)
         {
             break;
         }
@@ -144,7 +236,8 @@ fn main() {
     let s = e.stats();
     println!(
         "{shape}/{preset}: converged at {:.3} s, engine CPU {:.3} s; pages_shared {} pages_sharing {} pool {} vmas {} \
-         (3 more scans seen at {:.2} s, full_scans {}); metadata {:.2} B/page, profit {} MiB",
+         (3 more scans seen at {:.2} s, full_scans {}); metadata {:.2} B/page, profit {} MiB; \
+         ksm_assist {:?}, ksm sharing {}, ksmd CPU {:.3} s, map_count_limited {}",
         since.as_secs_f64(),
         since_cpu,
         s.pages_shared,
@@ -154,7 +247,11 @@ fn main() {
         t0.elapsed().as_secs_f64(),
         s.full_scans,
         e.metadata_per_page(),
-        s.profit_bytes >> 20
+        s.profit_bytes >> 20,
+        s.ksm_assist,
+        s.ksm_pages_sharing,
+        s.ksm_cpu_seconds,
+        s.map_count_limited
     );
     // Steady state: nothing changes.
     let (c1, f1, t1) = (e.stats().cpu_seconds, e.stats().full_scans, Instant::now());

@@ -204,6 +204,16 @@ pub struct Stats {
     /// within the planned sleep plus a grace period (a stalled engine).
     #[serde(default)]
     pub wakeup_overdue: bool,
+    /// pagefold's KSM assist: off, standby, engaged (group), unavailable
+    /// (why). Empty for backends without one.
+    #[serde(default)]
+    pub ksm_assist: String,
+    /// Of `pages_sharing`, pages shared by kernel KSM (assist).
+    #[serde(default)]
+    pub ksm_pages_sharing: u64,
+    /// Of `cpu_seconds`, ksmd's CPU while it assisted.
+    #[serde(default)]
+    pub ksm_cpu_seconds: f64,
     pub per_owner: BTreeMap<String, OwnerStats>,
 }
 

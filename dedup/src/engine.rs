@@ -8,6 +8,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::assist::AssistConfig;
 use crate::backend::{self, DedupBackend, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
 use crate::fault::{self, FaultCounters, ProtState, StopFd};
 use crate::hash::HashFn;
@@ -89,6 +90,9 @@ pub struct EngineConfig {
     pub max_backoff_millis: u64,
     /// Test hook: replace xxh3 (e.g. with a weak hash to force collisions).
     pub hash_override: Option<HashFn>,
+    /// Kernel KSM for groups whose duplicates sit at scattered addresses
+    /// (off by default in the library; the VMM turns it on).
+    pub assist: AssistConfig,
 }
 
 impl Default for EngineConfig {
@@ -101,6 +105,7 @@ impl Default for EngineConfig {
             adaptive: true,
             max_backoff_millis: 1000,
             hash_override: None,
+            assist: AssistConfig::default(),
         }
     }
 }
@@ -182,6 +187,8 @@ impl Engine {
             cfg.hash_override.is_none(),
             cfg.stripe_pages,
         )?;
+        let mut core = core;
+        core.assist = crate::assist::KsmAssist::new(cfg.assist);
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(stats::build(&core)),
             core: Mutex::new(core),
@@ -364,6 +371,17 @@ fn scanner_loop(sh: &Arc<Shared>) {
     loop {
         let (mode, knobs, gen, reset) = {
             let mut c = lock(&sh.ctl);
+            if !c.stop && c.mode == Mode::Off {
+                // Off: KSM (if it assists) stops merging too. Lock order is
+                // core -> ctl, so ctl is released first.
+                drop(c);
+                {
+                    let mut core = lock(&sh.core);
+                    core.assist.drive(false, 0, 0);
+                    sh.publish(&core);
+                }
+                c = lock(&sh.ctl);
+            }
             while !c.stop && c.mode == Mode::Off {
                 c = sh.cv.wait(c).unwrap_or_else(|e| e.into_inner());
             }
@@ -433,6 +451,8 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     let mut core = lock(&sh.core);
                     core.knobs = knobs;
                     let rep = core.run_batch(plan.pages_to_scan.max(1), plan.merge);
+                    core.assist
+                        .drive(plan.merge, plan.pages_to_scan, knobs.sleep_millisecs);
                     sh.publish(&core);
                     (rep, core.idle_passes)
                 };
@@ -511,7 +531,8 @@ impl DedupBackend for Engine {
                 s.wakeup_overdue = c.mode != Mode::Off && age > overdue_after(c.planned_sleep);
             }
         }
-        s.cpu_seconds = lock(&self.shared.clocks).seconds();
+        // ksmd's CPU while it assisted is the engine's work too.
+        s.cpu_seconds = lock(&self.shared.clocks).seconds() + s.ksm_cpu_seconds;
         s
     }
 
@@ -529,6 +550,8 @@ impl DedupBackend for Engine {
                 let _ = t.join();
             }
         }
+        // KSM's knobs back as they were (merged pages stay merged).
+        lock(&self.shared.core).assist.disengage();
     }
 }
 

@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(u.len(), 69);
         let mut seen = Vec::new();
         u.find(
-            3 % 7,
+            3,
             |id| (id != 3).then_some(id % 7),
             |id| {
                 seen.push(id);

@@ -8,6 +8,7 @@
 //! race-free merge/unmerge path); `fault` (uffd handler thread); `stats`;
 //! `engine` ([`Engine`], the [`DedupBackend`] implementation).
 
+pub mod assist;
 pub mod backend;
 pub mod policy;
 
@@ -24,6 +25,7 @@ pub mod scanner;
 pub mod stats;
 pub mod uffd;
 
+pub use assist::{AssistConfig, AssistMode};
 pub use backend::{DedupBackend, Error, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
 pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
 pub use policy::{RoundPlan, RoundPolicy};

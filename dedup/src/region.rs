@@ -110,6 +110,13 @@ pub struct Region {
     pub saved_pages: f64,
     /// Estimated pool-mapping VMAs in this region, per pass.
     pub vmas: u64,
+    /// Handed to kernel KSM (`crate::assist`): `MADV_MERGEABLE`, and the
+    /// engine no longer hashes, protects or merges its unmerged pages.
+    pub assisted: bool,
+    /// Pages of this region on a KSM frame shared within our regions, and
+    /// the pages that saves (sum of 1 - 1/k), per pass (`assist::Census`).
+    pub ksm_merged: u64,
+    pub ksm_saved: f64,
 }
 
 impl Region {
@@ -151,6 +158,9 @@ impl Region {
             volatile: 0,
             saved_pages: 0.0,
             vmas: 0,
+            assisted: false,
+            ksm_merged: 0,
+            ksm_saved: 0.0,
         })
     }
 

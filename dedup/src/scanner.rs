@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::assist::{AssistConfig, Census, KsmAssist};
 use crate::backend::{Knobs, RegionId};
 use crate::fault::ProtState;
 use crate::hash::{fold, is_zero, HashFn};
@@ -62,6 +63,8 @@ pub enum ScanError {
     Overlap { addr: usize, len: usize },
     #[error("unknown region id {0}")]
     Unknown(u64),
+    #[error("KSM assist: {0}")]
+    Assist(String),
 }
 
 /// Cumulative counters.
@@ -80,6 +83,17 @@ pub struct Counters {
 pub struct BatchReport {
     pub merges: u64,
     pub pass_completed: bool,
+}
+
+/// One group's merges in the current pass (drives the KSM assist).
+#[derive(Debug, Default, Clone, Copy)]
+struct GroupPass {
+    /// Pages merged onto pool slots (zero drops excluded).
+    merged: u64,
+    /// Of those, merges that started a new VMA (did not extend a run).
+    new_vmas: u64,
+    /// Merges with a known partner refused for lack of VMA budget.
+    deferred: u64,
 }
 
 /// The planned target of a page.
@@ -128,6 +142,19 @@ pub struct Core {
     pub strong_hash: bool,
     /// High half of the current page's 64-bit hash (set by `visit`).
     cur_hi: u32,
+    /// Kernel KSM for scattered groups (see `assist.rs`).
+    pub assist: KsmAssist,
+    /// This pass's merges per group.
+    pass_groups: HashMap<u32, GroupPass>,
+    /// (PFN, region `gid_base`) of present anonymous pages of assisted
+    /// regions seen this pass; counted at the pass end.
+    census_pages: Vec<(u64, u32)>,
+    /// KSM sharing among our assisted regions, as of the last pass.
+    pub census: Census,
+    /// This pass collects the census (at most one a second: sorting a
+    /// frame list per pass would cost more than the pass itself).
+    census_due: bool,
+    census_at: Option<Instant>,
 }
 
 impl Core {
@@ -175,9 +202,23 @@ impl Core {
             run_len: 0,
             strong_hash,
             cur_hi: 0,
+            assist: KsmAssist::new(AssistConfig::default()),
+            pass_groups: HashMap::new(),
+            census_pages: Vec::new(),
+            census: Census::default(),
+            census_due: true,
+            census_at: None,
         };
         c.refresh_map_count(true);
         Ok(c)
+    }
+
+    /// The name of dedup group `g`.
+    pub fn group_name(&self, g: u32) -> Option<&str> {
+        self.groups
+            .iter()
+            .find(|(_, &id)| id == g)
+            .map(|(n, _)| n.as_str())
     }
 
     /// Pages tracked in all regions.
@@ -223,7 +264,116 @@ impl Core {
             .push((addr, end));
         self.regions.push(r);
         self.grow_unstable();
+        if self.assist.group() == Some(gid) {
+            let ri = self.regions.len() - 1;
+            self.hand_to_ksm(ri);
+        }
         Ok(id)
+    }
+
+    /// Makes region `ri` KSM's: `MADV_MERGEABLE`, after which the engine only
+    /// watches its own earlier merges there. Called between spans, when the
+    /// engine holds no page of it write-protected (assist.rs).
+    fn hand_to_ksm(&mut self, ri: usize) {
+        let r = &mut self.regions[ri];
+        match crate::mm::madvise(r.addr, r.len(), libc::MADV_MERGEABLE) {
+            Ok(()) => r.assisted = true,
+            Err(e) => log::warn!("pagefold: KSM assist: {e}"),
+        }
+    }
+
+    /// Takes region `ri` back from KSM: `MADV_UNMERGEABLE` gives every KSM
+    /// page of it a private copy and, holding the mmap lock, waits out any
+    /// merge ksmd has in flight there, so the engine may protect its pages
+    /// again afterwards. Returns false (region stays KSM's) on failure.
+    fn take_from_ksm(&mut self, ri: usize) -> bool {
+        let r = &mut self.regions[ri];
+        if !r.assisted {
+            return true;
+        }
+        match crate::mm::madvise(r.addr, r.len(), libc::MADV_UNMERGEABLE) {
+            Ok(()) => {
+                r.assisted = false;
+                r.ksm_merged = 0;
+                r.ksm_saved = 0.0;
+                // Unmerged pages keep stale hashes and levels: revisit them.
+                for i in 0..r.npages {
+                    if region::kind(r.state[i]) == HASHED {
+                        r.set_kind(i, NEW);
+                        r.state[i] = region::with_level(r.state[i], 0);
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                log::warn!("pagefold: KSM assist: giving region back: {e}");
+                false
+            }
+        }
+    }
+
+    /// Ends the assist once no region is KSM's any more.
+    fn release_assist_if_unused(&mut self) {
+        if self.assist.group().is_some() && !self.regions.iter().any(|r| r.assisted) {
+            self.assist.disengage();
+            self.census = Census::default();
+        }
+    }
+
+    /// Takes every region back from KSM and ends the assist (unmerge mode).
+    pub fn end_assist(&mut self) {
+        for ri in 0..self.regions.len() {
+            self.take_from_ksm(ri);
+        }
+        self.release_assist_if_unused();
+    }
+
+    /// Counts merges planned this pass in `group`: pages and the new VMAs
+    /// they start (those that do not extend the left neighbour's run).
+    fn note_planned(&mut self, group: u32, pages: u64, new_vmas: u64) {
+        let g = self.pass_groups.entry(group).or_default();
+        g.merged += pages;
+        g.new_vmas += new_vmas;
+    }
+
+    /// The group's merges this pass are scattered (many new VMAs, few pages
+    /// each) and KSM could take them: the engine makes no more new VMAs.
+    fn scattered_now(&self, group: u32) -> bool {
+        if !self.assist.can_try() {
+            return false;
+        }
+        let cfg = self.assist.cfg;
+        let g = self.pass_groups.get(&group).copied().unwrap_or_default();
+        g.new_vmas >= cfg.flip_vmas && g.merged < cfg.flip_run_pages.saturating_mul(g.new_vmas)
+    }
+
+    /// Hands `group` to KSM if its merges this pass look scattered (many new
+    /// VMAs for few pages) or the VMA budget refused merges with partners.
+    fn maybe_assist(&mut self, group: u32) {
+        if !self.assist.can_try() {
+            return;
+        }
+        let g = self.pass_groups.get(&group).copied().unwrap_or_default();
+        let cfg = self.assist.cfg;
+        if !self.scattered_now(group) && g.deferred < cfg.flip_deferred {
+            return;
+        }
+        if let Err(why) = self.assist.engage(group) {
+            self.assist.failed(why);
+            return;
+        }
+        log::info!(
+            "pagefold: handing group {group} to kernel KSM ({} new VMAs for {} merged pages, {} deferred this pass)",
+            g.new_vmas,
+            g.merged,
+            g.deferred
+        );
+        for ri in 0..self.regions.len() {
+            if self.regions[ri].group == group {
+                self.hand_to_ksm(ri);
+            }
+        }
+        self.release_assist_if_unused();
     }
 
     /// Sizes the unstable index for every tracked page, keeping this pass's
@@ -251,6 +401,11 @@ impl Core {
             .iter()
             .position(|r| r.id == id)
             .ok_or(ScanError::Unknown(id.0))?;
+        if unmerge && !self.take_from_ksm(ri) {
+            return Err(ScanError::Assist(
+                "could not take the region back from KSM".into(),
+            ));
+        }
         if unmerge {
             // Retry a few times: a page that cannot be protected right now
             // (e.g. a concurrent discard) is rare and transient.
@@ -286,6 +441,7 @@ impl Core {
             }
         }
         self.release_slots(&freed);
+        self.release_assist_if_unused();
         if ri < self.cursor_region {
             self.cursor_region -= 1;
         } else if ri == self.cursor_region {
@@ -376,6 +532,8 @@ impl Core {
 
     /// Unmerges every region (mode `unmerge`); returns pages left merged.
     pub fn unmerge_all(&mut self) -> u64 {
+        // KSM first: no engine protection may meet a KSM merge.
+        self.end_assist();
         let mut left = 0;
         for ri in 0..self.regions.len() {
             left += self.unmerge_region(ri);
@@ -414,8 +572,13 @@ impl Core {
         }
         self.max_map_count = crate::mm::max_map_count();
         self.map_headroom = self.max_map_count.saturating_sub(self.map_vmas);
-        // Keep 1/16 of the limit for everything else in the process.
-        let reserve = self.max_map_count / 16;
+        // Keep 1/16 of the limit for everything else in the process; with
+        // KSM to take over scattered merges, the engine keeps to half of it.
+        let reserve = if self.assist.enabled() {
+            self.max_map_count / 2
+        } else {
+            self.max_map_count / 16
+        };
         self.budget.headroom = self.map_headroom as i64 - reserve as i64;
         self.budget.limited = self.budget.headroom < 2;
         self.map_limited = self.budget.limited;
@@ -489,12 +652,29 @@ impl Core {
 
     fn end_pass(&mut self) {
         self.counters.full_scans += 1;
+        // KSM merging in assisted regions is progress too: keep the pace
+        // (and the census fresh) while it works.
+        let ksm_before = self.census.sharing;
+        if self.census_due {
+            self.count_census();
+            self.census_at = Some(Instant::now());
+            if self.census.sharing != ksm_before {
+                self.pass_progress += 1;
+            } else if self.assist.ksm_busy() {
+                // KSM is between its checksum and merge scans: not idle.
+                self.pass_progress += 1;
+            }
+        }
+        self.census_due = self
+            .census_at
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
         if self.pass_progress == 0 {
             self.idle_passes = self.idle_passes.saturating_add(1);
         } else {
             self.idle_passes = 0;
         }
         self.pass_progress = 0;
+        self.pass_groups.clear();
         self.unstable.reset(self.tracked_pages() as usize);
         // Per-region savings and VMA estimate (O(pages), once per pass).
         for r in &mut self.regions {
@@ -518,6 +698,28 @@ impl Core {
             r.vmas = vmas;
         }
         self.refresh_map_count(false);
+    }
+
+    /// Turns this pass's PFNs of assisted pages into the KSM figures.
+    fn count_census(&mut self) {
+        if self.census_pages.is_empty() && self.census.shared == 0 {
+            return;
+        }
+        let mut pages = std::mem::take(&mut self.census_pages);
+        let c = Census::count(&mut pages);
+        pages.clear();
+        self.census_pages = pages;
+        for r in &mut self.regions {
+            let (n, saved) = c
+                .per_region
+                .iter()
+                .find(|x| x.0 == r.gid_base)
+                .map(|x| (x.1, x.2))
+                .unwrap_or((0, 0.0));
+            r.ksm_merged = n;
+            r.ksm_saved = saved;
+        }
+        self.census = c;
     }
 
     /// Scans pages `start..start+n` of region `ri`; returns pages consumed.
@@ -589,6 +791,22 @@ impl Core {
                 }
                 _ => {}
             }
+            if self.regions[ri].assisted {
+                // KSM's page: pagemap only, and its frame for the census.
+                *budget -= 1;
+                prev = None;
+                self.note_run(None);
+                if self.census_due
+                    && e.present()
+                    && !e.file()
+                    && e.pfn() != 0
+                    && e.pfn() != self.zero_pfn
+                {
+                    let key = self.regions[ri].gid_base;
+                    self.census_pages.push((e.pfn(), key));
+                }
+                continue;
+            }
             prev = self.visit(ri, p, e, st, prev, budget, merge, &mut ops);
         }
         self.scratch = entries;
@@ -596,6 +814,10 @@ impl Core {
             self.execute(ops, &mut freed);
         }
         self.release_slots(&freed);
+        if merge {
+            let group = self.regions[ri].group;
+            self.maybe_assist(group);
+        }
         used
     }
 
@@ -701,17 +923,28 @@ impl Core {
                 core.regions[r].state[pg] = region::with_kind(old, MERGED);
                 core.regions[r].word[pg] = slot;
             };
+        let extends = |s: u32| prev.is_some_and(|x| x.wrapping_add(1) == s);
         match target {
             Some(Target::Existing(s)) => {
+                self.note_planned(group, 1, u64::from(!extends(s)));
                 plan(self, ri, p, s, OpKind::Existing, h);
                 Some(s)
             }
             Some(Target::New(s)) => {
+                self.note_planned(group, 1, u64::from(!extends(s)));
                 self.stable.insert(group, h, s);
                 plan(self, ri, p, s, OpKind::New, h);
                 Some(s)
             }
             Some(Target::Pair(s, cr, cp)) => {
+                let partner_extends = cp > 0
+                    && region::kind(self.regions[cr].state[cp - 1]) == MERGED
+                    && self.regions[cr].word[cp - 1].wrapping_add(1) == s;
+                self.note_planned(
+                    group,
+                    2,
+                    u64::from(!extends(s)) + u64::from(!partner_extends),
+                );
                 self.stable.insert(group, h, s);
                 plan(self, ri, p, s, OpKind::New, h);
                 plan(self, cr, cp, s, OpKind::Existing, h);
@@ -921,8 +1154,16 @@ impl Core {
                 }
             }
         }
-        if self.budget.limited {
-            // Out of map-count headroom: only run-extending merges.
+        if self.budget.limited || self.scattered_now(group) {
+            // Out of map-count headroom, or the group's merges look
+            // scattered and KSM is about to take them: only run-extending
+            // merges. A page
+            // with a known partner is counted: KSM can take those.
+            if !self.stable.get(group, h).is_empty()
+                || self.unstable_partner(ri, p, h, group, page).is_some()
+            {
+                self.pass_groups.entry(group).or_default().deferred += 1;
+            }
             return None;
         }
         // 2. Stable index: a slot with room, preferably one whose successor
@@ -942,35 +1183,7 @@ impl Core {
             return Some(Target::Existing(s));
         }
         // 3. Unstable index: a page seen earlier this pass.
-        let me = self.regions[ri].gid_base + p as u32;
-        let found = {
-            let regions = &self.regions;
-            let locate = |gid: u32| -> Option<(usize, usize)> {
-                let ri = regions
-                    .partition_point(|r| r.gid_base <= gid)
-                    .checked_sub(1)?;
-                let pp = (gid - regions[ri].gid_base) as usize;
-                (pp < regions[ri].npages).then_some((ri, pp))
-            };
-            let key_of = |gid: u32| -> Option<u32> {
-                let (r, pp) = locate(gid)?;
-                let rg = &regions[r];
-                let s = rg.state[pp];
-                (gid != me
-                    && region::kind(s) == HASHED
-                    && !region::is_volatile(s)
-                    && rg.group == group)
-                    .then_some(rg.word[pp])
-            };
-            self.unstable.find(h, key_of, |gid| {
-                let Some((r, pp)) = locate(gid) else {
-                    return false;
-                };
-                // SAFETY: registered regions are mapped.
-                let other = unsafe { regions[r].page(pp) };
-                other == page
-            })
-        };
+        let found = self.unstable_partner(ri, p, h, group, page);
         let (cr, cp) = self.locate(found?)?;
         let hint = prev
             .map(|x| x.wrapping_add(1))
@@ -982,6 +1195,41 @@ impl Core {
             });
         let s = self.pool.reserve(hint, h, self.cur_hi, group).ok()?;
         Some(Target::Pair(s, cr, cp))
+    }
+
+    /// A page seen earlier this pass (unstable index) with this content.
+    fn unstable_partner(
+        &self,
+        ri: usize,
+        p: usize,
+        h: u32,
+        group: u32,
+        page: &[u8],
+    ) -> Option<u32> {
+        let me = self.regions[ri].gid_base + p as u32;
+        let regions = &self.regions;
+        let locate = |gid: u32| -> Option<(usize, usize)> {
+            let ri = regions
+                .partition_point(|r| r.gid_base <= gid)
+                .checked_sub(1)?;
+            let pp = (gid - regions[ri].gid_base) as usize;
+            (pp < regions[ri].npages).then_some((ri, pp))
+        };
+        let key_of = |gid: u32| -> Option<u32> {
+            let (r, pp) = locate(gid)?;
+            let rg = &regions[r];
+            let s = rg.state[pp];
+            (gid != me && region::kind(s) == HASHED && !region::is_volatile(s) && rg.group == group)
+                .then_some(rg.word[pp])
+        };
+        self.unstable.find(h, key_of, |gid| {
+            let Some((r, pp)) = locate(gid) else {
+                return false;
+            };
+            // SAFETY: registered regions are mapped.
+            let other = unsafe { regions[r].page(pp) };
+            other == page
+        })
     }
 
     /// Executes the planned ops: slot creators first, then joiners.

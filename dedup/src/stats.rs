@@ -75,15 +75,27 @@ pub fn build(core: &Core) -> Stats {
             o.group = r.group_name.clone();
         }
         o.pages_tracked += r.npages as u64;
-        o.pages_merged += r.merged;
+        o.pages_merged += r.merged + r.ksm_merged;
         o.zero_pages += r.zero;
-        o.bytes_saved += ((r.saved_pages + r.zero as f64) * PAGE_SIZE as f64) as u64;
+        o.bytes_saved += ((r.saved_pages + r.ksm_saved + r.zero as f64) * PAGE_SIZE as f64) as u64;
     }
+    // KSM's share of our regions (assist): counted from PFNs, its metadata
+    // (one rmap item per page it scans) charged against the profit.
+    let ksm = &core.census;
+    let pages_sharing = pages_sharing + ksm.sharing;
+    let ksm_meta = if core.assist.group().is_some() || ksm.sharing > 0 {
+        crate::ksm::self_ksm_stat()
+            .and_then(|s| s.rmap_items)
+            .unwrap_or(0)
+            * crate::assist::RMAP_ITEM_BYTES
+    } else {
+        0
+    };
     let bytes_saved = (pages_sharing + zero) * PAGE_SIZE as u64;
-    let metadata = core.metadata_bytes();
+    let metadata = core.metadata_bytes() + ksm_meta;
     Stats {
         backend: "pagefold".into(),
-        pages_shared: pool.shared,
+        pages_shared: pool.shared + ksm.shared,
         pages_sharing,
         pages_unshared: unshared,
         pages_volatile: volatile,
@@ -98,6 +110,11 @@ pub fn build(core: &Core) -> Stats {
         bytes_saved,
         metadata_bytes: metadata,
         profit_bytes: bytes_saved as i64 - metadata as i64 - (vmas * VMA_COST) as i64,
+        ksm_assist: core
+            .assist
+            .status(core.assist.group().and_then(|g| core.group_name(g))),
+        ksm_pages_sharing: ksm.sharing,
+        ksm_cpu_seconds: core.assist.cpu_seconds(),
         per_owner,
         ..Stats::default()
     }

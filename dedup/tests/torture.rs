@@ -5,7 +5,9 @@
 //! every round the writers pause and every page is compared with a shadow
 //! copy: zero mismatches, zero lost writes, pool refcounts match pagemap.
 //! A second run uses a deliberately weak hash so that most hash matches are
-//! collisions only the full compare can reject.
+//! collisions only the full compare can reject. A third hands the scattered
+//! group to kernel KSM mid-run (the KSM assist), so engine merges, KSM
+//! merges, the hand-over and the unmerge all meet the writers.
 
 mod common;
 
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pagefold_dedup::hash::HashFn;
-use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, Mode};
+use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfig, Knobs, Mode};
 
 const WRITERS: usize = 4;
 
@@ -53,7 +55,14 @@ impl World {
 unsafe impl Sync for World {}
 unsafe impl Send for World {}
 
-fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, seed: u64) {
+fn run(
+    hash: Option<HashFn>,
+    rounds: usize,
+    round_ms: u64,
+    pages_per: usize,
+    seed: u64,
+    assist: AssistConfig,
+) {
     let e = Arc::new(
         Engine::new(EngineConfig {
             knobs: Knobs {
@@ -63,6 +72,7 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
             },
             mode: Mode::On,
             hash_override: hash,
+            assist,
             ..EngineConfig::default()
         })
         .unwrap(),
@@ -241,13 +251,22 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
     );
     assert!(s.merges > 100, "the engine hardly merged: {s:?}");
     assert_eq!(stray, 0, "write-protection left behind");
-    // Groups: no page of g2 shares a frame with g1.
+    if assist.mode == AssistMode::Auto {
+        assert!(
+            s.ksm_assist.starts_with("engaged: group g1"),
+            "the scattered group was never handed to KSM: {:?}",
+            s.ksm_assist
+        );
+        assert!(s.ksm_pages_sharing > 0, "KSM merged nothing: {s:?}");
+    }
+    // Groups: no page of g2 shares a frame with g1 (pool or KSM frames).
     let pm = pagefold_dedup::pagemap::Pagemap::open().unwrap();
+    let zero_pfn = pagefold_dedup::mm::zero_pfn(&pm);
     let mut g1 = std::collections::HashSet::new();
     for m in &world.mems[..2] {
         for i in 0..pages_per {
             let en = m.entry(&pm, i);
-            if en.present() && en.file() {
+            if en.present() && en.pfn() != zero_pfn {
                 g1.insert(en.pfn());
             }
         }
@@ -255,7 +274,7 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
     for i in 0..pages_per {
         let en = world.mems[2].entry(&pm, i);
         assert!(
-            !(en.present() && en.file() && g1.contains(&en.pfn())),
+            !(en.present() && en.pfn() != zero_pfn && g1.contains(&en.pfn())),
             "cross-group share"
         );
     }
@@ -268,6 +287,13 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
         assert_eq!(got, want.as_slice(), "page {g} after unmerge");
     }
     assert_eq!(e.stats().pool_pages, 0);
+    for m in &world.mems {
+        assert_eq!(
+            pagefold_dedup::ksm::count_ksm_pages(m.addr, m.pages * PS).unwrap(),
+            0,
+            "a KSM page survived the unmerge"
+        );
+    }
     e.shutdown();
     // SAFETY: our fd.
     unsafe { libc::close(src_fd) };
@@ -276,7 +302,7 @@ fn run(hash: Option<HashFn>, rounds: usize, round_ms: u64, pages_per: usize, see
 #[test]
 fn torture_xxh3() {
     let t = Instant::now();
-    run(None, 20, 600, 1024, 0x1234_5678);
+    run(None, 20, 600, 1024, 0x1234_5678, AssistConfig::default());
     eprintln!("torture_xxh3 took {:?}", t.elapsed());
 }
 
@@ -290,6 +316,37 @@ fn torture_weak_hash_collisions() {
         500,
         512,
         0xfeed_beef,
+        AssistConfig::default(),
     );
     eprintln!("torture_weak_hash took {:?}", t.elapsed());
+}
+
+#[test]
+fn torture_ksm_assist() {
+    // KSM's knobs are global: serialise with every other KSM user and check
+    // they come back as they were.
+    let _ksm = pagefold_dedup::ksm::ksm_exclusive().unwrap();
+    let root = std::path::Path::new(pagefold_dedup::ksm::KSM_SYSFS);
+    let before = pagefold_dedup::ksm::snapshot_tunables(root);
+    let t = Instant::now();
+    // Random rewrites leave duplicates at unrelated addresses: after 64
+    // single-page VMAs in a pass the group is KSM's.
+    run(
+        None,
+        12,
+        700,
+        1024,
+        0x5eed_0c5a,
+        AssistConfig {
+            mode: AssistMode::Auto,
+            flip_vmas: 64,
+            ..AssistConfig::default()
+        },
+    );
+    assert_eq!(
+        pagefold_dedup::ksm::snapshot_tunables(root),
+        before,
+        "KSM knobs not restored"
+    );
+    eprintln!("torture_ksm_assist took {:?}", t.elapsed());
 }

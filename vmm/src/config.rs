@@ -391,6 +391,15 @@ pub struct DedupConfig {
     pub max_scanning_factor: Option<u64>,
     #[serde(default)]
     pub memory_signal: Option<String>,
+    /// pagefold engine only: let kernel KSM take a group whose duplicates
+    /// sit at scattered addresses (one VMA per merge otherwise): `auto`
+    /// (default) or `off`. See docs/engine.md.
+    #[serde(default = "default_ksm_assist")]
+    pub ksm_assist: pagefold_dedup::AssistMode,
+}
+
+fn default_ksm_assist() -> pagefold_dedup::AssistMode {
+    pagefold_dedup::AssistMode::Auto
 }
 
 fn default_backend() -> String {
@@ -408,6 +417,7 @@ impl Default for DedupConfig {
             auto_threshold: None,
             max_scanning_factor: None,
             memory_signal: None,
+            ksm_assist: default_ksm_assist(),
         }
     }
 }

@@ -83,6 +83,10 @@ pub fn create_backend_with_source(
             let engine = Engine::new(EngineConfig {
                 knobs,
                 mode: Mode::Off,
+                assist: pagefold_dedup::AssistConfig {
+                    mode: d.ksm_assist,
+                    ..Default::default()
+                },
                 ..EngineConfig::default()
             })
             .map_err(|e| backend_err("pagefold", e))?;

@@ -402,6 +402,9 @@ impl DedupBackend for KsmBackend {
             // ksmd's wake-ups are the kernel's; no watchdog here.
             last_wakeup_age_ms: 0,
             wakeup_overdue: false,
+            ksm_assist: String::new(),
+            ksm_pages_sharing: 0,
+            ksm_cpu_seconds: 0.0,
             per_owner: self.per_owner(&st, proc),
         }
     }

@@ -1,0 +1,431 @@
+//! KSM assist: the kernel's KSM merges what the engine's VMA budget cannot.
+//!
+//! The engine merges by mapping pool pages over guest pages, so a merge
+//! costs a VMA unless it extends a run of consecutive pool slots. When
+//! identical pages sit at unrelated addresses (two guests caching the same
+//! file in frames their allocators chose), every merge is its own VMA and
+//! `vm.max_map_count` caps the saving at a fraction of what KSM reaches. KSM
+//! shares anonymous pages at any address without a VMA each, so once the
+//! engine sees that a group's duplicates are scattered (many new VMAs for
+//! few pages) or out of VMA budget, it hands that group's regions to KSM:
+//!
+//! * **Never both on one page** (../shared/notes/merge-races.md): KSM drops
+//!   the uffd-wp bit of a page it merges, so a page the engine holds
+//!   write-protected could lose its protection and a guest write be lost.
+//!   A region is therefore either the engine's or KSM's: the engine stops
+//!   merging in it (between spans, when no page is protected) *before* it
+//!   becomes `MADV_MERGEABLE`, and it is made `MADV_UNMERGEABLE` (which
+//!   waits for ksmd through the mmap lock) before the engine protects any
+//!   of its pages again (unmerge, unregister).
+//! * **One group at a time**: KSM has no notion of groups and would merge
+//!   across them, so only one group (the first that needs it) is assisted.
+//! * **One driver of KSM per host**: the engine takes the cooperative KSM
+//!   lock (`ksm::try_ksm_flock`) or runs inside a process that holds it; if
+//!   another pagefold process or test drives KSM, the assist stays off and
+//!   says why.
+//! * **KSM runs at the engine's pace, then idles**: `pages_to_scan` and
+//!   `sleep_millisecs` follow the engine's knobs (times the auto factor);
+//!   each KSM full scan that merges nothing more doubles the sleep, up to
+//!   1 s; `run` goes back to its original value whenever the engine does not
+//!   merge (mode off, auto untriggered). Every knob is restored when the
+//!   assist ends.
+//! * **Honest figures**: the engine counts the KSM sharing of its own
+//!   regions from their PFNs (a frame mapped k times in our regions saves
+//!   k - 1 pages), KSM's metadata (`ksm_rmap_items` x 64 B) against the
+//!   profit, and ksmd's CPU while assisting in the engine's CPU.
+
+use std::fmt;
+use std::fs::File;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ksm::{self, KsmSysfs};
+
+/// Size of the kernel's `struct ksm_rmap_item` on 64-bit (KSM's own profit
+/// figure uses it): one per page KSM scans.
+pub const RMAP_ITEM_BYTES: u64 = 64;
+
+/// How long after a failed attempt the assist tries again.
+pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Longest sleep KSM backs off to while it finds nothing more.
+pub const MAX_IDLE_SLEEP_MS: u64 = 1000;
+
+/// Whether the engine may hand scattered groups to kernel KSM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AssistMode {
+    /// Never: scattered merges stop at the VMA budget.
+    #[default]
+    Off,
+    /// When a group's layout is scattered or out of VMA budget.
+    Auto,
+}
+
+impl fmt::Display for AssistMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AssistMode::Off => "off",
+            AssistMode::Auto => "auto",
+        })
+    }
+}
+
+/// An unknown assist mode.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown ksm_assist {0:?} (expected off or auto)")]
+pub struct ParseAssistModeError(pub String);
+
+impl FromStr for AssistMode {
+    type Err = ParseAssistModeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" => Ok(AssistMode::Off),
+            "auto" => Ok(AssistMode::Auto),
+            other => Err(ParseAssistModeError(other.to_string())),
+        }
+    }
+}
+
+/// When a group counts as scattered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AssistConfig {
+    pub mode: AssistMode,
+    /// New VMAs the engine's merges created in one group during one pass
+    /// before the layout is judged...
+    pub flip_vmas: u64,
+    /// ...scattered: fewer than this many merged pages per new VMA.
+    pub flip_run_pages: u64,
+    /// Merges with a known partner that the VMA budget refused in one pass
+    /// that hand the group over regardless of layout.
+    pub flip_deferred: u64,
+}
+
+impl Default for AssistConfig {
+    fn default() -> Self {
+        AssistConfig {
+            mode: AssistMode::Off,
+            // 4096 single-page merges (~80 ms of mmap work, 1 MiB of VMA
+            // slab) is where KSM's per-page merge (~5 us, no VMA) wins.
+            flip_vmas: 4096,
+            flip_run_pages: 8,
+            flip_deferred: 64,
+        }
+    }
+}
+
+/// The assist's state, owned by the engine's core.
+#[derive(Debug, Default)]
+pub struct KsmAssist {
+    pub cfg: AssistConfig,
+    engaged: Option<Engaged>,
+    /// Why the last attempt to engage failed (shown in stats), and when.
+    pub unavailable: Option<String>,
+    failed_at: Option<std::time::Instant>,
+    /// ksmd CPU of earlier engagements.
+    cpu_prior: f64,
+    /// Times a group was handed to KSM.
+    pub engagements: u64,
+}
+
+#[derive(Debug)]
+struct Engaged {
+    group: u32,
+    sysfs: KsmSysfs,
+    /// The cooperative lock, when we took it ourselves.
+    _lock: Option<File>,
+    ksmd: Option<u32>,
+    cpu_start: f64,
+    orig_run: u64,
+    running: bool,
+    pages: u64,
+    sleep: u64,
+    last_full_scans: u64,
+    last_merging: u64,
+    idle_scans: u32,
+}
+
+fn ksmd_cpu(pid: Option<u32>) -> f64 {
+    pid.and_then(|p| ksm::cpu_seconds(p).ok()).unwrap_or(0.0)
+}
+
+impl KsmAssist {
+    pub fn new(cfg: AssistConfig) -> Self {
+        KsmAssist {
+            cfg,
+            engaged: None,
+            unavailable: None,
+            failed_at: None,
+            cpu_prior: 0.0,
+            engagements: 0,
+        }
+    }
+
+    /// The group KSM works for, if any.
+    pub fn group(&self) -> Option<u32> {
+        self.engaged.as_ref().map(|e| e.group)
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.cfg.mode == AssistMode::Auto
+    }
+
+    /// Worth trying to engage now: enabled, not engaged, and no failure in
+    /// the last [`RETRY_AFTER`] (another KSM user may have finished).
+    pub fn can_try(&self) -> bool {
+        self.enabled()
+            && self.engaged.is_none()
+            && self.failed_at.is_none_or(|t| t.elapsed() >= RETRY_AFTER)
+    }
+
+    /// Records a failed attempt.
+    pub fn failed(&mut self, why: String) {
+        if self.unavailable.as_deref() != Some(why.as_str()) {
+            log::warn!("pagefold: KSM assist unavailable: {why}");
+        }
+        self.unavailable = Some(why);
+        self.failed_at = Some(std::time::Instant::now());
+    }
+
+    /// Takes over KSM for `group`: the lock, the original knob values (put
+    /// back by [`KsmAssist::disengage`]). Regions are madvised by the caller.
+    pub fn engage(&mut self, group: u32) -> Result<(), String> {
+        if let Some(e) = &self.engaged {
+            return if e.group == group {
+                Ok(())
+            } else {
+                Err("KSM already assists another group (KSM merges across groups)".into())
+            };
+        }
+        let lock = if ksm::held_by_this_process() {
+            None
+        } else {
+            Some(ksm::try_ksm_flock().ok_or_else(|| {
+                format!(
+                    "another process drives KSM (lock {} held)",
+                    ksm::KSM_LOCK_PATH
+                )
+            })?)
+        };
+        let sysfs = KsmSysfs::open().map_err(|e| e.to_string())?;
+        let orig_run = sysfs.read_u64("run").map_err(|e| e.to_string())?;
+        if orig_run == 2 {
+            return Err("KSM is unmerging (run = 2); not assisting".into());
+        }
+        let ksmd = ksm::find_by_comm(std::path::Path::new("/proc"), "ksmd");
+        let last_full_scans = sysfs.read_u64("full_scans").unwrap_or(0);
+        self.engaged = Some(Engaged {
+            group,
+            sysfs,
+            _lock: lock,
+            ksmd,
+            cpu_start: ksmd_cpu(ksmd),
+            orig_run,
+            running: orig_run == 1,
+            pages: 0,
+            sleep: u64::MAX,
+            last_full_scans,
+            last_merging: 0,
+            idle_scans: 0,
+        });
+        self.unavailable = None;
+        self.failed_at = None;
+        self.engagements += 1;
+        Ok(())
+    }
+
+    /// Steers KSM for one engine wake-up: `merge` says whether the engine
+    /// merges now (mode on, or auto triggered); `pages` and `sleep_ms` are
+    /// the engine's pace for this wake-up.
+    pub fn drive(&mut self, merge: bool, pages: u64, sleep_ms: u64) {
+        let Some(e) = self.engaged.as_mut() else {
+            return;
+        };
+        if !merge {
+            if e.running && e.orig_run == 0 {
+                match e.sysfs.write("run", 0) {
+                    Ok(()) => e.running = false,
+                    Err(err) => log::warn!("pagefold: KSM assist: {err}"),
+                }
+            }
+            return;
+        }
+        // Back off while full scans bring nothing more (KSM's own work on
+        // unique pages is what costs CPU once everything is merged).
+        let scans = e.sysfs.read_u64("full_scans").unwrap_or(e.last_full_scans);
+        if scans != e.last_full_scans {
+            let merging = ksm::self_ksm_stat()
+                .and_then(|s| s.merging_pages)
+                .unwrap_or(0);
+            if merging > e.last_merging {
+                e.idle_scans = 0;
+            } else {
+                e.idle_scans = e.idle_scans.saturating_add(1);
+            }
+            e.last_merging = merging;
+            e.last_full_scans = scans;
+        }
+        // KSM's first scan of new pages only records checksums: back off
+        // after the second scan in a row that merged nothing more.
+        let sleep = if e.idle_scans < 2 {
+            sleep_ms
+        } else {
+            sleep_ms
+                .max(1)
+                .saturating_mul(1 << (e.idle_scans - 1).min(20))
+                .min(MAX_IDLE_SLEEP_MS.max(sleep_ms))
+        };
+        let pages = pages.clamp(1, u32::MAX as u64);
+        let write = |name: &str, v: u64| {
+            if let Err(err) = e.sysfs.write(name, v) {
+                log::warn!("pagefold: KSM assist: {err}");
+                false
+            } else {
+                true
+            }
+        };
+        if pages != e.pages && write("pages_to_scan", pages) {
+            e.pages = pages;
+        }
+        if sleep != e.sleep && write("sleep_millisecs", sleep) {
+            e.sleep = sleep;
+        }
+        if !e.running && write("run", 1) {
+            e.running = true;
+        }
+    }
+
+    /// KSM is scanning for us and has not yet had two full scans in a row
+    /// without new merges (it may still be between checksum and merge).
+    pub fn ksm_busy(&self) -> bool {
+        self.engaged
+            .as_ref()
+            .is_some_and(|e| e.running && e.idle_scans < 2)
+    }
+
+    /// Gives KSM back: every knob to its original value, the lock released.
+    /// Pages KSM merged stay merged (KSM keeps them with `run` 0).
+    pub fn disengage(&mut self) {
+        if let Some(e) = self.engaged.take() {
+            self.cpu_prior += (ksmd_cpu(e.ksmd) - e.cpu_start).max(0.0);
+            for err in e.sysfs.restore() {
+                log::error!("pagefold: KSM assist: restoring knobs: {err}");
+            }
+        }
+    }
+
+    /// ksmd CPU seconds spent while assisting (all engagements).
+    pub fn cpu_seconds(&self) -> f64 {
+        self.cpu_prior
+            + self
+                .engaged
+                .as_ref()
+                .map(|e| (ksmd_cpu(e.ksmd) - e.cpu_start).max(0.0))
+                .unwrap_or(0.0)
+    }
+
+    /// One line for stats: off, idle, engaged or unavailable (and why).
+    pub fn status(&self, group_name: Option<&str>) -> String {
+        match (&self.engaged, &self.unavailable) {
+            _ if !self.enabled() => "off".into(),
+            (Some(e), _) => format!(
+                "engaged: group {} ({})",
+                group_name.unwrap_or("?"),
+                if e.running { "scanning" } else { "paused" }
+            ),
+            (None, Some(why)) => format!("unavailable: {why}"),
+            (None, None) => "standby".into(),
+        }
+    }
+}
+
+impl Drop for KsmAssist {
+    fn drop(&mut self) {
+        self.disengage();
+    }
+}
+
+/// KSM sharing among our own pages, from the PFNs of present anonymous
+/// pages of assisted regions: a frame mapped k >= 2 times in them can only
+/// be a KSM page (this process never forks guest memory), and saves k - 1.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Census {
+    /// Frames mapped at least twice.
+    pub shared: u64,
+    /// Sum of (mappers - 1) over those frames.
+    pub sharing: u64,
+    /// Per region key: (pages on a shared frame, pages saved = sum 1 - 1/k).
+    pub per_region: Vec<(u32, u64, f64)>,
+}
+
+impl Census {
+    /// Counts from `(pfn, region key)` pairs (sorted in place).
+    pub fn count(pages: &mut [(u64, u32)]) -> Census {
+        pages.sort_unstable();
+        let mut c = Census::default();
+        let mut per: std::collections::BTreeMap<u32, (u64, f64)> = Default::default();
+        let mut i = 0;
+        while i < pages.len() {
+            let pfn = pages[i].0;
+            let mut j = i + 1;
+            while j < pages.len() && pages[j].0 == pfn {
+                j += 1;
+            }
+            let k = (j - i) as u64;
+            if k >= 2 {
+                c.shared += 1;
+                c.sharing += k - 1;
+                for &(_, key) in &pages[i..j] {
+                    let e = per.entry(key).or_default();
+                    e.0 += 1;
+                    e.1 += 1.0 - 1.0 / k as f64;
+                }
+            }
+            i = j;
+        }
+        c.per_region = per.into_iter().map(|(k, (n, s))| (k, n, s)).collect();
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn census_counts_frames_mapped_twice_or_more() {
+        // Frame 7 mapped by regions 1 and 2, frame 9 three times in region 1,
+        // frames 3 and 5 once each (not shared).
+        let mut pages = vec![(7, 1), (3, 1), (9, 1), (7, 2), (9, 1), (5, 2), (9, 1)];
+        let c = Census::count(&mut pages);
+        assert_eq!(c.shared, 2);
+        assert_eq!(c.sharing, 1 + 2);
+        let r1 = c.per_region.iter().find(|r| r.0 == 1).unwrap();
+        assert_eq!(r1.1, 4);
+        assert!((r1.2 - (0.5 + 3.0 * (2.0 / 3.0))).abs() < 1e-9);
+        let r2 = c.per_region.iter().find(|r| r.0 == 2).unwrap();
+        assert_eq!((r2.1, r2.2), (1, 0.5));
+    }
+
+    #[test]
+    fn modes_parse_and_print() {
+        assert_eq!("auto".parse::<AssistMode>().unwrap(), AssistMode::Auto);
+        assert_eq!("off".parse::<AssistMode>().unwrap(), AssistMode::Off);
+        assert!("on".parse::<AssistMode>().is_err());
+        assert_eq!(AssistMode::Auto.to_string(), "auto");
+    }
+
+    #[test]
+    fn status_says_off_when_disabled() {
+        let a = KsmAssist::new(AssistConfig::default());
+        assert_eq!(a.status(None), "off");
+        let mut b = KsmAssist::new(AssistConfig {
+            mode: AssistMode::Auto,
+            ..AssistConfig::default()
+        });
+        assert_eq!(b.status(None), "standby");
+        b.unavailable = Some("x".into());
+        assert_eq!(b.status(None), "unavailable: x");
+    }
+}

@@ -1,0 +1,178 @@
+//! The KSM assist on a scattered layout: region B holds region A's distinct
+//! pages in a random order, so every engine merge would be its own VMA. The
+//! engine hands the group to kernel KSM, and every pair ends up on one frame
+//! (checked on PFNs, not on the engine's word), with the VMA count bounded,
+//! the contents intact, the figures matching the kernel, and KSM's knobs
+//! restored afterwards.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use common::*;
+use pagefold_dedup::ksm::{self, KSM_SYSFS};
+use pagefold_dedup::pagemap::Pagemap;
+use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfig, Knobs, Mode};
+
+const N: usize = 6000;
+
+fn permutation(n: usize, mut x: u64) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    p
+}
+
+fn engine(assist: AssistMode) -> Engine {
+    Engine::new(EngineConfig {
+        knobs: Knobs {
+            pages_to_scan: 4096,
+            sleep_millisecs: 5,
+            max_page_sharing: 256,
+        },
+        assist: AssistConfig {
+            mode: assist,
+            flip_vmas: 256,
+            ..AssistConfig::default()
+        },
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
+/// A and B with B = A permuted; returns the permutation (A's page i is B's
+/// page perm[i]).
+fn scattered_pair() -> (Mem, Mem, Vec<usize>) {
+    let (a, b) = (Mem::new(N), Mem::new(N));
+    let perm = permutation(N, 0x9E37_79B9_7F4A_7C15);
+    for (i, &j) in perm.iter().enumerate() {
+        a.fill(i, i as u64 + 1);
+        b.fill(j, i as u64 + 1);
+    }
+    (a, b, perm)
+}
+
+#[test]
+fn scattered_pairs_all_share_a_frame_through_ksm() {
+    let _ksm = ksm::ksm_exclusive().unwrap();
+    let root = std::path::Path::new(KSM_SYSFS);
+    let before = ksm::snapshot_tunables(root);
+    let (a, b, perm) = scattered_pair();
+    let e = engine(AssistMode::Auto);
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    let vmas0 = pagefold_dedup::mm::vma_count().unwrap();
+    e.set_mode(Mode::On).unwrap();
+
+    let pm = Pagemap::open().unwrap();
+    let shared = || {
+        (0..N)
+            .filter(|&i| {
+                // Touch (read) both: pool-mapped pages are absent until used.
+                let (x, y) = (a.pfn(&pm, i), b.pfn(&pm, perm[i]));
+                x != 0 && x == y
+            })
+            .count()
+    };
+    let t = Instant::now();
+    let mut n = 0;
+    while t.elapsed() < Duration::from_secs(90) {
+        n = shared();
+        if n == N {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let s = e.stats();
+    assert_eq!(
+        n,
+        N,
+        "only {n} of {N} pairs share a frame after {:?}: {s:?}",
+        t.elapsed()
+    );
+    assert!(s.ksm_assist.starts_with("engaged: group g"), "{s:?}");
+    // The engine made at most ~flip_vmas single-page VMAs before handing
+    // over; KSM made none.
+    let vmas = pagefold_dedup::mm::vma_count().unwrap();
+    assert!(vmas < vmas0 + 600, "VMAs {vmas0} -> {vmas}");
+    // Figures: every pair saves one page (engine pool pages + KSM frames).
+    assert!(e.wait_full_scans(3, Duration::from_secs(30)));
+    std::thread::sleep(Duration::from_millis(1100)); // next census
+    assert!(e.wait_full_scans(2, Duration::from_secs(30)));
+    let s = e.stats();
+    assert_eq!(s.pages_sharing, N as u64, "{s:?}");
+    assert!(
+        s.ksm_pages_sharing > 0 && s.ksm_pages_sharing < N as u64,
+        "{s:?}"
+    );
+    assert!(s.ksm_cpu_seconds > 0.0, "ksmd's CPU not counted: {s:?}");
+    assert_eq!(s.per_owner["a"].pages_merged, N as u64, "{s:?}");
+    assert_eq!(s.per_owner["b"].pages_merged, N as u64, "{s:?}");
+    for i in (0..N).step_by(97) {
+        assert_eq!(a.read(i), pattern(i as u64 + 1));
+        assert_eq!(b.read(perm[i]), pattern(i as u64 + 1));
+    }
+    // A guest write to a KSM-merged page lands and leaves the partner alone.
+    let k = (0..N).find(|&i| !a.entry(&pm, i).file()).unwrap();
+    a.fill(k, 999_999);
+    assert_eq!(a.read(k), pattern(999_999));
+    assert_eq!(b.read(perm[k]), pattern(k as u64 + 1));
+
+    // Unmerge takes the group back from KSM first: nothing shared after.
+    e.set_mode(Mode::Unmerge).unwrap();
+    assert!(e.wait_mode(Mode::Off, Duration::from_secs(60)));
+    assert_eq!(ksm::count_ksm_pages(a.addr, N * PS).unwrap(), 0);
+    assert_eq!(ksm::count_ksm_pages(b.addr, N * PS).unwrap(), 0);
+    assert_eq!(shared(), 0);
+    for i in (1..N).step_by(89) {
+        assert_eq!(b.read(perm[i]), pattern(i as u64 + 1));
+    }
+    assert_eq!(
+        ksm::snapshot_tunables(root),
+        before,
+        "KSM knobs not restored"
+    );
+    e.shutdown();
+}
+
+#[test]
+fn assist_stays_off_while_another_process_drives_ksm() {
+    // Take the lock file as another process would (another open file
+    // description, not this process's `KsmExclusive`).
+    let _order = ksm::ksm_exclusive().unwrap();
+    let root = std::path::Path::new(KSM_SYSFS);
+    let before = ksm::snapshot_tunables(root);
+    drop(_order);
+    let other = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(ksm::KSM_LOCK_PATH)
+        .unwrap();
+    // SAFETY: flock on our own descriptor.
+    assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let (a, b, _) = scattered_pair();
+    let e = engine(AssistMode::Auto);
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    // Smart scan meets every pair within 8 passes.
+    e.scan_now(10);
+    let s = e.stats();
+    assert!(
+        s.ksm_assist
+            .starts_with("unavailable: another process drives KSM"),
+        "{s:?}"
+    );
+    assert_eq!(ksm::snapshot_tunables(root), before, "KSM touched anyway");
+    // Without KSM the engine merges every pair itself (one VMA each: the
+    // VMA budget allows 2 x 6000 here).
+    assert_eq!(s.pages_sharing, N as u64, "{s:?}");
+    assert_eq!(s.ksm_pages_sharing, 0, "{s:?}");
+    e.shutdown();
+    drop(other);
+}
