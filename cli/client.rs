@@ -202,6 +202,11 @@ fn call(c: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Re
     let r = c
         .call(method, path, body)
         .map_err(|e| Error::Io(e.to_string()))?;
+    call_result(method, path, r)
+}
+
+/// A reply as [`call`] takes it: non-2xx answers become errors.
+fn call_result(method: &str, path: &str, r: Reply) -> Result<Reply, Error> {
     if r.is_success() {
         return Ok(r);
     }
@@ -306,6 +311,16 @@ fn dedup_summary(d: &Value) -> String {
         d["profit_bytes"].as_i64().unwrap_or(0),
         d["cpu_seconds"].as_f64().unwrap_or(0.0),
     );
+    if let Some(ms) = d["last_wakeup_age_ms"].as_u64().filter(|&ms| ms > 0) {
+        s += &format!(
+            "  scanner last woke up {ms} ms ago{}\n",
+            if d["wakeup_overdue"] == true {
+                " (overdue: stalled)"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(auto) = d.get("auto").filter(|a| a.is_object()) {
         s += &format!("  auto: {auto}\n");
     }
@@ -328,10 +343,45 @@ fn get_dedup(c: &Client) -> Result<Option<Value>, Error> {
     }
 }
 
+/// `GET /health`. A 503 that carries a health body (the dedup engine is
+/// stalled) is an answer to show, not a failure of the command.
+fn get_health(c: &Client) -> Result<Value, Error> {
+    let r = c
+        .call("GET", "/health", None)
+        .map_err(|e| Error::Io(e.to_string()))?;
+    if r.status == 503 {
+        if let Ok(h) = r.json() {
+            if h["status"] == "stalled" {
+                return Ok(h);
+            }
+        }
+    }
+    let r = call_result("GET", "/health", r)?;
+    json(&r)
+}
+
+/// A warning line when the health check says the dedup engine is stalled.
+fn stall_line(health: &Value) -> String {
+    if health["status"] != "stalled" {
+        return String::new();
+    }
+    let e = &health["engine"];
+    match e["last_wakeup_age_ms"].as_u64() {
+        _ if e["responding"] == false => {
+            "WARNING: the dedup engine is stalled: its statistics do not answer\n".into()
+        }
+        Some(ms) => format!(
+            "WARNING: the dedup engine is stalled: its scanner last woke up {:.1} s ago\n",
+            ms as f64 / 1000.0
+        ),
+        None => "WARNING: the dedup engine is stalled\n".into(),
+    }
+}
+
 /// `pagefold status`.
 pub fn status(a: StatusArgs) -> Result<i32, Error> {
     let c = client(&a.client)?;
-    let health = json(&call(&c, "GET", "/health", None)?)?;
+    let health = get_health(&c)?;
     let vms = json(&call(&c, "GET", "/vms", None)?)?;
     let dedup = get_dedup(&c)?;
     if a.json {
@@ -341,6 +391,7 @@ pub fn status(a: StatusArgs) -> Result<i32, Error> {
     }
     let list = vms.as_array().cloned().unwrap_or_default();
     let mut text = format!("pagefold at {}: {} VM(s)\n", c.target(), list.len());
+    text += &stall_line(&health);
     match &dedup {
         Some(d) => text += &dedup_summary(d),
         None => text += "dedup: off (no backend)\n",
@@ -512,6 +563,29 @@ mod tests {
         assert_eq!(serve_exit_code(&r), 3);
         r.signal = Some("SIGTERM");
         assert_eq!(serve_exit_code(&r), 143);
+    }
+
+    #[test]
+    fn a_stalled_engine_is_called_out() {
+        let ok = serde_json::json!({"status": "ok", "engine": {"responding": true,
+            "last_wakeup_age_ms": 20, "wakeup_overdue": false}});
+        assert_eq!(stall_line(&ok), "");
+        let stalled = serde_json::json!({"status": "stalled", "engine": {"responding": true,
+            "last_wakeup_age_ms": 12500, "wakeup_overdue": true}});
+        assert_eq!(
+            stall_line(&stalled),
+            "WARNING: the dedup engine is stalled: its scanner last woke up 12.5 s ago\n"
+        );
+        let silent = serde_json::json!({"status": "stalled", "engine": {"responding": false,
+            "last_wakeup_age_ms": null, "wakeup_overdue": true}});
+        assert!(stall_line(&silent).contains("do not answer"));
+        let d =
+            serde_json::json!({"knobs": {}, "last_wakeup_age_ms": 12500, "wakeup_overdue": true});
+        assert!(
+            dedup_summary(&d).contains("scanner last woke up 12500 ms ago (overdue: stalled)"),
+            "{}",
+            dedup_summary(&d)
+        );
     }
 
     #[test]

@@ -66,7 +66,20 @@ fn check_file(what: &str, path: &Path, allow_empty: bool) -> Result<(), String> 
         return Err(format!("{what} {p} is a directory"));
     }
     if !m.is_file() {
-        return Err(format!("{what} {p} is not a regular file"));
+        use std::os::unix::fs::FileTypeExt;
+        let t = m.file_type();
+        let kind = if t.is_char_device() {
+            " (a character device)"
+        } else if t.is_block_device() {
+            " (a block device)"
+        } else if t.is_fifo() {
+            " (a FIFO)"
+        } else if t.is_socket() {
+            " (a socket)"
+        } else {
+            ""
+        };
+        return Err(format!("{what} {p} is not a regular file{kind}"));
     }
     if m.len() == 0 && !allow_empty {
         return Err(format!("{what} {p} is empty"));
