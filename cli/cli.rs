@@ -87,7 +87,8 @@ pub struct RunArgs {
     /// Number of vCPUs.
     #[arg(long)]
     pub vcpus: Option<u8>,
-    /// Guest RAM, e.g. 256M or 1G (a bare number means MiB).
+    /// Guest RAM, e.g. 256M or 1G (a bare number means MiB); at least 16 MiB, a
+    /// whole number of MiB, rounded up to the next 2 MiB.
     #[arg(long)]
     pub memory: Option<String>,
     /// Where serial output goes: stdout, null, or a file path.

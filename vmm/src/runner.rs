@@ -340,7 +340,7 @@ impl Runner {
         }
     }
 
-    /// Every VM the API shows: running ones, then finished ones, by name.
+    /// Every VM the API shows, live and finished, by name.
     fn infos(&self) -> Vec<VmInfo> {
         let mut all: Vec<VmInfo> = self.vms.iter().map(|v| v.info()).collect();
         all.extend(self.finished.values().cloned());
@@ -394,8 +394,8 @@ impl Runner {
                     if total > host {
                         return Err(RequestError::Conflict(format!(
                             "the VMs would need {} in all, more than this host has ({})",
-                            crate::config::fmt_size(total),
-                            crate::config::fmt_size(host)
+                            crate::config::fmt_size_exact(total),
+                            crate::config::fmt_size_exact_about(host)
                         )));
                     }
                 }
