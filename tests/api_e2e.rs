@@ -619,3 +619,37 @@ fn idle_connections_do_not_stall_the_api() {
     let o = wait_bounded(child, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+/// `pagefold run | head -1`: with nobody reading, the VMs still run to
+/// their end, the JSON report is written, and the exit status is theirs.
+#[test]
+fn run_with_a_closed_stdout_still_runs_its_vms() {
+    require_kvm();
+    let dir = TempDir::new("run-epipe");
+    let json = dir.path("r.json");
+    let c = pagefold()
+        .args([
+            "run",
+            "--memory",
+            "32M",
+            "--shared",
+            "8M",
+            "--private",
+            "4M",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .stdout(closed_pipe())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_bounded(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+    let r = common::read_json(&json);
+    assert_eq!(common::vm(&r, "vm0")["exit_status"], 0, "{r}");
+}
