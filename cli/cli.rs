@@ -10,6 +10,7 @@ use pagefold_vmm::config::{
 use pagefold_vmm::runner::Runner;
 
 use crate::bench;
+use crate::ksm;
 use crate::output::write_out_or_drop;
 use crate::report;
 
@@ -58,6 +59,10 @@ pub enum Command {
     /// Benchmarks: pagefold against the kernel's KSM, side by side.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The host-global state pagefold changes (KSM knobs, sysctls): show
+    /// it, or restore what a killed pagefold left changed.
+    #[command(subcommand)]
+    Ksm(ksm::KsmCommand),
 }
 
 #[derive(Args, Debug)]
@@ -191,6 +196,9 @@ pub struct DedupArgs {
     /// scattered (pagefold backend): auto or off.
     #[arg(long, help_heading = "Deduplication")]
     pub ksm_assist: Option<pagefold_dedup::AssistMode>,
+    /// Do not feed virtio-blk reads to the engine as I/O hints.
+    #[arg(long, help_heading = "Deduplication")]
+    pub no_io_hints: bool,
 }
 
 fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
@@ -233,6 +241,9 @@ impl DedupArgs {
         d.max_page_sharing = self.max_page_sharing.or(d.max_page_sharing);
         if let Some(a) = self.ksm_assist {
             d.ksm_assist = a;
+        }
+        if self.no_io_hints {
+            d.io_hints = false;
         }
         Ok(())
     }
@@ -413,6 +424,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
         Command::Vm(c) => client::vm(c),
         Command::Dedup(c) => client::dedup(c),
         Command::Bench(c) => bench::run(c),
+        Command::Ksm(c) => ksm::run(c),
     }
 }
 

@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod error;
+mod ksm;
 mod output;
 mod report;
 

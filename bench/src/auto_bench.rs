@@ -230,6 +230,9 @@ pub fn run_auto_all(systems: &[AutoSystem], opts: &AutoOptions) -> Result<AutoRe
         return Err(BenchError::NoSystems);
     }
     let _lock = ksm_exclusive()?;
+    // Knobs a killed pagefold (an earlier benchmark included) left changed
+    // go back before `before` is taken: they are not the host's settings.
+    pagefold_dedup::ksm::journal::recover();
     let root = std::path::Path::new(KSM_SYSFS);
     let before = snapshot_tunables(root);
     let mut rows = Vec::new();

@@ -214,6 +214,17 @@ pub struct Stats {
     /// Of `cpu_seconds`, ksmd's CPU while it assisted.
     #[serde(default)]
     pub ksm_cpu_seconds: f64,
+    /// I/O hints received (device-filled ranges) and dropped (queue full).
+    #[serde(default)]
+    pub hints: u64,
+    #[serde(default)]
+    pub hints_dropped: u64,
+    /// Merges made while visiting hinted pages, and their mean delay from
+    /// the hint (the device fill) to the merge, in milliseconds.
+    #[serde(default)]
+    pub hint_merges: u64,
+    #[serde(default)]
+    pub hint_merge_delay_ms: f64,
     pub per_owner: BTreeMap<String, OwnerStats>,
 }
 
@@ -244,6 +255,12 @@ pub trait DedupBackend: Send + Sync {
     unsafe fn unregister_unmapping(&self, id: RegionId) -> Result<()> {
         self.unregister(id)
     }
+
+    /// I/O hint: a device just filled `host_addr..+len` (e.g. a virtio-blk
+    /// read into the guest's page cache). Two VMs reading one image fill
+    /// identical pages; a backend may visit them first. Cheap and
+    /// non-blocking; the default ignores it (kernel KSM cannot use it).
+    fn hint(&self, _host_addr: usize, _len: usize) {}
 
     fn set_mode(&self, mode: Mode) -> Result<()>;
     fn mode(&self) -> Mode;

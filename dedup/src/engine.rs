@@ -15,7 +15,7 @@ use crate::hash::HashFn;
 use crate::policy::{RoundPlan, RoundPolicy};
 use crate::pool::Pool;
 use crate::region::RegionError;
-use crate::scanner::{Core, ScanError, DEFAULT_STRIPE};
+use crate::scanner::{Core, Hint, ScanError, DEFAULT_STRIPE};
 use crate::stats::{self, Clocks};
 use crate::uffd::Uffd;
 
@@ -93,6 +93,9 @@ pub struct EngineConfig {
     /// Kernel KSM for groups whose duplicates sit at scattered addresses
     /// (off by default in the library; the VMM turns it on).
     pub assist: AssistConfig,
+    /// Use I/O hints (`DedupBackend::hint`); off, they are counted and
+    /// ignored (the benchmark's no-hints baseline).
+    pub io_hints: bool,
 }
 
 impl Default for EngineConfig {
@@ -106,6 +109,7 @@ impl Default for EngineConfig {
             max_backoff_millis: 1000,
             hash_override: None,
             assist: AssistConfig::default(),
+            io_hints: true,
         }
     }
 }
@@ -130,8 +134,25 @@ struct Ctl {
     planned_sleep: Duration,
 }
 
+/// Most hinted ranges queued between two wake-ups; older ones are dropped
+/// (the regular scan still finds their pages).
+const HINT_QUEUE_CAP: usize = 8192;
+
+/// Hinted pages visited per wake-up at least (or `pages_to_scan` if more):
+/// the device already paid for reading them, and the point is to merge them
+/// within a wake-up or two.
+const HINT_PAGES_PER_WAKEUP: u64 = 4096;
+
+#[derive(Default)]
+struct Hints {
+    queue: Vec<Hint>,
+    received: u64,
+    dropped: u64,
+}
+
 struct Shared {
     core: Mutex<Core>,
+    hints: Mutex<Hints>,
     ctl: Mutex<Ctl>,
     cv: Condvar,
     snapshot: Mutex<Stats>,
@@ -140,6 +161,7 @@ struct Shared {
     faults: Arc<FaultCounters>,
     adaptive: bool,
     max_backoff: u64,
+    io_hints: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -192,6 +214,7 @@ impl Engine {
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(stats::build(&core)),
             core: Mutex::new(core),
+            hints: Mutex::new(Hints::default()),
             ctl: Mutex::new(Ctl {
                 mode: if cfg.mode == Mode::Unmerge {
                     Mode::Off
@@ -214,6 +237,7 @@ impl Engine {
             faults: Arc::new(FaultCounters::default()),
             adaptive: cfg.adaptive,
             max_backoff: cfg.max_backoff_millis,
+            io_hints: cfg.io_hints,
         });
         let mut threads = Vec::new();
         {
@@ -447,15 +471,28 @@ fn scanner_loop(sh: &Arc<Shared>) {
                         merge: true,
                     }
                 };
+                let mut hints = std::mem::take(&mut lock(&sh.hints).queue);
                 let (rep, idle) = {
                     let mut core = lock(&sh.core);
                     core.knobs = knobs;
+                    if plan.merge && !hints.is_empty() {
+                        // Device-filled pages first, with their own budget.
+                        core.run_hints(&mut hints, plan.pages_to_scan.max(HINT_PAGES_PER_WAKEUP));
+                    } else {
+                        hints.clear();
+                    }
                     let rep = core.run_batch(plan.pages_to_scan.max(1), plan.merge);
                     core.assist
                         .drive(plan.merge, plan.pages_to_scan, knobs.sleep_millisecs);
                     sh.publish(&core);
                     (rep, core.idle_passes)
                 };
+                if !hints.is_empty() {
+                    // Not reached this time: first in line next wake-up.
+                    let mut h = lock(&sh.hints);
+                    hints.append(&mut h.queue);
+                    h.queue = hints;
+                }
                 lock(&sh.ctl).last_round_merges = rep.merges;
                 effective_sleep(sh, &knobs, mode, idle)
             }
@@ -490,6 +527,32 @@ impl DedupBackend for Engine {
 
     unsafe fn unregister_unmapping(&self, id: RegionId) -> backend::Result<()> {
         self.do_unregister(id, false)
+    }
+
+    fn hint(&self, host_addr: usize, len: usize) {
+        {
+            let mut h = lock(&self.shared.hints);
+            h.received += 1;
+            if !self.shared.io_hints || h.queue.len() >= HINT_QUEUE_CAP {
+                h.dropped += 1;
+                return;
+            }
+            // Coalesce with the previous range (a multi-segment read).
+            if let Some(last) = h.queue.last_mut() {
+                if last.addr + last.len == host_addr {
+                    last.len += len;
+                    return;
+                }
+            }
+            h.queue.push(Hint {
+                addr: host_addr,
+                len,
+                at: Instant::now(),
+            });
+        }
+        let mut c = lock(&self.shared.ctl);
+        c.generation += 1;
+        self.shared.cv.notify_all();
     }
 
     fn set_mode(&self, mode: Mode) -> backend::Result<()> {
@@ -530,6 +593,11 @@ impl DedupBackend for Engine {
                 s.last_wakeup_age_ms = age.as_millis() as u64;
                 s.wakeup_overdue = c.mode != Mode::Off && age > overdue_after(c.planned_sleep);
             }
+        }
+        {
+            let h = lock(&self.shared.hints);
+            s.hints = h.received;
+            s.hints_dropped = h.dropped;
         }
         // ksmd's CPU while it assisted is the engine's work too.
         s.cpu_seconds = lock(&self.shared.clocks).seconds() + s.ksm_cpu_seconds;

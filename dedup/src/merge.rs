@@ -301,16 +301,19 @@ pub fn exec_chunk(
 /// re-register, wake. Returns false (nothing changed) if the range could not
 /// be fully protected; retry later.
 pub fn unmerge_chunk(ctx: &Ctx<'_>, addr: usize, n: usize) -> Result<bool, MergeError> {
+    debug_assert!(n > 0 && n <= UNMERGE_CHUNK_PAGES);
     let len = n * PAGE_SIZE;
     // Make every PTE present so write-protection covers every page.
     let _ = mm::madvise(addr, len, mm::MADV_POPULATE_READ);
-    let mut busy = Busy::protect(ctx, addr, n)?;
-    let mut pm = [Entry(0); CHUNK_PAGES];
-    ctx.pagemap.read(addr, &mut pm[..n])?;
-    if !pm[..n].iter().all(|e| e.present() && e.uffd_wp()) {
+    let mut busy = RangeBusy::protect(ctx, addr, len)?;
+    let mut pm = vec![Entry(0); n];
+    ctx.pagemap.read(addr, &mut pm)?;
+    if !pm.iter().all(|e| e.present() && e.uffd_wp()) {
         return Ok(false);
     }
-    let tmp = mm::map_anon(len)?;
+    // Populated up front: the copy below then writes into pages that exist
+    // instead of taking a first-touch fault per page.
+    let tmp = mm::map_anon_populated(len)?;
     // SAFETY: the range is mapped and write-protected (stable); tmp is our
     // fresh mapping of the same length.
     unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, tmp, len) };
@@ -318,10 +321,62 @@ pub fn unmerge_chunk(ctx: &Ctx<'_>, addr: usize, n: usize) -> Result<bool, Merge
         mm::unmap(tmp, len);
         return Err(e.into());
     }
-    busy.original = 0;
+    busy.replaced = true;
     if let Err(e) = ctx.uffd.register_wp(addr, len) {
         log::warn!("pagefold: re-register after unmerge: {e}");
     }
     drop(busy);
     Ok(true)
+}
+
+/// Pages unmerged per protected chunk: writers to the chunk wait for one
+/// 1 MiB copy and one `mremap` (~0.3 ms); larger chunks amortise the
+/// per-chunk syscalls (populate, protect, pagemap, mmap, mremap, register,
+/// wake) that dominated with 64-page chunks.
+pub const UNMERGE_CHUNK_PAGES: usize = 256;
+
+/// A protected range of any length (the unmerge path), released like
+/// [`Busy`]: unprotected unless replaced, woken, unmarked, on every path.
+struct RangeBusy<'a> {
+    ctx: &'a Ctx<'a>,
+    addr: usize,
+    len: usize,
+    /// The range now holds a fresh mapping with no protection to remove.
+    replaced: bool,
+}
+
+impl<'a> RangeBusy<'a> {
+    fn protect(ctx: &'a Ctx<'a>, addr: usize, len: usize) -> Result<Self, MergeError> {
+        let busy = RangeBusy {
+            ctx,
+            addr,
+            len,
+            replaced: false,
+        };
+        {
+            let mut p = ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
+            p.busy.push((addr, addr + len));
+        }
+        // On error `busy` drops: unprotect + wake + unmark.
+        ctx.uffd.protect(addr, len)?;
+        Ok(busy)
+    }
+}
+
+impl Drop for RangeBusy<'_> {
+    fn drop(&mut self) {
+        if !self.replaced {
+            if let Err(e) = self.ctx.uffd.unprotect(self.addr, self.len) {
+                log::warn!("pagefold: unprotect after unmerge: {e}");
+            }
+        }
+        if let Err(e) = self.ctx.uffd.wake(self.addr, self.len) {
+            log::warn!("pagefold: wake after unmerge: {e}");
+        }
+        let mut p = self.ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
+        let end = self.addr + self.len;
+        if let Some(pos) = p.busy.iter().position(|&r| r == (self.addr, end)) {
+            p.busy.swap_remove(pos);
+        }
+    }
 }

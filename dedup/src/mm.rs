@@ -84,6 +84,28 @@ pub fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
     Ok(())
 }
 
+/// Maps a fresh private anonymous area of `len` bytes with every page
+/// allocated up front (`MAP_POPULATE`): one kernel call allocates and zeroes
+/// them all, instead of one page fault per page when first written (measured
+/// in the unmerge path: 2.5 us per first-touch fault).
+pub fn map_anon_populated(len: usize) -> Result<*mut u8, MmError> {
+    // SAFETY: a new mapping at a kernel-chosen address touches nothing else.
+    let r = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if r == libc::MAP_FAILED {
+        return Err(err("mmap(anon, populate)", 0, len));
+    }
+    Ok(r as *mut u8)
+}
+
 /// Maps a fresh private anonymous area of `len` bytes.
 pub fn map_anon(len: usize) -> Result<*mut u8, MmError> {
     // SAFETY: a new mapping at a kernel-chosen address touches nothing else.

@@ -96,6 +96,17 @@ struct GroupPass {
     deferred: u64,
 }
 
+/// A device-filled range waiting for the scanner (see `Core::run_hints`).
+#[derive(Debug, Clone, Copy)]
+pub struct Hint {
+    pub addr: usize,
+    pub len: usize,
+    pub at: Instant,
+}
+
+/// Most hinted pages remembered across passes for pairing.
+pub const HINT_INDEX_CAP: usize = 1 << 18;
+
 /// The planned target of a page.
 enum Target {
     Existing(u32),
@@ -155,6 +166,18 @@ pub struct Core {
     /// frame list per pass would cost more than the pass itself).
     census_due: bool,
     census_at: Option<Instant>,
+    /// Set while visiting hinted pages: they were just filled by a device,
+    /// so they are merge candidates on their first visit (no "unchanged
+    /// since the previous scan" wait, no smart-scan skip).
+    trusted: bool,
+    /// Hinted pages without a partner yet, `(group << 32 | hash) -> page
+    /// id`, kept across passes (the unstable index forgets every pass) so a
+    /// second VM's read of the same file finds the first's pages; FIFO.
+    hint_index: HashMap<u64, u32>,
+    hint_fifo: std::collections::VecDeque<u64>,
+    /// Merges made on hinted visits and the sum of their delays (seconds).
+    pub hint_merges: u64,
+    pub hint_delay_sum: f64,
 }
 
 impl Core {
@@ -208,6 +231,11 @@ impl Core {
             census: Census::default(),
             census_due: true,
             census_at: None,
+            trusted: false,
+            hint_index: HashMap::new(),
+            hint_fifo: std::collections::VecDeque::new(),
+            hint_merges: 0,
+            hint_delay_sum: 0.0,
         };
         c.refresh_map_count(true);
         Ok(c)
@@ -495,7 +523,7 @@ impl Core {
                 continue;
             }
             let s = i;
-            while i < npages && i - s < CHUNK_PAGES && self.regions[ri].in_pool(i) {
+            while i < npages && i - s < merge::UNMERGE_CHUNK_PAGES && self.regions[ri].in_pool(i) {
                 i += 1;
             }
             let addr = self.regions[ri].page_addr(s);
@@ -640,6 +668,80 @@ impl Core {
         rep
     }
 
+    /// Visits device-filled ranges first (I/O hints), within `pages` page
+    /// visits, from the front of `hints`; what the budget did not reach is
+    /// left in `hints` (the rest of a range included). Ranges outside the
+    /// regions (or in KSM's) are dropped.
+    pub fn run_hints(&mut self, hints: &mut Vec<Hint>, pages: u64) {
+        let mut budget = pages.saturating_mul(HASH_COST);
+        let mut done = 0;
+        while done < hints.len() && budget > 0 {
+            let h = hints[done];
+            let Some(ri) = self.regions.iter().position(|r| r.contains(h.addr)) else {
+                done += 1;
+                continue;
+            };
+            let r = &self.regions[ri];
+            if r.assisted {
+                done += 1;
+                continue;
+            }
+            let first = (h.addr - r.addr) / crate::PAGE_SIZE;
+            let end = (h.addr.saturating_add(h.len).min(r.addr + r.len()) - r.addr)
+                .div_ceil(crate::PAGE_SIZE);
+            let before = self.counters.merges + self.counters.zero_merges;
+            let mut p = first;
+            self.trusted = true;
+            while p < end && budget > 0 {
+                let n = (end - p).min(SPAN_PAGES);
+                p += self.scan_span(ri, p, n, &mut budget, true);
+            }
+            self.trusted = false;
+            let merged = self.counters.merges + self.counters.zero_merges - before;
+            self.hint_merges += merged;
+            self.hint_delay_sum += merged as f64 * h.at.elapsed().as_secs_f64();
+            if p < end {
+                let addr = self.regions[ri].page_addr(p);
+                hints[done].len = h.addr + h.len - addr;
+                hints[done].addr = addr;
+                break;
+            }
+            done += 1;
+        }
+        hints.drain(..done);
+    }
+
+    /// Remembers a hinted page that found no partner.
+    fn remember_hinted(&mut self, group: u32, h: u32, gid: u32) {
+        let key = (group as u64) << 32 | h as u64;
+        if self.hint_index.insert(key, gid).is_none() {
+            self.hint_fifo.push_back(key);
+            while self.hint_fifo.len() > HINT_INDEX_CAP {
+                if let Some(old) = self.hint_fifo.pop_front() {
+                    self.hint_index.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// A hinted page from an earlier pass with this content, still HASHED
+    /// with the same hash (its content is compared here too).
+    fn hinted_partner(&self, ri: usize, p: usize, h: u32, group: u32, page: &[u8]) -> Option<u32> {
+        let key = (group as u64) << 32 | h as u64;
+        let gid = *self.hint_index.get(&key)?;
+        let me = self.regions[ri].gid_base + p as u32;
+        let (r, pp) = self.locate(gid)?;
+        let rg = &self.regions[r];
+        let ok = gid != me
+            && !rg.assisted
+            && rg.group == group
+            && region::kind(rg.state[pp]) == HASHED
+            && rg.word[pp] == h
+            // SAFETY: registered regions are mapped.
+            && unsafe { rg.page(pp) } == page;
+        ok.then_some(gid)
+    }
+
     /// Runs whole passes synchronously (tests, benchmarks).
     pub fn run_passes(&mut self, passes: u64) {
         for _ in 0..passes {
@@ -772,6 +874,11 @@ impl Core {
                         self.counters.cow_breaks += 1;
                         prev = None;
                         self.note_run(None);
+                        if self.trusted && !self.regions[ri].assisted {
+                            // A device refilled it: a candidate right away.
+                            let st = self.regions[ri].state[p];
+                            prev = self.visit(ri, p, e, st, prev, budget, merge, &mut ops);
+                        }
                     } else {
                         let s = self.regions[ri].word[p];
                         prev = Some(s);
@@ -844,6 +951,7 @@ impl Core {
             return None;
         }
         if kind == HASHED
+            && !self.trusted
             && !region::due(
                 self.counters.full_scans,
                 region::level(st),
@@ -860,7 +968,8 @@ impl Core {
         // SAFETY: the region is registered, hence mapped (register contract),
         // and stays so while we hold the core (unregister needs it).
         let page = unsafe { self.regions[ri].page_detached(p) };
-        if kind == HASHED && merge && !region::needs_rehash(st) {
+        // A hinted page was just rewritten: its stored hash is stale.
+        if kind == HASHED && merge && !self.trusted && !region::needs_rehash(st) {
             if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
                 return Some(s);
             }
@@ -870,7 +979,7 @@ impl Core {
         let h = fold(h64);
         self.cur_hi = (h64 >> 32) as u32;
         self.note_run(Some(h));
-        let unchanged = kind == HASHED && self.regions[ri].word[p] == h;
+        let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted;
         let group = self.regions[ri].group;
         {
             let r = &mut self.regions[ri];
@@ -959,6 +1068,9 @@ impl Core {
                 r.state[p] = region::with_level(r.state[p], (lvl + 1).min(MAX_LEVEL));
                 let gid = r.gid_base + p as u32;
                 let _ = self.unstable.insert(h, gid);
+                if self.trusted {
+                    self.remember_hinted(group, h, gid);
+                }
                 None
             }
         }
@@ -1183,7 +1295,9 @@ impl Core {
             return Some(Target::Existing(s));
         }
         // 3. Unstable index: a page seen earlier this pass.
-        let found = self.unstable_partner(ri, p, h, group, page);
+        let found = self
+            .unstable_partner(ri, p, h, group, page)
+            .or_else(|| self.hinted_partner(ri, p, h, group, page));
         let (cr, cp) = self.locate(found?)?;
         let hint = prev
             .map(|x| x.wrapping_add(1))

@@ -115,6 +115,12 @@ pub fn build(core: &Core) -> Stats {
             .status(core.assist.group().and_then(|g| core.group_name(g))),
         ksm_pages_sharing: ksm.sharing,
         ksm_cpu_seconds: core.assist.cpu_seconds(),
+        hint_merges: core.hint_merges,
+        hint_merge_delay_ms: if core.hint_merges > 0 {
+            core.hint_delay_sum * 1e3 / core.hint_merges as f64
+        } else {
+            0.0
+        },
         per_owner,
         ..Stats::default()
     }

@@ -409,6 +409,10 @@ pub struct DedupConfig {
     /// (default) or `off`. See docs/engine.md.
     #[serde(default = "default_ksm_assist")]
     pub ksm_assist: pagefold_dedup::AssistMode,
+    /// pagefold engine only: visit pages virtio-blk reads just filled first
+    /// (default true).
+    #[serde(default = "yes")]
+    pub io_hints: bool,
 }
 
 fn default_ksm_assist() -> pagefold_dedup::AssistMode {
@@ -431,6 +435,7 @@ impl Default for DedupConfig {
             max_scanning_factor: None,
             memory_signal: None,
             ksm_assist: default_ksm_assist(),
+            io_hints: true,
         }
     }
 }

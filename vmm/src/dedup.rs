@@ -87,6 +87,7 @@ pub fn create_backend_with_source(
                     mode: d.ksm_assist,
                     ..Default::default()
                 },
+                io_hints: d.io_hints,
                 ..EngineConfig::default()
             })
             .map_err(|e| backend_err("pagefold", e))?;

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use event_manager::{EventOps, Events, MutEventSubscriber};
 use kvm_ioctls::{IoEventAddress, VcpuFd, VmFd};
 use pagefold_devices::bus::Bus;
+use pagefold_devices::virtio::block::WriteHook;
 use pagefold_devices::virtio::NOTIFY_REG_OFFSET;
 use pagefold_devices::virtio::{Block, MmioNotifier, MmioTransport};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -125,6 +126,7 @@ pub fn attach_disks(
     vm_fd: &VmFd,
     mem: &GuestMemoryMmap,
     mmio: &mut Bus,
+    filled: Option<&WriteHook>,
 ) -> Result<Disks, Error> {
     let mut out = Disks {
         slots: Vec::new(),
@@ -135,10 +137,14 @@ pub fn attach_disks(
         let slot = VirtioMmioDevice::slot(i as u32);
         let serial = format!("{name}-vd{i}");
         let serial = &serial[..serial.len().min(20)];
-        let block = Block::open(&disk.path, disk.readonly, serial).map_err(|e| Error::Disk {
-            path: disk.path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let mut block =
+            Block::open(&disk.path, disk.readonly, serial).map_err(|e| Error::Disk {
+                path: disk.path.display().to_string(),
+                message: e.to_string(),
+            })?;
+        if let Some(hook) = filled {
+            block.set_write_hook(hook.clone());
+        }
         let sectors = block.nsectors();
         let irqfd = evt()?;
         vm_fd
@@ -185,8 +191,9 @@ pub fn setup(
     pio: &mut Bus,
     mmio: &mut Bus,
     shared: &Arc<VmShared>,
+    filled: Option<&WriteHook>,
 ) -> Result<Vec<Subscriber>, Error> {
-    let disks = attach_disks(name, &kernel.disks, vm_fd, mem, mmio)?;
+    let disks = attach_disks(name, &kernel.disks, vm_fd, mem, mmio, filled)?;
     let mut subs = disks.subscribers;
     let devices = disks.slots;
 

@@ -197,6 +197,20 @@ impl Vm {
             vcpus.push(v);
         }
 
+        // I/O hints: ranges virtio-blk reads fill go to the dedup backend
+        // (host addresses), which visits those pages first.
+        let filled: Option<pagefold_devices::virtio::block::WriteHook> =
+            match (&res.dedup, config.dedup.enabled) {
+                (Some(d), true) => {
+                    let (d, m) = (d.clone(), mem.clone());
+                    Some(Arc::new(move |gpa: u64, len: usize| {
+                        if let Ok(h) = m.get_host_address(vm_memory::GuestAddress(gpa)) {
+                            d.hint(h as usize, len);
+                        }
+                    }))
+                }
+                _ => None,
+            };
         // The guest: a Linux kernel, or the built-in workload.
         let ranges = memory::ram_ranges(config.memory_bytes())?;
         let subscribers;
@@ -204,7 +218,16 @@ impl Vm {
         let (workload, control_port, strict_io) = match &config.kernel {
             Some(kernel) => {
                 subscribers = linux_vm::setup(
-                    &name, kernel, &vm_fd, &mem, &ranges, &vcpus, &mut pio, &mut mmio, &shared,
+                    &name,
+                    kernel,
+                    &vm_fd,
+                    &mem,
+                    &ranges,
+                    &vcpus,
+                    &mut pio,
+                    &mut mmio,
+                    &shared,
+                    filled.as_ref(),
                 )?;
                 // Linux probes legacy ports and addresses nothing decodes.
                 (None, None, false)
@@ -214,7 +237,14 @@ impl Vm {
                 let image = boot::load_image(&mem, crate::workload_image::WORKLOAD_ELF)?;
                 // Disks: the same virtio-blk wiring as Linux guests; the
                 // guest's driver reaches the windows through its page tables.
-                let disks = linux_vm::attach_disks(&name, &wl.disks, &vm_fd, &mem, &mut mmio)?;
+                let disks = linux_vm::attach_disks(
+                    &name,
+                    &wl.disks,
+                    &vm_fd,
+                    &mem,
+                    &mut mmio,
+                    filled.as_ref(),
+                )?;
                 let cr3 =
                     boot::write_tables_with_mmio(&mem, memory::ram_top(&ranges), &disks.windows())?;
                 boot::setup_vcpu(&vcpus[0], image.entry, cr3)?;

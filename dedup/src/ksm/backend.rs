@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::driver::Driver;
 use super::error::KsmError;
+use super::journal::{self, Journal};
 use super::procstat::{self, ProcessKsmStat};
 use super::sysfs::{KsmSysfs, KSM_SYSFS};
 use crate::auto::{
@@ -25,6 +26,9 @@ pub struct KsmOptions {
     pub auto: AutoConfig,
     /// Memory source for auto mode; `None` reads `/proc/meminfo`.
     pub memory_source: Option<Box<dyn MemorySource>>,
+    /// Where knob originals are recorded (and recovered from at start);
+    /// `None`: the default journal under the runtime directory.
+    pub journal: Option<Journal>,
 }
 
 impl Default for KsmOptions {
@@ -33,6 +37,7 @@ impl Default for KsmOptions {
             sysfs_root: PathBuf::from(KSM_SYSFS),
             auto: AutoConfig::default(),
             memory_source: None,
+            journal: None,
         }
     }
 }
@@ -136,8 +141,20 @@ impl KsmBackend {
         Self::with_options(KsmOptions::default())
     }
 
+    /// Before anything is read, knobs that a killed pagefold left changed
+    /// are restored from the journal (said on stderr): otherwise this
+    /// backend would take them for the host's settings.
     pub fn with_options(opts: KsmOptions) -> std::result::Result<Self, KsmError> {
-        let sysfs = KsmSysfs::open_at(opts.sysfs_root)?;
+        let journal = opts.journal.or_else(|| Journal::open_default().ok());
+        if !opts.sysfs_root.join("run").exists() {
+            return Err(KsmError::Absent {
+                path: opts.sysfs_root,
+            });
+        }
+        if let Some(j) = &journal {
+            journal::report(j, j.recover(false));
+        }
+        let sysfs = KsmSysfs::with_journal(opts.sysfs_root, journal)?;
         let clamp = |v: u64, (lo, hi): (u64, u64)| v.clamp(lo, hi);
         // Start from the host's current settings: nothing is written until
         // the caller changes a mode or a knob.
@@ -405,6 +422,10 @@ impl DedupBackend for KsmBackend {
             ksm_assist: String::new(),
             ksm_pages_sharing: 0,
             ksm_cpu_seconds: 0.0,
+            hints: 0,
+            hints_dropped: 0,
+            hint_merges: 0,
+            hint_merge_delay_ms: 0.0,
             per_owner: self.per_owner(&st, proc),
         }
     }

@@ -75,6 +75,9 @@ fn with_real_ksm(body: impl FnOnce() + std::panic::UnwindSafe) {
     let root = Path::new(KSM_SYSFS);
     assert!(root.exists(), "this machine has KSM; the tests need it");
     let _lock = ksm_exclusive().unwrap();
+    // What a killed pagefold left changed goes back first (the backend
+    // would do it anyway, after `before` was taken).
+    crate::ksm::journal::recover();
     let before = snapshot_tunables(root);
     let result = std::panic::catch_unwind(body);
     let after = snapshot_tunables(root);

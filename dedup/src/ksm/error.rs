@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use super::journal::JournalError;
 use crate::auto::AutoError;
 use crate::backend::Error;
 
@@ -61,6 +62,20 @@ pub enum KsmError {
     Auto(#[from] AutoError),
     #[error("starting the KSM auto-mode thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// The global-state journal (see [`super::journal`]) failed.
+    #[error("global-state journal: {0}")]
+    Journal(#[source] JournalError),
+}
+
+impl From<JournalError> for KsmError {
+    /// A knob read or write that failed inside the journal is a sysfs
+    /// failure like any other; only the journal's own failures are new.
+    fn from(e: JournalError) -> Self {
+        match e {
+            JournalError::Knob { op, path, source } => KsmError::Sysfs { op, path, source },
+            other => KsmError::Journal(other),
+        }
+    }
 }
 
 impl From<KsmError> for Error {

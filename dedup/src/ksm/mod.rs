@@ -5,6 +5,7 @@
 mod backend;
 mod driver;
 mod error;
+pub mod journal;
 mod lock;
 mod procstat;
 mod sysfs;

@@ -1,12 +1,15 @@
-//! `/sys/kernel/mm/ksm` access through a guard that remembers the original
-//! value of every file it writes and puts them all back on restore/drop:
+//! `/sys/kernel/mm/ksm` access through a guard that records the original
+//! value of every file before it first writes it, in the global-state
+//! journal ([`super::journal`]), and puts them all back on restore/drop:
 //! KSM's knobs are global, so a VMM or a test that leaves them changed
-//! changes the whole host.
+//! changes the whole host, and the journal lets the next pagefold undo it
+//! even if this one is killed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::error::KsmError;
+use super::journal::{Hold, Journal, JournalError};
 
 /// The standard location.
 pub const KSM_SYSFS: &str = "/sys/kernel/mm/ksm";
@@ -17,12 +20,16 @@ pub const KSM_SYSFS: &str = "/sys/kernel/mm/ksm";
 const RESTORE_LAST: [&str; 2] = ["run", "max_page_sharing"];
 
 /// Reads KSM sysfs files; writes through [`KsmSysfs::write`] are undone by
-/// [`KsmSysfs::restore`] (also run on drop, so on panic paths too).
+/// [`KsmSysfs::restore`] (also run on drop, so on panic paths too), and
+/// recorded in the journal first, so a kill -9 is undone by the next start.
 #[derive(Debug)]
 pub struct KsmSysfs {
     root: PathBuf,
-    /// (knob, original contents), first write first.
-    originals: Mutex<Vec<(String, String)>>,
+    /// Where originals are recorded; `None` if this user has no runtime
+    /// directory (then every write fails with the reason).
+    journal: Option<Journal>,
+    /// (knob, its hold in the journal), first write first.
+    held: Mutex<Vec<(String, Hold)>>,
 }
 
 impl KsmSysfs {
@@ -31,24 +38,39 @@ impl KsmSysfs {
         Self::open_at(KSM_SYSFS)
     }
 
-    /// Opens another directory laid out like `/sys/kernel/mm/ksm`.
+    /// Opens another directory laid out like `/sys/kernel/mm/ksm`, recording
+    /// in the default journal ([`Journal::open_default`]).
     pub fn open_at(root: impl Into<PathBuf>) -> Result<Self, KsmError> {
+        Self::with_journal(root, Journal::open_default().ok())
+    }
+
+    /// Opens `root`, recording in `journal`.
+    pub fn with_journal(
+        root: impl Into<PathBuf>,
+        journal: Option<Journal>,
+    ) -> Result<Self, KsmError> {
         let root = root.into();
         if !root.join("run").exists() {
             return Err(KsmError::Absent { path: root });
         }
         Ok(Self {
             root,
-            originals: Mutex::new(Vec::new()),
+            journal,
+            held: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The journal this guard records in.
+    pub fn journal(&self) -> Option<&Journal> {
+        self.journal.as_ref()
     }
 
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    fn originals(&self) -> std::sync::MutexGuard<'_, Vec<(String, String)>> {
-        self.originals.lock().unwrap_or_else(|e| e.into_inner())
+    fn held(&self) -> std::sync::MutexGuard<'_, Vec<(String, Hold)>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Raw contents, trimmed.
@@ -80,13 +102,15 @@ impl KsmSysfs {
         })
     }
 
-    /// Writes `value`, first recording the file's original contents.
+    /// Writes `value`, first recording the file's original contents in the
+    /// journal (once per knob and guard).
     pub fn write(&self, name: &str, value: u64) -> Result<(), KsmError> {
         {
-            let mut orig = self.originals();
-            if !orig.iter().any(|(n, _)| n == name) {
-                let before = self.read(name)?;
-                orig.push((name.to_string(), before));
+            let mut held = self.held();
+            if !held.iter().any(|(n, _)| n == name) {
+                let journal = self.journal.as_ref().ok_or(JournalError::NoRuntimeDir)?;
+                let hold = journal.hold(&self.root.join(name))?;
+                held.push((name.to_string(), hold));
             }
         }
         self.write_raw(name, &value.to_string())
@@ -103,38 +127,38 @@ impl KsmSysfs {
 
     /// Knobs written so far (their originals will be restored).
     pub fn touched(&self) -> Vec<String> {
-        self.originals().iter().map(|(n, _)| n.clone()).collect()
+        self.held().iter().map(|(n, _)| n.clone()).collect()
     }
 
-    /// Puts every touched knob back to its original value; `run` and then
-    /// `max_page_sharing` last. Returns the failures (each also logged);
-    /// knobs that failed stay recorded so a later call can retry them.
+    /// Releases every touched knob, `run` and then `max_page_sharing` last:
+    /// each goes back to its original unless another live holder (another
+    /// pagefold, another backend of this one) still holds it. Returns the
+    /// failures (each also logged); knobs that failed stay held so a later
+    /// call can retry them (and the journal keeps them for recovery).
     pub fn restore(&self) -> Vec<KsmError> {
-        let mut orig = self.originals();
-        let mut order: Vec<(String, String)> = orig
+        let mut held = self.held();
+        let Some(journal) = &self.journal else {
+            return Vec::new();
+        };
+        let mut order: Vec<(String, Hold)> = held
             .iter()
             .filter(|(n, _)| !RESTORE_LAST.contains(&n.as_str()))
             .cloned()
             .collect();
         for last in RESTORE_LAST {
-            order.extend(orig.iter().filter(|(n, _)| n == last).cloned());
+            order.extend(held.iter().filter(|(n, _)| n == last).cloned());
         }
         let mut failed = Vec::new();
         let mut errors = Vec::new();
-        for (name, value) in order {
-            // run reads e.g. "0"; advisor_mode reads "[none] scan-time":
-            // only numeric knobs are ever written here.
-            let same = self.read(&name).map(|cur| cur == value).unwrap_or(false);
-            if same {
-                continue;
-            }
-            if let Err(e) = self.write_raw(&name, &value) {
-                log::error!("KSM: could not restore {name} to {value}: {e}");
+        for (name, hold) in order {
+            if let Err(e) = journal.release(&hold) {
+                let e = KsmError::from(e);
+                log::error!("KSM: could not restore {name} to {}: {e}", hold.original);
                 failed.push(name);
                 errors.push(e);
             }
         }
-        orig.retain(|(n, _)| failed.contains(n));
+        held.retain(|(n, _)| failed.contains(n));
         errors
     }
 }
@@ -178,6 +202,7 @@ mod tests {
     use super::*;
 
     /// A fake sysfs directory (plain files behave like the knobs we use).
+    /// Its journal is `journal/` inside it.
     fn fake(files: &[(&str, &str)]) -> PathBuf {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -190,6 +215,10 @@ mod tests {
             std::fs::write(dir.join(n), format!("{v}\n")).unwrap();
         }
         dir
+    }
+
+    fn open(dir: &Path) -> KsmSysfs {
+        KsmSysfs::with_journal(dir, Some(Journal::at_any_path(dir.join("journal")))).unwrap()
     }
 
     #[test]
@@ -208,7 +237,7 @@ mod tests {
         ]);
         let d2 = dir.clone();
         let r = std::panic::catch_unwind(move || {
-            let s = KsmSysfs::open_at(&d2).unwrap();
+            let s = open(&d2);
             s.write("pages_to_scan", 5000).unwrap();
             s.write("pages_to_scan", 7000).unwrap();
             s.write("run", 1).unwrap();
@@ -217,7 +246,7 @@ mod tests {
             panic!("test failure in the middle");
         });
         assert!(r.is_err());
-        let s = KsmSysfs::open_at(&dir).unwrap();
+        let s = open(&dir);
         assert_eq!(s.read_u64("pages_to_scan").unwrap(), 100);
         assert_eq!(s.read_u64("run").unwrap(), 0);
         assert_eq!(s.read_u64("sleep_millisecs").unwrap(), 20);
@@ -228,7 +257,7 @@ mod tests {
     #[test]
     fn restore_reports_failures_and_keeps_them_for_retry() {
         let dir = fake(&[("run", "0"), ("pages_to_scan", "100")]);
-        let s = KsmSysfs::open_at(&dir).unwrap();
+        let s = open(&dir);
         s.write("pages_to_scan", 1).unwrap();
         s.write("run", 1).unwrap();
         // Make `run` unwritable: replace the file by a directory.
@@ -244,6 +273,32 @@ mod tests {
         assert!(s.restore().is_empty());
         assert_eq!(s.read_u64("run").unwrap(), 0);
         drop(s);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn records_the_original_in_the_journal_before_writing() {
+        let dir = fake(&[("run", "0"), ("pages_to_scan", "100")]);
+        let s = open(&dir);
+        s.write("pages_to_scan", 777).unwrap();
+        s.write("pages_to_scan", 778).unwrap();
+        let st = s.journal().unwrap().status().unwrap();
+        assert_eq!(st.len(), 1);
+        assert_eq!(st[0].path, dir.join("pages_to_scan"));
+        assert_eq!(st[0].original, "100");
+        assert_eq!(st[0].current.as_deref(), Some("778"));
+        assert_eq!(st[0].holders.len(), 1);
+        assert_eq!(st[0].holders[0].holder.pid, std::process::id());
+        // A second guard in this process (another backend) joins as a
+        // holder: the first one's restore must not pull the knob from it.
+        let other = open(&dir);
+        other.write("pages_to_scan", 900).unwrap();
+        assert!(s.restore().is_empty());
+        assert_eq!(s.read_u64("pages_to_scan").unwrap(), 900);
+        assert!(other.restore().is_empty());
+        assert_eq!(s.read_u64("pages_to_scan").unwrap(), 100);
+        assert!(s.journal().unwrap().status().unwrap().is_empty());
+        drop((s, other));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -44,6 +44,12 @@ pub enum Error {
     SerialTooLong(usize),
 }
 
+/// Called with each guest range (guest-physical address, length) a read
+/// request filled from the disk, once the data is in guest memory: the VMM
+/// feeds it to the dedup engine as an I/O hint (two VMs reading one image
+/// fill identical pages; the engine visits them first).
+pub type WriteHook = std::sync::Arc<dyn Fn(u64, usize) + Send + Sync>;
+
 /// A virtio-blk device model.
 pub struct Block {
     disk: Disk,
@@ -52,6 +58,7 @@ pub struct Block {
     queue_sizes: [u16; 1],
     config: [u8; CONFIG_LEN],
     acked_features: u64,
+    write_hook: Option<WriteHook>,
 }
 
 impl Block {
@@ -81,7 +88,13 @@ impl Block {
             queue_sizes: [QUEUE_SIZE],
             config,
             acked_features: 0,
+            write_hook: None,
         })
+    }
+
+    /// Reports every range a read request fills to `hook`.
+    pub fn set_write_hook(&mut self, hook: WriteHook) {
+        self.write_hook = Some(hook);
     }
 
     /// Capacity in sectors, as in the config space.
@@ -155,7 +168,14 @@ impl VirtioDevice for Block {
             queue.disable_notification(mem).map_err(broken)?;
             while let Some(chain) = queue.iter(mem).map_err(broken)?.next() {
                 let head = chain.head_index();
-                let done = request::handle(chain, mem, &self.disk, &self.serial, self.limits);
+                let done = request::handle(
+                    chain,
+                    mem,
+                    &self.disk,
+                    &self.serial,
+                    self.limits,
+                    self.write_hook.as_deref(),
+                );
                 queue.add_used(mem, head, done.used_len).map_err(broken)?;
                 used_any = true;
             }

@@ -101,12 +101,14 @@ pub struct Completion {
 }
 
 /// Executes the request in `chain` against `disk` and writes its status.
+/// After a successful read, `filled` gets each guest range it wrote.
 pub fn handle<M>(
     chain: DescriptorChain<M>,
     mem: &GuestMemoryMmap,
     disk: &Disk,
     serial: &[u8],
     limits: Limits,
+    filled: Option<&(dyn Fn(u64, usize) + Send + Sync)>,
 ) -> Completion
 where
     M: Deref + Clone,
@@ -126,12 +128,38 @@ where
             return finish(mem, addr, e.status(), 0);
         }
     };
+    let hint_chain = filled.map(|_| chain.clone());
     match execute(chain, mem, disk, serial) {
-        Ok(data_len) => finish(mem, status_addr, VIRTIO_BLK_S_OK as u8, data_len),
+        Ok(data_len) => {
+            if let (Some(f), Some(c)) = (filled, hint_chain) {
+                report_filled(c, data_len as usize, f);
+            }
+            finish(mem, status_addr, VIRTIO_BLK_S_OK as u8, data_len)
+        }
         Err(e) => {
             debug!("virtio-blk: request failed: {e}");
             finish(mem, status_addr, e.status(), 0)
         }
+    }
+}
+
+/// Calls `f` for the writable descriptors holding the first `len` data
+/// bytes (a read's destination; the status byte is not included).
+fn report_filled<M>(
+    chain: DescriptorChain<M>,
+    mut len: usize,
+    f: &(dyn Fn(u64, usize) + Send + Sync),
+) where
+    M: Deref + Clone,
+    M::Target: GuestMemory + Sized,
+{
+    for d in chain.filter(|d| d.is_write_only()) {
+        if len == 0 {
+            break;
+        }
+        let n = (d.len() as usize).min(len);
+        f(d.addr().0, n);
+        len -= n;
     }
 }
 

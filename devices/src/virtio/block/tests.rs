@@ -270,6 +270,44 @@ fn descriptor_loop_terminates() {
 }
 
 #[test]
+fn reads_report_the_guest_ranges_they_filled() {
+    use std::sync::{Arc, Mutex};
+    let mut rig = Rig::new(false);
+    let seen: Arc<Mutex<Vec<(u64, usize)>>> = Arc::default();
+    let s2 = seen.clone();
+    rig.blk.set_write_hook(Arc::new(move |gpa, len| {
+        s2.lock().unwrap().push((gpa, len))
+    }));
+    // A two-segment read of 3 sectors: both data ranges, not the status.
+    rig.header(VIRTIO_BLK_T_IN, 1);
+    let (status, _) = rig.run(&[
+        rd(HDR, 16),
+        wr(BUF, 1024),
+        wr(BUF + 0x2000, 512),
+        wr(STATUS, 1),
+    ]);
+    assert_eq!(status, OK);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![(BUF, 1024), (BUF + 0x2000, 512)]
+    );
+    // Writes, flushes and failed reads fill nothing.
+    seen.lock().unwrap().clear();
+    rig.header(VIRTIO_BLK_T_OUT, 0);
+    assert_eq!(rig.run(&[rd(HDR, 16), rd(BUF, 512), wr(STATUS, 1)]).0, OK);
+    rig.header(VIRTIO_BLK_T_IN, 1 << 40);
+    assert_eq!(
+        rig.run(&[rd(HDR, 16), wr(BUF, 512), wr(STATUS, 1)]).0,
+        IOERR
+    );
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+}
+
+#[test]
 fn limits_are_enforced() {
     let limits = Limits {
         seg_max: 2,
@@ -281,7 +319,7 @@ fn limits_are_enforced() {
     let mut handle = |bufs: &[Buf]| -> Completion {
         rig.q.push(&rig.mem, bufs);
         let chain = rig.queue.iter(&rig.mem).unwrap().next().unwrap();
-        request::handle(chain, &rig.mem, &disk, b"", limits)
+        request::handle(chain, &rig.mem, &disk, b"", limits, None)
     };
     let ok = handle(&[rd(HDR, 16), wr(BUF, 512), wr(BUF + 512, 512), wr(STATUS, 1)]);
     assert_eq!(

@@ -1,0 +1,101 @@
+//! I/O hints: pages a device just filled (two VMs reading the same file into
+//! their page caches, at unrelated addresses) merge at the next wake-up,
+//! long before the regular scan would have visited them twice.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use pagefold_dedup::pagemap::Pagemap;
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, Mode};
+
+const N: usize = 4096;
+const FILE: usize = 256;
+
+fn slow_engine() -> Engine {
+    // A regular pass over 2 x 4096 pages at 64 pages per 200 ms takes ~25 s
+    // and merging needs two visits: anything merged within a second came
+    // from the hints.
+    Engine::new(EngineConfig {
+        knobs: Knobs {
+            pages_to_scan: 64,
+            sleep_millisecs: 200,
+            max_page_sharing: 256,
+        },
+        adaptive: false,
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn device_filled_pages_merge_at_the_next_wake_up() {
+    let (a, b) = (Mem::new(N), Mem::new(N));
+    let e = slow_engine();
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    e.set_mode(Mode::On).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // VM a reads a 1 MiB file into pages 1000.., VM b into pages 3000..
+    // (in two requests, as a driver splitting a read would).
+    for i in 0..FILE {
+        a.fill(1000 + i, 77_000 + i as u64);
+        b.fill(3000 + i, 77_000 + i as u64);
+    }
+    let t0 = Instant::now();
+    e.hint(a.addr + 1000 * PS, FILE * PS);
+    std::thread::sleep(Duration::from_millis(50));
+    e.hint(b.addr + 3000 * PS, FILE / 2 * PS);
+    e.hint(b.addr + (3000 + FILE / 2) * PS, FILE / 2 * PS);
+    let pm = Pagemap::open().unwrap();
+    let all_shared = || (0..FILE).all(|i| a.pfn(&pm, 1000 + i) == b.pfn(&pm, 3000 + i));
+    while !all_shared() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "hinted duplicates not merged after {:?}: {:?}",
+            t0.elapsed(),
+            e.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = e.stats();
+    assert_eq!(
+        s.full_scans, 0,
+        "a regular pass did it, not the hints: {s:?}"
+    );
+    // Three calls (b's two adjacent ranges are queued as one).
+    assert_eq!(s.hints, 3, "{s:?}");
+    assert!(s.hint_merges >= FILE as u64, "{s:?}");
+    assert!(
+        s.hint_merge_delay_ms < 1000.0,
+        "mean hint-to-merge delay {} ms",
+        s.hint_merge_delay_ms
+    );
+    // Contents intact, and a later write still lands privately.
+    for i in (0..FILE).step_by(17) {
+        assert_eq!(b.read(3000 + i), pattern(77_000 + i as u64));
+    }
+    b.fill(3000, 5);
+    assert_eq!(a.read(1000), pattern(77_000));
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
+
+#[test]
+fn hints_outside_regions_or_while_off_are_harmless() {
+    let a = Mem::new(64);
+    let e = slow_engine();
+    a.register(&e, "a", "g");
+    // Off: hints queue up but nothing merges; unknown addresses are skipped.
+    e.hint(0x1000, PS);
+    e.hint(a.addr + 10 * PS, 4 * PS);
+    std::thread::sleep(Duration::from_millis(300));
+    let s = e.stats();
+    assert_eq!((s.merges, s.hint_merges), (0, 0), "{s:?}");
+    e.set_mode(Mode::On).unwrap();
+    e.hint(usize::MAX - PS, PS);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(e.stats().merges, 0);
+    e.shutdown();
+}
