@@ -135,7 +135,7 @@ fn ksm_seed(a: SeedArgs) -> Result<i32, Error> {
         ..SeedOptions::default()
     };
     let report = run_ksm_seed(&systems, &opts).map_err(bench_err)?;
-    print!("{}", table(&report));
+    crate::output::write_out_or_drop(&table(&report))?;
     let json = rows_json(&report).map_err(bench_err)?;
     write_outputs(&a.out, json, seed_chart(&report), seed_markdown(&report))?;
     Ok(if report.unrestored.is_empty() { 0 } else { 1 })
@@ -149,7 +149,7 @@ fn auto(a: AutoArgs) -> Result<i32, Error> {
         ..AutoOptions::default()
     };
     let report = run_auto_all(&systems, &opts).map_err(bench_err)?;
-    print!("{}", auto_table(&report));
+    crate::output::write_out_or_drop(&auto_table(&report))?;
     let json = auto_json(&report).map_err(bench_err)?;
     write_outputs(&a.out, json, auto_chart(&report), auto_markdown(&report))?;
     Ok(if report.unrestored.is_empty() { 0 } else { 1 })

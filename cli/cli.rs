@@ -11,6 +11,7 @@ use pagefold_vmm::runner::Runner;
 
 use crate::bench;
 use crate::ksm;
+use crate::output::write_out_or_drop;
 use crate::report;
 
 #[path = "client.rs"]
@@ -91,7 +92,8 @@ pub struct RunArgs {
     /// Number of vCPUs.
     #[arg(long)]
     pub vcpus: Option<u8>,
-    /// Guest RAM, e.g. 256M or 1G (a bare number means MiB).
+    /// Guest RAM, e.g. 256M or 1G (a bare number means MiB); at least 16 MiB, a
+    /// whole number of MiB, rounded up to the next 2 MiB.
     #[arg(long)]
     pub memory: Option<String>,
     /// Where serial output goes: stdout, null, or a file path.
@@ -374,17 +376,21 @@ fn run_vms(
     if let (Some(after), Some(sock)) = (status_after, status_sock) {
         std::thread::spawn(move || {
             std::thread::sleep(after);
-            println!("\n$ pagefold status --api-sock {}", sock.display());
+            let _ = write_out_or_drop(&format!(
+                "\n$ pagefold status --api-sock {}\n",
+                sock.display()
+            ));
             let args = client::StatusArgs {
                 json: false,
                 client: client::ClientArgs {
                     api_sock: Some(sock),
                 },
             };
-            if let Err(e) = client::status(args) {
-                eprintln!("pagefold status: {e}");
+            match client::status(args) {
+                Ok(_) | Err(Error::StdoutClosed) => {}
+                Err(e) => eprintln!("pagefold status: {e}"),
             }
-            println!();
+            let _ = write_out_or_drop("\n");
         });
     }
     let mut last = std::time::Instant::now();
@@ -393,13 +399,13 @@ fn run_vms(
         if last.elapsed() >= std::time::Duration::from_secs(1) && !r.vms().is_empty() {
             last = std::time::Instant::now();
             if let Some(d) = r.dedup() {
-                println!("{}", report::progress(&d.stats()));
+                let _ = write_out_or_drop(&format!("{}\n", report::progress(&d.stats())));
             }
         }
     })?;
     drop(api);
     drop(runner);
-    report::print(&report);
+    report::print(&report)?;
     if let Some(path) = json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| Error::Io(e.to_string()))?;
         std::fs::write(&path, text)

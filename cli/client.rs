@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use pagefold_api::client::{Client, Reply, Target};
 use pagefold_api::{DedupPatch, ListenConfig, Server};
-use pagefold_vmm::config::{fmt_size, Config, VmConfig};
+use pagefold_vmm::config::{fmt_size, validate_vm_name, Config, VmConfig};
 use pagefold_vmm::runner::{RunReport, Runner};
 use pagefold_vmm::state::Outcome;
 use serde_json::Value;
 
 use crate::error::Error;
+use crate::output::{out, outln};
 use crate::report;
 
 /// Where `run`, `demo` and `serve` serve the API.
@@ -165,7 +166,7 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     let report = runner.run(|_| {})?;
     drop(api);
     drop(runner);
-    report::print(&report);
+    report::print(&report)?;
     Ok(serve_exit_code(&report))
 }
 
@@ -201,6 +202,11 @@ fn call(c: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Re
     let r = c
         .call(method, path, body)
         .map_err(|e| Error::Io(e.to_string()))?;
+    call_result(method, path, r)
+}
+
+/// A reply as [`call`] takes it: non-2xx answers become errors.
+fn call_result(method: &str, path: &str, r: Reply) -> Result<Reply, Error> {
     if r.is_success() {
         return Ok(r);
     }
@@ -227,15 +233,25 @@ fn u(v: &Value, k: &str) -> u64 {
 
 fn vm_table(vms: &[Value], dedup: Option<&Value>) -> String {
     let mut out = format!(
-        "{:<16} {:<9} {:>5} {:>10} {:>9} {:<12} {:>9} {:>9} {:>7} {:>10}\n",
-        "VM", "STATE", "VCPUS", "MEMORY", "UPTIME", "GROUP", "TRACKED", "MERGED", "ZERO", "SAVED"
+        "{:<16} {:<9} {:>5} {:>10} {:>9} {:<12} {:>9} {:>9} {:>7} {:>10}  {}\n",
+        "VM",
+        "STATE",
+        "VCPUS",
+        "MEMORY",
+        "UPTIME",
+        "GROUP",
+        "TRACKED",
+        "MERGED",
+        "ZERO",
+        "SAVED",
+        "OUTCOME"
     );
     for v in vms {
         let name = v["name"].as_str().unwrap_or("?");
         let owner = dedup.and_then(|d| d["per_owner"].get(name));
         let fig = |k: &str| owner.map_or("-".to_string(), |o| u(o, k).to_string());
         out += &format!(
-            "{:<16} {:<9} {:>5} {:>10} {:>8.1}s {:<12} {:>9} {:>9} {:>7} {:>10}\n",
+            "{:<16} {:<9} {:>5} {:>10} {:>8.1}s {:<12} {:>9} {:>9} {:>7} {:>10}  {}\n",
             name,
             v["state"].as_str().unwrap_or("?"),
             u(v, "vcpus"),
@@ -246,9 +262,25 @@ fn vm_table(vms: &[Value], dedup: Option<&Value>) -> String {
             fig("pages_merged"),
             fig("zero_pages"),
             owner.map_or("-".to_string(), |o| fmt_size(u(o, "bytes_saved"))),
+            outcome_text(&v["outcome"]),
         );
     }
     out
+}
+
+/// A VM's outcome in a table cell: `-` while it runs, else how it ended
+/// (`exit 0`, `stopped: SIGTERM received`, `guest_error: triple fault`).
+fn outcome_text(o: &Value) -> String {
+    let Some(kind) = o["kind"].as_str() else {
+        return "-".into();
+    };
+    if let Some(status) = o["status"].as_u64() {
+        return format!("exit {status}");
+    }
+    match o["reason"].as_str().or(o["message"].as_str()) {
+        Some(why) => format!("{kind}: {why}"),
+        None => kind.to_string(),
+    }
 }
 
 fn dedup_summary(d: &Value) -> String {
@@ -279,43 +311,93 @@ fn dedup_summary(d: &Value) -> String {
         d["profit_bytes"].as_i64().unwrap_or(0),
         d["cpu_seconds"].as_f64().unwrap_or(0.0),
     );
+    if let Some(ms) = d["last_wakeup_age_ms"].as_u64().filter(|&ms| ms > 0) {
+        s += &format!(
+            "  scanner last woke up {ms} ms ago{}\n",
+            if d["wakeup_overdue"] == true {
+                " (overdue: stalled)"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some(auto) = d.get("auto").filter(|a| a.is_object()) {
         s += &format!("  auto: {auto}\n");
     }
     s
 }
 
-/// `pagefold status`.
-pub fn status(a: StatusArgs) -> Result<i32, Error> {
-    let c = client(&a.client)?;
-    let health = json(&call(&c, "GET", "/health", None)?)?;
-    let vms = json(&call(&c, "GET", "/vms", None)?)?;
-    let dedup = match c
+/// `GET /dedup`, or `None` when the process has no dedup backend (404).
+fn get_dedup(c: &Client) -> Result<Option<Value>, Error> {
+    match c
         .call("GET", "/dedup", None)
         .map_err(|e| Error::Io(e.to_string()))?
     {
-        r if r.status == 404 => None,
-        r if r.is_success() => Some(json(&r)?),
-        r => {
-            return Err(Error::Io(format!(
-                "GET /dedup: {} ({})",
-                r.error_message(),
-                r.status
-            )))
+        r if r.status == 404 => Ok(None),
+        r if r.is_success() => Ok(Some(json(&r)?)),
+        r => Err(Error::Io(format!(
+            "GET /dedup: {} ({})",
+            r.error_message(),
+            r.status
+        ))),
+    }
+}
+
+/// `GET /health`. A 503 that carries a health body (the dedup engine is
+/// stalled) is an answer to show, not a failure of the command.
+fn get_health(c: &Client) -> Result<Value, Error> {
+    let r = c
+        .call("GET", "/health", None)
+        .map_err(|e| Error::Io(e.to_string()))?;
+    if r.status == 503 {
+        if let Ok(h) = r.json() {
+            if h["status"] == "stalled" {
+                return Ok(h);
+            }
         }
-    };
+    }
+    let r = call_result("GET", "/health", r)?;
+    json(&r)
+}
+
+/// A warning line when the health check says the dedup engine is stalled.
+fn stall_line(health: &Value) -> String {
+    if health["status"] != "stalled" {
+        return String::new();
+    }
+    let e = &health["engine"];
+    match e["last_wakeup_age_ms"].as_u64() {
+        _ if e["responding"] == false => {
+            "WARNING: the dedup engine is stalled: its statistics do not answer\n".into()
+        }
+        Some(ms) => format!(
+            "WARNING: the dedup engine is stalled: its scanner last woke up {:.1} s ago\n",
+            ms as f64 / 1000.0
+        ),
+        None => "WARNING: the dedup engine is stalled\n".into(),
+    }
+}
+
+/// `pagefold status`.
+pub fn status(a: StatusArgs) -> Result<i32, Error> {
+    let c = client(&a.client)?;
+    let health = get_health(&c)?;
+    let vms = json(&call(&c, "GET", "/vms", None)?)?;
+    let dedup = get_dedup(&c)?;
     if a.json {
         let all = serde_json::json!({"health": health, "vms": vms, "dedup": dedup});
-        println!("{}", pretty(&all));
+        outln!("{}", pretty(&all))?;
         return Ok(0);
     }
     let list = vms.as_array().cloned().unwrap_or_default();
-    println!("pagefold at {}: {} VM(s)", c.target(), list.len());
+    let mut text = format!("pagefold at {}: {} VM(s)\n", c.target(), list.len());
+    text += &stall_line(&health);
     match &dedup {
-        Some(d) => print!("{}", dedup_summary(d)),
-        None => println!("dedup: off (no backend)"),
+        Some(d) => text += &dedup_summary(d),
+        None => text += "dedup: off (no backend)\n",
     }
-    print!("{}", vm_table(&list, dedup.as_ref()));
+    text += &vm_table(&list, dedup.as_ref());
+    out!("{text}")?;
     Ok(0)
 }
 
@@ -343,6 +425,14 @@ fn vms_from_file(path: &Path) -> Result<Vec<VmConfig>, Error> {
 
 /// `pagefold vm ...`.
 pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
+    if let VmCommand::Pause { name, .. }
+    | VmCommand::Resume { name, .. }
+    | VmCommand::Delete { name, .. } = &cmd
+    {
+        // Such a name cannot exist, and as a URL path segment it might not
+        // even reach the VM's resource (`..`).
+        validate_vm_name(name).map_err(Error::Usage)?;
+    }
     match cmd {
         VmCommand::List {
             json: raw,
@@ -351,12 +441,18 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
             let c = client(&ca)?;
             let vms = json(&call(&c, "GET", "/vms", None)?)?;
             if raw {
-                println!("{}", pretty(&vms));
+                outln!("{}", pretty(&vms))?;
             } else {
-                print!(
+                // The per-VM dedup figures come from the same source as
+                // `status`'s: the backend's per-owner statistics.
+                let dedup = get_dedup(&c)?;
+                out!(
                     "{}",
-                    vm_table(vms.as_array().map(Vec::as_slice).unwrap_or(&[]), None)
-                );
+                    vm_table(
+                        vms.as_array().map(Vec::as_slice).unwrap_or(&[]),
+                        dedup.as_ref()
+                    )
+                )?;
             }
         }
         VmCommand::Create { config, client: ca } => {
@@ -364,11 +460,11 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
             for vc in vms_from_file(&config)? {
                 let body = serde_json::to_value(&vc).map_err(|e| Error::Io(e.to_string()))?;
                 let info = json(&call(&c, "PUT", &format!("/vms/{}", vc.name), Some(&body))?)?;
-                println!(
+                outln!(
                     "created {} ({})",
                     vc.name,
                     info["state"].as_str().unwrap_or("?")
-                );
+                )?;
             }
         }
         VmCommand::Pause { name, client: ca } => set_state(&ca, &name, "paused")?,
@@ -376,7 +472,7 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
         VmCommand::Delete { name, client: ca } => {
             let c = client(&ca)?;
             call(&c, "DELETE", &format!("/vms/{name}"), None)?;
-            println!("deleted {name}");
+            outln!("deleted {name}")?;
         }
     }
     Ok(0)
@@ -386,7 +482,7 @@ fn set_state(ca: &ClientArgs, name: &str, state: &str) -> Result<(), Error> {
     let c = client(ca)?;
     let body = serde_json::json!({ "state": state });
     let info = json(&call(&c, "PATCH", &format!("/vms/{name}"), Some(&body))?)?;
-    println!("{name}: {}", info["state"].as_str().unwrap_or("?"));
+    outln!("{name}: {}", info["state"].as_str().unwrap_or("?"))?;
     Ok(())
 }
 
@@ -401,7 +497,7 @@ pub fn dedup(cmd: DedupCommand) -> Result<i32, Error> {
     let c = client(&ca)?;
     let body = serde_json::to_value(&patch).map_err(|e| Error::Io(e.to_string()))?;
     let d = json(&call(&c, "PATCH", "/dedup", Some(&body))?)?;
-    print!("{}", dedup_summary(&d));
+    out!("{}", dedup_summary(&d))?;
     Ok(0)
 }
 
@@ -470,6 +566,29 @@ mod tests {
     }
 
     #[test]
+    fn a_stalled_engine_is_called_out() {
+        let ok = serde_json::json!({"status": "ok", "engine": {"responding": true,
+            "last_wakeup_age_ms": 20, "wakeup_overdue": false}});
+        assert_eq!(stall_line(&ok), "");
+        let stalled = serde_json::json!({"status": "stalled", "engine": {"responding": true,
+            "last_wakeup_age_ms": 12500, "wakeup_overdue": true}});
+        assert_eq!(
+            stall_line(&stalled),
+            "WARNING: the dedup engine is stalled: its scanner last woke up 12.5 s ago\n"
+        );
+        let silent = serde_json::json!({"status": "stalled", "engine": {"responding": false,
+            "last_wakeup_age_ms": null, "wakeup_overdue": true}});
+        assert!(stall_line(&silent).contains("do not answer"));
+        let d =
+            serde_json::json!({"knobs": {}, "last_wakeup_age_ms": 12500, "wakeup_overdue": true});
+        assert!(
+            dedup_summary(&d).contains("scanner last woke up 12500 ms ago (overdue: stalled)"),
+            "{}",
+            dedup_summary(&d)
+        );
+    }
+
+    #[test]
     fn tables_show_per_vm_dedup_figures() {
         let vms = vec![
             serde_json::json!({"name": "vm0", "state": "paused", "vcpus": 1,
@@ -483,5 +602,23 @@ mod tests {
             assert!(row.contains(cell), "{cell} missing in {row}");
         }
         assert!(vm_table(&vms, None).lines().nth(1).unwrap().contains(" - "));
+        // A finished VM shows its state and how it ended.
+        let done = vec![
+            serde_json::json!({"name": "vm1", "state": "stopped", "vcpus": 1,
+            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g",
+            "outcome": {"kind": "guest_exit", "status": 3}}),
+            serde_json::json!({"name": "vm2", "state": "stopped", "vcpus": 1,
+            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g",
+            "outcome": {"kind": "guest_error", "message": "triple fault"}}),
+        ];
+        let t = vm_table(&done, None);
+        let rows: Vec<&str> = t.lines().collect();
+        assert!(rows[0].ends_with("OUTCOME"), "{t}");
+        assert!(
+            rows[1].contains("stopped") && rows[1].ends_with("exit 3"),
+            "{t}"
+        );
+        assert!(rows[2].ends_with("guest_error: triple fault"), "{t}");
+        assert!(t.lines().nth(1).unwrap().contains("stopped"));
     }
 }

@@ -16,17 +16,20 @@ pub enum Error {
     Dedup(String),
     #[error("{0}")]
     Io(String),
+    /// Stdout is a pipe whose reader went away (`| head -1`): the command
+    /// ends quietly with exit status 0.
+    #[error("standard output closed")]
+    StdoutClosed,
 }
 
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
+            Error::StdoutClosed => 0,
             Error::Usage(_) | Error::Config(_) => 2,
-            // A workload that does not fit its VM is bad input too.
-            Error::Runner(runner::Error::Vm {
-                source: pagefold_vmm::vm::Error::Workload(_),
-                ..
-            }) => 2,
+            // A workload that does not fit its VM, or a kernel image the
+            // loader cannot load, is bad input too.
+            Error::Runner(runner::Error::Vm { source, .. }) if source.is_bad_input() => 2,
             _ => 3,
         }
     }

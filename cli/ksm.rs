@@ -7,6 +7,7 @@ use pagefold_dedup::ksm::journal::{self, Journal};
 use pagefold_dedup::ksm::{snapshot_tunables, KSM_SYSFS};
 
 use crate::error::Error;
+use crate::output::outln;
 
 #[derive(Subcommand, Debug)]
 pub enum KsmCommand {
@@ -55,12 +56,12 @@ fn status(j: &Journal, json: bool) -> Result<i32, Error> {
             "sysctl": { "vm.max_map_count": max_map_count },
         });
         let text = serde_json::to_string_pretty(&v).map_err(|e| Error::Io(e.to_string()))?;
-        println!("{text}");
+        outln!("{text}")?;
         return Ok(0);
     }
-    println!("journal: {}", j.path().display());
+    outln!("journal: {}", j.path().display())?;
     if entries.is_empty() {
-        println!("  no knob is recorded: pagefold holds nothing changed");
+        outln!("  no knob is recorded: pagefold holds nothing changed")?;
     }
     for e in &entries {
         let holders: Vec<String> = e
@@ -71,7 +72,7 @@ fn status(j: &Journal, json: bool) -> Result<i32, Error> {
                 format!("pid {} ({}, {state})", h.holder.pid, h.holder.comm)
             })
             .collect();
-        println!(
+        outln!(
             "  {}: original {}, now {}, held by {}",
             e.knob,
             e.original,
@@ -81,16 +82,16 @@ fn status(j: &Journal, json: bool) -> Result<i32, Error> {
             } else {
                 holders.join(", ")
             }
-        );
+        )?;
     }
     if ksm.is_empty() {
-        println!("KSM: not available ({KSM_SYSFS} missing)");
+        outln!("KSM: not available ({KSM_SYSFS} missing)")?;
     } else {
         let knobs: Vec<String> = ksm.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!("KSM now: {}", knobs.join(" "));
+        outln!("KSM now: {}", knobs.join(" "))?;
     }
     if let Some(m) = max_map_count {
-        println!("vm.max_map_count now: {m}");
+        outln!("vm.max_map_count now: {m}")?;
     }
     Ok(0)
 }
@@ -128,7 +129,7 @@ fn restore(j: &Journal, force: bool) -> Result<i32, Error> {
         )));
     }
     if rec.restored.is_empty() {
-        println!("nothing to restore ({})", j.path().display());
+        outln!("nothing to restore ({})", j.path().display())?;
     }
     Ok(0)
 }

@@ -4,6 +4,7 @@ mod bench;
 mod cli;
 mod error;
 mod ksm;
+mod output;
 mod report;
 
 use std::process::ExitCode;
@@ -15,6 +16,9 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     let code = match cli::dispatch(args) {
         Ok(code) => code,
+        // The reader of our output went away: nothing to say, nobody to
+        // say it to (like other Unix tools; see cli/output.rs).
+        Err(error::Error::StdoutClosed) => 0,
         Err(e) => {
             eprintln!("pagefold: error: {e}");
             e.exit_code()

@@ -3,25 +3,37 @@
 use pagefold_vmm::config::fmt_size;
 use pagefold_vmm::runner::RunReport;
 
-pub fn print(r: &RunReport) {
-    println!();
-    println!("== pagefold report ==");
+/// Prints [`render`]'s report; a closed stdout drops it (the exit status
+/// still says how the VMs ended).
+pub fn print(r: &RunReport) -> Result<(), crate::error::Error> {
+    crate::output::write_out_or_drop(&render(r))
+}
+
+/// The report as text.
+pub fn render(r: &RunReport) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    s.push('\n');
+    let _ = writeln!(s, "== pagefold report ==");
     for v in &r.vms {
-        println!(
+        let _ = writeln!(
+            s,
             "{:<12} {:<40} {:>8.2} s",
             v.name,
             v.outcome.to_string(),
             v.wall_s
         );
         for p in &v.phases {
-            println!(
+            let _ = writeln!(
+                s,
                 "    {:<8} {:>8} pages {:>10.1} ms {:>7.2} GB/s  mismatches {}",
                 p.phase, p.pages, p.ms, p.gbps, p.mismatches
             );
         }
     }
     if let Some(d) = r.dedup_peak.as_ref().or(r.dedup.as_ref()) {
-        println!(
+        let _ = writeln!(
+            s,
             "dedup ({}, mode {}) at its peak: pages_shared {}, pages_sharing {}, zero pages {}, saved {} (profit {}), {} merges, {} COW breaks",
             d.backend,
             d.mode,
@@ -34,7 +46,8 @@ pub fn print(r: &RunReport) {
             d.cow_breaks,
         );
         for (vm, o) in &d.per_owner {
-            println!(
+            let _ = writeln!(
+                s,
                 "    {vm:<12} group {:<10} merged {:>7} pages, zero {:>6} pages, saved {}",
                 o.group,
                 o.pages_merged,
@@ -44,11 +57,12 @@ pub fn print(r: &RunReport) {
         }
     }
     if let Some(d) = &r.dedup {
-        println!("dedup engine CPU over the run: {:.2} s", d.cpu_seconds);
+        let _ = writeln!(s, "dedup engine CPU over the run: {:.2} s", d.cpu_seconds);
     }
     if let Some(ms) = r.first_report_ms {
-        println!("first guest report {ms:.1} ms after start");
+        let _ = writeln!(s, "first guest report {ms:.1} ms after start");
     }
+    s
 }
 
 fn fmt_signed(v: i64) -> String {

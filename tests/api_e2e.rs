@@ -363,3 +363,293 @@ fn dedup_figures_and_knobs_over_the_api() {
     assert_eq!(o.status.code(), Some(143), "{}", text(&o));
     assert!(!sock.exists(), "socket left behind");
 }
+
+/// A pipe whose reading end is already closed: every write to it fails
+/// with EPIPE, as when `| head -0` went away before pagefold wrote.
+fn closed_pipe() -> Stdio {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills in the two-element array we own.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: both descriptors are fresh from pipe2 and owned by nobody else.
+    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(r);
+    Stdio::from(w)
+}
+
+#[test]
+fn client_output_to_a_closed_pipe_ends_quietly() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-epipe");
+    let sock = dir.path("api.sock");
+    let cfg = config(&dir, "\"fill\", \"wait\"", "on");
+    let mut child = spawn(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--api-sock",
+        sock.to_str().unwrap(),
+    ]);
+    wait_for_api(&mut child, &sock);
+    let s = sock.to_str().unwrap();
+    for args in [
+        &["vm", "list", "--api-sock", s][..],
+        &["vm", "list", "--json", "--api-sock", s],
+        &["status", "--api-sock", s],
+        &["status", "--json", "--api-sock", s],
+        &["dedup", "set", "pages_to_scan=200", "--api-sock", s],
+    ] {
+        let c = pagefold()
+            .args(args)
+            .stdout(closed_pipe())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let o = wait_bounded(c, Duration::from_secs(30));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    curl_json(&sock, "PUT", "/shutdown", None, 202);
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+/// The row of VM `name` in a `vm list` / `status` table, split into cells.
+fn row(table: &str, name: &str) -> Vec<String> {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row for {name} in:\n{table}"))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn finished_vms_stay_listed_and_input_errors_are_accurate() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-finished");
+    let sock = dir.path("api.sock");
+    let cfg = config(&dir, "\"fill\", \"wait\"", "on");
+    let mut child = spawn(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--api-sock",
+        sock.to_str().unwrap(),
+    ]);
+    wait_for_api(&mut child, &sock);
+
+    // Health carries the engine's liveness; /dedup and the metrics its age.
+    let h = curl_json(&sock, "GET", "/health", None, 200);
+    assert_eq!(h["status"], "ok", "{h}");
+    assert_eq!(h["engine"]["backend"], "pagefold", "{h}");
+    assert_eq!(h["engine"]["responding"], true, "{h}");
+    assert_eq!(h["engine"]["wakeup_overdue"], false, "{h}");
+    assert!(h["engine"]["last_wakeup_age_ms"].is_u64(), "{h}");
+    let d = curl_json(&sock, "GET", "/dedup", None, 200);
+    assert!(d["last_wakeup_age_ms"].is_u64(), "{d}");
+    assert_eq!(d["wakeup_overdue"], false, "{d}");
+    let (_, metrics) = curl(&sock, "GET", "/metrics", None);
+    assert!(
+        metrics.contains("\npagefold_dedup_last_wakeup_age_ms "),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\npagefold_dedup_wakeup_overdue 0\n"),
+        "{metrics}"
+    );
+
+    // `vm list` fills TRACKED/MERGED from the same figures as `status`.
+    let o = cli(&["vm", "list"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    let list = String::from_utf8_lossy(&o.stdout).into_owned();
+    let cells = row(&list, "vm0");
+    // VM STATE VCPUS MEMORY(2) UPTIME GROUP TRACKED MERGED ZERO SAVED(2) OUTCOME
+    assert_eq!(cells[1], "running", "{list}");
+    let tracked: u64 = cells[7]
+        .parse()
+        .unwrap_or_else(|_| panic!("TRACKED is not a number:\n{list}"));
+    assert_eq!(tracked, 64 * 256, "{list}");
+    cells[8]
+        .parse::<u64>()
+        .unwrap_or_else(|_| panic!("MERGED is not a number:\n{list}"));
+    assert_eq!(cells.last().unwrap(), "-", "{list}");
+
+    // A VM that finishes stays listed, with its outcome, until deleted.
+    let body = r#"{"memory": "32M", "serial": "null", "dedup": {"enabled": false},
+                   "workload": {"shared": "8M", "private": "4M", "phases": ["fill", "verify"]}}"#;
+    curl_json(&sock, "PUT", "/vms/done", Some(body), 201);
+    let start = Instant::now();
+    let v = loop {
+        let v = curl_json(&sock, "GET", "/vms/done", None, 200);
+        if v["state"] == "stopped" {
+            break v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(v["outcome"]["kind"], "guest_exit", "{v}");
+    assert_eq!(v["outcome"]["status"], 0, "{v}");
+    assert_eq!(
+        names(&curl_json(&sock, "GET", "/vms", None, 200)),
+        ["done", "vm0", "vm1"]
+    );
+    let (_, metrics) = curl(&sock, "GET", "/metrics", None);
+    assert!(
+        metrics.contains("pagefold_vm_state{vm=\"done\",state=\"stopped\"} 1"),
+        "{metrics}"
+    );
+    let o = cli(&["vm", "list"], &sock);
+    let list = String::from_utf8_lossy(&o.stdout).into_owned();
+    let cells = row(&list, "done");
+    assert_eq!(cells[1], "stopped", "{list}");
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("done") && l.ends_with("exit 0")),
+        "{list}"
+    );
+    let e = curl_json(
+        &sock,
+        "PATCH",
+        "/vms/done",
+        Some(r#"{"state":"paused"}"#),
+        409,
+    );
+    assert!(e["error"].as_str().unwrap().contains("finished"), "{e}");
+    let e = curl_json(&sock, "PUT", "/vms/done", Some(body), 409);
+    assert!(
+        e["error"].as_str().unwrap().contains("delete it first"),
+        "{e}"
+    );
+    let o = cli(&["vm", "delete", "done"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    curl_json(&sock, "GET", "/vms/done", None, 404);
+    assert_eq!(
+        names(&curl_json(&sock, "GET", "/vms", None, 200)),
+        ["vm0", "vm1"]
+    );
+
+    // Input errors: duplicate keys, host memory (409 as documented), names.
+    let e = curl_json(
+        &sock,
+        "PUT",
+        "/vms/dup",
+        Some(r#"{"memory": "32M", "memory": "64G"}"#),
+        400,
+    );
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("duplicate key \"memory\""),
+        "{e}"
+    );
+    curl_json(&sock, "GET", "/vms/dup", None, 404);
+    let e = curl_json(&sock, "PUT", "/vms/huge", Some(r#"{"memory": "1T"}"#), 409);
+    let msg = e["error"].as_str().unwrap();
+    assert!(
+        msg.contains("more than this host has") && msg.contains("1 TiB"),
+        "{e}"
+    );
+    let e = curl_json(&sock, "PUT", "/vms/-rf", Some(r#"{"memory": 32}"#), 400);
+    assert!(
+        e["error"].as_str().unwrap().contains("invalid VM name"),
+        "{e}"
+    );
+    let e = curl_json(&sock, "PUT", "/vms/a", Some(r#"{"memory": 1.5}"#), 400);
+    let msg = e["error"].as_str().unwrap();
+    assert!(
+        msg.contains("integer number of MiB") && !msg.contains("untagged"),
+        "{e}"
+    );
+    let o = common::run(
+        &[
+            "vm",
+            "delete",
+            "--api-sock",
+            sock.to_str().unwrap(),
+            "--",
+            "-rf",
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("invalid VM name \"-rf\""),
+        "{}",
+        text(&o)
+    );
+
+    curl_json(&sock, "PUT", "/shutdown", None, 202);
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+/// 300 idle connections (past the server's cap of 256) do not stall the
+/// next request for a header timeout: it is answered well under a second.
+#[test]
+fn idle_connections_do_not_stall_the_api() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-idle");
+    let sock = dir.path("api.sock");
+    let mut child = spawn(&["serve", "--api-sock", sock.to_str().unwrap()]);
+    wait_for_api(&mut child, &sock);
+    let idle: Vec<std::os::unix::net::UnixStream> = (0..300)
+        .map(|_| std::os::unix::net::UnixStream::connect(&sock).unwrap())
+        .collect();
+    let c = pagefold_api::Client::new(pagefold_api::client::Target::Unix(sock.clone())).unwrap();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = c.call("GET", "/health", None).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "a request behind 300 idle connections took {:?}",
+            t.elapsed()
+        );
+    }
+    drop(idle);
+    curl_json(&sock, "PUT", "/shutdown", None, 202);
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+/// `pagefold run | head -1`: with nobody reading, the VMs still run to
+/// their end, the JSON report is written, and the exit status is theirs.
+#[test]
+fn run_with_a_closed_stdout_still_runs_its_vms() {
+    require_kvm();
+    let dir = TempDir::new("run-epipe");
+    let json = dir.path("r.json");
+    let c = pagefold()
+        .args([
+            "run",
+            "--memory",
+            "32M",
+            "--shared",
+            "8M",
+            "--private",
+            "4M",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .stdout(closed_pipe())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let o = wait_bounded(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+    let r = common::read_json(&json);
+    assert_eq!(common::vm(&r, "vm0")["exit_status"], 0, "{r}");
+}

@@ -296,6 +296,142 @@ fn bad_input_gets_clear_errors() {
     );
 }
 
+/// Paths that exist but are no kernel or disk, sizes that are no sizes, and
+/// names no VM may have: exit 2 with a message that says what is wrong
+/// (not "not found", not "untagged enum", not a rounded size).
+#[test]
+fn misleading_input_gets_accurate_messages() {
+    let dir = TempDir::new("accurate");
+    let check = |args: &[&str], want: &str| {
+        let o = run(args, Duration::from_secs(30));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(want),
+            "{args:?}: stderr should mention {want:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        err.into_owned()
+    };
+    let garbage = dir.path("garbage.img");
+    std::fs::write(&garbage, vec![0x42u8; 64 << 10]).unwrap();
+    check(
+        &[
+            "run",
+            "--memory",
+            "64M",
+            "--kernel",
+            garbage.to_str().unwrap(),
+        ],
+        "is not an ELF vmlinux or bzImage kernel",
+    );
+    // ELF magic, then nothing a loader can use: still bad input (exit 2),
+    // not a VM failure (exit 3).
+    require_kvm();
+    let bad_elf = dir.path("bad.elf");
+    let mut bytes = b"\x7fELF".to_vec();
+    bytes.resize(8192, 0);
+    std::fs::write(&bad_elf, bytes).unwrap();
+    check(
+        &[
+            "run",
+            "--memory",
+            "64M",
+            "--kernel",
+            bad_elf.to_str().unwrap(),
+        ],
+        "loading the kernel failed",
+    );
+    let err = check(
+        &["run", "--memory", "64M", "--kernel", "/dev/null"],
+        "/dev/null is not a regular file",
+    );
+    assert!(!err.contains("not found"), "{err}");
+    let empty = dir.path("empty");
+    std::fs::write(&empty, b"").unwrap();
+    check(
+        &[
+            "run",
+            "--memory",
+            "64M",
+            "--kernel",
+            empty.to_str().unwrap(),
+        ],
+        "is empty",
+    );
+    let tmp = dir.0.to_str().unwrap();
+    let err = check(
+        &["run", "--memory", "64M", "--kernel", tmp],
+        "is a directory",
+    );
+    assert!(!err.contains("not found"), "{err}");
+    let err = check(
+        &[
+            "run",
+            "--memory",
+            "64M",
+            "--phases",
+            "fill,disk-read",
+            "--disk",
+            tmp,
+        ],
+        "is a directory",
+    );
+    assert!(!err.contains("not found"), "{err}");
+    // Exact sizes in messages.
+    check(&["run", "--memory", "15"], "at least 16 MiB, got 15 MiB");
+    check(
+        &["run", "--memory", "100000M"],
+        "ask for 100000 MiB of memory in all, more than this host has",
+    );
+    // A size that is no size says what a size looks like.
+    let cfg = dir.path("float.toml");
+    std::fs::write(&cfg, "[[vm]]\nname = \"a\"\nmemory = 1.5\n").unwrap();
+    let err = check(
+        &["run", "--config", cfg.to_str().unwrap()],
+        "integer number of MiB",
+    );
+    assert!(!err.contains("untagged"), "{err}");
+    // Names outside the pattern, from flags and from config files.
+    for bad in [".", "..", "-rf"] {
+        let arg = format!("--name={bad}");
+        check(&["run", "--memory", "64M", &arg], "invalid VM name");
+        let cfg = dir.path("name.toml");
+        std::fs::write(&cfg, format!("[[vm]]\nname = {bad:?}\nmemory = 64\n")).unwrap();
+        check(
+            &["run", "--config", cfg.to_str().unwrap()],
+            "[A-Za-z0-9][A-Za-z0-9_.-]{0,63}",
+        );
+    }
+}
+
+/// Memory that is a whole number of MiB but not of 2 MiB is rounded up to
+/// the next 2 MiB, with a note, and the VM runs.
+#[test]
+fn odd_mib_memory_is_rounded_up_with_a_note() {
+    require_kvm();
+    let dir = TempDir::new("odd-mib");
+    let json = dir.path("r.json");
+    let o = run(
+        &[
+            "run",
+            "--memory",
+            "33",
+            "--shared",
+            "8M",
+            "--private",
+            "4M",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("memory 33 MiB rounded up to 34 MiB"), "{err}");
+    assert_eq!(vm(&read_json(&json), "vm0")["exit_status"], 0);
+}
+
 /// A guest that crashes (triple fault) or pokes an unknown port gets a clear
 /// per-VM error while the other VM finishes its work.
 #[test]

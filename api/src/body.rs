@@ -53,6 +53,9 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         return Err(ApiError::BadRequest("the request needs a JSON body".into()));
     }
     let bad = |e: serde_json::Error| ApiError::BadRequest(format!("invalid JSON body: {e}"));
+    // serde_json keeps the last of two equal keys without a word: refuse
+    // them, so `{"memory": "64M", "memory": "8G"}` is never half-understood.
+    serde_json::from_slice::<NoDuplicateKeys>(bytes).map_err(bad)?;
     let mut v: serde_json::Value = serde_json::from_slice(bytes).map_err(bad)?;
     if !v.is_object() {
         return Err(ApiError::BadRequest(
@@ -61,6 +64,58 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     }
     integral_floats_to_integers(&mut v);
     serde_json::from_value(v).map_err(bad)
+}
+
+/// A JSON document in which no object has the same key twice (its
+/// deserialization fails on the first duplicate, naming it).
+struct NoDuplicateKeys;
+
+impl<'de> serde::Deserialize<'de> for NoDuplicateKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NoDuplicateKeysVisitor)
+    }
+}
+
+struct NoDuplicateKeysVisitor;
+
+impl<'de> serde::de::Visitor<'de> for NoDuplicateKeysVisitor {
+    type Value = NoDuplicateKeys;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+        while a.next_element::<NoDuplicateKeys>()?.is_some() {}
+        Ok(NoDuplicateKeys)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(k) = a.next_key::<String>()? {
+            if !seen.insert(k.clone()) {
+                return Err(serde::de::Error::custom(format!("duplicate key {k:?}")));
+            }
+            a.next_value::<NoDuplicateKeys>()?;
+        }
+        Ok(NoDuplicateKeys)
+    }
 }
 
 /// JSON (and JSON Schema's `integer`) does not tell `5` from `5.0`; serde
@@ -174,6 +229,16 @@ mod tests {
         assert!(matches!(&e, ApiError::BadRequest(m) if m.contains("needs a JSON body")));
         assert_eq!(parse::<S>(b"{\"a\":3}").unwrap().a, 3);
         assert_eq!(parse::<S>(b"{\"a\":643.0}").unwrap().a, 643);
+        let e = parse::<S>(b"{\"a\":1, \"a\":2}").unwrap_err();
+        assert!(
+            matches!(&e, ApiError::BadRequest(m) if m.contains("duplicate key \"a\"")),
+            "{e:?}"
+        );
+        let e = parse::<serde_json::Value>(b"{\"x\": [{\"b\": 1, \"b\": 1}]}").unwrap_err();
+        assert!(
+            matches!(&e, ApiError::BadRequest(m) if m.contains("duplicate key \"b\"")),
+            "{e:?}"
+        );
         let e = parse::<S>(b"{\"a\":1.5}").unwrap_err();
         assert!(
             matches!(&e, ApiError::BadRequest(m) if m.contains("floating point")),

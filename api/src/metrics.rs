@@ -84,6 +84,16 @@ const KNOWN: &[(&str, &str, Kind)] = &[
         Kind::Gauge,
     ),
     (
+        "last_wakeup_age_ms",
+        "Milliseconds since the dedup scanner last woke up (0: unknown).",
+        Kind::Gauge,
+    ),
+    (
+        "wakeup_overdue",
+        "1 while the engine judges a scanner wake-up overdue (stalled; GET /health answers 503).",
+        Kind::Gauge,
+    ),
+    (
         "knobs.pages_to_scan",
         "Knob: pages scanned per wake-up.",
         Kind::Gauge,
@@ -137,7 +147,7 @@ const OWNER: &[(&str, &str)] = &[
 ];
 
 const MODES: [&str; 4] = ["off", "on", "unmerge", "auto"];
-const STATES: [&str; 3] = ["running", "paused", "stopping"];
+const STATES: [&str; 4] = ["running", "paused", "stopping", "stopped"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -387,6 +397,8 @@ mod tests {
             cpu_seconds: 1.5,
             map_count_limited: true,
             profit_bytes: -4096,
+            last_wakeup_age_ms: 1234,
+            wakeup_overdue: true,
             per_owner,
             ..Stats::default()
         }
@@ -412,7 +424,11 @@ mod tests {
         let view = serde_json::to_value(stats()).unwrap();
         let text = render(
             Some(&view),
-            &[vm("a", RunState::Running), vm("b", RunState::Paused)],
+            &[
+                vm("a", RunState::Running),
+                vm("b", RunState::Paused),
+                vm("c", RunState::Stopped),
+            ],
         );
         let mut declared = BTreeSet::new();
         let mut current = String::new();
@@ -460,8 +476,12 @@ mod tests {
             "pagefold_vm_state{vm=\"b\",state=\"running\"} 0\n",
             "pagefold_vm_memory_bytes{vm=\"a\"} 67108864\n",
             "pagefold_vm_uptime_seconds{vm=\"a\"} 1.25\n",
-            "pagefold_vms 2\n",
+            "pagefold_vms 3\n",
+            "pagefold_vm_state{vm=\"c\",state=\"stopped\"} 1\n",
             "pagefold_dedup_enabled 1\n",
+            "# HELP pagefold_dedup_last_wakeup_age_ms Milliseconds since",
+            "pagefold_dedup_last_wakeup_age_ms 1234\n",
+            "# TYPE pagefold_dedup_wakeup_overdue gauge\npagefold_dedup_wakeup_overdue 1\n",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }

@@ -57,8 +57,50 @@ async fn health_reports_vms_and_backend() {
     assert_eq!(a.status, StatusCode::OK);
     assert_eq!(
         a.json(),
-        json!({"status": "ok", "vms": 2, "dedup_backend": "test"})
+        json!({"status": "ok", "vms": 2, "dedup_backend": "test",
+               "engine": {"backend": "test", "responding": true,
+                          "last_wakeup_age_ms": 15, "wakeup_overdue": false}})
     );
+    let none = FakeVmm::start(false, &[]);
+    let a = send(&app(&none), "GET", "/api/v1/health", None).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        a.json(),
+        json!({"status": "ok", "vms": 0, "dedup_backend": null, "engine": null})
+    );
+}
+
+#[tokio::test]
+async fn health_is_503_while_the_engine_is_stalled() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let app = app(&vmm);
+    let backend = vmm.backend.as_ref().unwrap();
+    backend
+        .overdue
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let a = send(&app, "GET", "/api/v1/health", None).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    let v = a.json();
+    assert_eq!(v["status"], "stalled", "{v}");
+    assert_eq!(v["engine"]["wakeup_overdue"], true, "{v}");
+    assert_eq!(v["engine"]["last_wakeup_age_ms"], 60_000, "{v}");
+    // The same figure in /dedup and the metrics.
+    let d = send(&app, "GET", "/api/v1/dedup", None).await.json();
+    assert_eq!(d["last_wakeup_age_ms"], 60_000, "{d}");
+    assert_eq!(d["wakeup_overdue"], true, "{d}");
+    let m = send(&app, "GET", "/api/v1/metrics", None).await.text;
+    assert!(
+        m.contains("pagefold_dedup_last_wakeup_age_ms 60000\n"),
+        "{m}"
+    );
+    assert!(m.contains("pagefold_dedup_wakeup_overdue 1\n"), "{m}");
+    // It wakes up again: healthy again.
+    backend
+        .overdue
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    let a = send(&app, "GET", "/api/v1/health", None).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["status"], "ok");
 }
 
 #[tokio::test]
@@ -430,4 +472,42 @@ async fn shutdown_then_unavailable() {
     assert_eq!(a.error(), "the VMM is shutting down");
     let a = send(&app, "GET", "/api/v1/health", None).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn duplicate_keys_and_bad_names_are_refused() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let app = app(&vmm);
+    let a = send(
+        &app,
+        "PUT",
+        "/api/v1/vms/vm5",
+        Some(r#"{"memory": "64M", "vcpus": 1, "memory": "8G"}"#),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(a.error().contains("duplicate key \"memory\""), "{}", a.text);
+    let a = send(&app, "GET", "/api/v1/vms/vm5", None).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND, "nothing was created");
+    let a = send(
+        &app,
+        "PATCH",
+        "/api/v1/dedup",
+        Some(r#"{"pages_to_scan": 10, "pages_to_scan": 20}"#),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(
+        a.error().contains("duplicate key \"pages_to_scan\""),
+        "{}",
+        a.text
+    );
+    for bad in ["-rf", "..", ".", "_x"] {
+        for m in ["GET", "DELETE", "PUT"] {
+            let body = (m == "PUT").then_some(r#"{"memory": 64}"#);
+            let a = send(&app, m, &format!("/api/v1/vms/{bad}"), body).await;
+            assert_eq!(a.status, StatusCode::BAD_REQUEST, "{m} {bad}: {}", a.text);
+            assert!(a.error().contains("invalid VM name"), "{}", a.text);
+        }
+    }
 }

@@ -78,11 +78,15 @@ pub fn unexpected(r: &Response) -> ApiError {
     ApiError::Internal(format!("unexpected reply from the VMM: {r:?}"))
 }
 
-/// The `{name}` path segment, with a JSON 400 for undecodable ones.
+/// The `{name}` path segment, with a JSON 400 for undecodable ones and for
+/// names outside the documented pattern (`.`, `..`, `-rf`, ...), which no
+/// VM can have.
 pub fn name(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    p.map(|Path(n)| n).map_err(|e| {
+    let n = p.map(|Path(n)| n).map_err(|e| {
         ApiError::BadRequest(format!("invalid VM name in the path: {}", e.body_text()))
-    })
+    })?;
+    pagefold_vmm::config::validate_vm_name(&n).map_err(ApiError::BadRequest)?;
+    Ok(n)
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -5,10 +5,18 @@
 //! idle keep-alive connections), a deadline and a size cap for bodies, and
 //! VMM calls that run off the runtime thread; the VMM's event loop only
 //! ever sees requests through its channel and never touches a socket.
+//!
+//! At the connection cap, idle connections never starve new clients: a new
+//! connection is accepted first, and if no slot is free the connection that
+//! has been idle longest (no request in flight) is closed to make room.
+//! Without that, 256 idle keep-alive clients made every new request wait
+//! for a header timeout (10 s).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -18,7 +26,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use pagefold_vmm::control;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::listen::{ListenConfig, ListenError};
 use crate::router::{router, AppState};
@@ -55,7 +63,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Deadline for a request's body once its headers arrived (408).
     pub body_timeout: Duration,
-    /// Open connections at most; further clients wait in the listen backlog.
+    /// Open connections at most; past it, the longest-idle connection is
+    /// closed for a new one (clients all busy: the new one waits).
     pub max_connections: usize,
     /// Threads for VMM and backend calls.
     pub max_blocking_threads: usize,
@@ -130,6 +139,7 @@ impl Server {
             app: router(state),
             limits,
             conns: Arc::new(Semaphore::new(limits.max_connections)),
+            open: Arc::new(OpenConns::default()),
             stop: stop_rx,
         };
         let thread = std::thread::Builder::new()
@@ -185,7 +195,84 @@ struct Ctx {
     app: Router,
     limits: Limits,
     conns: Arc<Semaphore>,
+    open: Arc<OpenConns>,
     stop: watch::Receiver<bool>,
+}
+
+/// One open connection, as the shedding logic sees it.
+struct ConnState {
+    /// Requests in flight (a busy connection is never shed).
+    busy: AtomicUsize,
+    /// The tick of its last request start or end (smaller: idle longer).
+    last_active: AtomicU64,
+    /// Asks the connection to close.
+    shed: Notify,
+}
+
+/// Every open connection, so that one can be closed to make room.
+#[derive(Default)]
+struct OpenConns {
+    /// A logical clock for `last_active` (cheaper than `Instant`s, and
+    /// strictly ordered).
+    tick: AtomicU64,
+    next_id: AtomicU64,
+    conns: Mutex<BTreeMap<u64, Arc<ConnState>>>,
+}
+
+impl OpenConns {
+    fn now(&self) -> u64 {
+        self.tick.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<ConnState>>> {
+        self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self) -> (u64, Arc<ConnState>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let c = Arc::new(ConnState {
+            busy: AtomicUsize::new(0),
+            last_active: AtomicU64::new(self.now()),
+            shed: Notify::new(),
+        });
+        self.lock().insert(id, c.clone());
+        (id, c)
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Asks the connection idle longest to close; false if every open
+    /// connection has a request in flight. The connection leaves the set
+    /// at once, so a second call picks another.
+    fn shed_idlest(&self) -> bool {
+        let mut conns = self.lock();
+        let idlest = conns
+            .iter()
+            .filter(|(_, c)| c.busy.load(Ordering::Relaxed) == 0)
+            .min_by_key(|(_, c)| c.last_active.load(Ordering::Relaxed))
+            .map(|(id, _)| *id);
+        match idlest.and_then(|id| conns.remove(&id)) {
+            Some(c) => {
+                c.shed.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Removes a connection from [`OpenConns`] when its task ends, however it ends.
+struct Registered {
+    open: Arc<OpenConns>,
+    id: u64,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.remove(self.id);
+    }
 }
 
 enum Listener {
@@ -193,21 +280,52 @@ enum Listener {
     Tcp(tokio::net::TcpListener),
 }
 
+enum Accepted {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream),
+}
+
 impl Listener {
-    /// Accepts one connection and serves it on its own task.
-    async fn accept_one(&self, ctx: &Ctx, permit: OwnedSemaphorePermit) -> std::io::Result<()> {
-        match self {
-            Listener::Unix(l) => {
-                let (s, _) = l.accept().await?;
-                tokio::spawn(connection(s, ctx.clone(), permit));
-            }
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        Ok(match self {
+            Listener::Unix(l) => Accepted::Unix(l.accept().await?.0),
             Listener::Tcp(l) => {
                 let (s, _) = l.accept().await?;
                 let _ = s.set_nodelay(true);
-                tokio::spawn(connection(s, ctx.clone(), permit));
+                Accepted::Tcp(s)
             }
+        })
+    }
+}
+
+impl Accepted {
+    /// Serves the connection on its own task.
+    fn spawn(self, ctx: &Ctx, permit: OwnedSemaphorePermit) {
+        match self {
+            Accepted::Unix(s) => drop(tokio::spawn(connection(s, ctx.clone(), permit))),
+            Accepted::Tcp(s) => drop(tokio::spawn(connection(s, ctx.clone(), permit))),
         }
-        Ok(())
+    }
+}
+
+/// A connection slot for a client that is already accepted: a free one,
+/// else one made by closing the longest-idle connection; if every
+/// connection is busy, the next slot that frees up. None once stopping.
+async fn slot(ctx: &Ctx, stop: &mut watch::Receiver<bool>) -> Option<OwnedSemaphorePermit> {
+    loop {
+        match ctx.conns.clone().try_acquire_owned() {
+            Ok(p) => return Some(p),
+            Err(tokio::sync::TryAcquireError::Closed) => return None,
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        }
+        let shed = ctx.open.shed_idlest();
+        tokio::select! {
+            p = ctx.conns.clone().acquire_owned() => return p.ok(),
+            _ = stop.changed() => return None,
+            // A shed connection frees its slot within moments; if none
+            // was idle, look again now and then (one may have become idle).
+            _ = tokio::time::sleep(Duration::from_millis(if shed { 1000 } else { 50 })) => {}
+        }
     }
 }
 
@@ -239,22 +357,21 @@ async fn serve(
 async fn accept_loop(l: Listener, ctx: Ctx) {
     let mut stop = ctx.stop.clone();
     loop {
-        let permit = tokio::select! {
-            p = ctx.conns.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = stop.changed() => break,
-        };
-        tokio::select! {
-            r = l.accept_one(&ctx, permit) => {
-                if let Err(e) = r {
+        let conn = tokio::select! {
+            r = l.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     log::warn!("API: accept: {e}");
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
                 }
-            }
+            },
             _ = stop.changed() => break,
+        };
+        match slot(&ctx, &mut stop).await {
+            Some(permit) => conn.spawn(&ctx, permit),
+            None => break,
         }
     }
 }
@@ -263,7 +380,16 @@ async fn connection<S>(s: S, ctx: Ctx, _permit: OwnedSemaphorePermit)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = TowerToHyperService::new(ctx.app.clone());
+    let (id, state) = ctx.open.add();
+    let _registered = Registered {
+        open: ctx.open.clone(),
+        id,
+    };
+    let svc = TowerToHyperService::new(Tracked {
+        inner: ctx.app.clone(),
+        state: state.clone(),
+        open: ctx.open.clone(),
+    });
     let mut b = http1::Builder::new();
     b.timer(TokioTimer::new())
         .header_read_timeout(ctx.limits.header_timeout)
@@ -280,7 +406,80 @@ where
             return;
         }
         _ = stop.changed() => {}
+        _ = state.shed.notified() => {
+            if state.busy.load(Ordering::Relaxed) == 0 {
+                // Idle (at most part of a request's headers came): close
+                // now, as any keep-alive peer must expect.
+                return;
+            }
+        }
     }
     conn.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
+}
+
+/// The router, counting each connection's requests in flight and when it
+/// was last active (see [`OpenConns::shed_idlest`]).
+#[derive(Clone)]
+struct Tracked {
+    inner: Router,
+    state: Arc<ConnState>,
+    open: Arc<OpenConns>,
+}
+
+impl<B> tower::Service<hyper::Request<B>> for Tracked
+where
+    Router: tower::Service<
+        hyper::Request<B>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+    >,
+    <Router as tower::Service<hyper::Request<B>>>::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tower::Service::<hyper::Request<B>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, req: hyper::Request<B>) -> Self::Future {
+        let busy = Busy::new(self.state.clone(), self.open.clone());
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let r = fut.await;
+            drop(busy);
+            r
+        })
+    }
+}
+
+/// A request in flight on a connection (also when its future is dropped).
+struct Busy {
+    state: Arc<ConnState>,
+    open: Arc<OpenConns>,
+}
+
+impl Busy {
+    fn new(state: Arc<ConnState>, open: Arc<OpenConns>) -> Busy {
+        state.busy.fetch_add(1, Ordering::Relaxed);
+        state.last_active.store(open.now(), Ordering::Relaxed);
+        Busy { state, open }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.state
+            .last_active
+            .store(self.open.now(), Ordering::Relaxed);
+        self.state.busy.fetch_sub(1, Ordering::Relaxed);
+    }
 }

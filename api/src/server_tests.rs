@@ -183,3 +183,84 @@ fn many_concurrent_clients() {
     }
     drop(server);
 }
+
+/// 300 idle connections (more than the cap of 256), some of them keep-alive
+/// connections that already made a request: a new client is still answered
+/// at once (the idlest connections are closed to make room), not after a
+/// header timeout.
+#[test]
+fn idle_connections_past_the_cap_do_not_stall_new_requests() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let p = sock("cap");
+    let limits = Limits::default();
+    assert_eq!(limits.max_connections, 256);
+    assert!(limits.header_timeout >= Duration::from_secs(10));
+    let server = Server::start(vmm.handle.clone(), &unix(&p), limits).unwrap();
+    let mut idle = Vec::new();
+    for i in 0..300 {
+        let mut s = UnixStream::connect(&p).unwrap();
+        if i < 50 {
+            // A keep-alive client: one request, then silence.
+            s.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        }
+        idle.push(s);
+    }
+    let c = Client::new(Target::Unix(p.clone())).unwrap();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let r = c.call("GET", "/health", None).unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "a request behind 300 idle connections took {:?}",
+            t.elapsed()
+        );
+    }
+    drop(idle);
+    drop(server);
+    let _ = std::fs::remove_dir_all(p.parent().unwrap());
+}
+
+/// A connection with a request in flight is never closed to make room:
+/// at the cap with every connection busy, a new client waits for a slot.
+#[test]
+fn busy_connections_are_not_shed() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let p = sock("busy");
+    let limits = Limits {
+        max_connections: 2,
+        body_timeout: Duration::from_millis(800),
+        ..Limits::default()
+    };
+    let server = Server::start(vmm.handle.clone(), &unix(&p), limits).unwrap();
+    // Two requests in flight: their bodies are late.
+    let mut busy: Vec<UnixStream> = (0..2)
+        .map(|_| {
+            let mut s = UnixStream::connect(&p).unwrap();
+            s.write_all(b"PATCH /api/v1/dedup HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n{")
+                .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let c = Client::new(Target::Unix(p.clone())).unwrap();
+    let t = Instant::now();
+    assert_eq!(c.call("GET", "/health", None).unwrap().status, 200);
+    // Served only once a busy connection got its 408 (after ~800 ms).
+    assert!(
+        t.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    for s in &mut busy {
+        let (text, _) = read_to_close(s);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(p.parent().unwrap());
+}

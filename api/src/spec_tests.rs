@@ -157,6 +157,8 @@ async fn answers_match_the_spec() {
         ("GET", p("/vms"), None, 200),
         ("GET", p("/vms/vm0"), None, 200),
         ("GET", p("/vms/ghost"), None, 404),
+        ("GET", p("/vms/-rf"), None, 400),
+        ("DELETE", p("/vms/..x"), None, 400),
         ("PUT", p("/vms/vm1"), Some(vm.clone()), 201),
         ("PUT", p("/vms/vm1"), Some(vm), 409),
         (
@@ -225,6 +227,7 @@ async fn answers_match_the_spec() {
     }
     let none = FakeVmm::start(false, &[]);
     let app = router(AppState::new(none.handle.clone()));
+    check(&app, &s, "GET", &p("/health"), None, 200).await;
     check(&app, &s, "GET", &p("/dedup"), None, 404).await;
     check(
         &app,
@@ -235,4 +238,19 @@ async fn answers_match_the_spec() {
         404,
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_stalled_engine_answers_as_documented() {
+    let s = spec();
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let app = router(AppState::new(vmm.handle.clone()));
+    let p = |x: &str| format!("{PREFIX}{x}");
+    let overdue = &vmm.backend.as_ref().unwrap().overdue;
+    overdue.store(true, std::sync::atomic::Ordering::Relaxed);
+    check(&app, &s, "GET", &p("/health"), None, 503).await;
+    check(&app, &s, "GET", &p("/dedup"), None, 200).await;
+    check(&app, &s, "GET", &p("/metrics"), None, 200).await;
+    overdue.store(false, std::sync::atomic::Ordering::Relaxed);
+    check(&app, &s, "GET", &p("/health"), None, 200).await;
 }

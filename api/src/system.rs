@@ -1,5 +1,7 @@
 //! `/health`, `/shutdown` and `/metrics`.
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -11,14 +13,62 @@ use crate::error::ApiError;
 use crate::router::{blocking, unexpected, AppState};
 use crate::{dedup, metrics};
 
-/// Healthy means the VMM's event loop answers.
-pub async fn health(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// How long `/health` waits for the backend's statistics: an engine wedged
+/// on its own lock must not hang the health check too (it is reported
+/// stalled instead).
+pub const ENGINE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The engine part of `/health`: null without a backend; else whether its
+/// statistics answered, how long ago its scanner last woke up, and the
+/// engine's own judgement whether a wake-up is overdue.
+async fn engine(s: &AppState) -> Result<Value, ApiError> {
+    let Some(b) = s.handle.dedup().cloned() else {
+        return Ok(Value::Null);
+    };
+    let name = b.name();
+    Ok(
+        match tokio::time::timeout(ENGINE_PROBE_TIMEOUT, blocking(move || b.stats())).await {
+            Ok(stats) => {
+                let st = stats?;
+                json!({
+                    "backend": name,
+                    "responding": true,
+                    "last_wakeup_age_ms": st.last_wakeup_age_ms,
+                    "wakeup_overdue": st.wakeup_overdue,
+                })
+            }
+            Err(_) => json!({
+                "backend": name,
+                "responding": false,
+                "last_wakeup_age_ms": null,
+                "wakeup_overdue": true,
+            }),
+        },
+    )
+}
+
+/// Healthy means the VMM's event loop answers and the dedup engine (if
+/// any) is not stalled: its scanner woke up when it planned to and its
+/// statistics answer. A stalled engine is a 503 with the same body
+/// (`"status": "stalled"`), so a plain HTTP probe sees it.
+pub async fn health(State(s): State<AppState>) -> Result<(StatusCode, Json<Value>), ApiError> {
     let vms = s.vms().await?;
-    Ok(Json(json!({
-        "status": "ok",
-        "vms": vms.len(),
-        "dedup_backend": s.handle.dedup().map(|b| b.name()),
-    })))
+    let engine = engine(&s).await?;
+    let stalled = engine["wakeup_overdue"] == true || engine["responding"] == false;
+    let (code, status) = if stalled {
+        (StatusCode::SERVICE_UNAVAILABLE, "stalled")
+    } else {
+        (StatusCode::OK, "ok")
+    };
+    Ok((
+        code,
+        Json(json!({
+            "status": status,
+            "vms": vms.len(),
+            "dedup_backend": s.handle.dedup().map(|b| b.name()),
+            "engine": engine,
+        })),
+    ))
 }
 
 /// Stops every VM and ends the process (also in `serve` mode).

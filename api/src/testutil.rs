@@ -19,6 +19,8 @@ use pagefold_vmm::vm::VmInfo;
 
 pub struct TestBackend {
     state: Mutex<(Mode, Knobs)>,
+    /// Pretend the scanner's wake-up is overdue (a stalled engine).
+    pub overdue: AtomicBool,
 }
 
 impl TestBackend {
@@ -32,6 +34,7 @@ impl TestBackend {
                     max_page_sharing: 256,
                 },
             )),
+            overdue: AtomicBool::new(false),
         }
     }
 }
@@ -87,6 +90,12 @@ impl DedupBackend for TestBackend {
             full_scans: 4,
             merges: 40,
             bytes_saved: 32 * 4096,
+            last_wakeup_age_ms: if self.overdue.load(Ordering::Relaxed) {
+                60_000
+            } else {
+                15
+            },
+            wakeup_overdue: self.overdue.load(Ordering::Relaxed),
             per_owner,
             ..Stats::default()
         }
@@ -97,6 +106,8 @@ impl DedupBackend for TestBackend {
 /// A pretend VMM loop on its own thread.
 pub struct FakeVmm {
     pub handle: Handle,
+    /// The test backend (when started with one), to steer from tests.
+    pub backend: Option<Arc<TestBackend>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -157,8 +168,9 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
 impl FakeVmm {
     /// Starts the loop; `vm_names` are VMs that exist from the start.
     pub fn start(with_backend: bool, vm_names: &[&str]) -> FakeVmm {
+        let test_backend = with_backend.then(|| Arc::new(TestBackend::new()));
         let backend: Option<Arc<dyn DedupBackend>> =
-            with_backend.then(|| Arc::new(TestBackend::new()) as _);
+            test_backend.clone().map(|b| b as Arc<dyn DedupBackend>);
         // A real auto-mode controller over a scripted 1 GiB host (the
         // backend does not run it; only its handle's status and settings
         // are used here).
@@ -209,6 +221,7 @@ impl FakeVmm {
         });
         FakeVmm {
             handle,
+            backend: test_backend,
             stop,
             thread: Some(thread),
         }

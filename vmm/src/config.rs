@@ -19,12 +19,94 @@ pub enum Error {
     },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("invalid size {0:?}: expected a number with an optional K, M, G or T suffix (e.g. 256M, 1G); a bare number means MiB")]
+    #[error("invalid size {0:?}: expected an integer with an optional K, M, G or T suffix (e.g. 256M, 1G); a bare number means MiB")]
     Size(String),
     #[error("VM {vm:?}: {message}")]
     Vm { vm: String, message: String },
+    /// The VMs ask for more memory than the host has: a conflict with the
+    /// host's state rather than malformed input (the API answers 409).
+    #[error("the VMs ask for {} of memory in all, more than this host has ({})", fmt_size_exact(*.asked), fmt_size_exact_about(*.host))]
+    HostMemory { asked: u64, host: u64 },
     #[error("{0}")]
     Invalid(String),
+}
+
+/// The documented VM name pattern (also in api/openapi.yaml): names end up
+/// in URL paths, CLI arguments, file names and metric labels, so `.`, `..`
+/// and names that look like options (`-rf`) are out.
+pub const VM_NAME_PATTERN: &str = "[A-Za-z0-9][A-Za-z0-9_.-]{0,63}";
+
+/// Checks a VM name against [`VM_NAME_PATTERN`].
+pub fn validate_vm_name(name: &str) -> Result<(), String> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if first_ok && rest_ok && name.len() <= 64 {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid VM name {name:?}: the name must be 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-', \
+             starting with a letter or digit (pattern {VM_NAME_PATTERN})"
+        ))
+    }
+}
+
+/// Checks that `path` names a non-empty regular file, with a message that
+/// tells a missing path from a directory, a device or an empty file.
+fn check_file(what: &str, path: &Path, allow_empty: bool) -> Result<(), String> {
+    let p = path.display();
+    let m = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(format!("{what} not found: {p}"))
+        }
+        Err(e) => return Err(format!("{what} {p}: {e}")),
+    };
+    if m.is_dir() {
+        return Err(format!("{what} {p} is a directory"));
+    }
+    if !m.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let t = m.file_type();
+        let kind = if t.is_char_device() {
+            " (a character device)"
+        } else if t.is_block_device() {
+            " (a block device)"
+        } else if t.is_fifo() {
+            " (a FIFO)"
+        } else if t.is_socket() {
+            " (a socket)"
+        } else {
+            ""
+        };
+        return Err(format!("{what} {p} is not a regular file{kind}"));
+    }
+    if m.len() == 0 && !allow_empty {
+        return Err(format!("{what} {p} is empty"));
+    }
+    Ok(())
+}
+
+/// Checks that a kernel image is an ELF vmlinux or a bzImage (the formats
+/// the loader takes), so garbage is refused as bad input up front instead
+/// of failing later as a VM error.
+fn check_kernel_format(path: &Path) -> Result<(), String> {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(0x206);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(0x206).read_to_end(&mut head))
+        .map_err(|e| format!("kernel file {}: {e}", path.display()))?;
+    let elf = head.starts_with(b"\x7fELF");
+    // The x86 boot protocol's header magic "HdrS" at offset 0x202.
+    let bzimage = head.get(0x202..0x206) == Some(b"HdrS".as_slice());
+    if elf || bzimage {
+        Ok(())
+    } else {
+        Err(format!(
+            "kernel {} is not an ELF vmlinux or bzImage kernel (no ELF magic, no \"HdrS\" boot header)",
+            path.display()
+        ))
+    }
 }
 
 /// Parses sizes such as `256M`, `1G`, `512MiB`, `4096K`; a bare number is MiB.
@@ -61,12 +143,76 @@ pub fn fmt_size(b: u64) -> String {
     }
 }
 
+/// Formats bytes exactly, in the largest unit that divides them (e.g.
+/// `4097 MiB`, `1536 KiB`, `1000 B`), for messages about a size the user
+/// gave: [`fmt_size`] rounds (4097 MiB would read "4.0 GiB").
+pub fn fmt_size_exact(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut i = 0;
+    while v != 0 && v % 1024 == 0 && i < U.len() - 1 {
+        v /= 1024;
+        i += 1;
+    }
+    format!("{v} {}", U[i])
+}
+
+/// [`fmt_size_exact`], with the rounded figure too when the exact one is
+/// hard to read (`24684096 KiB, about 23.5 GiB`).
+pub fn fmt_size_exact_about(b: u64) -> String {
+    let exact = fmt_size_exact(b);
+    let about = fmt_size(b);
+    if about.contains('.') {
+        format!("{exact}, about {about}")
+    } else {
+        exact
+    }
+}
+
+/// What a size looks like, for messages.
+const SIZE_FORMS: &str = "an integer number of MiB (e.g. 256) or a string with a K, M, G or T suffix (e.g. \"256M\", \"1G\")";
+
 /// A size as written in the config (`"256M"` or a number of MiB).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum SizeValue {
     Mib(u64),
     Text(String),
+}
+
+/// By hand rather than `#[serde(untagged)]`, whose error for `1.5` ("data
+/// did not match any variant of untagged enum SizeValue") does not say what
+/// a size looks like. Whole floats (`64.0`) are taken as integers, as the
+/// API does for every number.
+impl<'de> Deserialize<'de> for SizeValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = SizeValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "a size: {SIZE_FORMS}")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<SizeValue, E> {
+                Ok(SizeValue::Mib(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<SizeValue, E> {
+                u64::try_from(v)
+                    .map(SizeValue::Mib)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<SizeValue, E> {
+                if v.fract() == 0.0 && (0.0..1.8e19).contains(&v) {
+                    Ok(SizeValue::Mib(v as u64))
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Float(v), &self))
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<SizeValue, E> {
+                Ok(SizeValue::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl SizeValue {
@@ -383,7 +529,7 @@ impl Config {
             if !names.insert(vm.name.clone()) {
                 return Err(Error::Invalid(format!("two VMs are named {:?}", vm.name)));
             }
-            total = total.saturating_add(vm.memory.bytes()?);
+            total = total.saturating_add(vm.memory_bytes());
         }
         if let Some(s) = &self.stdin {
             if !names.contains(s) {
@@ -392,11 +538,7 @@ impl Config {
         }
         if let Some(host) = host_mem_total {
             if total > host {
-                return Err(Error::Invalid(format!(
-                    "the VMs ask for {} of memory in all, more than this host has ({})",
-                    fmt_size(total),
-                    fmt_size(host)
-                )));
+                return Err(Error::HostMemory { asked: total, host });
             }
         }
         Ok(())
@@ -456,15 +598,7 @@ impl VmConfig {
     }
 
     pub fn validate(&self) -> Result<(), Error> {
-        let name_ok = !self.name.is_empty()
-            && self.name.len() <= 64
-            && self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
-        if !name_ok {
-            return Err(self.err("name must be 1-64 characters of A-Z, a-z, 0-9, '-', '_', '.'"));
-        }
+        validate_vm_name(&self.name).map_err(|m| self.err(m))?;
         if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
             return Err(self.err(format!(
                 "invalid vcpus {} (valid range 1..={MAX_VCPUS})",
@@ -475,16 +609,16 @@ impl VmConfig {
         if mem == 0 {
             return Err(self.err("memory must be larger than zero"));
         }
-        if mem % crate::memory::RAM_ALIGN != 0 {
+        if mem % (1 << 20) != 0 {
             return Err(self.err(format!(
-                "memory must be a multiple of 2 MiB, got {}",
-                fmt_size(mem)
+                "memory must be a whole number of MiB, got {}",
+                fmt_size_exact(mem)
             )));
         }
         if mem < 16 << 20 {
             return Err(self.err(format!(
                 "memory must be at least 16 MiB, got {}",
-                fmt_size(mem)
+                fmt_size_exact(mem)
             )));
         }
         if let Some(g) = &self.dedup.group {
@@ -497,15 +631,13 @@ impl VmConfig {
                 return Err(self.err("give either a workload or a kernel, not both"))
             }
             (_, Some(k)) => {
-                for p in std::iter::once(&k.path).chain(k.initrd.iter()) {
-                    if !p.is_file() {
-                        return Err(self.err(format!("file not found: {}", p.display())));
-                    }
+                check_file("kernel file", &k.path, false).map_err(|m| self.err(m))?;
+                check_kernel_format(&k.path).map_err(|m| self.err(m))?;
+                if let Some(i) = &k.initrd {
+                    check_file("initrd file", i, false).map_err(|m| self.err(m))?;
                 }
                 for d in &k.disks {
-                    if !d.path.is_file() {
-                        return Err(self.err(format!("disk image not found: {}", d.path.display())));
-                    }
+                    check_file("disk image", &d.path, true).map_err(|m| self.err(m))?;
                 }
             }
             (w, None) => {
@@ -526,9 +658,28 @@ impl VmConfig {
         Ok(())
     }
 
-    /// Guest RAM size in bytes (validated).
+    /// Guest RAM size in bytes (validated): the size asked for, rounded up
+    /// to a multiple of 2 MiB (guest RAM is mapped with 2 MiB pages; see
+    /// [`VmConfig::memory_note`]).
     pub fn memory_bytes(&self) -> u64 {
-        self.memory.bytes().unwrap_or(0)
+        let b = self.memory.bytes().unwrap_or(0);
+        b.div_ceil(crate::memory::RAM_ALIGN)
+            .saturating_mul(crate::memory::RAM_ALIGN)
+    }
+
+    /// A note when the size asked for was rounded up (e.g. 4097 MiB to
+    /// 4098 MiB), like Firecracker takes any MiB size: the VMM prints it.
+    pub fn memory_note(&self) -> Option<String> {
+        let asked = self.memory.bytes().ok()?;
+        let got = self.memory_bytes();
+        (got != asked).then(|| {
+            format!(
+                "VM {:?}: memory {} rounded up to {} (guest RAM comes in 2 MiB pages)",
+                self.name,
+                fmt_size_exact(asked),
+                fmt_size_exact(got)
+            )
+        })
     }
 
     /// The dedup group this VM's pages may be shared in.
@@ -652,9 +803,7 @@ impl WorkloadConfig {
             return Err("the disk-read phase needs a disk (workload.disks, or --disk)".into());
         }
         for d in &self.disks {
-            if !d.path.is_file() {
-                return Err(format!("disk image not found: {}", d.path.display()));
-            }
+            check_file("disk image", &d.path, true)?;
         }
         let max_extent = pagefold_guest_abi::placement::MAX_EXTENT_PAGES;
         match self.placement {
@@ -770,8 +919,12 @@ mod tests {
         };
         bad("[[vm]]\nname = \"a\"\nmemory = 0\n", "larger than zero");
         bad(
+            "[[vm]]\nname = \"a\"\nmemory = \"1536K\"\n",
+            "whole number of MiB, got 1536 KiB",
+        );
+        bad(
             "[[vm]]\nname = \"a\"\nmemory = \"3M\"\n",
-            "multiple of 2 MiB",
+            "at least 16 MiB, got 3 MiB",
         );
         bad(
             "[[vm]]\nname = \"a\"\nmemory = \"64G\"\n",
@@ -811,6 +964,133 @@ mod tests {
             "unknown backend",
         );
         bad("", "no VM to run");
+    }
+
+    #[test]
+    fn sizes_are_reported_exactly_and_rounded_up_to_2_mib() {
+        assert_eq!(fmt_size_exact(4097 << 20), "4097 MiB");
+        assert_eq!(fmt_size_exact(4 << 30), "4 GiB");
+        assert_eq!(fmt_size_exact(1536 << 10), "1536 KiB");
+        assert_eq!(fmt_size_exact(1000), "1000 B");
+        assert_eq!(fmt_size_exact(0), "0 B");
+        assert_eq!(
+            fmt_size_exact_about(24684096 << 10),
+            "24684096 KiB, about 23.5 GiB"
+        );
+        assert_eq!(fmt_size_exact_about(4 << 30), "4 GiB");
+        let c = parse("[[vm]]\nname = \"a\"\nmemory = 4097\n").unwrap();
+        c.validate(None).unwrap();
+        assert_eq!(c.vms[0].memory_bytes(), 4098 << 20);
+        let note = c.vms[0].memory_note().unwrap();
+        assert!(note.contains("4097 MiB rounded up to 4098 MiB"), "{note}");
+        let c = parse("[[vm]]\nname = \"a\"\nmemory = \"64M\"\n").unwrap();
+        assert_eq!(c.vms[0].memory_note(), None);
+        // Too much for the host: exact sizes, and its own variant (409 in the API).
+        let c = parse("[[vm]]\nname = \"a\"\nmemory = 4097\n").unwrap();
+        let e = c.validate(Some(4 << 30)).unwrap_err();
+        assert!(matches!(e, Error::HostMemory { .. }), "{e:?}");
+        let m = e.to_string();
+        assert!(m.contains("4098 MiB") && m.contains("(4 GiB)"), "{m}");
+    }
+
+    #[test]
+    fn sizes_that_are_not_sizes_say_what_a_size_looks_like() {
+        for v in ["1.5", "-3", "true"] {
+            let e = parse(&format!("[[vm]]\nname = \"a\"\nmemory = {v}\n")).unwrap_err();
+            assert!(
+                e.contains("integer number of MiB") && e.contains("\"256M\""),
+                "{v}: {e}"
+            );
+            assert!(!e.contains("untagged"), "{e}");
+        }
+        let e = serde_json::from_str::<VmConfig>(r#"{"name": "a", "memory": 1.5}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("floating point `1.5`") && e.contains("K, M, G or T suffix"),
+            "{e}"
+        );
+        let c: VmConfig = serde_json::from_str(r#"{"name": "a", "memory": 64.0}"#).unwrap();
+        assert_eq!(c.memory_bytes(), 64 << 20);
+        let c = parse("[[vm]]\nname = \"a\"\nmemory = \"1.5G\"\n").unwrap();
+        let e = c.validate(None).unwrap_err().to_string();
+        assert!(e.contains("invalid size \"1.5G\""), "{e}");
+    }
+
+    #[test]
+    fn vm_names_follow_the_documented_pattern() {
+        for good in ["a", "vm-1", "A.b_c", "0", &"x".repeat(64)] {
+            validate_vm_name(good).unwrap();
+        }
+        for bad in [
+            ".",
+            "..",
+            "-rf",
+            "_x",
+            "",
+            "a/b",
+            "a b",
+            "é",
+            &"x".repeat(65),
+        ] {
+            let e = validate_vm_name(bad).unwrap_err();
+            assert!(e.contains(VM_NAME_PATTERN), "{e}");
+        }
+        for bad in [".", "..", "-rf"] {
+            let c = parse(&format!("[[vm]]\nname = {bad:?}\nmemory = 64\n")).unwrap();
+            let e = c.validate(None).unwrap_err().to_string();
+            assert!(e.contains("invalid VM name"), "{e}");
+        }
+    }
+
+    #[test]
+    fn kernel_and_disk_paths_say_what_is_wrong_with_them() {
+        let d = std::env::temp_dir().join(format!("pagefold-cfg-files-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let empty = d.join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        let garbage = d.join("garbage");
+        std::fs::write(&garbage, vec![0x5a; 8192]).unwrap();
+        let elf = d.join("elf");
+        std::fs::write(&elf, b"\x7fELF\x02\x01\x01").unwrap();
+        let mut bz = vec![0u8; 0x400];
+        bz[0x202..0x206].copy_from_slice(b"HdrS");
+        let bzimage = d.join("bzimage");
+        std::fs::write(&bzimage, &bz).unwrap();
+        let kernel = |path: &Path| {
+            let c = parse(&format!(
+                "[[vm]]\nname = \"a\"\nmemory = 64\n[vm.kernel]\npath = {:?}\n",
+                path.display().to_string()
+            ))
+            .unwrap();
+            c.validate(None).map_err(|e| e.to_string())
+        };
+        let e = kernel(Path::new("/dev/null")).unwrap_err();
+        assert!(e.contains("/dev/null is not a regular file"), "{e}");
+        let e = kernel(&d).unwrap_err();
+        assert!(e.contains("is a directory"), "{e}");
+        let e = kernel(&empty).unwrap_err();
+        assert!(e.contains("is empty"), "{e}");
+        let e = kernel(&garbage).unwrap_err();
+        assert!(e.contains("not an ELF vmlinux or bzImage kernel"), "{e}");
+        kernel(&elf).unwrap();
+        kernel(&bzimage).unwrap();
+        let disk = |path: &Path| {
+            let c = parse(&format!(
+                "[[vm]]\nname = \"a\"\nmemory = 64\n[vm.workload]\nphases = [\"fill\", \"disk-read\"]\ndisks = [{{ path = {:?} }}]\n",
+                path.display().to_string()
+            ))
+            .unwrap();
+            c.validate(None).map_err(|e| e.to_string())
+        };
+        let e = disk(&d).unwrap_err();
+        assert!(
+            e.contains("is a directory") && !e.contains("not found"),
+            "{e}"
+        );
+        let e = disk(Path::new("/dev/null")).unwrap_err();
+        assert!(e.contains("is not a regular file"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

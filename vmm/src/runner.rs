@@ -18,8 +18,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{Config, VmConfig};
 use crate::control::{self, Request, RequestError, Response};
-use crate::state::Outcome;
-use crate::vm::{self, Vm, VmResources};
+use crate::state::{Outcome, RunState};
+use crate::vm::{self, Vm, VmInfo, VmResources};
 use crate::{signals, workload, x86};
 
 /// Errors of the process runner.
@@ -42,6 +42,14 @@ pub enum Error {
 }
 
 static PROCESS_START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Prints a line of progress to stdout. Unlike `println!`, a closed stdout
+/// (`pagefold run | head -1`) does not panic the event loop: the VMs run on
+/// and the output is dropped.
+fn out(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
 
 /// Records when the process started (call first thing in `main`), so that
 /// start-up latency is measured from there.
@@ -177,6 +185,12 @@ pub struct Runner {
     events: crossbeam_channel::Receiver<workload::Event>,
     summaries: BTreeMap<String, WorkloadSummary>,
     ended: BTreeMap<String, VmReport>,
+    /// VMs that finished on their own (or were stopped), as the API shows
+    /// them: listed with state `stopped` and their outcome until deleted.
+    finished: BTreeMap<String, VmInfo>,
+    /// The dedup engine was last seen overdue (the watchdog warns once per
+    /// stall).
+    engine_stalled: bool,
     started: Instant,
     first_report: Option<f64>,
     em: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>,
@@ -246,6 +260,8 @@ impl Runner {
             events: rx,
             summaries: BTreeMap::new(),
             ended: BTreeMap::new(),
+            finished: BTreeMap::new(),
+            engine_stalled: false,
             started,
             first_report: None,
             em,
@@ -284,6 +300,9 @@ impl Runner {
 
     /// Creates and starts one VM.
     pub fn add_vm(&mut self, vc: &VmConfig) -> Result<(), Error> {
+        if let Some(note) = vc.memory_note() {
+            log::warn!("{note}");
+        }
         let index = self.vms.len() + self.ended.len();
         let mut vm = Vm::create(&self.res, vc, index).map_err(|source| Error::Vm {
             name: vc.name.clone(),
@@ -312,17 +331,31 @@ impl Runner {
     }
 
     fn find(&self, name: &str) -> Result<&Vm, RequestError> {
-        self.vms
-            .iter()
-            .find(|v| v.name() == name)
-            .ok_or_else(|| RequestError::NotFound(name.to_string()))
+        match self.vms.iter().find(|v| v.name() == name) {
+            Some(v) => Ok(v),
+            None if self.finished.contains_key(name) => Err(RequestError::Conflict(format!(
+                "VM {name:?} has finished (delete it to remove it)"
+            ))),
+            None => Err(RequestError::NotFound(name.to_string())),
+        }
+    }
+
+    /// Every VM the API shows, live and finished, by name.
+    fn infos(&self) -> Vec<VmInfo> {
+        let mut all: Vec<VmInfo> = self.vms.iter().map(|v| v.info()).collect();
+        all.extend(self.finished.values().cloned());
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
     }
 
     /// Executes one API request.
     fn serve_request(&mut self, req: Request) -> Result<Response, RequestError> {
         match req {
-            Request::ListVms => Ok(Response::Vms(self.vms.iter().map(|v| v.info()).collect())),
-            Request::GetVm(n) => Ok(Response::Vm(self.find(&n)?.info())),
+            Request::ListVms => Ok(Response::Vms(self.infos())),
+            Request::GetVm(n) => match self.finished.get(&n) {
+                Some(info) => Ok(Response::Vm(info.clone())),
+                None => Ok(Response::Vm(self.find(&n)?.info())),
+            },
             Request::CreateVm(vc) => {
                 if self.shutdown_requested {
                     return Err(RequestError::Gone);
@@ -330,6 +363,12 @@ impl Runner {
                 if self.vms.iter().any(|v| v.name() == vc.name) {
                     return Err(RequestError::Conflict(format!(
                         "a VM named {:?} already exists",
+                        vc.name
+                    )));
+                }
+                if self.finished.contains_key(&vc.name) {
+                    return Err(RequestError::Conflict(format!(
+                        "a VM named {:?} already exists (finished: delete it first)",
                         vc.name
                     )));
                 }
@@ -343,23 +382,28 @@ impl Runner {
                     stdin: None,
                 };
                 let host = crate::memory::host_mem_total();
-                cfg.validate(host)
-                    .map_err(|e| RequestError::BadRequest(e.to_string()))?;
+                cfg.validate(host).map_err(|e| match e {
+                    // Not enough host memory is the state of the host,
+                    // not bad input: 409 as docs/api.md says.
+                    crate::config::Error::HostMemory { .. } => {
+                        RequestError::Conflict(e.to_string())
+                    }
+                    e => RequestError::BadRequest(e.to_string()),
+                })?;
                 if let Some(host) = host {
                     if total > host {
                         return Err(RequestError::Conflict(format!(
                             "the VMs would need {} in all, more than this host has ({})",
-                            crate::config::fmt_size(total),
-                            crate::config::fmt_size(host)
+                            crate::config::fmt_size_exact(total),
+                            crate::config::fmt_size_exact_about(host)
                         )));
                     }
                 }
                 match self.add_vm(&vc) {
                     Ok(()) => Ok(Response::Vm(self.find(&vc.name)?.info())),
-                    Err(Error::Vm {
-                        source: vm::Error::Workload(e),
-                        ..
-                    }) => Err(RequestError::BadRequest(e.to_string())),
+                    Err(Error::Vm { source: e, .. }) if e.is_bad_input() => {
+                        Err(RequestError::BadRequest(e.to_string()))
+                    }
                     Err(e) => Err(RequestError::Internal(e.to_string())),
                 }
             }
@@ -376,6 +420,9 @@ impl Runner {
                 Ok(Response::Vm(vm.info()))
             }
             Request::DeleteVm(n) => {
+                if self.finished.remove(&n).is_some() {
+                    return Ok(Response::Done);
+                }
                 self.find(&n)?;
                 let i = self.vms.iter().position(|v| v.name() == n).unwrap_or(0);
                 let mut vm = self.vms.remove(i);
@@ -409,6 +456,19 @@ impl Runner {
         self.last_sample = Instant::now();
         if let Some(d) = &self.res.dedup {
             let s = d.stats();
+            // The watchdog: say so once when the engine's own judgement
+            // is that a wake-up is overdue (GET /health answers 503 then).
+            if s.wakeup_overdue != self.engine_stalled {
+                self.engine_stalled = s.wakeup_overdue;
+                if s.wakeup_overdue {
+                    log::warn!(
+                        "dedup engine stalled: its scanner last woke up {} ms ago",
+                        s.last_wakeup_age_ms
+                    );
+                } else {
+                    log::warn!("dedup engine woke up again");
+                }
+            }
             if self
                 .dedup_peak
                 .as_ref()
@@ -488,9 +548,9 @@ impl Runner {
             }
             if self.echo {
                 if self.res.prefix_output {
-                    println!("[{}] {}", ev.vm, ev.kind);
+                    out(format_args!("[{}] {}", ev.vm, ev.kind));
                 } else {
-                    println!("{}", ev.kind);
+                    out(format_args!("{}", ev.kind));
                 }
             }
             self.summaries
@@ -509,14 +569,18 @@ impl Runner {
                 let outcome = vm.finish(Outcome::Stopped {
                     reason: "stopped".into(),
                 });
-                let wall_s = vm.info().uptime_s;
+                let mut info = vm.info();
+                let wall_s = info.uptime_s;
                 self.drain_events();
                 let name = vm.name().to_string();
                 self.forget_subscribers(&name);
                 drop(vm);
+                info.state = RunState::Stopped;
+                info.outcome = Some(outcome.clone());
+                self.finished.insert(name.clone(), info);
                 let summary = self.summaries.remove(&name).unwrap_or_default();
                 if self.echo {
-                    println!("[{name}] {outcome}");
+                    out(format_args!("[{name}] {outcome}"));
                 }
                 self.ended
                     .insert(name.clone(), VmReport::new(name, outcome, summary, wall_s));

@@ -17,6 +17,10 @@ pub enum RunState {
     Running,
     Paused,
     Stopping,
+    /// Finished: its vCPUs are gone and its memory released. Only the
+    /// runner's record of a finished VM carries it (kept until the VM is
+    /// deleted, so an API client can read how it ended).
+    Stopped,
 }
 
 /// Why a VM stopped.
@@ -157,7 +161,7 @@ impl VmShared {
         loop {
             match g.0 {
                 RunState::Running => return true,
-                RunState::Stopping => return false,
+                RunState::Stopping | RunState::Stopped => return false,
                 RunState::Paused => {
                     self.parked.fetch_add(1, Ordering::SeqCst);
                     g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());

@@ -68,6 +68,22 @@ pub enum Error {
     Linux(#[from] linux_vm::Error),
 }
 
+impl Error {
+    /// The VM's description cannot work (a workload that does not fit the
+    /// VM, a kernel image the loader cannot load): bad input (CLI exit 2,
+    /// API 400) rather than a failure of the VMM.
+    pub fn is_bad_input(&self) -> bool {
+        use crate::linux::kernel::Error as K;
+        matches!(
+            self,
+            Error::Workload(_)
+                | Error::Linux(linux_vm::Error::Boot(crate::linux::Error::Kernel(
+                    K::UnknownFormat | K::Load(_) | K::No64BitEntry { .. }
+                )))
+        )
+    }
+}
+
 /// Process-wide things every VM needs.
 pub struct VmResources {
     pub kvm: Arc<Kvm>,
