@@ -375,16 +375,17 @@ impl Core {
         if g.new_vmas < cfg.flip_vmas {
             return false;
         }
-        if cfg.flip_group_den > 0 {
-            let pages: u64 = self
-                .regions
-                .iter()
-                .filter(|r| r.group == group)
-                .map(|r| r.npages as u64)
-                .sum();
-            if g.new_vmas < pages / cfg.flip_group_den {
-                return false;
-            }
+        let pages: u64 = self
+            .regions
+            .iter()
+            .filter(|r| r.group == group)
+            .map(|r| r.npages as u64)
+            .sum();
+        if pages
+            .checked_div(cfg.flip_group_den)
+            .is_some_and(|min| g.new_vmas < min)
+        {
+            return false;
         }
         g.merged < cfg.flip_run_pages.saturating_mul(g.new_vmas)
     }
