@@ -215,9 +215,36 @@ fn main() {
             .unwrap_or(0)
     };
     let mut since_ksm_scans = 0;
+    let trace = std::env::var("PAGEFOLD_TRACE").is_ok();
+    let mut next_trace = Duration::ZERO;
     loop {
         std::thread::sleep(Duration::from_millis(2));
         let s = e.stats();
+        if trace && t0.elapsed() >= next_trace {
+            next_trace += Duration::from_millis(500);
+            let ksm = |n: &str| {
+                std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{n}"))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default()
+            };
+            eprintln!(
+                "t={:5.1}s sharing {:6} (ksm {:6}) scans {:3} cpu {:.2} (ksmd {:.2}) vmas {:5} | ksm run {} pts {} sleep {} full_scans {} sharing {} unshared {} {}",
+                t0.elapsed().as_secs_f64(),
+                s.pages_sharing,
+                s.ksm_pages_sharing,
+                s.full_scans,
+                s.cpu_seconds - cpu0,
+                s.ksm_cpu_seconds,
+                s.vmas_created,
+                ksm("run"),
+                ksm("pages_to_scan"),
+                ksm("sleep_millisecs"),
+                ksm("full_scans"),
+                ksm("pages_sharing"),
+                ksm("pages_unshared"),
+                s.ksm_assist
+            );
+        }
         if s.pages_sharing != val {
             val = s.pages_sharing;
             since = t0.elapsed();
