@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use pagefold_bench::{
-    auto_chart, auto_json, auto_markdown, auto_table, rows_json, run_auto_all, run_ksm_seed,
-    seed_chart, seed_markdown, select_auto_systems, select_systems, svg_to_png, table, write_file,
-    AutoOptions, BenchError, Case, SeedOptions, Shape,
+    auto_chart, auto_json, auto_markdown, auto_table, png_path, rows_json, run_auto_all,
+    run_ksm_seed, seed_chart, seed_markdown, select_auto_systems, select_systems, table,
+    write_file, AutoOptions, BenchError, Case, Chart, SeedOptions, Shape,
 };
 
 use crate::error::Error;
@@ -36,7 +36,7 @@ pub struct Outputs {
     /// Write the rows as a JSON array here.
     #[arg(long)]
     pub json: Option<String>,
-    /// Write an SVG chart here (and a PNG beside it if rsvg-convert exists).
+    /// Write an SVG chart here, and the same chart as PNG beside it (X.svg -> X.png).
     #[arg(long)]
     pub plot: Option<String>,
     /// Write a markdown table with the goal checks here.
@@ -92,20 +92,25 @@ fn bench_err(e: BenchError) -> Error {
 }
 
 /// Writes whichever outputs were asked for.
-fn write_outputs(out: &Outputs, json: String, svg: String, md: String) -> Result<(), Error> {
+fn write_outputs(out: &Outputs, json: String, chart: Chart, md: String) -> Result<(), Error> {
     let write = |p: &str, t: &str| write_file(p, t).map_err(bench_err);
     if let Some(p) = &out.json {
         write(p, &json)?;
         eprintln!("wrote {p}");
     }
     if let Some(p) = &out.plot {
+        let svg = chart.svg().map_err(|e| bench_err(e.into()))?;
         write(p, &svg)?;
         eprintln!("wrote {p}");
-        match svg_to_png(p) {
-            Ok(Some(png)) => eprintln!("wrote {png}"),
-            Ok(None) => eprintln!("rsvg-convert not installed: no PNG"),
-            Err(e) => eprintln!("PNG: {e}"),
-        }
+        let png = chart.png().map_err(|e| bench_err(e.into()))?;
+        let png_p = png_path(p);
+        std::fs::write(&png_p, png).map_err(|source| {
+            bench_err(BenchError::Write {
+                path: png_p.clone(),
+                source,
+            })
+        })?;
+        eprintln!("wrote {png_p}");
     }
     if let Some(p) = &out.markdown {
         write(p, &md)?;

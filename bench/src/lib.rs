@@ -11,15 +11,14 @@
 
 mod auto_bench;
 mod auto_report;
+mod chart;
 mod error;
 mod host;
-mod png;
 mod ratio;
 mod region;
 mod report;
 mod seed;
 mod settle;
-mod svg;
 mod system;
 mod target;
 mod vms;
@@ -29,9 +28,11 @@ pub use auto_bench::{
     AutoReport, AutoRow, AutoSample, AutoSeries, AutoSystem, AUTO_SYSTEM_NAMES,
 };
 pub use auto_report::{auto_chart, auto_goals, auto_json, auto_markdown, auto_table};
+pub use chart::{
+    nice_step, png_path, seed_chart, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
+};
 pub use error::BenchError;
 pub use host::{load_avg, mem_available, other_ksm_users};
-pub use png::svg_to_png;
 pub use ratio::{fmt_ratio, ratio, Goal};
 pub use region::{Region, Shape, PAGE, SEED_REGION_BYTES};
 pub use report::{
@@ -39,7 +40,6 @@ pub use report::{
 };
 pub use seed::{run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series};
 pub use settle::{Sample, Settled, Settler};
-pub use svg::{nice_step, render, seed_chart, simplify, Line, Panel};
 pub use system::{
     all_systems, engine_factory, ksm_systems, select_systems, BackendFactory, System,
     KSM_DEFAULT_KNOBS, MAX_KNOBS, SYSTEM_NAMES,
