@@ -1,8 +1,9 @@
 //! Benchmarks: pagefold against in-kernel KSM, side by side.
 //!
 //! - `ksm-seed` ([`run_ksm_seed`]): the 2022 auto-mode test's 300 MiB region
-//!   (`full` and `sparse`), optionally two identical workload VMs, time and
-//!   CPU to converge, for every [`System`].
+//!   (`full` and `sparse`), two regions with the same pages in random order
+//!   (`scattered`), optionally two identical workload VMs; time and CPU to
+//!   converge, saving, VMAs, for every [`System`].
 //! - `auto` ([`run_auto_all`]): auto mode reacting to a scripted memory drop
 //!   in two identical workload VMs.
 //!
@@ -32,11 +33,12 @@ pub use chart::{
     nice_step, png_path, seed_chart, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
 };
 pub use error::BenchError;
-pub use host::{load_avg, mem_available, other_ksm_users};
+pub use host::{load_avg, max_map_count, mem_available, other_ksm_users, self_vmas};
 pub use ratio::{fmt_ratio, ratio, Goal};
-pub use region::{Region, Shape, PAGE, SEED_REGION_BYTES};
+pub use region::{Region, Shape, PAGE, SCATTERED_REGION_BYTES, SCATTERED_SEED, SEED_REGION_BYTES};
 pub use report::{
-    cpu_vs_ksm_max, rows_json, seed_goals, seed_markdown, speedup_vs_ksm_default, table, write_file,
+    cpu_vs_ksm_max, fill_pct_of_ksm, rows_json, seed_goals, seed_markdown, speedup_vs_ksm_default,
+    table, write_file,
 };
 pub use seed::{run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series};
 pub use settle::{Sample, Settled, Settler};
@@ -44,5 +46,5 @@ pub use system::{
     all_systems, engine_factory, ksm_systems, select_systems, BackendFactory, System,
     KSM_DEFAULT_KNOBS, MAX_KNOBS, SYSTEM_NAMES,
 };
-pub use target::{Attached, Case};
-pub use vms::{Expected, VmOptions, VmPair};
+pub use target::{make_regions, Attached, Case, RegionSizes};
+pub use vms::{Expected, Placement, VmOptions, VmPair};
