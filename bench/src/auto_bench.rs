@@ -62,7 +62,7 @@ fn ksm_factory(auto: bool) -> AutoFactory {
 
 fn engine_factory(auto: bool) -> AutoFactory {
     Box::new(move |src| {
-        let e = Engine::new(EngineConfig::default()).map_err(pagefold_dedup::Error::from)?;
+        let e = Engine::new(EngineConfig::vmm_default()).map_err(pagefold_dedup::Error::from)?;
         if auto {
             let ctl = AutoController::new(bench_auto_config(), src, DEFAULT_KNOBS.pages_to_scan)
                 .map_err(|e| pagefold_dedup::Error::Unsupported(e.to_string()))?;

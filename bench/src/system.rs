@@ -46,7 +46,7 @@ pub const SYSTEM_NAMES: [&str; 4] = ["ksm-default", "ksm-max", "pagefold-default
 /// pagefold's engine exactly as the VMM creates it by default.
 pub fn engine_factory() -> BackendFactory {
     Box::new(|| {
-        let e = Engine::new(EngineConfig::default()).map_err(pagefold_dedup::Error::from)?;
+        let e = Engine::new(EngineConfig::vmm_default()).map_err(pagefold_dedup::Error::from)?;
         Ok(Box::new(e) as Box<dyn DedupBackend>)
     })
 }

@@ -153,6 +153,8 @@ struct Engaged {
     pages: u64,
     sleep: u64,
     last_full_scans: u64,
+    /// KSM's `full_scans` when the engine last counted a pass.
+    counted_scans: u64,
     last_merging: u64,
     idle_scans: u32,
 }
@@ -240,6 +242,7 @@ impl KsmAssist {
             pages: 0,
             sleep: u64::MAX,
             last_full_scans,
+            counted_scans: last_full_scans,
             last_merging: 0,
             idle_scans: 0,
         });
@@ -307,6 +310,23 @@ impl KsmAssist {
         }
         if !e.running && write("run", 1) {
             e.running = true;
+        }
+    }
+
+    /// True (once) when KSM has finished a full scan since the last call
+    /// that returned true; KSM paused counts as finished (nothing pending).
+    pub fn ksm_scanned_since_last_look(&mut self) -> bool {
+        let Some(e) = self.engaged.as_mut() else {
+            return true;
+        };
+        if !e.running {
+            return true;
+        }
+        if e.last_full_scans != e.counted_scans {
+            e.counted_scans = e.last_full_scans;
+            true
+        } else {
+            false
         }
     }
 

@@ -98,6 +98,21 @@ pub struct EngineConfig {
     pub io_hints: bool,
 }
 
+impl EngineConfig {
+    /// The engine as the VMM runs it by default: the library default plus
+    /// the KSM assist in `auto` (the library leaves it off, so that code
+    /// embedding the engine never drives the host's KSM unasked).
+    pub fn vmm_default() -> Self {
+        EngineConfig {
+            assist: AssistConfig {
+                mode: crate::assist::AssistMode::Auto,
+                ..AssistConfig::default()
+            },
+            ..EngineConfig::default()
+        }
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {

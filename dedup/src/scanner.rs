@@ -70,7 +70,13 @@ pub enum ScanError {
 /// Cumulative counters.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Counters {
+    /// Full scans as reported: while KSM assists, a pass counts only once
+    /// KSM has also finished a full scan since the last counted one (its
+    /// merges are part of the result), so "held for N full scans" keeps
+    /// meaning "nothing more to find".
     pub full_scans: u64,
+    /// Every pass of the engine's own cursor (drives smart-scan phases).
+    pub passes: u64,
     pub merges: u64,
     pub zero_merges: u64,
     pub cow_breaks: u64,
@@ -784,7 +790,10 @@ impl Core {
     }
 
     fn end_pass(&mut self) {
-        self.counters.full_scans += 1;
+        self.counters.passes += 1;
+        if self.assist.group().is_none() || self.assist.ksm_scanned_since_last_look() {
+            self.counters.full_scans += 1;
+        }
         // KSM merging in assisted regions is progress too: keep the pace
         // (and the census fresh) while it works.
         let ksm_before = self.census.sharing;
@@ -1024,7 +1033,7 @@ impl Core {
         if kind == HASHED
             && !self.trusted
             && !region::due(
-                self.counters.full_scans,
+                self.counters.passes,
                 region::level(st),
                 self.regions[ri].word[p],
             )
