@@ -499,6 +499,10 @@ pub enum Phase {
     BadPort,
     /// Read this many pages of disk 0 (0: all of it).
     DiskRead(u64),
+    /// The modelled build over the source tree on disk 0
+    /// (`pagefold_guest_abi::build`); the argument is the guest's BUILD
+    /// arg: 0 scattered placement, 1 linear.
+    Build(u64),
 }
 
 impl Phase {
@@ -538,8 +542,15 @@ impl Phase {
                     )),
                 },
             },
+            "build" => match arg {
+                None | Some("scattered") => Ok(Phase::Build(0)),
+                Some("linear") => Ok(Phase::Build(1)),
+                Some(a) => Err(format!(
+                    "phase {s:?}: {a:?} is not a placement (scattered or linear)"
+                )),
+            },
             _ => Err(format!(
-                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], or the fault injections fault and badport)"
+                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], build[:scattered|linear], or the fault injections fault and badport)"
             )),
         }
     }
@@ -593,6 +604,11 @@ impl WorkloadConfig {
         }
         if self.disks.is_empty() && phases.iter().any(|p| matches!(p, Phase::DiskRead(_))) {
             return Err("the disk-read phase needs a disk (workload.disks, or --disk)".into());
+        }
+        if self.disks.is_empty() && phases.iter().any(|p| matches!(p, Phase::Build(_))) {
+            return Err(
+                "the build phase needs a source-tree disk (workload.disks, or --disk)".into(),
+            );
         }
         for d in &self.disks {
             if !d.path.is_file() {
@@ -725,6 +741,10 @@ mod tests {
         assert_eq!(Phase::parse("disk-read:16").unwrap(), Phase::DiskRead(16));
         assert!(Phase::parse("disk-read:0").unwrap_err().contains("pages"));
         assert!(Phase::parse("disk-read:x").unwrap_err().contains("pages"));
+        assert_eq!(Phase::parse("build").unwrap(), Phase::Build(0));
+        assert_eq!(Phase::parse("build:scattered").unwrap(), Phase::Build(0));
+        assert_eq!(Phase::parse("build:linear").unwrap(), Phase::Build(1));
+        assert!(Phase::parse("build:x").unwrap_err().contains("placement"));
         let img = std::env::temp_dir().join(format!("pagefold-cfg-disk-{}", std::process::id()));
         std::fs::write(&img, [0u8; 4096]).unwrap();
         let toml = |extra: &str| {
