@@ -6,11 +6,17 @@
 //! - `auto` ([`run_auto_all`]): auto mode reacting to a scripted memory drop
 //!   in two identical workload VMs.
 //!
-//! Both hold the KSM lock ([`pagefold_dedup::ksm::ksm_exclusive`]) and leave
+//! - `build` ([`run_build_bench`]): two workload VMs build one source tree
+//!   side by side, `runs` times per system; mean and stdev of build time,
+//!   process CPU, engine CPU and merged pages.
+//!
+//! All hold the KSM lock ([`pagefold_dedup::ksm::ksm_exclusive`]) and leave
 //! every KSM tunable as found. See docs/benchmarks.md.
 
 mod auto_bench;
 mod auto_report;
+mod build_bench;
+mod build_report;
 mod error;
 mod host;
 mod png;
@@ -29,8 +35,15 @@ pub use auto_bench::{
     AutoReport, AutoRow, AutoSample, AutoSeries, AutoSystem, AUTO_SYSTEM_NAMES,
 };
 pub use auto_report::{auto_chart, auto_goals, auto_json, auto_markdown, auto_table};
+pub use build_bench::{
+    build_configs, mean_stdev, run_build_bench, select_build_systems, self_rusage, BuildOptions,
+    BuildReport, BuildRow, BuildRun, BuildSample, BuildSystem, BUILD_SYSTEM_NAMES, KSM_10000_KNOBS,
+};
+pub use build_report::{build_chart, build_json, build_markdown, build_table};
 pub use error::BenchError;
 pub use host::{load_avg, mem_available, other_ksm_users};
+/// The build benchmark's tree description (from the guest ABI).
+pub use pagefold_guest_abi::build::TreeSpec;
 pub use png::svg_to_png;
 pub use ratio::{fmt_ratio, ratio, Goal};
 pub use region::{Region, Shape, PAGE, SEED_REGION_BYTES};
