@@ -77,7 +77,7 @@ pub struct DemoArgs {
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// TOML file describing the VMs (see examples/); excludes the per-VM flags.
-    #[arg(long, short = 'c', conflicts_with_all = ["name", "vcpus", "memory", "kernel", "seed", "shared", "private", "phases"])]
+    #[arg(long, short = 'c', conflicts_with_all = ["name", "vcpus", "memory", "kernel", "seed", "shared", "private", "phases", "placement", "extent_pages", "placement_seed"])]
     pub config: Option<PathBuf>,
 
     /// VM name (used in output prefixes, stats and the API).
@@ -144,6 +144,16 @@ pub struct WorkloadArgs {
     /// Disk 0 is a test image made with this seed: disk-read checks every byte.
     #[arg(long, help_heading = "Workload guest")]
     pub disk_seed: Option<u64>,
+    /// Layout of the guest's pages: linear (same address in every VM) or
+    /// scattered (extents placed by a VM-specific permutation).
+    #[arg(long, help_heading = "Workload guest")]
+    pub placement: Option<String>,
+    /// Scattered placement: pages per extent (default 1; 4-32 resembles readahead).
+    #[arg(long, help_heading = "Workload guest")]
+    pub extent_pages: Option<u32>,
+    /// Scattered placement: seed of the permutation (default: from the VM name).
+    #[arg(long, help_heading = "Workload guest")]
+    pub placement_seed: Option<u64>,
 }
 
 /// A Linux guest instead of the workload guest.
@@ -259,6 +269,13 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
                     .map(|d| parse_disk(d))
                     .collect::<Result<_, _>>()?;
                 wc.disk_seed = w.disk_seed;
+                if let Some(pl) = &w.placement {
+                    wc.placement = pl
+                        .parse()
+                        .map_err(|e: String| Error::Usage(format!("--placement: {e}")))?;
+                }
+                wc.extent_pages = w.extent_pages;
+                wc.placement_seed = w.placement_seed;
                 Some(wc)
             };
             let kernel = match &a.kernel.kernel {
@@ -455,6 +472,56 @@ mod tests {
             }
         );
         assert!(parse_disk("a.img,x").is_err());
+    }
+
+    #[test]
+    fn scattered_example_is_valid() {
+        let c: Config = toml::from_str(include_str!("../examples/two-scattered-vms.toml")).unwrap();
+        c.validate(None).unwrap();
+        let w: Vec<_> = c
+            .vms
+            .iter()
+            .map(|v| v.workload.as_ref().unwrap().placement(&v.name))
+            .collect();
+        assert!(matches!(
+            w[0],
+            pagefold_guest_abi::Placement::Scattered {
+                extent_pages: 8,
+                ..
+            }
+        ));
+        assert_ne!(w[0], w[1]);
+    }
+
+    #[test]
+    fn placement_flags_reach_the_config() {
+        let config_of = |placement: &str| {
+            let cli = Cli::try_parse_from([
+                "pagefold",
+                "run",
+                "--placement",
+                placement,
+                "--extent-pages",
+                "16",
+                "--placement-seed",
+                "7",
+            ])
+            .unwrap();
+            let Command::Run(a) = cli.cmd else {
+                panic!("not a run command")
+            };
+            run_config(&a)
+        };
+        let c = config_of("scattered").unwrap();
+        let w = c.vms[0].workload.as_ref().unwrap();
+        assert_eq!(w.placement, config::PlacementKind::Scattered);
+        assert_eq!((w.extent_pages, w.placement_seed), (Some(16), Some(7)));
+        let e = config_of("diagonal").unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(
+            e.to_string().contains("--placement: unknown placement"),
+            "{e}"
+        );
     }
 
     #[test]

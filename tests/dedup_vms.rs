@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use common::dedup::*;
 use pagefold_dedup::Mode;
+use pagefold_guest_abi::Placement;
 
 const T: Duration = Duration::from_secs(90);
 /// Maximum effort, so that settling is quick.
@@ -56,12 +57,32 @@ fn two_vms(
 /// frames, and every zero data page maps the zero page.
 #[test]
 fn same_seed_in_one_group_merges_exactly() {
+    merges_exactly("");
+}
+
+/// As [`same_seed_in_one_group_merges_exactly`], with each VM's pages
+/// scattered one by one by its own permutation: identical content at
+/// unrelated guest-physical addresses.
+#[test]
+fn scattered_pages_merge_exactly() {
+    merges_exactly("placement = \"scattered\"\nextent_pages = 1");
+}
+
+/// As [`scattered_pages_merge_exactly`], in extents of 8 pages (readahead).
+#[test]
+fn scattered_extents_merge_exactly() {
+    merges_exactly("placement = \"scattered\"\nextent_pages = 8");
+}
+
+/// The exact-sharing oracle for two same-seed VMs in one group, whose
+/// `[vm.workload]` tables get `workload` (e.g. a placement).
+fn merges_exactly(workload: &str) {
     let mut r = start(&two_vms(
         "on",
         MAX,
         ("g", "g"),
         r#""fill", "wait", "verify""#,
-        "",
+        workload,
     ));
     wait_phases(&mut r, 1, T);
     let settled = wait_settled(&r, SETTLE, T);
@@ -82,6 +103,40 @@ fn same_seed_in_one_group_merges_exactly() {
         .copied()
         .collect();
     assert_eq!(data.len() as u64, e.data_pages);
+    // Every data-area page holds what the ABI predicts for its slot under
+    // the VM's placement...
+    let predicted: Vec<bool> = va
+        .iter()
+        .chain(vb.iter())
+        .filter_map(|p| p.as_predicted)
+        .collect();
+    assert!(predicted.len() as u64 >= e.data_pages);
+    let wrong = predicted.iter().filter(|&&ok| !ok).count();
+    assert_eq!(wrong, 0, "{wrong} data-area pages differ from the ABI");
+    // ...and the VMs' layouts are their placements': scattered VMs hold
+    // the same logical page at the same address only by chance.
+    let (la, lb) = (layout(a), layout(b));
+    let same_gpa = (0..la.pages)
+        .filter(|&i| la.page_gpa(i) == lb.page_gpa(i))
+        .count() as u64;
+    match (la.placement, lb.placement) {
+        (Placement::Linear, Placement::Linear) => assert_eq!(same_gpa, la.pages),
+        (
+            Placement::Scattered {
+                extent_pages: ea,
+                seed: sa,
+            },
+            Placement::Scattered {
+                extent_pages: eb,
+                seed: sb,
+            },
+        ) => {
+            assert_eq!(ea, eb);
+            assert_ne!(sa, sb, "same permutation in both VMs");
+            assert!(same_gpa < la.pages / 50, "{same_gpa} pages at the same GPA");
+        }
+        other => panic!("the VMs' placements differ in kind: {other:?}"),
+    }
     // The ABI's prediction agrees with the guests' actual memory...
     assert_eq!(ideal_sharing(data.iter()), e.sharing_pages);
     assert_eq!(data.iter().filter(|p| p.zero).count() as u64, e.zero_pages);
@@ -203,12 +258,25 @@ fn unmerge_returns_private_pages() {
 /// engine merges at maximum effort; both verify every page afterwards.
 #[test]
 fn guests_churning_under_merging_lose_nothing() {
+    churn_under_merging("");
+}
+
+/// As [`guests_churning_under_merging_lose_nothing`], with both VMs'
+/// pages scattered by their own permutations (extents of 1 and of 4
+/// pages): churned pages interleave with merged ones.
+#[test]
+fn scattered_guests_churning_under_merging_lose_nothing() {
+    churn_under_merging("placement = \"scattered\"\nextent_pages = 1");
+    churn_under_merging("placement = \"scattered\"\nextent_pages = 4");
+}
+
+fn churn_under_merging(workload: &str) {
     let mut r = start(&two_vms(
         "on",
         "pages_to_scan = 10000\nsleep_millisecs = 0",
         ("g", "g"),
         r#""fill", "churn:1500", "verify", "churn:1500", "verify", "wait", "verify""#,
-        "churn_permille = 600",
+        &format!("churn_permille = 600\n{workload}"),
     ));
     wait_phases(&mut r, 5, T);
     let s = stats(&r);

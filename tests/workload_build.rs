@@ -24,7 +24,7 @@ fn two_vms_build_one_tree_to_the_predicted_output() {
     let img = dir.path("tree.img");
     std::fs::write(&img, image_bytes(SPEC)).unwrap();
     let want = expected(SPEC);
-    let vm = |name: &str, build: &str| {
+    let vm = |name: &str, build: &str, placement: &str| {
         format!(
             r#"
             [[vm]]
@@ -35,20 +35,27 @@ fn two_vms_build_one_tree_to_the_predicted_output() {
             private = "2M"
             phases = ["fill", "{build}", "verify"]
             disks = [{{ path = {path:?}, readonly = true }}]
+            {placement}
             "#,
             path = img.display().to_string()
         )
     };
-    // Two scattered placements (keyed by the VMs' private seeds) and one
-    // linear one: the output must not depend on where pages sit.
+    // Two scattered placements of the build's own (keyed by the VMs'
+    // private seeds), one linear, one from the VM's placement (extents of
+    // 4 pages): the output must not depend on where pages sit.
     let cfg = dir.path("two.toml");
     std::fs::write(
         &cfg,
         format!(
-            "{}{}{}",
-            vm("left", "build"),
-            vm("right", "build:scattered"),
-            vm("lin", "build:linear")
+            "{}{}{}{}",
+            vm("left", "build", ""),
+            vm("right", "build:scattered", ""),
+            vm("lin", "build:linear", ""),
+            vm(
+                "placed",
+                "build",
+                "placement = \"scattered\"\nextent_pages = 4"
+            )
         ),
     )
     .unwrap();
@@ -56,7 +63,7 @@ fn two_vms_build_one_tree_to_the_predicted_output() {
     let o = run_config(&cfg, &json, LIMIT);
     assert!(o.status.success(), "{}", text(&o));
     let r = read_json(&json);
-    for name in ["left", "right", "lin"] {
+    for name in ["left", "right", "lin", "placed"] {
         let v = vm_of(&r, name);
         assert_eq!(v["exit_status"], 0, "{v}");
         let b = phases(v, "build");

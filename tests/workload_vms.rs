@@ -69,6 +69,67 @@ fn one_vm_fills_and_verifies() {
     assert!(out.contains("guest finished (exit status 0)"), "{out}");
 }
 
+/// Every phase that touches pages (fill, churn, rewrite, verify) goes
+/// through a scattered placement, set from the command line.
+#[test]
+fn one_scattered_vm_fills_churns_rewrites_and_verifies() {
+    require_kvm();
+    let dir = TempDir::new("scattered");
+    let json = dir.path("report.json");
+    let o = run(
+        &[
+            "run",
+            "--name",
+            "spread",
+            "--memory",
+            "64M",
+            "--shared",
+            "16M",
+            "--private",
+            "8M",
+            "--zero-permille",
+            "100",
+            "--dup-permille",
+            "50",
+            "--churn-permille",
+            "300",
+            "--placement",
+            "scattered",
+            "--extent-pages",
+            "4",
+            "--phases",
+            "fill,churn:300,verify,rewrite,verify",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let r = read_json(&json);
+    let v = vm(&r, "spread");
+    assert_eq!(v["exit_status"], 0, "{v}");
+    assert_eq!(v["mismatches"], 0, "{v}");
+    let pages = (16 + 8) * 256;
+    assert_eq!(phases(v, "fill")[0]["pages"], pages);
+    assert_eq!(phases(v, "rewrite")[0]["pages"], pages);
+    for ver in phases(v, "verify") {
+        assert_eq!(ver["pages"], pages, "{v}");
+        assert_eq!(ver["mismatches"], 0, "{v}");
+    }
+    assert!(
+        phases(v, "churn")[0]["churn_writes_total"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{v}"
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("scattered placement, extents of 4 pages"),
+        "{out}"
+    );
+}
+
 #[test]
 fn two_vms_same_seed_in_one_process() {
     require_kvm();
@@ -194,6 +255,26 @@ fn bad_input_gets_clear_errors() {
     check(
         &["run", "--memory", "64M", "--pages-to-scan", "0"],
         "valid range",
+    );
+    check(
+        &["run", "--memory", "64M", "--placement", "random"],
+        "--placement: unknown placement \"random\" (expected linear or scattered)",
+    );
+    check(
+        &[
+            "run",
+            "--memory",
+            "64M",
+            "--placement",
+            "scattered",
+            "--extent-pages",
+            "0",
+        ],
+        "workload.extent_pages = 0 (valid range 1..=65536)",
+    );
+    check(
+        &["run", "--memory", "64M", "--extent-pages", "8"],
+        "workload.extent_pages applies only to placement = \"scattered\"",
     );
     let cfg = dir.path("bad.toml");
     std::fs::write(&cfg, "[[vm]]\nname = \"a\"\nmemory = \"64M\"\nwheels = 4\n").unwrap();

@@ -8,8 +8,9 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use pagefold_dedup::{Mode, Stats};
-use pagefold_guest_abi::classes::DataLayout;
+use pagefold_guest_abi::classes::{slot_content, Content, DataLayout, SlotUse};
 use pagefold_guest_abi::expect::{Expectation, VmState};
+use pagefold_guest_abi::generator::{check_page, PageWords};
 use pagefold_vmm::config::Config;
 use pagefold_vmm::runner::Runner;
 use pagefold_vmm::vm::Vm;
@@ -162,6 +163,13 @@ pub struct PageView {
     pub pfn: u64,
     /// Mapped from a file (the engine's pool) rather than anonymous memory.
     pub file: bool,
+    /// What the page is in the workload's data area (through its
+    /// placement), if it is in one.
+    pub slot_use: Option<SlotUse>,
+    /// For a data-area slot whose content the ABI predicts (not a record
+    /// page, not disk data of unknown content): whether the page holds
+    /// exactly that content, as of FILL and DISK_READ with no churn.
+    pub as_predicted: Option<bool>,
 }
 
 fn pagemap() -> File {
@@ -205,9 +213,8 @@ fn fnv(bytes: &[u8]) -> u64 {
 /// what the oracle needs. Reads never break a merge.
 pub fn view(vm: &Vm) -> Vec<PageView> {
     let pm = pagemap();
-    let layout = vm
-        .workload_params()
-        .map(|p| DataLayout::new(p).expect("layout"));
+    let params = vm.workload_params();
+    let layout = params.map(|p| DataLayout::new(p).expect("layout"));
     let mem = vm.memory();
     let mut out = Vec::new();
     for region in mem.iter() {
@@ -223,11 +230,14 @@ pub fn view(vm: &Vm) -> Vec<PageView> {
             let bytes = unsafe { std::slice::from_raw_parts(h as *const u8, PAGE) };
             let snapshot = bytes.to_vec();
             let e = pm_entry(&pm, h);
-            let in_data = layout.is_some_and(|l| {
-                let first = l.page_gpa(0);
-                gpa >= first
-                    && gpa < first + l.pages * PAGE as u64
-                    && l.low_pages + l.high_pages > 0
+            // The placement decides which slot holds which page: ask the
+            // layout, never assume logical order.
+            let slot = layout.and_then(|l| l.gpa_slot(gpa).map(|s| (l, s)));
+            let slot_use = slot.map(|(l, s)| l.slot_use(s));
+            let in_data = matches!(slot_use, Some(SlotUse::Page(_) | SlotUse::Disk(_)));
+            let as_predicted = slot.and_then(|(l, s)| {
+                let p = params.expect("params of a workload VM");
+                slot_content(p, &l, s, 0).map(|c| matches_content(&snapshot, c))
             });
             out.push(PageView {
                 host: h,
@@ -236,10 +246,26 @@ pub fn view(vm: &Vm) -> Vec<PageView> {
                 hash: fnv(&snapshot),
                 pfn: e & ((1 << 55) - 1),
                 file: e >> 61 & 1 == 1,
+                slot_use,
+                as_predicted,
             });
         }
     }
     out
+}
+
+/// Whether page bytes are exactly `c`.
+fn matches_content(bytes: &[u8], c: Content) -> bool {
+    match c {
+        Content::Zero => bytes.iter().all(|&b| b == 0),
+        Content::Pattern(base) => {
+            let mut words: PageWords = [0; 512];
+            for (w, b) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+                *w = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+            }
+            check_page(&words, base)
+        }
+    }
 }
 
 /// What a perfect dedup frees among non-zero pages: pages beyond the first
@@ -260,6 +286,11 @@ pub fn distinct_frames<'a>(pages: impl Iterator<Item = &'a PageView>) -> u64 {
     f.sort_unstable();
     f.dedup();
     f.len() as u64
+}
+
+/// The data layout (with its placement) of a workload VM.
+pub fn layout(vm: &Vm) -> DataLayout {
+    DataLayout::new(vm.workload_params().expect("workload VM")).expect("layout")
 }
 
 /// The ABI's prediction for the data areas of `vms` (no churn).

@@ -158,6 +158,45 @@ pub struct WorkloadConfig {
     /// every byte it reads. Without it, disk-read only checksums.
     #[serde(default)]
     pub disk_seed: Option<u64>,
+    /// Where the guest puts its pages in guest-physical memory: `linear`
+    /// (logical page `i` at the same address in every VM) or `scattered`
+    /// (extents placed by a VM-specific permutation, as a real guest's
+    /// allocator would; `docs/workload-guest.md`).
+    #[serde(default)]
+    pub placement: PlacementKind,
+    /// Scattered: pages per extent (default 1: every page on its own; 4-32
+    /// resembles readahead). Range `1..=pagefold_guest_abi::placement::MAX_EXTENT_PAGES`.
+    #[serde(default)]
+    pub extent_pages: Option<u32>,
+    /// Scattered: seed of the permutation; default: derived from the VM's
+    /// name, so VMs with the same content seed get different layouts.
+    #[serde(default)]
+    pub placement_seed: Option<u64>,
+}
+
+/// The `placement` key of a workload: how the data area is laid out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementKind {
+    /// Logical page `i` in data slot `record_pages + i`.
+    #[default]
+    Linear,
+    /// Extents of `extent_pages` pages permuted by `placement_seed`.
+    Scattered,
+}
+
+impl std::str::FromStr for PlacementKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "linear" => Ok(Self::Linear),
+            "scattered" => Ok(Self::Scattered),
+            _ => Err(format!(
+                "unknown placement {s:?} (expected linear or scattered)"
+            )),
+        }
+    }
 }
 
 fn default_seed() -> u64 {
@@ -183,6 +222,9 @@ impl Default for WorkloadConfig {
             phases: default_phases(),
             disks: Vec::new(),
             disk_seed: None,
+            placement: PlacementKind::Linear,
+            extent_pages: None,
+            placement_seed: None,
         }
     }
 }
@@ -501,7 +543,8 @@ pub enum Phase {
     DiskRead(u64),
     /// The modelled build over the source tree on disk 0
     /// (`pagefold_guest_abi::build`); the argument is the guest's BUILD
-    /// arg: 0 scattered placement, 1 linear.
+    /// arg: 0 scattered (the VM's placement, or the build's own scatter in
+    /// a linear VM), 1 the VM's placement as it is.
     Build(u64),
 }
 
@@ -615,7 +658,44 @@ impl WorkloadConfig {
                 return Err(format!("disk image not found: {}", d.path.display()));
             }
         }
+        let max_extent = pagefold_guest_abi::placement::MAX_EXTENT_PAGES;
+        match self.placement {
+            PlacementKind::Linear => {
+                for (key, given) in [
+                    ("extent_pages", self.extent_pages.is_some()),
+                    ("placement_seed", self.placement_seed.is_some()),
+                ] {
+                    if given {
+                        return Err(format!(
+                            "workload.{key} applies only to placement = \"scattered\" (placement is \"linear\")"
+                        ));
+                    }
+                }
+            }
+            PlacementKind::Scattered => {
+                if let Some(e) = self.extent_pages.filter(|&e| e == 0 || e > max_extent) {
+                    return Err(format!(
+                        "workload.extent_pages = {e} (valid range 1..={max_extent})"
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The placement of a VM named `vm_name`: the default seed is a hash
+    /// of the name (apart from the private seed's), so that VMs with the
+    /// same content lay it out differently.
+    pub fn placement(&self, vm_name: &str) -> pagefold_guest_abi::Placement {
+        match self.placement {
+            PlacementKind::Linear => pagefold_guest_abi::Placement::Linear,
+            PlacementKind::Scattered => pagefold_guest_abi::Placement::Scattered {
+                extent_pages: self.extent_pages.unwrap_or(1),
+                seed: self
+                    .placement_seed
+                    .unwrap_or_else(|| crate::workload::name_seed(&format!("placement:{vm_name}"))),
+            },
+        }
     }
 
     pub fn parsed_phases(&self) -> Result<Vec<Phase>, String> {
@@ -781,6 +861,66 @@ mod tests {
         let e = err(&format!("disks = [{five}]\n"));
         assert!(e.contains("at most 4"), "{e}");
         std::fs::remove_file(&img).unwrap();
+    }
+
+    #[test]
+    fn workload_placement() {
+        let toml =
+            |extra: &str| format!("[[vm]]\nname = \"a\"\nmemory = 64\n[vm.workload]\n{extra}");
+        let c = parse(&toml("")).unwrap();
+        c.validate(None).unwrap();
+        let w = c.vms[0].workload.as_ref().unwrap();
+        assert_eq!(w.placement, PlacementKind::Linear);
+        assert_eq!(w.placement("a"), pagefold_guest_abi::Placement::Linear);
+        let c = parse(&toml("placement = \"scattered\"\nextent_pages = 8\n")).unwrap();
+        c.validate(None).unwrap();
+        let w = c.vms[0].workload.as_ref().unwrap();
+        let pa = w.placement("a");
+        assert!(matches!(
+            pa,
+            pagefold_guest_abi::Placement::Scattered {
+                extent_pages: 8,
+                ..
+            }
+        ));
+        assert_ne!(pa, w.placement("b"), "VM names must give different seeds");
+        let c = parse(&toml("placement = \"scattered\"\nplacement_seed = 9\n")).unwrap();
+        let w = c.vms[0].workload.as_ref().unwrap();
+        assert_eq!(
+            w.placement("a"),
+            pagefold_guest_abi::Placement::Scattered {
+                extent_pages: 1,
+                seed: 9
+            }
+        );
+        assert_eq!(w.placement("a"), w.placement("b"));
+        let err = |extra: &str| {
+            parse(&toml(extra))
+                .unwrap()
+                .validate(None)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("placement = \"scattered\"\nextent_pages = 0\n");
+        assert!(
+            e.contains("workload.extent_pages = 0 (valid range 1..=65536)"),
+            "{e}"
+        );
+        let e = err("placement = \"scattered\"\nextent_pages = 70000\n");
+        assert!(e.contains("extent_pages = 70000"), "{e}");
+        let e = err("extent_pages = 8\n");
+        assert!(
+            e.contains("workload.extent_pages applies only to placement"),
+            "{e}"
+        );
+        let e = err("placement = \"linear\"\nplacement_seed = 3\n");
+        assert!(e.contains("workload.placement_seed applies only"), "{e}");
+        let e = parse(&toml("placement = \"random\"\n")).unwrap_err();
+        assert!(e.contains("unknown variant `random`"), "{e}");
+        assert!("scatter"
+            .parse::<PlacementKind>()
+            .unwrap_err()
+            .contains("linear or scattered"));
     }
 
     #[test]

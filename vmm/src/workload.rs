@@ -202,6 +202,7 @@ pub fn params_with_disks(
         disk_seed: w.disk_seed.unwrap_or(0),
         ..Default::default()
     };
+    w.placement(vm_name).write_params(&mut p);
     for (slot, d) in p.disk_mmio.iter_mut().zip(disks) {
         *slot = d.mmio;
     }
@@ -304,6 +305,27 @@ mod tests {
         };
         let e = params(&big, "a", 0, &[(0, 256 << 20)], 0x20_0000, 0).unwrap_err();
         assert!(e.to_string().contains("only"), "{e}");
+    }
+
+    #[test]
+    fn params_carry_the_placement() {
+        let mut w = WorkloadConfig {
+            shared: Some(crate::config::SizeValue::Text("8M".into())),
+            private: Some(crate::config::SizeValue::Text("4M".into())),
+            ..Default::default()
+        };
+        let ram = [(0, 64 << 20)];
+        let p = params(&w, "a", 0, &ram, 0x20_0000, 0).unwrap();
+        assert_eq!((p.placement, p.extent_pages, p.placement_seed), (0, 0, 0));
+        w.placement = crate::config::PlacementKind::Scattered;
+        w.extent_pages = Some(8);
+        let a = params(&w, "a", 0, &ram, 0x20_0000, 0).unwrap();
+        let b = params(&w, "b", 1, &ram, 0x20_0000, 0).unwrap();
+        assert_eq!((a.placement, a.extent_pages), (1, 8));
+        assert_ne!(a.placement_seed, b.placement_seed);
+        assert_ne!(a.placement_seed, a.private_seed);
+        let (la, lb) = (DataLayout::new(&a).unwrap(), DataLayout::new(&b).unwrap());
+        assert!((0..la.pages).any(|i| la.page_gpa(i) != lb.page_gpa(i)));
     }
 
     #[test]

@@ -16,6 +16,7 @@
 
 use crate::disk::{image_page_base, MAX_DISKS};
 use crate::generator::{kind, page_base};
+use crate::placement::{Placement, PlacementError, Scatter};
 use crate::{phase, WorkloadParams, PAGE_SIZE, PARAMS_MAGIC};
 
 /// Pages per class block (the unit of the per-mille fractions).
@@ -200,6 +201,8 @@ pub enum ParamsError {
     /// Inconsistent disk fields (count, MMIO addresses, DISK_READ without a
     /// disk or reading more than the disk area holds).
     BadDisk(&'static str),
+    /// Invalid placement fields.
+    BadPlacement(PlacementError),
 }
 
 impl core::fmt::Display for ParamsError {
@@ -219,14 +222,21 @@ impl core::fmt::Display for ParamsError {
             }
             Self::BadOpcode { slot, op } => write!(f, "unknown phase opcode {op} in slot {slot}"),
             Self::BadDisk(why) => write!(f, "disk parameters: {why}"),
+            Self::BadPlacement(e) => write!(f, "placement: {e}"),
         }
     }
 }
 
 /// Where records, logical pages and the disk area live in guest-physical
 /// memory. Data slots are numbered over the low area then the high area;
-/// record pages take the first slots, logical page `i` is slot
-/// `record_pages + i`, and disk page `k` is slot `record_pages + pages + k`.
+/// record pages take the first slots. The slots after them hold the data
+/// area's *items*: logical page `i` is item `i`, disk-area page `k` is item
+/// `pages + k`, the remaining items are free slots. Item `j` is in slot
+/// `record_pages + scatter.offset(j)`: with [`Placement::Linear`] that is
+/// `record_pages + j` (logical page `i` in slot `record_pages + i`, disk
+/// page `k` in slot `record_pages + pages + k`); with
+/// [`Placement::Scattered`] extents of items go to slots a per-VM
+/// permutation picks (see [`crate::placement`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DataLayout {
     pub low_start: u64,
@@ -237,6 +247,23 @@ pub struct DataLayout {
     pub pages: u64,
     /// Pages of the disk area (`WorkloadParams::disk_pages`).
     pub disk_pages: u64,
+    /// The placement of the items.
+    pub placement: Placement,
+    /// Item <-> slot offset map over every slot after the record pages.
+    pub scatter: Scatter,
+}
+
+/// What a data slot holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SlotUse {
+    /// Record page `k`.
+    Record(u64),
+    /// Logical page `i`.
+    Page(u64),
+    /// Disk-area page `k`.
+    Disk(u64),
+    /// Nothing: never written, reads as zero.
+    Free,
 }
 
 /// Lowest allowed data address: above the image area (the image is small;
@@ -320,6 +347,7 @@ impl DataLayout {
         if needed > available {
             return Err(ParamsError::TooManyPages { needed, available });
         }
+        let placement = Placement::from_params(p).map_err(ParamsError::BadPlacement)?;
         Ok(Self {
             low_start: p.data_start,
             low_pages,
@@ -328,7 +356,52 @@ impl DataLayout {
             record_pages,
             pages,
             disk_pages: p.disk_pages,
+            placement,
+            scatter: placement.scatter(available - record_pages),
         })
+    }
+
+    /// Data slots in all (record pages, items).
+    pub fn slots(&self) -> u64 {
+        self.low_pages + self.high_pages
+    }
+
+    /// Data slot of item `j` (`j < scatter.items()`).
+    pub fn item_slot(&self, j: u64) -> u64 {
+        self.record_pages + self.scatter.offset(j)
+    }
+
+    /// Data slot of logical page `i`.
+    pub fn page_slot(&self, i: u64) -> u64 {
+        self.item_slot(i)
+    }
+
+    /// What data slot `slot` (`< slots()`) holds.
+    pub fn slot_use(&self, slot: u64) -> SlotUse {
+        if slot < self.record_pages {
+            return SlotUse::Record(slot);
+        }
+        let j = self.scatter.item(slot - self.record_pages);
+        if j < self.pages {
+            SlotUse::Page(j)
+        } else if j < self.pages + self.disk_pages {
+            SlotUse::Disk(j - self.pages)
+        } else {
+            SlotUse::Free
+        }
+    }
+
+    /// Data slot of guest-physical address `gpa`, if it is in a data area.
+    pub fn gpa_slot(&self, gpa: u64) -> Option<u64> {
+        let low_end = self.low_start + self.low_pages * PAGE_SIZE;
+        let high_end = self.high_start + self.high_pages * PAGE_SIZE;
+        if gpa >= self.low_start && gpa < low_end {
+            Some((gpa - self.low_start) / PAGE_SIZE)
+        } else if gpa >= self.high_start && gpa < high_end {
+            Some(self.low_pages + (gpa - self.high_start) / PAGE_SIZE)
+        } else {
+            None
+        }
     }
 
     /// Guest-physical address of data slot `slot`.
@@ -342,7 +415,7 @@ impl DataLayout {
 
     /// Guest-physical address of logical page `i`.
     pub fn page_gpa(&self, i: u64) -> u64 {
-        self.slot_gpa(self.record_pages + i)
+        self.slot_gpa(self.page_slot(i))
     }
 
     /// Guest-physical address of the u32 version record of logical page `i`.
@@ -357,7 +430,7 @@ impl DataLayout {
 
     /// Data slot of disk-area page `k`.
     pub fn disk_slot(&self, k: u64) -> u64 {
-        self.record_pages + self.pages + k
+        self.item_slot(self.pages + k)
     }
 
     /// Guest-physical address of disk-area page `k` (where disk page `k`
@@ -368,10 +441,11 @@ impl DataLayout {
 
     /// Disk-area pages that follow page `k` contiguously in guest-physical
     /// memory (`k` included, up to the end of the disk area): the runs one
-    /// virtio-blk data descriptor can cover.
+    /// virtio-blk data descriptor can cover. Scattered, a run ends at the
+    /// end of its extent.
     pub fn disk_run(&self, k: u64) -> u64 {
         let slot = self.disk_slot(k);
-        let left = self.disk_pages - k;
+        let left = (self.disk_pages - k).min(self.scatter.run(self.pages + k));
         if slot < self.low_pages {
             left.min(self.low_pages - slot)
         } else {
@@ -395,6 +469,26 @@ pub fn disk_page_content(p: &WorkloadParams, k: u64) -> Option<Content> {
     }
 }
 
+/// Content of data slot `slot` of layout `l` (of `p`) after FILL, the
+/// program's DISK_READ phases and `churn_writes` churn writes in total:
+/// what the guest holds at that slot's guest-physical address, whatever the
+/// placement. `None` for a record page (its header and version table are
+/// not a generated page; see [`record_header`]) and for a disk-area page of
+/// unknown content (`disk_seed == 0`).
+pub fn slot_content(
+    p: &WorkloadParams,
+    l: &DataLayout,
+    slot: u64,
+    churn_writes: u64,
+) -> Option<Content> {
+    match l.slot_use(slot) {
+        SlotUse::Record(_) => None,
+        SlotUse::Page(i) => Some(page_content(p, i, version_after_churn(p, i, churn_writes))),
+        SlotUse::Disk(k) => disk_page_content(p, k),
+        SlotUse::Free => Some(Content::Zero),
+    }
+}
+
 /// The 16-byte header of record page `k`: makes every record page unique
 /// to its VM (given distinct `private_seed` or `vm_index`), so that record
 /// pages never take part in dedup and the data pages' expectations are exact.
@@ -404,6 +498,7 @@ pub fn record_header(p: &WorkloadParams, k: u64) -> [u64; 2] {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
 
     fn params(shared: u64, private: u64, z: u32, d: u32, c: u32) -> WorkloadParams {
@@ -663,6 +758,112 @@ mod tests {
         p.disk_seed = 0;
         assert_eq!(disk_page_content(&p, 0), None);
         assert_eq!(disk_page_content(&p, 30), Some(Content::Zero));
+    }
+
+    fn scattered(mut p: WorkloadParams, extent_pages: u32, seed: u64) -> WorkloadParams {
+        Placement::Scattered { extent_pages, seed }.write_params(&mut p);
+        p
+    }
+
+    #[test]
+    fn linear_layout_is_unchanged() {
+        // The historical formulas, slot by slot, with both areas and a disk.
+        let mut p = disk_params();
+        p.data_end = p.data_start + (1 + 200 + 20) * PAGE_SIZE;
+        p.high_start = 0x1_0000_0000;
+        p.high_end = p.high_start + 40 * PAGE_SIZE;
+        let l = DataLayout::new(&p).unwrap();
+        assert_eq!(l.placement, Placement::Linear);
+        for i in 0..l.pages {
+            assert_eq!(l.page_gpa(i), l.slot_gpa(l.record_pages + i));
+            assert_eq!(l.slot_use(l.record_pages + i), SlotUse::Page(i));
+        }
+        for k in 0..l.disk_pages {
+            assert_eq!(l.disk_slot(k), l.record_pages + l.pages + k);
+        }
+        for s in l.record_pages + l.pages + l.disk_pages..l.slots() {
+            assert_eq!(l.slot_use(s), SlotUse::Free);
+        }
+        assert_eq!(l.disk_run(0), 20);
+        assert_eq!(l.disk_run(20), 30);
+    }
+
+    #[test]
+    fn scattered_layout_is_a_bijection_over_the_data_slots() {
+        let mut p = scattered(disk_params(), 1, 5);
+        p.data_end = p.data_start + (1 + 200 + 20) * PAGE_SIZE;
+        p.high_start = 0x1_0000_0000;
+        p.high_end = p.high_start + 40 * PAGE_SIZE;
+        for extent in [1, 3, 8, 64] {
+            p.extent_pages = extent;
+            let l = DataLayout::new(&p).unwrap();
+            let mut seen = [false; 261];
+            for i in 0..l.pages {
+                let s = l.page_slot(i);
+                assert!(s >= l.record_pages && s < l.slots());
+                assert!(!seen[s as usize]);
+                seen[s as usize] = true;
+                assert_eq!(l.slot_use(s), SlotUse::Page(i));
+                assert_eq!(l.gpa_slot(l.page_gpa(i)), Some(s));
+            }
+            for k in 0..l.disk_pages {
+                let s = l.disk_slot(k);
+                assert!(!seen[s as usize]);
+                seen[s as usize] = true;
+                assert_eq!(l.slot_use(s), SlotUse::Disk(k));
+                // A run is contiguous in guest-physical memory.
+                let run = l.disk_run(k);
+                assert!(run >= 1 && k + run <= l.disk_pages);
+                for r in 0..run {
+                    assert_eq!(l.disk_page_gpa(k + r), l.disk_page_gpa(k) + r * PAGE_SIZE);
+                }
+            }
+            assert_eq!(l.slot_use(0), SlotUse::Record(0));
+            assert_eq!(l.gpa_slot(p.data_start - PAGE_SIZE), None);
+            assert_eq!(l.gpa_slot(p.high_end), None);
+        }
+    }
+
+    #[test]
+    fn scattered_vms_hold_the_same_contents_at_different_addresses() {
+        let base = params(3000, 1000, 100, 50, 0);
+        let (a, b) = (scattered(base, 1, 1), scattered(base, 1, 2));
+        let (la, lb) = (DataLayout::new(&a).unwrap(), DataLayout::new(&b).unwrap());
+        let lin = DataLayout::new(&base).unwrap();
+        let same = (0..la.pages)
+            .filter(|&i| la.page_gpa(i) == lb.page_gpa(i))
+            .count();
+        assert!(same < 20, "{same} pages at the same GPA");
+        let moved = (0..la.pages)
+            .filter(|&i| la.page_gpa(i) != lin.page_gpa(i))
+            .count();
+        assert!(moved > 3900, "only {moved} pages moved");
+        // Same multiset of slot contents in every placement.
+        let contents = |p: &WorkloadParams, l: &DataLayout| {
+            let mut v: std::vec::Vec<_> =
+                (0..l.slots()).map(|s| slot_content(p, l, s, 0)).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(contents(&a, &la), contents(&b, &lb));
+        assert_eq!(contents(&a, &la), contents(&base, &lin));
+        // And each slot holds what its logical page holds.
+        for i in 0..la.pages {
+            assert_eq!(
+                slot_content(&a, &la, la.page_slot(i), 0),
+                Some(page_content(&a, i, 1))
+            );
+        }
+    }
+
+    #[test]
+    fn bad_placement_is_refused() {
+        let mut p = params(10, 10, 0, 0, 0);
+        p.placement = 1;
+        assert!(matches!(
+            DataLayout::new(&p),
+            Err(ParamsError::BadPlacement(_))
+        ));
     }
 
     #[test]

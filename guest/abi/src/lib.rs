@@ -11,6 +11,9 @@ pub mod disk;
 pub mod expect;
 pub mod generator;
 pub mod mailbox;
+pub mod placement;
+
+pub use placement::Placement;
 
 /// Guest page size.
 pub const PAGE_SIZE: u64 = 4096;
@@ -46,10 +49,10 @@ pub mod ports {
 }
 
 /// Magic value of [`WorkloadParams::magic`]. The low byte is the layout
-/// version of [`WorkloadParams`] (2: the disk fields at the end), so a guest
-/// and a host built from different layouts refuse each other's parameters
-/// instead of misreading them.
-pub const PARAMS_MAGIC: u64 = 0x7061_6765_666f_6c02;
+/// version of [`WorkloadParams`] (2: the disk fields at the end; 3: the
+/// placement fields after them), so a guest and a host built from different
+/// layouts refuse each other's parameters instead of misreading them.
+pub const PARAMS_MAGIC: u64 = 0x7061_6765_666f_6c03;
 
 /// Phase opcodes of [`WorkloadParams::program`].
 pub mod phase {
@@ -84,8 +87,9 @@ pub mod phase {
     pub const DISK_READ: u32 = 9;
     /// The modelled build ([`crate::build`]): reads the source tree on
     /// disk 0 into the page cache, compiles every file, links the objects.
-    /// Uses the whole disk area as its build area. Arg: 0 scattered
-    /// placement of the area's pages (keyed by `private_seed`), 1 linear.
+    /// Uses the whole disk area as its build area, which follows the VM's
+    /// placement. Arg: 0 in a linear VM, scatter the area's pages anyway
+    /// (keyed by `private_seed`); 1 keep the VM's placement as it is.
     pub const BUILD: u32 = 10;
     /// Highest valid opcode.
     pub const LAST: u32 = BUILD;
@@ -165,6 +169,16 @@ pub struct WorkloadParams {
     /// ([`disk::image_page_base`]), and DISK_READ checks every page against
     /// it. Zero: the content is unknown; DISK_READ only checksums it.
     pub disk_seed: u64,
+    // Layout version 3 (appended; older fields keep their offsets).
+    /// Placement of the data area (`placement::code`: 0 linear, 1
+    /// scattered; see [`Placement`]). All three fields 0: linear, the layout
+    /// of version 2.
+    pub placement: u32,
+    /// Scattered: items per extent (`1..=placement::MAX_EXTENT_PAGES`).
+    /// Linear: 0.
+    pub extent_pages: u32,
+    /// Scattered: seed of the VM's permutation. Linear: 0.
+    pub placement_seed: u64,
 }
 
 impl WorkloadParams {
@@ -192,6 +206,9 @@ impl WorkloadParams {
         disk_mmio: [0; disk::MAX_DISKS],
         disk_pages: 0,
         disk_seed: 0,
+        placement: 0,
+        extent_pages: 0,
+        placement_seed: 0,
     };
 
     /// Logical pages the workload holds (shared + private).

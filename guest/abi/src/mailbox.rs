@@ -69,9 +69,9 @@ pub mod exit_code {
 }
 
 /// Mailbox protocol version, sent with HELLO (2: `PhaseReport::checksum`,
-/// the disk fields of `WorkloadParams`).
-/// 3: the BUILD fields at the end of `PhaseReport`.
-pub const ABI_VERSION: u64 = 3;
+/// the disk fields of `WorkloadParams`; 3: its placement fields; 4: the
+/// BUILD fields at the end of `PhaseReport`).
+pub const ABI_VERSION: u64 = 4;
 
 /// The guest sends PROGRESS every this many pages of a long phase (256 MiB);
 /// its status is also how a host stop reaches a running phase.
@@ -193,13 +193,18 @@ mod tests {
         assert_eq!(size_of::<PhaseReport>(), 8 + 15 * 8);
         assert_eq!(
             size_of::<WorkloadParams>(),
-            14 * 8 + 16 * 4 + 16 * 8 + (3 + crate::disk::MAX_DISKS) * 8
+            14 * 8 + 16 * 4 + 16 * 8 + (3 + crate::disk::MAX_DISKS) * 8 + 4 + 4 + 8
         );
         // Layout version 2 appended the disk fields; version-1 fields keep
         // their offsets.
         assert_eq!(
             core::mem::offset_of!(WorkloadParams, disk_count),
             14 * 8 + 16 * 4 + 16 * 8
+        );
+        // Layout version 3 appended the placement fields after them.
+        assert_eq!(
+            core::mem::offset_of!(WorkloadParams, placement),
+            14 * 8 + 16 * 4 + 16 * 8 + (3 + crate::disk::MAX_DISKS) * 8
         );
         assert_eq!(offset::ARGS, 0);
         assert_eq!(offset::REPORT, 32);

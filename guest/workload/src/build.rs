@@ -1,9 +1,10 @@
 //! BUILD: the modelled build (`pagefold_guest_abi::build`). Reads the source
 //! tree on disk 0 through virtio-blk into the page cache part of the build
 //! area (the disk area), then runs the shared compile-and-link code over it.
-//! Placement of the area's pages is scattered (keyed by `private_seed`) or
-//! linear, so page-cache, object and heap pages sit where a real guest's
-//! allocator might put them.
+//! Page-cache, object and heap pages follow the VM's placement
+//! (`[vm.workload] placement`); in a linear VM the build scatters them
+//! itself (keyed by `private_seed`) unless told `build:linear`, so they sit
+//! where a real guest's allocator might put them.
 
 use crate::clock::Clock;
 use crate::host;
@@ -16,6 +17,7 @@ use pagefold_guest_abi::classes::DataLayout;
 use pagefold_guest_abi::disk::SECTORS_PER_PAGE;
 use pagefold_guest_abi::generator::PageWords;
 use pagefold_guest_abi::mailbox::{PhaseReport, NO_MISMATCH};
+use pagefold_guest_abi::placement::Placement;
 use pagefold_guest_abi::{phase, PAGE_SIZE};
 
 /// BUILD gives up when no read completes for this long (as DISK_READ).
@@ -164,10 +166,15 @@ impl Workload {
     pub fn build(&mut self, slot: usize, arg: u64) -> Result<PhaseReport, BuildFailure> {
         let layout = self.store.layout;
         let n = layout.disk_pages;
-        let perm = if arg == 1 {
-            Perm::linear(n)
-        } else {
+        // The disk area already follows the VM's placement
+        // (`DataLayout::disk_page_gpa`). A VM with a placement of its own
+        // keeps it; in a linear VM the build scatters its area itself
+        // (the default: a real guest's allocator does), unless arg 1.
+        let own = arg != 1 && layout.placement == Placement::Linear;
+        let perm = if own {
             Perm::scattered(n, self.params.private_seed)
+        } else {
+            Perm::linear(n)
         };
         let mut area = GuestArea { layout, perm };
         let clock = Clock::start(self.params.tsc_khz);

@@ -7,7 +7,7 @@ use crate::store::Store;
 use crate::{clock::rdtsc, log};
 use pagefold_guest_abi::classes::DataLayout;
 use pagefold_guest_abi::mailbox::{exit_code, status, PhaseReport, NO_MISMATCH};
-use pagefold_guest_abi::phase;
+use pagefold_guest_abi::{phase, Placement};
 
 /// Runs the whole workload; returns the exit code.
 pub fn run() -> u32 {
@@ -22,6 +22,13 @@ pub fn run() -> u32 {
     };
     if host::stopped(host::hello()) {
         return exit_code::STOPPED;
+    }
+    if let Placement::Scattered { extent_pages, seed } = layout.placement {
+        log!(
+            "workload: scattered placement, extents of {} pages, seed {:#x}",
+            extent_pages,
+            seed
+        );
     }
     let store = Store::init(&params, layout);
     let mut w = Workload::new(params, store);

@@ -31,9 +31,9 @@ impl Store {
         unsafe { &mut *(self.layout.slot_gpa(slot) as *mut PageWords) }
     }
 
-    /// Logical page `i`.
+    /// Logical page `i`, in the slot the VM's placement gives it.
     pub fn page(&self, i: u64) -> &'static mut PageWords {
-        self.slot(self.layout.record_pages + i)
+        self.slot(self.layout.page_slot(i))
     }
 
     /// Disk-area page `k` (`k < layout.disk_pages`).
