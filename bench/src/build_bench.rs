@@ -768,7 +768,7 @@ mod tests {
             assert!(v["rows"][0].get(key).is_some(), "{key} missing");
         }
         assert!(crate::build_table(&r).contains("pagefold-auto"));
-        assert!(crate::build_chart(&r).contains("<svg"));
+        assert!(crate::build_chart(&r).svg().unwrap().contains("<svg"));
         assert!(
             t.elapsed() < Duration::from_secs(120),
             "short form took {:?}",

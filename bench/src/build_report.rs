@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::build_bench::{BuildReport, BuildRow};
+use crate::chart::{simplify, Chart, Line, Panel};
 use crate::error::BenchError;
-use crate::svg::{render, simplify, Line, Panel};
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -166,7 +166,7 @@ pub fn build_json(r: &BuildReport) -> Result<String, BenchError> {
 }
 
 /// npages over build time, first run of each system.
-pub fn build_chart(r: &BuildReport) -> String {
+pub fn build_chart(r: &BuildReport) -> Chart {
     let lines = r
         .rows
         .iter()
@@ -183,7 +183,7 @@ pub fn build_chart(r: &BuildReport) -> String {
             })
         })
         .collect();
-    render(&[Panel {
+    Chart::new(vec![Panel {
         title: format!(
             "build: merged pages during two concurrent builds ({} files)",
             r.tree.files
