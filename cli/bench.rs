@@ -138,10 +138,10 @@ pub struct BuildArgs {
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
     /// Source files in the tree (about 2.5 pages each).
-    #[arg(long, default_value_t = 1500)]
+    #[arg(long, default_value_t = 2000)]
     pub files: u32,
-    /// Compile rounds per token: CPU per file (100: a few ms).
-    #[arg(long, default_value_t = 100)]
+    /// Compile rounds per token: CPU per file (200: about 5 ms).
+    #[arg(long, default_value_t = 200)]
     pub rounds: u32,
     /// Seed of the tree's content.
     #[arg(long, default_value_t = 0x6b65_726e)]

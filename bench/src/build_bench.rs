@@ -116,8 +116,8 @@ impl Default for BuildOptions {
         Self {
             tree: TreeSpec {
                 seed: 0x6b65_726e,
-                files: 1500,
-                rounds: 100,
+                files: 2000,
+                rounds: 200,
             },
             runs: 5,
             auto_trigger_fraction: 0.25,
