@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use pagefold_dedup::auto::{AutoController, ScriptHandle, ScriptedSource};
 use pagefold_dedup::ksm::{ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmBackend, KSM_SYSFS};
 use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate, Mode, DEFAULT_KNOBS};
-use pagefold_guest_abi::build::{area_pages, expected, image_bytes, tree_pages, TreeSpec};
+use pagefold_guest_abi::build::{
+    area_pages, area_sharing, expected, image_bytes, tree_pages, TreeSpec,
+};
+use pagefold_guest_abi::expect::{Expectation, VmState};
 use pagefold_guest_abi::phase;
 use pagefold_vmm::config::{
     Config, DiskConfig, SerialOutput, SizeValue, VmConfig, VmDedup, WorkloadConfig,
@@ -212,6 +215,11 @@ pub struct TreeInfo {
     pub expected_checksum: u64,
     pub expected_pages_written: u64,
     pub expected_pages_reused: u64,
+    /// What a perfect merger saves at the end of the builds, in pages
+    /// (`pages_sharing + zero_pages`): the two build areas (exact, from the
+    /// host's run of the same build) plus the fill (exact, `expect`); the
+    /// identical guest images and page tables add a few more.
+    pub possible_npages: u64,
 }
 
 /// Mean and sample standard deviation (0 for fewer than 2 values).
@@ -278,6 +286,42 @@ fn vm_err(e: impl std::fmt::Display) -> BenchError {
     BenchError::Vm(e.to_string())
 }
 
+/// Guest-physical base of disk 0's virtio-mmio window, as
+/// `linux_vm::attach_disks` places it (slot n at `0xd000_0000 + n*0x1000`).
+const DISK0_MMIO: u64 = 0xd000_0000;
+
+/// [`TreeInfo::possible_npages`] for [`build_configs`].
+pub fn possible_npages(image: &Path, tree: &TreeSpec) -> Result<u64, BenchError> {
+    let image_end = pagefold_vmm::boot::image_end(pagefold_vmm::workload_image::WORKLOAD_ELF)
+        .map_err(vm_err)?;
+    let disks = [pagefold_vmm::workload::GuestDisk {
+        mmio: DISK0_MMIO,
+        sectors: tree_pages(tree) * pagefold_guest_abi::disk::SECTORS_PER_PAGE,
+    }];
+    let mut params = Vec::new();
+    for (i, c) in build_configs(image, tree).iter().enumerate() {
+        let ranges = pagefold_vmm::memory::ram_ranges(c.memory_bytes()).map_err(vm_err)?;
+        let w = c.workload.clone().unwrap_or_default();
+        params.push(
+            pagefold_vmm::workload::params_with_disks(
+                &w, &c.name, i, &ranges, image_end, 0, &disks,
+            )
+            .map_err(vm_err)?,
+        );
+    }
+    let states: Vec<VmState<'_>> = params
+        .iter()
+        .map(|p| VmState {
+            params: p,
+            churn_writes: 0,
+        })
+        .collect();
+    // The build areas are unpredicted for `expect`: counted apart.
+    let e = Expectation::compute(&states).map_err(|e| vm_err(format!("{e:?}")))?;
+    let (sharing, zero) = area_sharing(*tree, params.len() as u64);
+    Ok(e.sharing_pages + e.zero_pages + sharing + zero)
+}
+
 /// Runs every system `opts.runs` times (runs interleaved: run 1 of every
 /// system, then run 2, ... so load drift spreads over all systems), holding
 /// the KSM lock; checks KSM tunables are as found afterwards.
@@ -299,6 +343,13 @@ pub fn run_build_bench(
         path: image.display().to_string(),
         source,
     })?;
+    let possible = match possible_npages(&image, &opts.tree) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = std::fs::remove_file(&image);
+            return Err(e);
+        }
+    };
     let mut runs: Vec<Vec<BuildRun>> = vec![Vec::new(); systems.len()];
     let mut loads = vec![[0.0; 3]; systems.len()];
     let mut warnings: Vec<Vec<String>> = vec![Vec::new(); systems.len()];
@@ -363,6 +414,7 @@ pub fn run_build_bench(
             expected_checksum: want.checksum,
             expected_pages_written: want.pages_written,
             expected_pages_reused: want.pages_reused,
+            possible_npages: possible,
         },
         rows,
         unrestored,
@@ -745,6 +797,18 @@ mod tests {
                 assert_eq!(run.pages_written, r.tree.expected_pages_written);
                 assert_eq!(run.pages_reused, r.tree.expected_pages_reused);
             }
+        }
+        assert!(
+            r.tree.possible_npages > 2 * r.tree.tree_pages,
+            "{:?}",
+            r.tree
+        );
+        for row in &r.rows {
+            assert!(
+                row.npages_mean <= r.tree.possible_npages as f64 * 1.02 + 64.0,
+                "{row:?} vs {:?}",
+                r.tree
+            );
         }
         let off = &r.rows[0];
         assert_eq!((off.npages_mean, off.engine_cpu_mean_s), (0.0, 0.0));

@@ -64,8 +64,8 @@ pub fn build_table(r: &BuildReport) -> String {
     };
     let _ = writeln!(
         out,
-        "build: {} files, {} pages, {} rounds; expected output checksum {:#018x}",
-        r.tree.files, r.tree.tree_pages, r.tree.rounds, r.tree.expected_checksum
+        "build: {} files, {} pages, {} rounds; expected output checksum {:#018x}; possible npages {}",
+        r.tree.files, r.tree.tree_pages, r.tree.rounds, r.tree.expected_checksum, r.tree.possible_npages
     );
     line(
         &mut out,
@@ -85,13 +85,14 @@ pub fn build_markdown(r: &BuildReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Tree: {} files, {} pages ({:.1} MiB), {} rounds, seed {:#x}; expected output checksum `{:#018x}`.\n",
+        "Tree: {} files, {} pages ({:.1} MiB), {} rounds, seed {:#x}; expected output checksum `{:#018x}`; a perfect merger's npages at the end of the builds: {}.\n",
         r.tree.files,
         r.tree.tree_pages,
         r.tree.tree_pages as f64 * 4096.0 / MIB,
         r.tree.rounds,
         r.tree.seed,
-        r.tree.expected_checksum
+        r.tree.expected_checksum,
+        r.tree.possible_npages
     );
     let _ = writeln!(out, "| {} |", HEADERS.join(" | "));
     let _ = writeln!(out, "|{}", "---|".repeat(HEADERS.len()));

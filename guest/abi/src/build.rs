@@ -729,6 +729,13 @@ mod host {
     /// What a guest building `spec` reports (checksum, pages written, ...),
     /// computed by the same code over host memory.
     pub fn expected(spec: TreeSpec) -> BuildStats {
+        expected_area(spec).0
+    }
+
+    /// As [`expected`], with the build area's pages after the build in
+    /// logical slot order (page cache, objects, output, heap): what every
+    /// guest that built `spec` holds, whatever its placement.
+    pub fn expected_area(spec: TreeSpec) -> (BuildStats, Vec<PageWords>) {
         let h = TreeHeader::new(spec);
         let mut pages = image_pages(spec);
         pages.resize(area_pages(h.tree_pages) as usize, [0; WORDS]);
@@ -736,9 +743,26 @@ mod host {
         let r: Result<BuildStats, core::convert::Infallible> =
             compile_and_link(&mut area, &h, |_, _| Ok(()));
         match r {
-            Ok(s) => s,
+            Ok(s) => (s, area.0),
             Err(e) => match e {},
         }
+    }
+
+    /// Pages a perfect merger shares among `vms` VMs that built `spec`:
+    /// (non-zero pages merged, i.e. KSM's `pages_sharing`; zero pages).
+    pub fn area_sharing(spec: TreeSpec, vms: u64) -> (u64, u64) {
+        let (_, pages) = expected_area(spec);
+        let mut distinct = std::collections::HashSet::new();
+        let mut zero = 0u64;
+        for p in &pages {
+            if p.iter().all(|&w| w == 0) {
+                zero += 1;
+            } else {
+                distinct.insert(*p);
+            }
+        }
+        let nonzero = pages.len() as u64 - zero;
+        (vms * nonzero - distinct.len() as u64, vms * zero)
     }
 
     /// A scattered area, to test that placement does not change the result.
@@ -760,7 +784,9 @@ mod host {
 }
 
 #[cfg(any(test, feature = "std"))]
-pub use host::{expected, image_bytes, image_pages, zero_area, PermArea, VecArea};
+pub use host::{
+    area_sharing, expected, expected_area, image_bytes, image_pages, zero_area, PermArea, VecArea,
+};
 
 #[cfg(test)]
 mod tests {
@@ -865,6 +891,20 @@ mod tests {
             expected(TreeSpec { rounds: 4, ..SPEC }).checksum,
             e.checksum
         );
+    }
+
+    #[test]
+    fn two_builds_share_their_whole_area_but_the_distinct_copies() {
+        let (stats, pages) = expected_area(SPEC);
+        assert_eq!(stats, expected(SPEC));
+        let (one, zero1) = area_sharing(SPEC, 1);
+        let (two, zero2) = area_sharing(SPEC, 2);
+        assert_eq!(zero2, 2 * zero1);
+        let nonzero = pages.len() as u64 - zero1;
+        // The second VM's non-zero pages all merge into the first's.
+        assert_eq!(two, one + nonzero);
+        // The page cache alone is tree_pages distinct non-zero pages.
+        assert!(nonzero >= tree_pages(&SPEC) + stats.object_pages + stats.output_pages);
     }
 
     #[test]
