@@ -216,9 +216,10 @@ pub struct TreeInfo {
     pub expected_pages_written: u64,
     pub expected_pages_reused: u64,
     /// What a perfect merger saves at the end of the builds, in pages
-    /// (`pages_sharing + zero_pages`): the two build areas (exact, from the
-    /// host's run of the same build) plus the fill (exact, `expect`); the
-    /// identical guest images and page tables add a few more.
+    /// (`pages_sharing + zero_pages`): the written pages of the two build
+    /// areas (exact, from the host's run of the same build) plus the fill
+    /// (exact, `expect`); the identical guest images and page tables add a
+    /// few more.
     pub possible_npages: u64,
 }
 
@@ -318,8 +319,7 @@ pub fn possible_npages(image: &Path, tree: &TreeSpec) -> Result<u64, BenchError>
         .collect();
     // The build areas are unpredicted for `expect`: counted apart.
     let e = Expectation::compute(&states).map_err(|e| vm_err(format!("{e:?}")))?;
-    let (sharing, zero) = area_sharing(*tree, params.len() as u64);
-    Ok(e.sharing_pages + e.zero_pages + sharing + zero)
+    Ok(e.sharing_pages + e.zero_pages + area_sharing(*tree, params.len() as u64))
 }
 
 /// Runs every system `opts.runs` times (runs interleaved: run 1 of every
