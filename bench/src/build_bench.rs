@@ -149,7 +149,8 @@ pub struct BuildRun {
     /// device and engine threads; not ksmd).
     pub user_s: f64,
     pub sys_s: f64,
-    /// Guests' CPU-bound time (compile and link), mean of the two VMs.
+    /// Guests' CPU-bound part (compile and link), TSC-measured in the
+    /// guest, mean of the two VMs (includes time the vCPU was preempted).
     pub guest_cpu_s: f64,
     /// The dedup engine's (or ksmd's) CPU over the builds.
     pub engine_cpu_s: f64,
@@ -163,6 +164,7 @@ pub struct BuildRun {
     pub peak_npages: u64,
     /// When `npages` first reached its end-of-build value (s from start).
     pub t_final_npages_s: Option<f64>,
+    /// pagefold's COW breaks (KSM does not count them: 0).
     pub cow_breaks: u64,
     /// Per VM: pages read, written, reused; output checksum.
     pub pages_read: u64,
