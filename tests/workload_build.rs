@@ -116,3 +116,18 @@ fn a_disk_that_is_no_tree_is_a_disk_error() {
 fn vm_of<'a>(r: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     common::vm(r, name)
 }
+
+#[test]
+fn bench_build_refuses_bad_flags_before_running_anything() {
+    for (flags, what) in [
+        (&["--runs", "0"][..], "--runs"),
+        (&["--systems", "ksm-max"][..], "ksm-max"),
+        (&["--auto-trigger", "1.5"][..], "--auto-trigger"),
+    ] {
+        let mut args = vec!["bench", "build"];
+        args.extend_from_slice(flags);
+        let o = run(&args, Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(2), "{flags:?}: {}", text(&o));
+        assert!(text(&o).contains(what), "{flags:?}: {}", text(&o));
+    }
+}
