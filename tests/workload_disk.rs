@@ -204,6 +204,18 @@ fn two_vms_read_one_image(workload: &str) {
 /// `Runner::poll_events` does not run.
 #[test]
 fn dedup_merges_the_page_caches_of_two_vms() {
+    dedup_merges_page_caches("");
+}
+
+/// As [`dedup_merges_the_page_caches_of_two_vms`], with each VM's disk
+/// area scattered page by page by its own permutation: the image's pages
+/// sit at unrelated addresses in the two VMs and still all merge.
+#[test]
+fn dedup_merges_the_scattered_page_caches_of_two_vms() {
+    dedup_merges_page_caches("placement = \"scattered\"\nextent_pages = 1");
+}
+
+fn dedup_merges_page_caches(workload: &str) {
     use common::dedup::{release, start};
     let dir = TempDir::new("disk-dedup");
     let img = dir.path("disk.img");
@@ -223,6 +235,7 @@ fn dedup_merges_the_page_caches_of_two_vms() {
             phases = ["fill", "disk-read", "wait:60000", "verify"]
             disk_seed = {SEED}
             disks = [{{ path = {path:?}, readonly = true }}]
+            {workload}
             "#,
             path = img.display().to_string()
         )
@@ -264,6 +277,7 @@ fn dedup_merges_the_page_caches_of_two_vms() {
 fn check_merged(r: &pagefold_vmm::runner::Runner, bytes: &[u8]) {
     use common::dedup::*;
     use pagefold_guest_abi::classes::DataLayout;
+    use pagefold_guest_abi::Placement;
     use std::os::unix::fs::FileExt;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
@@ -288,6 +302,16 @@ fn check_merged(r: &pagefold_vmm::runner::Runner, bytes: &[u8]) {
     };
     let la = DataLayout::new(a.workload_params().unwrap()).unwrap();
     let lb = DataLayout::new(b.workload_params().unwrap()).unwrap();
+    assert_eq!(
+        la.placement == lb.placement,
+        la.placement == Placement::Linear
+    );
+    if la.placement != Placement::Linear {
+        let same = (0..PAGES)
+            .filter(|&k| la.disk_page_gpa(k) == lb.disk_page_gpa(k))
+            .count();
+        assert!(same < 20, "{same} disk pages at the same GPA in both VMs");
+    }
     let mut page_a = vec![0u8; PAGE_SIZE as usize];
     let mut page_b = vec![0u8; PAGE_SIZE as usize];
     let mut same_frame = 0;

@@ -172,6 +172,13 @@ async fn answers_match_the_spec() {
             201,
         ),
         (
+            "PUT",
+            p("/vms/vm4"),
+            Some(json!({"memory": 64, "workload": {"placement": "scattered",
+                        "extent_pages": 8, "placement_seed": 5}})),
+            201,
+        ),
+        (
             "PATCH",
             p("/vms/vm1"),
             Some(json!({"state": "paused"})),

@@ -123,4 +123,22 @@ mod tests {
         let e = config_for("a", json!({"memory": 64, "cpus": 2})).unwrap_err();
         assert!(e.to_string().contains("cpus"), "{e}");
     }
+
+    #[test]
+    fn workload_placement_is_accepted() {
+        let c = config_for(
+            "a",
+            json!({"memory": 64, "workload": {"placement": "scattered", "extent_pages": 8}}),
+        )
+        .unwrap();
+        let w = c.workload.unwrap();
+        assert_eq!(w.placement, pagefold_vmm::config::PlacementKind::Scattered);
+        assert_eq!(w.extent_pages, Some(8));
+        let e = config_for(
+            "a",
+            json!({"memory": 64, "workload": {"placement": "zigzag"}}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("zigzag"), "{e}");
+    }
 }

@@ -221,6 +221,29 @@ mod tests {
     }
 
     #[test]
+    fn placement_moves_pages_but_not_the_expectation() {
+        // Content is a function of the logical index: a scattered VM holds
+        // the same pages as a linear one, so the prediction is the same.
+        let a = vm(1, 2, 3_000, 1_000);
+        let b = vm(1, 3, 3_000, 1_000);
+        let mut c = b;
+        let st = |p| VmState {
+            params: p,
+            churn_writes: 0,
+        };
+        let linear = Expectation::compute(&[st(&a), st(&b)]).unwrap();
+        crate::Placement::Scattered {
+            extent_pages: 4,
+            seed: 77,
+        }
+        .write_params(&mut c);
+        let scattered = Expectation::compute(&[st(&a), st(&c)]).unwrap();
+        assert_eq!(linear, scattered);
+        let (la, lb) = (DataLayout::new(&b).unwrap(), DataLayout::new(&c).unwrap());
+        assert!((0..la.pages).any(|i| la.page_gpa(i) != lb.page_gpa(i)));
+    }
+
+    #[test]
     fn churn_breaks_duplicates_of_churned_targets() {
         // churn tail = positions 800..1000 of each private block; dup targets
         // are 150..200, so churn touches no duplicate pair: sharing is kept.
