@@ -22,6 +22,10 @@ pub enum BenchCommand {
     /// Auto mode: two identical workload VMs, free memory drops below the
     /// threshold at a known time; how soon is 90 % of the saving reached?
     Auto(AutoArgs),
+    /// Two workload VMs build the same source tree side by side, --runs
+    /// times per system (off, pagefold-on, pagefold-auto, ksm-default,
+    /// ksm-10000): build time, process and engine CPU, merged pages.
+    Build(BuildArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -122,6 +126,35 @@ pub struct AutoArgs {
     pub timeout_secs: u64,
 }
 
+#[derive(Args, Debug)]
+pub struct BuildArgs {
+    #[command(flatten)]
+    pub out: Outputs,
+    /// Comma-separated subset of off, pagefold-on, pagefold-auto,
+    /// ksm-default, ksm-10000 (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+    /// Runs per system (mean and stdev over them).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Source files in the tree (about 2.5 pages each).
+    #[arg(long, default_value_t = 2000)]
+    pub files: u32,
+    /// Compile rounds per token: CPU per file (200: about 5 ms).
+    #[arg(long, default_value_t = 200)]
+    pub rounds: u32,
+    /// Seed of the tree's content.
+    #[arg(long, default_value_t = 0x6b65_726e)]
+    pub seed: u64,
+    /// pagefold-auto: free memory drops below the threshold once a VM has
+    /// compiled this fraction of its files.
+    #[arg(long, default_value_t = 0.25)]
+    pub auto_trigger: f64,
+    /// Give up on one run after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_secs: u64,
+}
+
 fn bench_err(e: BenchError) -> Error {
     match e {
         BenchError::UnknownSystem { .. } | BenchError::NoSystems => Error::Usage(e.to_string()),
@@ -209,10 +242,45 @@ fn auto(a: AutoArgs) -> Result<i32, Error> {
     Ok(if report.unrestored.is_empty() { 0 } else { 1 })
 }
 
+fn build(a: BuildArgs) -> Result<i32, Error> {
+    use pagefold_bench::{build_chart, build_json, build_markdown, build_table};
+    let systems = pagefold_bench::select_build_systems(&a.systems).map_err(bench_err)?;
+    if a.runs == 0 || a.files == 0 || !(0.0..=1.0).contains(&a.auto_trigger) {
+        return Err(Error::Usage(
+            "--runs and --files must be above 0, --auto-trigger in 0..=1".into(),
+        ));
+    }
+    let opts = pagefold_bench::BuildOptions {
+        tree: pagefold_bench::TreeSpec {
+            seed: a.seed,
+            files: a.files,
+            rounds: a.rounds,
+        },
+        runs: a.runs,
+        auto_trigger_fraction: a.auto_trigger,
+        timeout: Duration::from_secs(a.timeout_secs),
+        ..pagefold_bench::BuildOptions::default()
+    };
+    let report = pagefold_bench::run_build_bench(&systems, &opts).map_err(bench_err)?;
+    print!("{}", build_table(&report));
+    let json = build_json(&report).map_err(bench_err)?;
+    write_outputs(&a.out, json, build_chart(&report), build_markdown(&report))?;
+    let agree = report.rows.iter().all(|r| r.checksums_agree);
+    if !agree {
+        eprintln!("the guests' output checksums disagree with the host's prediction");
+    }
+    Ok(if report.unrestored.is_empty() && agree {
+        0
+    } else {
+        1
+    })
+}
+
 pub fn run(cmd: BenchCommand) -> Result<i32, Error> {
     match cmd {
         BenchCommand::KsmSeed(a) => ksm_seed(a),
         BenchCommand::Auto(a) => auto(a),
+        BenchCommand::Build(a) => build(a),
     }
 }
 

@@ -7,11 +7,17 @@
 //! - `auto` ([`run_auto_all`]): auto mode reacting to a scripted memory drop
 //!   in two identical workload VMs.
 //!
-//! Both hold the KSM lock ([`pagefold_dedup::ksm::ksm_exclusive`]) and leave
+//! - `build` ([`run_build_bench`]): two workload VMs build one source tree
+//!   side by side, `runs` times per system; mean and stdev of build time,
+//!   process CPU, engine CPU and merged pages.
+//!
+//! All hold the KSM lock ([`pagefold_dedup::ksm::ksm_exclusive`]) and leave
 //! every KSM tunable as found. See docs/benchmarks.md.
 
 mod auto_bench;
 mod auto_report;
+mod build_bench;
+mod build_report;
 mod chart;
 mod error;
 mod host;
@@ -29,11 +35,18 @@ pub use auto_bench::{
     AutoReport, AutoRow, AutoSample, AutoSeries, AutoSystem, AUTO_SYSTEM_NAMES,
 };
 pub use auto_report::{auto_chart, auto_goals, auto_json, auto_markdown, auto_table};
+pub use build_bench::{
+    build_configs, mean_stdev, run_build_bench, select_build_systems, self_rusage, BuildOptions,
+    BuildReport, BuildRow, BuildRun, BuildSample, BuildSystem, BUILD_SYSTEM_NAMES, KSM_10000_KNOBS,
+};
+pub use build_report::{build_chart, build_json, build_markdown, build_table};
 pub use chart::{
     nice_step, png_path, seed_chart, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
 };
 pub use error::BenchError;
 pub use host::{load_avg, max_map_count, mem_available, other_ksm_users, self_vmas};
+/// The build benchmark's tree description (from the guest ABI).
+pub use pagefold_guest_abi::build::TreeSpec;
 pub use ratio::{fmt_ratio, ratio, Goal};
 pub use region::{Region, Shape, PAGE, SCATTERED_REGION_BYTES, SCATTERED_SEED, SEED_REGION_BYTES};
 pub use report::{

@@ -707,6 +707,11 @@ pub enum Phase {
     BadPort,
     /// Read this many pages of disk 0 (0: all of it).
     DiskRead(u64),
+    /// The modelled build over the source tree on disk 0
+    /// (`pagefold_guest_abi::build`); the argument is the guest's BUILD
+    /// arg: 0 scattered (the VM's placement, or the build's own scatter in
+    /// a linear VM), 1 the VM's placement as it is.
+    Build(u64),
 }
 
 impl Phase {
@@ -746,8 +751,15 @@ impl Phase {
                     )),
                 },
             },
+            "build" => match arg {
+                None | Some("scattered") => Ok(Phase::Build(0)),
+                Some("linear") => Ok(Phase::Build(1)),
+                Some(a) => Err(format!(
+                    "phase {s:?}: {a:?} is not a placement (scattered or linear)"
+                )),
+            },
             _ => Err(format!(
-                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], or the fault injections fault and badport)"
+                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], build[:scattered|linear], or the fault injections fault and badport)"
             )),
         }
     }
@@ -801,6 +813,11 @@ impl WorkloadConfig {
         }
         if self.disks.is_empty() && phases.iter().any(|p| matches!(p, Phase::DiskRead(_))) {
             return Err("the disk-read phase needs a disk (workload.disks, or --disk)".into());
+        }
+        if self.disks.is_empty() && phases.iter().any(|p| matches!(p, Phase::Build(_))) {
+            return Err(
+                "the build phase needs a source-tree disk (workload.disks, or --disk)".into(),
+            );
         }
         for d in &self.disks {
             check_file("disk image", &d.path, true)?;
@@ -1099,6 +1116,10 @@ mod tests {
         assert_eq!(Phase::parse("disk-read:16").unwrap(), Phase::DiskRead(16));
         assert!(Phase::parse("disk-read:0").unwrap_err().contains("pages"));
         assert!(Phase::parse("disk-read:x").unwrap_err().contains("pages"));
+        assert_eq!(Phase::parse("build").unwrap(), Phase::Build(0));
+        assert_eq!(Phase::parse("build:scattered").unwrap(), Phase::Build(0));
+        assert_eq!(Phase::parse("build:linear").unwrap(), Phase::Build(1));
+        assert!(Phase::parse("build:x").unwrap_err().contains("placement"));
         let img = std::env::temp_dir().join(format!("pagefold-cfg-disk-{}", std::process::id()));
         std::fs::write(&img, [0u8; 4096]).unwrap();
         let toml = |extra: &str| {

@@ -90,8 +90,13 @@ pub struct PhaseRow {
     pub dup_pages: u64,
     pub mismatches: u64,
     pub churn_writes_total: u64,
-    /// Checksum of the pages a disk-read phase read (0 otherwise).
+    /// Checksum of the pages a disk-read phase read, or of a build's
+    /// output (0 otherwise).
     pub checksum: u64,
+    /// Build: pages written, heap pages reused, guest CPU-bound ms.
+    pub pages_written: u64,
+    pub pages_reused: u64,
+    pub cpu_ms: f64,
     /// Host-measured duration.
     pub ms: f64,
     pub gbps: f64,
@@ -125,6 +130,9 @@ impl VmReport {
                 mismatches: p.report.mismatches,
                 churn_writes_total: p.report.churn_writes_total,
                 checksum: p.report.checksum,
+                pages_written: p.report.pages_written,
+                pages_reused: p.report.pages_reused,
+                cpu_ms: p.report.cpu_us as f64 / 1e3,
                 ms: p.elapsed.as_secs_f64() * 1e3,
                 gbps: p.gbps(),
             })

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use pagefold_devices::workload::{DeviceAction, WorkloadControl, WorkloadDevice};
+use pagefold_guest_abi::build;
 use pagefold_guest_abi::classes::{DataLayout, ParamsError, MIN_DATA_START};
 use pagefold_guest_abi::disk::{MAX_DISKS, SECTORS_PER_PAGE, SECTOR_SIZE};
 use pagefold_guest_abi::{phase, WorkloadParams, PAGE_SIZE, PARAMS_MAGIC};
@@ -79,10 +80,20 @@ pub fn params(
 }
 
 /// Pages the disk area needs: the largest disk-read of the program, where
-/// `disk-read` without a count reads all of disk 0 (its whole pages).
+/// `disk-read` without a count reads all of disk 0 (its whole pages), or
+/// the build area of a tree filling disk 0.
 fn disk_area_pages(phases: &[Phase], disks: &[GuestDisk]) -> Result<u64, Error> {
     let mut pages = 0;
     for ph in phases {
+        if let Phase::Build(_) = *ph {
+            let disk = disks.first().ok_or_else(|| {
+                Error::Config("the build phase needs a disk (workload.disks, or --disk)".into())
+            })?;
+            // The build area: page cache, objects and output of a tree as
+            // large as the disk, plus the heap.
+            pages = pages.max(build::area_pages(disk.sectors / SECTORS_PER_PAGE));
+            continue;
+        }
         let Phase::DiskRead(n) = *ph else { continue };
         let disk = disks.first().ok_or_else(|| {
             Error::Config("the disk-read phase needs a disk (workload.disks, or --disk)".into())
@@ -206,6 +217,7 @@ pub fn params_with_disks(
             Phase::Fault => (phase::FAULT, 0),
             Phase::BadPort => (phase::BAD_PORT_WRITE, 0),
             Phase::DiskRead(pages) => (phase::DISK_READ, pages),
+            Phase::Build(placement) => (phase::BUILD, placement),
         };
         p.program[i] = op;
         p.program_args[i] = arg;

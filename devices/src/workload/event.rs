@@ -60,6 +60,18 @@ pub(crate) fn fmt_phase_end(
         _ => {}
     }
     let mib = r.bytes as f64 / (1 << 20) as f64;
+    if r.phase == phase::BUILD {
+        return write!(
+            f,
+            "{name}: read {} pages ({mib:.1} MiB), wrote {}, reused {}, in {:.1} ms (cpu {:.1} ms), checksum {:#018x}",
+            r.pages,
+            r.pages_written,
+            r.pages_reused,
+            ms(elapsed),
+            r.cpu_us as f64 / 1e3,
+            r.checksum
+        );
+    }
     write!(
         f,
         "{name}: {} pages ({mib:.1} MiB) in {:.1} ms ({:.2} GB/s), zero {}, dup {}",

@@ -325,10 +325,12 @@ impl DataLayout {
                 ));
             }
         }
-        let reads = p.phases().any(|(_, op, _)| op == phase::DISK_READ);
+        let reads = p
+            .phases()
+            .any(|(_, op, _)| op == phase::DISK_READ || op == phase::BUILD);
         if reads && (p.disk_count == 0 || p.disk_pages == 0) {
             return Err(ParamsError::BadDisk(
-                "disk-read needs a disk and a non-empty disk area",
+                "disk-read and build need a disk and a non-empty disk area",
             ));
         }
         if p.disk_read_pages() > p.disk_pages {
@@ -453,12 +455,14 @@ impl DataLayout {
 }
 
 /// Content of disk-area page `k` once the program's DISK_READ phases ran:
-/// `None` when it is disk data of unknown content (`disk_seed == 0`); zero
+/// `None` when it is disk data of unknown content (`disk_seed == 0`, or a
+/// BUILD's area: page cache, objects, heap); zero
 /// when no DISK_READ reaches it (never written).
 pub fn disk_page_content(p: &WorkloadParams, k: u64) -> Option<Content> {
+    let builds = p.phases().any(|(_, op, _)| op == phase::BUILD);
     if k >= p.disk_read_pages() {
         Some(Content::Zero)
-    } else if p.disk_seed == 0 {
+    } else if p.disk_seed == 0 || builds {
         None
     } else {
         Some(Content::Pattern(image_page_base(p.disk_seed, k)))

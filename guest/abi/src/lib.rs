@@ -4,6 +4,7 @@
 //! is compiled into the freestanding guest and into the host.
 #![no_std]
 
+pub mod build;
 pub mod classes;
 pub mod disk;
 #[cfg(any(test, feature = "std"))]
@@ -84,8 +85,14 @@ pub mod phase {
     /// (mismatches count like VERIFY's). Arg: pages to read from the start of
     /// the disk (0: `disk_pages`).
     pub const DISK_READ: u32 = 9;
+    /// The modelled build ([`crate::build`]): reads the source tree on
+    /// disk 0 into the page cache, compiles every file, links the objects.
+    /// Uses the whole disk area as its build area, which follows the VM's
+    /// placement. Arg: 0 in a linear VM, scatter the area's pages anyway
+    /// (keyed by `private_seed`); 1 keep the VM's placement as it is.
+    pub const BUILD: u32 = 10;
     /// Highest valid opcode.
-    pub const LAST: u32 = DISK_READ;
+    pub const LAST: u32 = BUILD;
     /// The port BAD_PORT_WRITE pokes.
     pub const BAD_PORT: u16 = 0x1234;
 
@@ -102,6 +109,7 @@ pub mod phase {
             FAULT => "fault",
             BAD_PORT_WRITE => "badport",
             DISK_READ => "disk-read",
+            BUILD => "build",
             _ => "unknown",
         }
     }
@@ -219,11 +227,18 @@ impl WorkloadParams {
     }
 
     /// Pages the program's DISK_READ phases fill, from the start of the disk
-    /// area: the largest of their page counts (0 if there is none).
+    /// area: the largest of their page counts (0 if there is none). A BUILD
+    /// phase uses the whole disk area.
     pub fn disk_read_pages(&self) -> u64 {
         self.phases()
-            .filter(|&(_, op, _)| op == phase::DISK_READ)
-            .map(|(_, _, arg)| if arg == 0 { self.disk_pages } else { arg })
+            .filter(|&(_, op, _)| op == phase::DISK_READ || op == phase::BUILD)
+            .map(|(_, op, arg)| {
+                if arg == 0 || op == phase::BUILD {
+                    self.disk_pages
+                } else {
+                    arg
+                }
+            })
             .max()
             .unwrap_or(0)
     }

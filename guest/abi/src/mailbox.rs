@@ -69,8 +69,9 @@ pub mod exit_code {
 }
 
 /// Mailbox protocol version, sent with HELLO (2: `PhaseReport::checksum`,
-/// the disk fields of `WorkloadParams`; 3: its placement fields).
-pub const ABI_VERSION: u64 = 3;
+/// the disk fields of `WorkloadParams`; 3: its placement fields; 4: the
+/// BUILD fields at the end of `PhaseReport`).
+pub const ABI_VERSION: u64 = 4;
 
 /// The guest sends PROGRESS every this many pages of a long phase (256 MiB);
 /// its status is also how a host stop reaches a running phase.
@@ -113,6 +114,15 @@ pub struct PhaseReport {
     /// `disk::page_digest` of each page in disk order): equal checksums mean
     /// two guests hold the same page-cache pages.
     pub checksum: u64,
+    // ABI version 3.
+    /// BUILD: pages written (heap pages taken, object and output pages).
+    pub pages_written: u64,
+    /// BUILD: heap pages taken from the free list that an earlier compile
+    /// job had written (a merged one is COW-broken by the rewrite).
+    pub pages_reused: u64,
+    /// BUILD: guest-measured microseconds of the CPU-bound part (compile
+    /// and link, without the disk reads).
+    pub cpu_us: u64,
 }
 
 /// Value of [`PhaseReport::first_mismatch`] when nothing mismatched.
@@ -152,6 +162,9 @@ impl Mailbox {
             churn_writes_total: 0,
             tsc_cycles: 0,
             checksum: 0,
+            pages_written: 0,
+            pages_reused: 0,
+            cpu_us: 0,
         },
         params: WorkloadParams::ZERO,
         log_len: 0,
@@ -177,7 +190,7 @@ mod tests {
     #[test]
     fn layout_is_fixed_and_padding_free() {
         // The host and the guest are separate builds: pin the layout.
-        assert_eq!(size_of::<PhaseReport>(), 8 + 12 * 8);
+        assert_eq!(size_of::<PhaseReport>(), 8 + 15 * 8);
         assert_eq!(
             size_of::<WorkloadParams>(),
             14 * 8 + 16 * 4 + 16 * 8 + (3 + crate::disk::MAX_DISKS) * 8 + 4 + 4 + 8

@@ -5,6 +5,7 @@
 #![no_std]
 #![no_main]
 
+mod build;
 mod clock;
 mod host;
 mod phases;

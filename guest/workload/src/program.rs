@@ -1,5 +1,6 @@
 //! Start-up handshake and the phase program.
 
+use crate::build::BuildFailure;
 use crate::host;
 use crate::phases::{cycles_since, DiskFailure, Stopped, Workload};
 use crate::store::Store;
@@ -51,6 +52,14 @@ pub fn run() -> u32 {
                 Err(DiskFailure::Stopped) => Err(Stopped),
                 Err(DiskFailure::Disk(e)) => {
                     log!("disk-read: {}", e);
+                    return exit_code::DISK_ERROR;
+                }
+            },
+            phase::BUILD => match w.build(slot, arg) {
+                Ok(r) => Ok(r),
+                Err(BuildFailure::Stopped) => Err(Stopped),
+                Err(e) => {
+                    log!("build: {}", e);
                     return exit_code::DISK_ERROR;
                 }
             },

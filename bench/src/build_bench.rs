@@ -1,0 +1,844 @@
+//! The `build` benchmark (docs/benchmarks.md): two workload VMs build the
+//! same source tree side by side (the guest's BUILD phase,
+//! `pagefold_guest_abi::build`), `runs` times for each system; reports
+//! what merging shared and what it cost the build, as mean and stdev over
+//! runs (the LKML Feb 2019 two-VM kernel-build experiment: `real`, `user`,
+//! `sys`, `npages`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pagefold_dedup::auto::{AutoController, ScriptHandle, ScriptedSource};
+use pagefold_dedup::ksm::{ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmBackend, KSM_SYSFS};
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate, Mode, DEFAULT_KNOBS};
+use pagefold_guest_abi::build::{
+    area_pages, area_sharing, expected, image_bytes, tree_pages, TreeSpec,
+};
+use pagefold_guest_abi::expect::{Expectation, VmState};
+use pagefold_guest_abi::phase;
+use pagefold_vmm::config::{
+    Config, DiskConfig, SerialOutput, SizeValue, VmConfig, VmDedup, WorkloadConfig,
+};
+use pagefold_vmm::runner::Runner;
+use serde::Serialize;
+
+use crate::auto_bench::{bench_auto_config, FREE_AFTER, FREE_BEFORE, TOTAL};
+use crate::error::BenchError;
+use crate::host::{load_avg, other_ksm_users};
+use crate::region::PAGE;
+use crate::system::KSM_DEFAULT_KNOBS;
+
+/// Names accepted by [`select_build_systems`], in run order.
+pub const BUILD_SYSTEM_NAMES: [&str; 5] = [
+    "off",
+    "pagefold-on",
+    "pagefold-auto",
+    "ksm-default",
+    "ksm-10000",
+];
+
+/// The LKML reference's KSM setting: pages_to_scan 10000 at KSM's default
+/// sleep (20 ms).
+pub const KSM_10000_KNOBS: KnobUpdate = KnobUpdate {
+    pages_to_scan: Some(10_000),
+    sleep_millisecs: Some(20),
+    max_page_sharing: None,
+};
+
+/// Which dedup system runs beside the builds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BuildSystem {
+    /// No dedup backend at all.
+    Off,
+    /// pagefold's engine at its defaults, on from the start.
+    PagefoldOn,
+    /// pagefold's engine with the auto controller on a scripted memory
+    /// source, which crosses the threshold during the build.
+    PagefoldAuto,
+    /// Kernel KSM with these knobs, on from the start.
+    Ksm(&'static str, KnobUpdate),
+}
+
+impl BuildSystem {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::PagefoldOn => "pagefold-on",
+            Self::PagefoldAuto => "pagefold-auto",
+            Self::Ksm(n, _) => n,
+        }
+    }
+
+    fn kernel_ksm(&self) -> bool {
+        matches!(self, Self::Ksm(..))
+    }
+}
+
+/// The systems named (all if `names` is empty), in run order.
+pub fn select_build_systems(names: &[String]) -> Result<Vec<BuildSystem>, BenchError> {
+    if let Some(bad) = names
+        .iter()
+        .find(|n| !BUILD_SYSTEM_NAMES.contains(&n.as_str()))
+    {
+        return Err(BenchError::UnknownSystem {
+            name: bad.clone(),
+            known: BUILD_SYSTEM_NAMES.join(", "),
+        });
+    }
+    Ok([
+        BuildSystem::Off,
+        BuildSystem::PagefoldOn,
+        BuildSystem::PagefoldAuto,
+        BuildSystem::Ksm("ksm-default", KSM_DEFAULT_KNOBS),
+        BuildSystem::Ksm("ksm-10000", KSM_10000_KNOBS),
+    ]
+    .into_iter()
+    .filter(|s| names.is_empty() || names.iter().any(|n| n == s.name()))
+    .collect())
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub tree: TreeSpec,
+    /// Runs per system.
+    pub runs: usize,
+    /// pagefold-auto: the scripted free memory drops below the threshold
+    /// once a VM has compiled this fraction of its files.
+    pub auto_trigger_fraction: f64,
+    pub sample_interval: Duration,
+    /// Longest a run may take.
+    pub timeout: Duration,
+    /// Where the tree image is written (removed afterwards).
+    pub image_dir: PathBuf,
+    pub progress: bool,
+}
+
+impl Default for BuildOptions {
+    fn default() -> Self {
+        Self {
+            tree: TreeSpec {
+                seed: 0x6b65_726e,
+                files: 2000,
+                rounds: 200,
+            },
+            runs: 5,
+            auto_trigger_fraction: 0.25,
+            sample_interval: Duration::from_millis(50),
+            timeout: Duration::from_secs(300),
+            image_dir: std::env::temp_dir(),
+            progress: true,
+        }
+    }
+}
+
+/// One observation during a run (time from the start of the builds).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct BuildSample {
+    pub t_s: f64,
+    /// `pages_sharing + zero_pages` (see [`BuildRun::npages`]).
+    pub npages: u64,
+}
+
+/// One run of one system.
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildRun {
+    /// Guest build time: the slower VM's BUILD phase (host-measured).
+    pub real_s: f64,
+    /// This process's user and system CPU over the builds (vCPU threads,
+    /// device and engine threads; not ksmd).
+    pub user_s: f64,
+    pub sys_s: f64,
+    /// Guests' CPU-bound part (compile and link), TSC-measured in the
+    /// guest, mean of the two VMs (includes time the vCPU was preempted).
+    pub guest_cpu_s: f64,
+    /// The dedup engine's (or ksmd's) CPU over the builds.
+    pub engine_cpu_s: f64,
+    /// Pages merged when the builds ended: `pages_sharing + zero_pages`.
+    /// KSM (use_zero_pages 0) counts zero pages in `pages_sharing`;
+    /// pagefold counts them apart; the sum is the same saving for both.
+    pub npages: u64,
+    pub pages_sharing: u64,
+    pub zero_pages: u64,
+    /// Largest `npages` seen during the builds.
+    pub peak_npages: u64,
+    /// When `npages` first reached its end-of-build value (s from start).
+    pub t_final_npages_s: Option<f64>,
+    /// pagefold's COW breaks (KSM does not count them: 0).
+    pub cow_breaks: u64,
+    /// Per VM: pages read, written, reused; output checksum.
+    pub pages_read: u64,
+    pub pages_written: u64,
+    pub pages_reused: u64,
+    pub checksums: Vec<u64>,
+    /// pagefold-auto: when the scripted memory crossed the threshold.
+    pub trigger_s: Option<f64>,
+    pub samples: Vec<BuildSample>,
+}
+
+/// Mean and stdev over runs, one per system.
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildRow {
+    pub system: String,
+    pub runs: usize,
+    pub real_mean_s: f64,
+    pub real_stdev_s: f64,
+    pub user_mean_s: f64,
+    pub user_stdev_s: f64,
+    pub sys_mean_s: f64,
+    pub sys_stdev_s: f64,
+    pub guest_cpu_mean_s: f64,
+    pub engine_cpu_mean_s: f64,
+    pub engine_cpu_stdev_s: f64,
+    pub npages_mean: f64,
+    pub npages_stdev: f64,
+    pub peak_saving_mean_bytes: f64,
+    pub cow_breaks_mean: f64,
+    pub t_final_npages_s: Option<f64>,
+    pub checksums_agree: bool,
+    pub load_avg: [f64; 3],
+    pub warnings: Vec<String>,
+    pub per_run: Vec<BuildRun>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BuildReport {
+    pub tree: TreeInfo,
+    pub rows: Vec<BuildRow>,
+    pub unrestored: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TreeInfo {
+    pub seed: u64,
+    pub files: u32,
+    pub rounds: u32,
+    pub tree_pages: u64,
+    pub expected_checksum: u64,
+    pub expected_pages_written: u64,
+    pub expected_pages_reused: u64,
+    /// What a perfect merger saves at the end of the builds, in pages
+    /// (`pages_sharing + zero_pages`): the written pages of the two build
+    /// areas (exact, from the host's run of the same build) plus the fill
+    /// (exact, `expect`); the identical guest images and page tables add a
+    /// few more.
+    pub possible_npages: u64,
+}
+
+/// Mean and sample standard deviation (0 for fewer than 2 values).
+pub fn mean_stdev(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+/// This process's (user, system) CPU seconds, all threads.
+pub fn self_rusage() -> (f64, f64) {
+    // SAFETY: getrusage writes into the zeroed struct we pass; no other
+    // memory is touched.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (s(ru.ru_utime), s(ru.ru_stime))
+}
+
+/// The two VMs' configs: same tree, one dedup group; small fill, then the
+/// build (scattered placement), then a gate so memory stays in place until
+/// the harness has read the end-of-build figures.
+pub fn build_configs(image: &Path, tree: &TreeSpec) -> Vec<VmConfig> {
+    let area_mib = (area_pages(tree_pages(tree)) * PAGE as u64).div_ceil(1 << 20);
+    let memory = (area_mib + 32).div_ceil(2) * 2;
+    ["build-a", "build-b"]
+        .iter()
+        .map(|name| VmConfig {
+            name: (*name).into(),
+            vcpus: 1,
+            memory: SizeValue::Mib(memory),
+            serial: SerialOutput::Null,
+            dedup: VmDedup {
+                enabled: true,
+                group: Some("build".into()),
+            },
+            workload: Some(WorkloadConfig {
+                seed: 7,
+                shared: Some(SizeValue::Text("2M".into())),
+                private: Some(SizeValue::Text("2M".into())),
+                phases: vec!["fill".into(), "build".into(), "wait:600000".into()],
+                disks: vec![DiskConfig {
+                    path: image.to_path_buf(),
+                    readonly: true,
+                }],
+                ..WorkloadConfig::default()
+            }),
+            kernel: None,
+        })
+        .collect()
+}
+
+fn vm_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Vm(e.to_string())
+}
+
+/// Guest-physical base of disk 0's virtio-mmio window, as
+/// `linux_vm::attach_disks` places it (slot n at `0xd000_0000 + n*0x1000`).
+const DISK0_MMIO: u64 = 0xd000_0000;
+
+/// [`TreeInfo::possible_npages`] for [`build_configs`].
+pub fn possible_npages(image: &Path, tree: &TreeSpec) -> Result<u64, BenchError> {
+    let image_end = pagefold_vmm::boot::image_end(pagefold_vmm::workload_image::WORKLOAD_ELF)
+        .map_err(vm_err)?;
+    let disks = [pagefold_vmm::workload::GuestDisk {
+        mmio: DISK0_MMIO,
+        sectors: tree_pages(tree) * pagefold_guest_abi::disk::SECTORS_PER_PAGE,
+    }];
+    let mut params = Vec::new();
+    for (i, c) in build_configs(image, tree).iter().enumerate() {
+        let ranges = pagefold_vmm::memory::ram_ranges(c.memory_bytes()).map_err(vm_err)?;
+        let w = c.workload.clone().unwrap_or_default();
+        params.push(
+            pagefold_vmm::workload::params_with_disks(
+                &w, &c.name, i, &ranges, image_end, 0, &disks,
+            )
+            .map_err(vm_err)?,
+        );
+    }
+    let states: Vec<VmState<'_>> = params
+        .iter()
+        .map(|p| VmState {
+            params: p,
+            churn_writes: 0,
+        })
+        .collect();
+    // The build areas are unpredicted for `expect`: counted apart.
+    let e = Expectation::compute(&states).map_err(|e| vm_err(format!("{e:?}")))?;
+    Ok(e.sharing_pages + e.zero_pages + area_sharing(*tree, params.len() as u64))
+}
+
+/// Runs every system `opts.runs` times (runs interleaved: run 1 of every
+/// system, then run 2, ... so load drift spreads over all systems), holding
+/// the KSM lock; checks KSM tunables are as found afterwards.
+pub fn run_build_bench(
+    systems: &[BuildSystem],
+    opts: &BuildOptions,
+) -> Result<BuildReport, BenchError> {
+    if systems.is_empty() || opts.runs == 0 {
+        return Err(BenchError::NoSystems);
+    }
+    let _lock = ksm_exclusive()?;
+    let root = Path::new(KSM_SYSFS);
+    let before = snapshot_tunables(root);
+    let want = expected(opts.tree);
+    let image = opts
+        .image_dir
+        .join(format!("pagefold-build-tree-{}.img", std::process::id()));
+    std::fs::write(&image, image_bytes(opts.tree)).map_err(|source| BenchError::Write {
+        path: image.display().to_string(),
+        source,
+    })?;
+    let possible = match possible_npages(&image, &opts.tree) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = std::fs::remove_file(&image);
+            return Err(e);
+        }
+    };
+    let mut runs: Vec<Vec<BuildRun>> = vec![Vec::new(); systems.len()];
+    let mut loads = vec![[0.0; 3]; systems.len()];
+    let mut warnings: Vec<Vec<String>> = vec![Vec::new(); systems.len()];
+    let mut result = Ok(());
+    'outer: for run in 0..opts.runs {
+        for (i, s) in systems.iter().enumerate() {
+            if run == 0 {
+                loads[i] = load_avg();
+                if s.kernel_ksm() {
+                    let others = other_ksm_users();
+                    if !others.is_empty() {
+                        warnings[i].push(format!("other processes use KSM: {}", others.join(", ")));
+                    }
+                }
+            }
+            if opts.progress {
+                eprintln!("[build] {} run {}/{}", s.name(), run + 1, opts.runs);
+            }
+            match run_once(*s, opts, &image) {
+                Ok(r) => {
+                    if opts.progress {
+                        eprintln!(
+                            "[build] {} run {}: real {:.2} s, user {:.2} s, sys {:.2} s, engine {:.2} s, npages {}",
+                            s.name(),
+                            run + 1,
+                            r.real_s,
+                            r.user_s,
+                            r.sys_s,
+                            r.engine_cpu_s,
+                            r.npages
+                        );
+                    }
+                    runs[i].push(r);
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break 'outer;
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&image);
+    let after = snapshot_tunables(root);
+    let unrestored = before
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(*v))
+        .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
+        .collect();
+    result?;
+    let rows = systems
+        .iter()
+        .zip(runs)
+        .zip(loads.into_iter().zip(warnings))
+        .map(|((s, r), (load, w))| row(s.name(), r, want.checksum, load, w))
+        .collect();
+    Ok(BuildReport {
+        tree: TreeInfo {
+            seed: opts.tree.seed,
+            files: opts.tree.files,
+            rounds: opts.tree.rounds,
+            tree_pages: tree_pages(&opts.tree),
+            expected_checksum: want.checksum,
+            expected_pages_written: want.pages_written,
+            expected_pages_reused: want.pages_reused,
+            possible_npages: possible,
+        },
+        rows,
+        unrestored,
+    })
+}
+
+fn row(
+    system: &str,
+    runs: Vec<BuildRun>,
+    want: u64,
+    load_avg: [f64; 3],
+    warnings: Vec<String>,
+) -> BuildRow {
+    let col = |f: fn(&BuildRun) -> f64| -> (f64, f64) {
+        mean_stdev(&runs.iter().map(f).collect::<Vec<_>>())
+    };
+    let (real_mean_s, real_stdev_s) = col(|r| r.real_s);
+    let (user_mean_s, user_stdev_s) = col(|r| r.user_s);
+    let (sys_mean_s, sys_stdev_s) = col(|r| r.sys_s);
+    let (guest_cpu_mean_s, _) = col(|r| r.guest_cpu_s);
+    let (engine_cpu_mean_s, engine_cpu_stdev_s) = col(|r| r.engine_cpu_s);
+    let (npages_mean, npages_stdev) = col(|r| r.npages as f64);
+    let (peak, _) = col(|r| (r.peak_npages * PAGE as u64) as f64);
+    let (cow_breaks_mean, _) = col(|r| r.cow_breaks as f64);
+    let finals: Vec<f64> = runs.iter().filter_map(|r| r.t_final_npages_s).collect();
+    let t_final_npages_s = (!finals.is_empty()).then(|| mean_stdev(&finals).0);
+    let checksums_agree = runs
+        .iter()
+        .all(|r| r.checksums.len() == 2 && r.checksums.iter().all(|&c| c == want));
+    BuildRow {
+        system: system.into(),
+        runs: runs.len(),
+        real_mean_s,
+        real_stdev_s,
+        user_mean_s,
+        user_stdev_s,
+        sys_mean_s,
+        sys_stdev_s,
+        guest_cpu_mean_s,
+        engine_cpu_mean_s,
+        engine_cpu_stdev_s,
+        npages_mean,
+        npages_stdev,
+        peak_saving_mean_bytes: peak,
+        cow_breaks_mean,
+        t_final_npages_s,
+        checksums_agree,
+        load_avg,
+        warnings,
+        per_run: runs,
+    }
+}
+
+/// A backend for `s` (None for `off`), and the scripted source's handle
+/// for pagefold-auto.
+type Made = (Option<Arc<dyn DedupBackend>>, Option<ScriptHandle>);
+
+fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
+    let e = |source| BenchError::Backend {
+        system: s.name().into(),
+        source,
+    };
+    match s {
+        BuildSystem::Off => Ok((None, None)),
+        BuildSystem::PagefoldOn | BuildSystem::PagefoldAuto => {
+            let engine = Engine::new(EngineConfig::default())
+                .map_err(pagefold_dedup::Error::from)
+                .map_err(e)?;
+            let mut handle = None;
+            if s == BuildSystem::PagefoldAuto {
+                let src = ScriptedSource::new(ScriptedSource::sample(TOTAL, FREE_BEFORE));
+                handle = Some(src.handle());
+                let ctl = AutoController::new(
+                    bench_auto_config(),
+                    Box::new(src),
+                    DEFAULT_KNOBS.pages_to_scan,
+                )?;
+                engine.set_round_policy(Box::new(ctl));
+            }
+            let b: Arc<dyn DedupBackend> = Arc::new(engine);
+            let mode = if handle.is_some() {
+                Mode::Auto
+            } else {
+                Mode::On
+            };
+            b.set_mode(mode).map_err(e)?;
+            Ok((Some(b), handle))
+        }
+        BuildSystem::Ksm(_, knobs) => {
+            let k = KsmBackend::new()
+                .map_err(pagefold_dedup::Error::from)
+                .map_err(e)?;
+            let b: Arc<dyn DedupBackend> = Arc::new(k);
+            let set = b.set_knobs(knobs).and_then(|_| b.set_mode(Mode::On));
+            if let Err(err) = set {
+                b.shutdown();
+                return Err(e(err));
+            }
+            Ok((Some(b), None))
+        }
+    }
+}
+
+/// What the tick hook tracks during one run.
+#[derive(Default)]
+struct Track {
+    started: Option<(Instant, (f64, f64), f64)>,
+    done: Option<(Instant, (f64, f64), f64)>,
+    trigger_s: Option<f64>,
+    samples: Vec<BuildSample>,
+    last_sample: Option<Instant>,
+    end_stats: Option<pagefold_dedup::Stats>,
+    base_cow: u64,
+    error: Option<String>,
+}
+
+fn npages(st: &pagefold_dedup::Stats) -> u64 {
+    st.pages_sharing + st.zero_pages
+}
+
+/// One run: fresh backend, two fresh VMs, both builds, figures.
+fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRun, BenchError> {
+    let (backend, script) = make_backend(s)?;
+    let cfg = Config {
+        dedup: Default::default(),
+        vms: build_configs(image, &opts.tree),
+        stdin: None,
+    };
+    let mut runner = match Runner::new(backend.clone(), true) {
+        Ok(r) => r,
+        Err(err) => {
+            if let Some(b) = &backend {
+                b.shutdown();
+            }
+            return Err(vm_err(err));
+        }
+    };
+    runner.echo = false;
+    runner.start_all(&cfg).map_err(vm_err)?;
+    let names: Vec<String> = cfg.vms.iter().map(|v| v.name.clone()).collect();
+    let t_run = Instant::now();
+    let mut tr = Track::default();
+    let engine_cpu = |r: &Runner| r.dedup().map_or(0.0, |b| b.stats().cpu_seconds);
+    let report = runner.run(|r| {
+        if tr.done.is_some() || tr.error.is_some() {
+            return;
+        }
+        if t_run.elapsed() > opts.timeout {
+            tr.error = Some(format!("the builds did not finish in {:?}", opts.timeout));
+            r.stop_all("benchmark timeout");
+            return;
+        }
+        let phases_done = |n: usize| {
+            names
+                .iter()
+                .all(|v| r.summary(v).is_some_and(|s| s.phases.len() >= n))
+        };
+        if names.iter().any(|v| r.summary(v).is_none()) {
+            tr.error = Some("a VM stopped before its build ended".into());
+            r.stop_all("a VM failed");
+            return;
+        }
+        if tr.started.is_none() && phases_done(1) {
+            tr.started = Some((Instant::now(), self_rusage(), engine_cpu(r)));
+            tr.base_cow = r.dedup().map_or(0, |b| b.stats().cow_breaks);
+        }
+        let Some((t0, _, _)) = tr.started else { return };
+        if let (Some(h), None) = (&script, tr.trigger_s) {
+            let far = names.iter().any(|v| {
+                r.summary(v)
+                    .and_then(|s| s.last_progress)
+                    .is_some_and(|(p, done, total)| {
+                        p == phase::BUILD
+                            && total > 0
+                            && done as f64 >= total as f64 * opts.auto_trigger_fraction
+                    })
+            });
+            if far {
+                h.set(ScriptedSource::sample(TOTAL, FREE_AFTER));
+                tr.trigger_s = Some(t0.elapsed().as_secs_f64());
+            }
+        }
+        let due = tr
+            .last_sample
+            .is_none_or(|l| l.elapsed() >= opts.sample_interval);
+        let finished = phases_done(2);
+        if due || finished {
+            tr.last_sample = Some(Instant::now());
+            let n = r.dedup().map_or(0, |b| npages(&b.stats()));
+            tr.samples.push(BuildSample {
+                t_s: t0.elapsed().as_secs_f64(),
+                npages: n,
+            });
+            if opts.progress
+                && tr.samples.len()
+                    % (1000 / opts.sample_interval.as_millis().max(1) as usize).max(1)
+                    == 0
+            {
+                let prog: Vec<String> = names
+                    .iter()
+                    .map(|v| match r.summary(v).and_then(|s| s.last_progress) {
+                        Some((p, d, t)) if p == phase::BUILD => format!("{d}/{t}"),
+                        _ => "-".into(),
+                    })
+                    .collect();
+                eprintln!(
+                    "[build {}] {:5.1} s: files {}, npages {}",
+                    s.name(),
+                    t0.elapsed().as_secs_f64(),
+                    prog.join(" "),
+                    n
+                );
+            }
+        }
+        if finished {
+            let st = r.dedup().map(|b| b.stats());
+            tr.done = Some((
+                Instant::now(),
+                self_rusage(),
+                st.as_ref().map_or(0.0, |s| s.cpu_seconds),
+            ));
+            tr.end_stats = st;
+            r.stop_all("builds done");
+        }
+    });
+    drop(runner);
+    if s.kernel_ksm() {
+        // Let ksmd drop this process's stale rmap items before the next
+        // run, so its counters start from nothing.
+        let t = Instant::now();
+        while self_ksm_stat()
+            .and_then(|s| s.merging_pages)
+            .is_some_and(|m| m > 0)
+            && t.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    if let Some(b) = &backend {
+        let _ = b.set_mode(Mode::Off);
+        b.shutdown();
+    }
+    let report = report.map_err(vm_err)?;
+    if let Some(e) = tr.error {
+        return Err(vm_err(e));
+    }
+    let (Some((t0, ru0, cpu0)), Some((_, ru1, cpu1))) = (tr.started, tr.done) else {
+        return Err(vm_err("the builds did not finish"));
+    };
+    let _ = t0;
+    let mut real_s = 0.0f64;
+    let mut guest_cpu = 0.0;
+    let mut checksums = Vec::new();
+    let (mut read, mut written, mut reused) = (0, 0, 0);
+    for v in &report.vms {
+        let Some(b) = v
+            .summary
+            .phases
+            .iter()
+            .find(|p| p.report.phase == phase::BUILD)
+        else {
+            return Err(vm_err(format!(
+                "{}: no build report ({})",
+                v.name, v.outcome
+            )));
+        };
+        real_s = real_s.max(b.elapsed.as_secs_f64());
+        guest_cpu += b.report.cpu_us as f64 / 1e6 / report.vms.len() as f64;
+        checksums.push(b.report.checksum);
+        read = b.report.pages;
+        written = b.report.pages_written;
+        reused = b.report.pages_reused;
+    }
+    let end = tr.end_stats;
+    let final_n = end.as_ref().map_or(0, npages);
+    let t_final_npages_s = (final_n > 0)
+        .then(|| {
+            tr.samples
+                .iter()
+                .find(|x| x.npages >= final_n)
+                .map(|x| x.t_s)
+        })
+        .flatten();
+    Ok(BuildRun {
+        real_s,
+        user_s: ru1.0 - ru0.0,
+        sys_s: ru1.1 - ru0.1,
+        guest_cpu_s: guest_cpu,
+        engine_cpu_s: (cpu1 - cpu0).max(0.0),
+        npages: final_n,
+        pages_sharing: end.as_ref().map_or(0, |s| s.pages_sharing),
+        zero_pages: end.as_ref().map_or(0, |s| s.zero_pages),
+        peak_npages: tr.samples.iter().map(|x| x.npages).max().unwrap_or(0),
+        t_final_npages_s,
+        cow_breaks: end
+            .as_ref()
+            .map_or(0, |s| s.cow_breaks.saturating_sub(tr.base_cow)),
+        pages_read: read,
+        pages_written: written,
+        pages_reused: reused,
+        checksums,
+        trigger_s: tr.trigger_s,
+        samples: tr.samples,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_and_sample_stdev() {
+        assert_eq!(mean_stdev(&[]), (0.0, 0.0));
+        assert_eq!(mean_stdev(&[3.0]), (3.0, 0.0));
+        let (m, s) = mean_stdev(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
+        assert_eq!(m, 5.0);
+        assert!((s - 2.138_089_935).abs() < 1e-6, "{s}");
+    }
+
+    #[test]
+    fn selects_build_systems_in_run_order() {
+        let all = select_build_systems(&[]).unwrap();
+        let names: Vec<_> = all.iter().map(|s| s.name()).collect();
+        assert_eq!(names, BUILD_SYSTEM_NAMES);
+        let two = select_build_systems(&["ksm-10000".into(), "off".into()]).unwrap();
+        assert_eq!(
+            two,
+            [
+                BuildSystem::Off,
+                BuildSystem::Ksm("ksm-10000", KSM_10000_KNOBS)
+            ]
+        );
+        assert!(select_build_systems(&["ksm-max".into()]).is_err());
+    }
+
+    #[test]
+    fn configs_are_two_valid_vms_in_one_group_big_enough_for_the_area() {
+        let img = std::env::temp_dir().join(format!("pagefold-bb-cfg-{}", std::process::id()));
+        let tree = BuildOptions::default().tree;
+        std::fs::write(&img, image_bytes(TreeSpec { files: 3, ..tree })).unwrap();
+        let c = build_configs(&img, &tree);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].dedup_group(), c[1].dedup_group());
+        for v in &c {
+            v.validate().unwrap();
+            assert!(v.memory_bytes() > area_pages(tree_pages(&tree)) * PAGE as u64);
+            assert_eq!(v.memory_bytes() % (2 << 20), 0);
+        }
+        let _ = std::fs::remove_file(img);
+    }
+
+    /// The short form CI runs: every system, two runs each, a small tree.
+    /// Both VMs of every run must build the host's predicted output, `off`
+    /// must merge nothing, pagefold must merge the identical page caches,
+    /// and KSM's tunables must be as found.
+    #[test]
+    fn short_form_runs_every_system_within_two_minutes() {
+        let t = Instant::now();
+        let opts = BuildOptions {
+            tree: TreeSpec {
+                seed: 0x5107,
+                files: 150,
+                rounds: 10,
+            },
+            runs: 2,
+            progress: false,
+            timeout: Duration::from_secs(60),
+            ..BuildOptions::default()
+        };
+        let r = run_build_bench(&select_build_systems(&[]).unwrap(), &opts).unwrap();
+        assert!(r.unrestored.is_empty(), "{:?}", r.unrestored);
+        assert_eq!(r.rows.len(), 5);
+        for row in &r.rows {
+            assert_eq!(row.runs, 2, "{}", row.system);
+            assert!(row.checksums_agree, "{row:?}");
+            assert!(row.real_mean_s > 0.0 && row.user_mean_s > 0.0, "{row:?}");
+            for run in &row.per_run {
+                assert_eq!(run.checksums, [r.tree.expected_checksum; 2]);
+                assert_eq!(run.pages_read, r.tree.tree_pages);
+                assert_eq!(run.pages_written, r.tree.expected_pages_written);
+                assert_eq!(run.pages_reused, r.tree.expected_pages_reused);
+            }
+        }
+        assert!(
+            r.tree.possible_npages > 2 * r.tree.tree_pages,
+            "{:?}",
+            r.tree
+        );
+        for row in &r.rows {
+            assert!(
+                row.npages_mean <= r.tree.possible_npages as f64 * 1.02 + 64.0,
+                "{row:?} vs {:?}",
+                r.tree
+            );
+        }
+        let off = &r.rows[0];
+        assert_eq!((off.npages_mean, off.engine_cpu_mean_s), (0.0, 0.0));
+        let on = &r.rows[1];
+        assert!(on.peak_saving_mean_bytes > 0.0, "{on:?}");
+        let json = crate::build_json(&r).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        for key in [
+            "system",
+            "runs",
+            "real_mean_s",
+            "real_stdev_s",
+            "user_mean_s",
+            "sys_mean_s",
+            "engine_cpu_mean_s",
+            "npages_mean",
+            "npages_stdev",
+            "t_final_npages_s",
+            "checksums_agree",
+        ] {
+            assert!(v["rows"][0].get(key).is_some(), "{key} missing");
+        }
+        assert!(crate::build_table(&r).contains("pagefold-auto"));
+        assert!(crate::build_chart(&r).svg().unwrap().contains("<svg"));
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "short form took {:?}",
+            t.elapsed()
+        );
+    }
+}

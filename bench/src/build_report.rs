@@ -1,0 +1,197 @@
+//! Outputs of the `build` benchmark: the table (as in the LKML reference:
+//! mean and stdev per system), JSON rows, markdown, and the chart of
+//! npages over build time.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::build_bench::{BuildReport, BuildRow};
+use crate::chart::{simplify, Chart, Line, Panel};
+use crate::error::BenchError;
+
+const MIB: f64 = (1 << 20) as f64;
+
+/// The columns as text rows (shared by the table and markdown).
+fn cells(r: &BuildRow) -> Vec<String> {
+    vec![
+        r.system.clone(),
+        r.runs.to_string(),
+        format!("{:.2} ± {:.2}", r.real_mean_s, r.real_stdev_s),
+        format!("{:.2} ± {:.2}", r.user_mean_s, r.user_stdev_s),
+        format!("{:.2} ± {:.2}", r.sys_mean_s, r.sys_stdev_s),
+        format!("{:.3} ± {:.3}", r.engine_cpu_mean_s, r.engine_cpu_stdev_s),
+        format!("{:.0} ± {:.0}", r.npages_mean, r.npages_stdev),
+        format!("{:.1}", r.peak_saving_mean_bytes / MIB),
+        format!("{:.0}", r.cow_breaks_mean),
+        r.t_final_npages_s.map_or("-".into(), |t| format!("{t:.2}")),
+        if r.checksums_agree { "yes" } else { "NO" }.into(),
+    ]
+}
+
+const HEADERS: [&str; 11] = [
+    "system",
+    "runs",
+    "real (s)",
+    "user (s)",
+    "sys (s)",
+    "engine cpu (s)",
+    "npages",
+    "peak saving (MiB)",
+    "COW breaks",
+    "t final npages (s)",
+    "checksums agree",
+];
+
+/// A plain-text table for stdout.
+pub fn build_table(r: &BuildReport) -> String {
+    let rows: Vec<Vec<String>> = r.rows.iter().map(cells).collect();
+    let widths: Vec<usize> = (0..HEADERS.len())
+        .map(|i| {
+            rows.iter()
+                .map(|c| c[i].chars().count())
+                .chain([HEADERS[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    let line = |out: &mut String, c: &[String]| {
+        for (i, s) in c.iter().enumerate() {
+            let _ = write!(out, "{s:>w$}  ", w = widths[i]);
+        }
+        out.push('\n');
+    };
+    let _ = writeln!(
+        out,
+        "build: {} files, {} pages, {} rounds; expected output checksum {:#018x}; possible npages {}",
+        r.tree.files, r.tree.tree_pages, r.tree.rounds, r.tree.expected_checksum, r.tree.possible_npages
+    );
+    line(
+        &mut out,
+        &HEADERS.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+    );
+    for c in &rows {
+        line(&mut out, c);
+    }
+    for u in &r.unrestored {
+        let _ = writeln!(out, "KSM tunable not restored: {u}");
+    }
+    out
+}
+
+/// A markdown table plus the tree and notes.
+pub fn build_markdown(r: &BuildReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Tree: {} files, {} pages ({:.1} MiB), {} rounds, seed {:#x}; expected output checksum `{:#018x}`; a perfect merger's npages at the end of the builds: {}.\n",
+        r.tree.files,
+        r.tree.tree_pages,
+        r.tree.tree_pages as f64 * 4096.0 / MIB,
+        r.tree.rounds,
+        r.tree.seed,
+        r.tree.expected_checksum,
+        r.tree.possible_npages
+    );
+    let _ = writeln!(out, "| {} |", HEADERS.join(" | "));
+    let _ = writeln!(out, "|{}", "---|".repeat(HEADERS.len()));
+    for row in &r.rows {
+        let _ = writeln!(out, "| {} |", cells(row).join(" | "));
+    }
+    for row in &r.rows {
+        for w in &row.warnings {
+            let _ = writeln!(out, "\n- {}: {w}", row.system);
+        }
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct JsonRow<'a> {
+    system: &'a str,
+    runs: usize,
+    real_mean_s: f64,
+    real_stdev_s: f64,
+    user_mean_s: f64,
+    user_stdev_s: f64,
+    sys_mean_s: f64,
+    sys_stdev_s: f64,
+    guest_cpu_mean_s: f64,
+    engine_cpu_mean_s: f64,
+    engine_cpu_stdev_s: f64,
+    npages_mean: f64,
+    npages_stdev: f64,
+    peak_saving_mean_bytes: f64,
+    cow_breaks_mean: f64,
+    t_final_npages_s: Option<f64>,
+    checksums_agree: bool,
+    load_avg: [f64; 3],
+    warnings: &'a [String],
+    per_run: &'a [crate::build_bench::BuildRun],
+}
+
+/// `{"tree": {...}, "rows": [one per system], "unrestored": [...]}`.
+pub fn build_json(r: &BuildReport) -> Result<String, BenchError> {
+    let rows: Vec<JsonRow<'_>> = r
+        .rows
+        .iter()
+        .map(|x| JsonRow {
+            system: &x.system,
+            runs: x.runs,
+            real_mean_s: x.real_mean_s,
+            real_stdev_s: x.real_stdev_s,
+            user_mean_s: x.user_mean_s,
+            user_stdev_s: x.user_stdev_s,
+            sys_mean_s: x.sys_mean_s,
+            sys_stdev_s: x.sys_stdev_s,
+            guest_cpu_mean_s: x.guest_cpu_mean_s,
+            engine_cpu_mean_s: x.engine_cpu_mean_s,
+            engine_cpu_stdev_s: x.engine_cpu_stdev_s,
+            npages_mean: x.npages_mean,
+            npages_stdev: x.npages_stdev,
+            peak_saving_mean_bytes: x.peak_saving_mean_bytes,
+            cow_breaks_mean: x.cow_breaks_mean,
+            t_final_npages_s: x.t_final_npages_s,
+            checksums_agree: x.checksums_agree,
+            load_avg: x.load_avg,
+            warnings: &x.warnings,
+            per_run: &x.per_run,
+        })
+        .collect();
+    Ok(serde_json::to_string_pretty(&serde_json::json!({
+        "tree": r.tree,
+        "rows": rows,
+        "unrestored": r.unrestored,
+    }))?)
+}
+
+/// npages over build time, first run of each system.
+pub fn build_chart(r: &BuildReport) -> Chart {
+    let lines = r
+        .rows
+        .iter()
+        .filter_map(|row| {
+            let run = row.per_run.first()?;
+            let pts: Vec<(f64, f64)> = run
+                .samples
+                .iter()
+                .map(|s| (s.t_s, s.npages as f64))
+                .collect();
+            Some(Line {
+                name: row.system.clone(),
+                points: simplify(&pts),
+            })
+        })
+        .collect();
+    Chart::new(vec![Panel {
+        title: format!(
+            "build: merged pages during two concurrent builds ({} files)",
+            r.tree.files
+        ),
+        x_label: "time since the builds started (s)".into(),
+        y_label: "npages (pages_sharing + zero_pages)".into(),
+        log_x: false,
+        lines,
+    }])
+}
