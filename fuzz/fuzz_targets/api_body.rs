@@ -49,7 +49,10 @@ fn put_vm(name: &str, b: &[u8]) {
 
 fn check_dedup(p: &DedupPatch, current: &Knobs) {
     if let Ok(c) = p.check(current) {
-        assert!(c.result.validate().is_ok(), "a checked patch gives valid knobs");
+        assert!(
+            c.result.validate().is_ok(),
+            "a checked patch gives valid knobs"
+        );
         if let Ok(a) = p.auto_config(AutoConfig::default()) {
             let _ = a.validate(HOST_MEM, c.result.pages_to_scan);
         }

@@ -98,7 +98,10 @@ fuzz_target!(|data: &[u8]| {
         let done = request::handle(chain, &mem, &disk, b"fuzz-serial", limits, Some(&hook));
         // The used length counts bytes the device wrote: never more than
         // the chain's writable bytes, and 0 when no status was written.
-        assert!(u64::from(done.used_len) <= writable, "{done:?} > {writable}");
+        assert!(
+            u64::from(done.used_len) <= writable,
+            "{done:?} > {writable}"
+        );
         if done.status.is_none() {
             assert_eq!(done.used_len, 0);
         }
@@ -112,7 +115,11 @@ fuzz_target!(|data: &[u8]| {
             hinted += len as u64;
         }
         if done.status == Some(0) {
-            assert_eq!(hinted + 1, u64::from(done.used_len), "hints != data written");
+            assert_eq!(
+                hinted + 1,
+                u64::from(done.used_len),
+                "hints != data written"
+            );
         } else {
             assert_eq!(hinted, 0, "a failed request reported filled ranges");
         }

@@ -129,13 +129,7 @@ fuzz_target!(|data: &[u8]| {
     if flags & 2 != 0 {
         control.stop();
     }
-    let mut dev = WorkloadDevice::new(
-        "fuzz".into(),
-        params,
-        mem.clone(),
-        tx,
-        control.clone(),
-    );
+    let mut dev = WorkloadDevice::new("fuzz".into(), params, mem.clone(), tx, control.clone());
     let mut mailbox = None;
     let mut lo = 0u32;
     let mut ops = Input::new(ops);
@@ -167,14 +161,15 @@ fuzz_target!(|data: &[u8]| {
                 }
                 let r = dev.pio_write(port, &value.to_le_bytes());
                 if port == ports::MAILBOX_HI {
-                    mailbox = r
-                        .is_ok()
-                        .then(|| (u64::from(value) << 32) | u64::from(lo));
+                    mailbox = r.is_ok().then(|| (u64::from(value) << 32) | u64::from(lo));
                 }
             }
             // A write of another width.
             10..=11 => {
+                // 4-byte writes are the branch above (which keeps SLEEP
+                // and WAIT_HOST from blocking).
                 let n = usize::from(ops.u8() % 9);
+                let n = if n == 4 { 3 } else { n };
                 let b = ops.bytes(n);
                 let _ = dev.pio_write(port, b);
             }

@@ -93,11 +93,7 @@ pub fn memfd(name: &std::ffi::CStr) -> File {
     // SAFETY: `name` is a valid NUL-terminated string; memfd_create has no
     // other memory-safety preconditions.
     let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    assert!(
-        fd >= 0,
-        "memfd_create: {}",
-        std::io::Error::last_os_error()
-    );
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
     // SAFETY: `fd` was just returned by memfd_create and is owned by nobody
     // else; the File takes sole ownership and closes it.
     unsafe { File::from_raw_fd(fd) }
