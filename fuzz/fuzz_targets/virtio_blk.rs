@@ -81,13 +81,9 @@ fuzz_target!(|data: &[u8]| {
     let filled = Mutex::new(Vec::new());
     let hook = |addr: u64, len: usize| filled.lock().unwrap().push((addr, len));
     for _ in 0..MAX_CHAINS {
-        let Ok(mut iter) = queue.iter(&mem) else {
+        let Some(chain) = queue.iter(&mem).ok().and_then(|mut it| it.next()) else {
             break;
         };
-        let Some(chain) = iter.next() else {
-            break;
-        };
-        drop(iter);
         let head = chain.head_index();
         let writable: u64 = chain
             .clone()
