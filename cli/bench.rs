@@ -6,16 +6,17 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
 use pagefold_bench::{
-    auto_chart, auto_json, auto_markdown, auto_table, rows_json, run_auto_all, run_ksm_seed,
-    seed_chart, seed_markdown, select_auto_systems, select_systems, svg_to_png, table, write_file,
-    AutoOptions, BenchError, Case, SeedOptions, Shape,
+    auto_chart, auto_json, auto_markdown, auto_table, png_path, rows_json, run_auto_all,
+    run_ksm_seed, seed_chart, seed_markdown, select_auto_systems, select_systems, table,
+    write_file, AutoOptions, BenchError, Case, Chart, Placement, SeedOptions, Shape, VmOptions,
 };
 
 use crate::error::Error;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
-    /// The 2022 KSM auto-mode test (300 MiB, shapes full and sparse), for
+    /// The 2022 KSM auto-mode test (300 MiB, shapes full and sparse), the
+    /// scattered shape (2 x 512 MiB, same pages in random order), for
     /// kernel KSM and pagefold at their defaults and at maximum effort.
     KsmSeed(SeedArgs),
     /// Auto mode: two identical workload VMs, free memory drops below the
@@ -25,9 +26,35 @@ pub enum BenchCommand {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum ShapeArg {
+    /// 300 MiB, every page identical.
     Full,
+    /// 300 MiB, every page distinct but 43.
     Sparse,
+    /// Two regions (--scattered-mib each): B holds A's distinct pages in a
+    /// seeded random order.
+    Scattered,
+    /// full and sparse: the 2022 test (the default).
     Both,
+    /// Every shape: full, sparse, scattered.
+    All,
+}
+
+impl ShapeArg {
+    fn shapes(self) -> Vec<Shape> {
+        match self {
+            ShapeArg::Full => vec![Shape::Full],
+            ShapeArg::Sparse => vec![Shape::Sparse],
+            ShapeArg::Scattered => vec![Shape::Scattered],
+            ShapeArg::Both => Shape::TEST_2022.to_vec(),
+            ShapeArg::All => Shape::ALL.to_vec(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PlacementArg {
+    Linear,
+    Scattered,
 }
 
 /// Output files shared by both benchmarks.
@@ -36,7 +63,7 @@ pub struct Outputs {
     /// Write the rows as a JSON array here.
     #[arg(long)]
     pub json: Option<String>,
-    /// Write an SVG chart here (and a PNG beside it if rsvg-convert exists).
+    /// Write an SVG chart here, and the same chart as PNG beside it (X.svg -> X.png).
     #[arg(long)]
     pub plot: Option<String>,
     /// Write a markdown table with the goal checks here.
@@ -50,6 +77,9 @@ pub struct SeedArgs {
     pub out: Outputs,
     #[arg(long, value_enum, default_value = "both")]
     pub shape: ShapeArg,
+    /// Size of each of the two regions of the scattered shape, in MiB.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub scattered_mib: u64,
     /// Comma-separated subset of ksm-default, ksm-max, pagefold-default,
     /// pagefold-max (default: all).
     #[arg(long, value_delimiter = ',')]
@@ -61,6 +91,14 @@ pub struct SeedArgs {
     /// Only the VM case (implies --vms).
     #[arg(long)]
     pub vms_only: bool,
+    /// Where the workload guests place their data pages (`placement` of
+    /// `[vm.workload]`): linear, or a seeded random order of extents.
+    #[arg(long, value_enum, default_value = "linear")]
+    pub placement: PlacementArg,
+    /// Pages per extent of the scattered placement (`extent_pages` of
+    /// `[vm.workload]`; default: the guest's).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub extent_pages: Option<u32>,
     /// Seconds of steady state measured after convergence (default systems).
     #[arg(long, default_value_t = 30)]
     pub steady_secs: u64,
@@ -92,20 +130,25 @@ fn bench_err(e: BenchError) -> Error {
 }
 
 /// Writes whichever outputs were asked for.
-fn write_outputs(out: &Outputs, json: String, svg: String, md: String) -> Result<(), Error> {
+fn write_outputs(out: &Outputs, json: String, chart: Chart, md: String) -> Result<(), Error> {
     let write = |p: &str, t: &str| write_file(p, t).map_err(bench_err);
     if let Some(p) = &out.json {
         write(p, &json)?;
         eprintln!("wrote {p}");
     }
     if let Some(p) = &out.plot {
+        let svg = chart.svg().map_err(|e| bench_err(e.into()))?;
         write(p, &svg)?;
         eprintln!("wrote {p}");
-        match svg_to_png(p) {
-            Ok(Some(png)) => eprintln!("wrote {png}"),
-            Ok(None) => eprintln!("rsvg-convert not installed: no PNG"),
-            Err(e) => eprintln!("PNG: {e}"),
-        }
+        let png = chart.png().map_err(|e| bench_err(e.into()))?;
+        let png_p = png_path(p);
+        std::fs::write(&png_p, png).map_err(|source| {
+            bench_err(BenchError::Write {
+                path: png_p.clone(),
+                source,
+            })
+        })?;
+        eprintln!("wrote {png_p}");
     }
     if let Some(p) = &out.markdown {
         write(p, &md)?;
@@ -114,26 +157,37 @@ fn write_outputs(out: &Outputs, json: String, svg: String, md: String) -> Result
     Ok(())
 }
 
-fn ksm_seed(a: SeedArgs) -> Result<i32, Error> {
-    let systems = select_systems(&a.systems).map_err(bench_err)?;
+/// The run the flags ask for.
+fn seed_options(a: &SeedArgs) -> SeedOptions {
     let mut cases: Vec<Case> = if a.vms_only {
         Vec::new()
     } else {
-        match a.shape {
-            ShapeArg::Full => vec![Case::Region(Shape::Full)],
-            ShapeArg::Sparse => vec![Case::Region(Shape::Sparse)],
-            ShapeArg::Both => Shape::ALL.iter().map(|&s| Case::Region(s)).collect(),
-        }
+        a.shape.shapes().into_iter().map(Case::Region).collect()
     };
     if a.vms || a.vms_only {
         cases.push(Case::Vms);
     }
-    let opts = SeedOptions {
+    let defaults = SeedOptions::default();
+    SeedOptions {
         cases,
+        scattered_bytes: (a.scattered_mib << 20) as usize,
+        vm: VmOptions {
+            placement: match a.placement {
+                PlacementArg::Linear => Placement::Linear,
+                PlacementArg::Scattered => Placement::Scattered,
+            },
+            extent_pages: a.extent_pages,
+            ..defaults.vm.clone()
+        },
         steady: Duration::from_secs(a.steady_secs),
         timeout: Duration::from_secs(a.timeout_secs),
-        ..SeedOptions::default()
-    };
+        ..defaults
+    }
+}
+
+fn ksm_seed(a: SeedArgs) -> Result<i32, Error> {
+    let systems = select_systems(&a.systems).map_err(bench_err)?;
+    let opts = seed_options(&a);
     let report = run_ksm_seed(&systems, &opts).map_err(bench_err)?;
     crate::output::write_out_or_drop(&table(&report))?;
     let json = rows_json(&report).map_err(bench_err)?;
@@ -159,5 +213,71 @@ pub fn run(cmd: BenchCommand) -> Result<i32, Error> {
     match cmd {
         BenchCommand::KsmSeed(a) => ksm_seed(a),
         BenchCommand::Auto(a) => auto(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn seed_args(args: &[&str]) -> SeedArgs {
+        let argv = ["pagefold", "bench", "ksm-seed"].iter().chain(args);
+        match Cli::try_parse_from(argv).unwrap().cmd {
+            Command::Bench(BenchCommand::KsmSeed(a)) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn default_shapes_stay_the_2022_test() {
+        let o = seed_options(&seed_args(&[]));
+        let full = Case::Region(Shape::Full);
+        assert_eq!(o.cases, [full, Case::Region(Shape::Sparse)]);
+        assert_eq!(o.scattered_bytes, 512 << 20);
+        assert_eq!(o.vm.placement, Placement::Linear);
+        assert_eq!(o.vm.extent_pages, None);
+        let o = seed_options(&seed_args(&["--shape", "full", "--vms"]));
+        assert_eq!(o.cases, [full, Case::Vms]);
+    }
+
+    #[test]
+    fn scattered_shape_all_and_vm_placement_flags() {
+        let o = seed_options(&seed_args(&[
+            "--shape",
+            "scattered",
+            "--scattered-mib",
+            "32",
+        ]));
+        assert_eq!(o.cases, [Case::Region(Shape::Scattered)]);
+        assert_eq!(o.scattered_bytes, 32 << 20);
+        let o = seed_options(&seed_args(&["--shape", "all"]));
+        let all: Vec<Case> = Shape::ALL.iter().map(|&s| Case::Region(s)).collect();
+        assert_eq!(o.cases, all);
+        let o = seed_options(&seed_args(&[
+            "--vms-only",
+            "--placement",
+            "scattered",
+            "--extent-pages",
+            "4",
+        ]));
+        assert_eq!(o.cases, [Case::Vms]);
+        assert_eq!(o.vm.placement, Placement::Scattered);
+        assert_eq!(o.vm.extent_pages, Some(4));
+        // The VM pair itself is otherwise the default one.
+        assert_eq!(o.vm.memory, VmOptions::default().memory);
+        let toml = o.vm.config_toml().unwrap();
+        assert!(toml.contains("placement = \"scattered\""), "{toml}");
+        assert!(toml.contains("extent_pages = 4"), "{toml}");
+        for bad in [
+            &["--shape", "diagonal"][..],
+            &["--extent-pages", "0"],
+            &["--scattered-mib", "0"],
+            &["--placement", "random"],
+        ] {
+            let argv = ["pagefold", "bench", "ksm-seed"].iter().chain(bad);
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 }

@@ -18,7 +18,7 @@ use crate::error::BenchError;
 use crate::host::{load_avg, mem_available, other_ksm_users};
 use crate::region::PAGE;
 use crate::system::KSM_DEFAULT_KNOBS;
-use crate::target::{Attached, Case};
+use crate::target::{Attached, Case, RegionSizes};
 use crate::vms::VmOptions;
 
 /// Builds a backend reading the given memory source (always-on systems
@@ -301,7 +301,12 @@ pub fn run_auto(
         if system.mode == Mode::Auto {
             backend.set_mode(Mode::Auto).map_err(&e)?;
         }
-        Attached::attach(&backend, Case::Vms, 0, &opts.vm, opts.progress)
+        // Only VMs here: no host regions to size.
+        let sizes = RegionSizes {
+            seed_bytes: 0,
+            scattered_bytes: 0,
+        };
+        Attached::attach(&backend, Case::Vms, sizes, &opts.vm, opts.progress)
     })();
     let attached = match setup {
         Ok(a) => a,

@@ -4,9 +4,9 @@
 use std::fmt::Write as _;
 
 use crate::auto_bench::{AutoReport, AutoRow};
+use crate::chart::{Chart, Line, Panel};
 use crate::error::BenchError;
 use crate::ratio::{fmt_ratio, ratio, Goal};
-use crate::svg::{render, Line, Panel};
 
 const MIB: f64 = 1048576.0;
 const GIB: f64 = 1073741824.0;
@@ -127,7 +127,7 @@ pub fn auto_json(r: &AutoReport) -> Result<String, BenchError> {
 /// Two panels on one time axis (0 = the crossing): saved MiB per system;
 /// the scripted free memory with the trigger line, and the host's real
 /// MemAvailable during each run.
-pub fn auto_chart(r: &AutoReport) -> String {
+pub fn auto_chart(r: &AutoReport) -> Chart {
     let saving = Panel {
         title: "auto: memory saved over time (0 = free memory crosses the threshold)".into(),
         x_label: "time since the crossing / switching on (s)".into(),
@@ -194,7 +194,7 @@ pub fn auto_chart(r: &AutoReport) -> String {
         log_x: false,
         lines,
     };
-    render(&[saving, free])
+    Chart::new(vec![saving, free])
 }
 
 #[cfg(test)]
@@ -286,11 +286,24 @@ mod tests {
 
     #[test]
     fn chart_has_both_panels() {
-        let svg = auto_chart(&report());
-        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
-        // saving line; scripted free, threshold, one host line.
-        assert_eq!(svg.matches("<polyline").count(), 4);
-        assert!(svg.contains(">threshold</text>") && svg.contains(">pagefold-auto</text>"));
+        let c = auto_chart(&report());
+        assert_eq!(c.panels.len(), 2);
+        let svg = c.svg().unwrap();
+        let texts = crate::chart::tests::svg_texts(&svg);
+        let has = |t: &str| texts.iter().any(|x| x == t);
+        assert!(has("threshold") && has("pagefold-auto"), "{texts:?}");
+        assert!(has("scripted free") && has("host avail (pagefold-auto)"));
+        assert!(texts.iter().any(|t| t.starts_with("auto: memory saved")));
+        // The saving line, scripted free, threshold (2 points each) and the
+        // host line (1 point: the other sample has no MemAvailable).
+        let lines = crate::chart::tests::svg_polylines(&svg);
+        let lens: Vec<usize> = lines.iter().map(|l| l.len()).collect();
+        assert_eq!(lens, [2, 2, 2, 1], "{lines:?}");
         assert!(!svg.contains("NaN"));
+        let (w, h, _, _) = crate::chart::tests::decode_png(&c.png().unwrap());
+        assert_eq!(
+            (w, h),
+            (crate::chart::WIDTH, 2 * crate::chart::PANEL_HEIGHT)
+        );
     }
 }

@@ -34,6 +34,6 @@ pub enum BenchError {
     Auto(#[from] pagefold_dedup::auto::AutoError),
     #[error("workload VMs: {0}")]
     Vm(String),
-    #[error("converting {path} to PNG: {message}")]
-    Png { path: String, message: String },
+    #[error("chart: {0}")]
+    Chart(#[from] crate::chart::ChartError),
 }

@@ -15,6 +15,23 @@ pub fn parse_loadavg(text: &str) -> [f64; 3] {
     out
 }
 
+/// Mappings (VMAs) of this process: the lines of `/proc/self/maps`. A
+/// merger that remaps pages splits VMAs, and a process stops getting new
+/// ones at `vm.max_map_count`.
+pub fn self_vmas() -> Option<u64> {
+    let maps = std::fs::read("/proc/self/maps").ok()?;
+    Some(maps.iter().filter(|&&b| b == b'\n').count() as u64)
+}
+
+/// `vm.max_map_count`.
+pub fn max_map_count() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// `MemAvailable` of `/proc/meminfo` in bytes.
 pub fn mem_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -47,6 +64,21 @@ pub fn other_ksm_users() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_this_process_mappings() {
+        let before = self_vmas().unwrap();
+        assert!(before > 5 && before < max_map_count().unwrap());
+        // Every line is a mapping: the count matches the file's lines
+        // that start with an address range (other tests map and unmap
+        // concurrently, so compare with a second reading loosely).
+        let text = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let ranges = text
+            .lines()
+            .filter(|l| l.split(' ').next().is_some_and(|r| r.contains('-')))
+            .count() as u64;
+        assert!(ranges.abs_diff(before) < 1000, "{before} vs {ranges}");
+    }
 
     #[test]
     fn parses_loadavg() {

@@ -1,8 +1,9 @@
 //! Benchmarks: pagefold against in-kernel KSM, side by side.
 //!
 //! - `ksm-seed` ([`run_ksm_seed`]): the 2022 auto-mode test's 300 MiB region
-//!   (`full` and `sparse`), optionally two identical workload VMs, time and
-//!   CPU to converge, for every [`System`].
+//!   (`full` and `sparse`), two regions with the same pages in random order
+//!   (`scattered`), optionally two identical workload VMs; time and CPU to
+//!   converge, saving, VMAs, for every [`System`].
 //! - `auto` ([`run_auto_all`]): auto mode reacting to a scripted memory drop
 //!   in two identical workload VMs.
 //!
@@ -11,15 +12,14 @@
 
 mod auto_bench;
 mod auto_report;
+mod chart;
 mod error;
 mod host;
-mod png;
 mod ratio;
 mod region;
 mod report;
 mod seed;
 mod settle;
-mod svg;
 mod system;
 mod target;
 mod vms;
@@ -29,20 +29,22 @@ pub use auto_bench::{
     AutoReport, AutoRow, AutoSample, AutoSeries, AutoSystem, AUTO_SYSTEM_NAMES,
 };
 pub use auto_report::{auto_chart, auto_goals, auto_json, auto_markdown, auto_table};
+pub use chart::{
+    nice_step, png_path, seed_chart, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
+};
 pub use error::BenchError;
-pub use host::{load_avg, mem_available, other_ksm_users};
-pub use png::svg_to_png;
+pub use host::{load_avg, max_map_count, mem_available, other_ksm_users, self_vmas};
 pub use ratio::{fmt_ratio, ratio, Goal};
-pub use region::{Region, Shape, PAGE, SEED_REGION_BYTES};
+pub use region::{Region, Shape, PAGE, SCATTERED_REGION_BYTES, SCATTERED_SEED, SEED_REGION_BYTES};
 pub use report::{
-    cpu_vs_ksm_max, rows_json, seed_goals, seed_markdown, speedup_vs_ksm_default, table, write_file,
+    cpu_vs_ksm_max, fill_pct_of_ksm, rows_json, seed_goals, seed_markdown, speedup_vs_ksm_default,
+    table, write_file,
 };
 pub use seed::{run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series};
 pub use settle::{Sample, Settled, Settler};
-pub use svg::{nice_step, render, seed_chart, simplify, Line, Panel};
 pub use system::{
     all_systems, engine_factory, ksm_systems, select_systems, BackendFactory, System,
     KSM_DEFAULT_KNOBS, MAX_KNOBS, SYSTEM_NAMES,
 };
-pub use target::{Attached, Case};
-pub use vms::{Expected, VmOptions, VmPair};
+pub use target::{make_regions, Attached, Case, RegionSizes};
+pub use vms::{Expected, Placement, VmOptions, VmPair};

@@ -1,6 +1,7 @@
 //! The `ksm-seed` benchmark: how fast, and at what CPU cost, does each
-//! system merge the 2022 auto-mode test's 300 MiB region (and, with
-//! `--vms`, two identical workload VMs)?
+//! system merge the 2022 auto-mode test's 300 MiB region, the `scattered`
+//! pair of regions (same pages, random order) and, with `--vms`, two
+//! identical workload VMs?
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,17 +13,20 @@ use pagefold_dedup::{DedupBackend, Mode};
 use serde::Serialize;
 
 use crate::error::BenchError;
-use crate::host::{load_avg, other_ksm_users};
-use crate::region::{Shape, SEED_REGION_BYTES};
+use crate::host::{load_avg, max_map_count, other_ksm_users, self_vmas};
+use crate::region::{Shape, PAGE, SCATTERED_REGION_BYTES, SEED_REGION_BYTES};
 use crate::settle::{Sample, Settled, Settler};
 use crate::system::System;
-use crate::target::{Attached, Case};
+use crate::target::{Attached, Case, RegionSizes};
 use crate::vms::VmOptions;
 
 /// How to run `ksm-seed`.
 #[derive(Debug, Clone)]
 pub struct SeedOptions {
+    /// The one region of `full` and `sparse`.
     pub region_bytes: usize,
+    /// Each of the two regions of `scattered`.
+    pub scattered_bytes: usize,
     pub cases: Vec<Case>,
     pub vm: VmOptions,
     /// Converged = `pages_sharing` (and `zero_pages`) held for this many
@@ -38,11 +42,35 @@ pub struct SeedOptions {
     pub progress: bool,
 }
 
+impl SeedOptions {
+    fn sizes(&self) -> RegionSizes {
+        RegionSizes {
+            seed_bytes: self.region_bytes,
+            scattered_bytes: self.scattered_bytes,
+        }
+    }
+
+    /// Pages a perfect merger frees in `case`, where the case alone says
+    /// (the VM case's exact figure comes from the guests' parameters).
+    fn possible_saving(&self, case: Case) -> Option<u64> {
+        match case {
+            Case::Region(shape @ (Shape::Full | Shape::Sparse)) => {
+                Some(shape.ideal_sharing(self.region_bytes.div_ceil(PAGE)))
+            }
+            Case::Region(Shape::Scattered) => {
+                Some(Shape::Scattered.ideal_sharing(self.scattered_bytes.div_ceil(PAGE)))
+            }
+            Case::Vms => None,
+        }
+    }
+}
+
 impl Default for SeedOptions {
     fn default() -> Self {
         Self {
             region_bytes: SEED_REGION_BYTES,
-            cases: Shape::ALL.iter().map(|&s| Case::Region(s)).collect(),
+            scattered_bytes: SCATTERED_REGION_BYTES,
+            cases: Shape::TEST_2022.iter().map(|&s| Case::Region(s)).collect(),
             vm: VmOptions::default(),
             settle_scans: 3,
             // One default KSM scan of 300 MiB takes ~18.5 s: cover more.
@@ -59,7 +87,7 @@ impl Default for SeedOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct SeedRow {
     pub system: String,
-    /// `full`, `sparse` or `vms`.
+    /// `full`, `sparse`, `scattered` or `vms`.
     pub shape: Case,
     /// Seconds until `pages_sharing` first reached its settled value.
     pub converge_s: Option<f64>,
@@ -70,6 +98,16 @@ pub struct SeedRow {
     pub pages_shared: u64,
     /// Pages dropped to the zero page, counted apart from `pages_sharing`.
     pub zero_pages: u64,
+    /// `pages_sharing + zero_pages`: the pages the run freed.
+    pub saved_pages: u64,
+    /// Pages a perfect merger frees here (`full`: every page but one, before
+    /// KSM's `max_page_sharing`; `sparse`: 42; `scattered`: the pages of one
+    /// region; `vms`: the exact data-page expectation).
+    pub possible_saving: Option<u64>,
+    /// `saved_pages` as % of kernel KSM's saving in the same case (the
+    /// largest saving of the KSM systems in this report); filled in once
+    /// every system has run.
+    pub pct_of_ksm_saving: Option<f64>,
     pub converged: bool,
     pub full_scans_to_converge: Option<u64>,
     /// Merging-side CPU per wall second from convergence until settled
@@ -88,6 +126,17 @@ pub struct SeedRow {
     /// VM case: exact non-zero sharing and zero pages of the data pages.
     pub expected_pages_sharing: Option<u64>,
     pub expected_zero_pages: Option<u64>,
+    /// Mappings of this process (`/proc/self/maps` lines) with the memory
+    /// attached, before merging started.
+    pub vmas_before: Option<u64>,
+    /// The same at the end of the run (settled or timed out): a remapping
+    /// merger splits VMAs, KSM does not.
+    pub vmas: Option<u64>,
+    /// `vm.max_map_count` during the run.
+    pub max_map_count: Option<u64>,
+    /// The backend reported at some sample that it held back merges
+    /// because the process neared `vm.max_map_count` (always false for KSM).
+    pub map_count_limited: bool,
     /// Host load average (1, 5, 15 min) when the run started.
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
@@ -154,6 +203,7 @@ pub fn run_ksm_seed(systems: &[System], opts: &SeedOptions) -> Result<SeedReport
         log::error!("KSM tunables not restored: {}", unrestored.join("; "));
     }
     result?;
+    crate::report::fill_pct_of_ksm(&mut rows);
     Ok(SeedReport {
         rows,
         series,
@@ -194,19 +244,24 @@ pub fn run_seed_once(
             return Err(err(e));
         }
     }
-    let attached =
-        match Attached::attach(&backend, case, opts.region_bytes, &opts.vm, opts.progress) {
-            Ok(a) => a,
-            Err(e) => {
-                backend.shutdown();
-                return Err(e);
-            }
-        };
+    let attached = match Attached::attach(&backend, case, opts.sizes(), &opts.vm, opts.progress) {
+        Ok(a) => a,
+        Err(e) => {
+            backend.shutdown();
+            return Err(e);
+        }
+    };
+    let vmas_before = self_vmas();
     let result = sample_until_settled(&*backend, system, case, opts);
-    let own_ksm_pages = attached
-        .region()
-        .filter(|_| system.kernel_ksm)
-        .and_then(|r| count_ksm_pages(r.addr(), r.len()).ok());
+    let vmas = self_vmas();
+    let own_ksm_pages = if system.kernel_ksm && case != Case::Vms {
+        attached
+            .regions()
+            .map(|r| count_ksm_pages(r.addr(), r.len()).ok())
+            .sum::<Option<u64>>()
+    } else {
+        None
+    };
     let expected = attached.expected();
     let detached = attached.detach(&*backend);
     let teardown = teardown(&*backend, system);
@@ -215,20 +270,27 @@ pub fn run_seed_once(
     teardown?;
     let last = run.samples.last().copied();
     let settled = run.settled;
+    let pages_sharing = settled
+        .map(|s| s.pages_sharing)
+        .or(last.map(|s| s.pages_sharing))
+        .unwrap_or(0);
+    let zero_pages = settled
+        .map(|s| s.zero_pages)
+        .or(last.map(|s| s.zero_pages))
+        .unwrap_or(0);
     let row = SeedRow {
         system: system.name.clone(),
         shape: case,
         converge_s: settled.map(|s| s.converge_s),
         cpu_s: settled.map(|s| s.cpu_s),
-        pages_sharing: settled
-            .map(|s| s.pages_sharing)
-            .or(last.map(|s| s.pages_sharing))
-            .unwrap_or(0),
+        pages_sharing,
         pages_shared: last.map(|s| s.pages_shared).unwrap_or(0),
-        zero_pages: settled
-            .map(|s| s.zero_pages)
-            .or(last.map(|s| s.zero_pages))
-            .unwrap_or(0),
+        zero_pages,
+        saved_pages: pages_sharing + zero_pages,
+        possible_saving: expected
+            .map(|e| e.saved_pages())
+            .or(opts.possible_saving(case)),
+        pct_of_ksm_saving: None,
         converged: settled.is_some(),
         full_scans_to_converge: settled.map(|s| s.full_scans_to_converge),
         confirm_cpu_per_s: settled.and_then(|s| s.steady_cpu_per_s()),
@@ -238,12 +300,16 @@ pub fn run_seed_once(
         own_ksm_pages,
         expected_pages_sharing: expected.map(|e| e.pages_sharing),
         expected_zero_pages: expected.map(|e| e.zero_pages),
+        vmas_before,
+        vmas,
+        max_map_count: max_map_count(),
+        map_count_limited: run.map_count_limited,
         load_avg: load,
         warnings,
     };
     if opts.progress {
         eprintln!(
-            "[{} {}] done: converge {} s, cpu {} s, pages_sharing {}, zero_pages {}, steady cpu/s {}",
+            "[{} {}] done: converge {} s, cpu {} s, pages_sharing {}, zero_pages {}, steady cpu/s {}, vmas {} -> {}{}",
             row.system,
             row.shape,
             fmt_opt(row.converge_s),
@@ -252,7 +318,10 @@ pub fn run_seed_once(
             row.zero_pages,
             row.steady_cpu_per_s
                 .map(|v| format!("{v:.4}"))
-                .unwrap_or_else(|| "-".into())
+                .unwrap_or_else(|| "-".into()),
+            row.vmas_before.map_or("-".into(), |v| v.to_string()),
+            row.vmas.map_or("-".into(), |v| v.to_string()),
+            if row.map_count_limited { ", map_count_limited" } else { "" }
         );
     }
     Ok((row, run.samples))
@@ -273,6 +342,8 @@ struct Run {
     settled: Option<Settled>,
     steady: Option<Window>,
     samples: Vec<Sample>,
+    /// Some sample's stats had `map_count_limited`.
+    map_count_limited: bool,
 }
 
 fn sample_until_settled(
@@ -288,9 +359,11 @@ fn sample_until_settled(
     let mut samples = Vec::new();
     let mut next_progress = Duration::from_secs(1);
     let mut settled: Option<Settled> = None;
+    let mut map_count_limited = false;
     loop {
         std::thread::sleep(opts.sample_interval);
         let st = backend.stats();
+        map_count_limited |= st.map_count_limited;
         let t = t0.elapsed();
         let s = Sample {
             t_s: t.as_secs_f64(),
@@ -323,6 +396,7 @@ fn sample_until_settled(
                             settled,
                             steady: None,
                             samples,
+                            map_count_limited,
                         });
                     }
                 } else if t >= opts.timeout {
@@ -330,6 +404,7 @@ fn sample_until_settled(
                         settled: None,
                         steady: None,
                         samples,
+                        map_count_limited,
                     });
                 }
             }
@@ -344,6 +419,7 @@ fn sample_until_settled(
                         settled,
                         steady,
                         samples,
+                        map_count_limited,
                     });
                 }
             }
@@ -370,4 +446,60 @@ fn teardown(backend: &dyn DedupBackend, system: &System) -> Result<(), BenchErro
     let r = backend.set_mode(Mode::Off).map_err(&err);
     backend.shutdown();
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::system::{engine_factory, System};
+
+    /// The `scattered` shape end to end at 32 MiB per region (8192 pages),
+    /// for kernel KSM and pagefold at max effort: both must free every page
+    /// of region B, and the rows must carry the VMA and map-limit columns.
+    /// Takes a few seconds; holds the KSM lock (`run_ksm_seed`) and checks
+    /// that every KSM tunable is restored.
+    #[test]
+    fn scattered_shape_merges_every_page_of_b() {
+        let opts = SeedOptions {
+            scattered_bytes: 32 << 20,
+            cases: vec![Case::Region(Shape::Scattered)],
+            steady: Duration::ZERO,
+            timeout: Duration::from_secs(60),
+            progress: false,
+            ..SeedOptions::default()
+        };
+        let systems = [System::ksm_max(), System::pagefold_max(engine_factory())];
+        let r = run_ksm_seed(&systems, &opts).unwrap();
+        assert!(r.unrestored.is_empty(), "{:?}", r.unrestored);
+        assert_eq!(r.rows.len(), 2);
+        let pages = 8192;
+        for row in &r.rows {
+            assert_eq!(row.shape, Case::Region(Shape::Scattered));
+            assert!(row.converged, "{row:?}");
+            assert_eq!(row.possible_saving, Some(pages), "{row:?}");
+            assert!(row.vmas_before.is_some_and(|v| v > 2));
+            assert!(row.vmas.is_some() && row.max_map_count.is_some());
+            assert!(row.cpu_s.is_some_and(|c| c > 0.0), "{row:?}");
+        }
+        let ksm = &r.rows[0];
+        // Exact from kpageflags, whatever else uses KSM on the host: every
+        // page of A and of B is now a KSM page.
+        assert_eq!(ksm.own_ksm_pages, Some(2 * pages), "{ksm:?}");
+        assert!(ksm.saved_pages >= pages, "{ksm:?}");
+        assert!(!ksm.map_count_limited);
+        let pf = &r.rows[1];
+        // 8192 scattered pages need far fewer VMAs than vm.max_map_count:
+        // nothing holds the engine back, it frees exactly B's pages.
+        assert!(!pf.map_count_limited, "{pf:?}");
+        assert_eq!((pf.pages_sharing, pf.zero_pages), (pages, 0), "{pf:?}");
+        assert!(
+            pf.pct_of_ksm_saving.is_some_and(|p| p > 0.0 && p <= 100.0),
+            "{pf:?}"
+        );
+        // The series are there for the chart: one panel, two lines.
+        let chart = crate::chart::seed_chart(&r);
+        assert_eq!(chart.panels.len(), 1);
+        assert_eq!(chart.panels[0].lines.len(), 2);
+        assert!(chart.panels[0].title.contains("scattered"));
+    }
 }

@@ -11,7 +11,7 @@ use pagefold_dedup::DedupBackend;
 use pagefold_devices::workload::EventKind;
 use pagefold_guest_abi::expect::{Expectation, VmState};
 use pagefold_guest_abi::phase;
-use pagefold_vmm::config::{SerialOutput, SizeValue, VmConfig, VmDedup, WorkloadConfig};
+use pagefold_vmm::config::{Config, SerialOutput, SizeValue, VmConfig, VmDedup, WorkloadConfig};
 use pagefold_vmm::state::Outcome;
 use pagefold_vmm::vm::{Vm, VmResources};
 use pagefold_vmm::workload::Event;
@@ -19,6 +19,42 @@ use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::error::BenchError;
+
+/// Where the workload guest puts its data pages in guest memory: the
+/// `[vm.workload]` key `placement`. Two VMs with the same seed hold the
+/// same pages either way; with `scattered` the guests place them (in
+/// extents of `extent_pages`) in a VM-specific random order, as page caches
+/// do, so twins are not at the same guest address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// Page i of the data at data offset i (the guest's default).
+    #[default]
+    Linear,
+    /// A seeded random order of extents.
+    Scattered,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Placement::Linear => "linear",
+            Placement::Scattered => "scattered",
+        })
+    }
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "linear" => Ok(Placement::Linear),
+            "scattered" => Ok(Placement::Scattered),
+            o => Err(format!(
+                "unknown placement {o:?} (expected linear or scattered)"
+            )),
+        }
+    }
+}
 
 /// The two VMs' shape.
 #[derive(Debug, Clone)]
@@ -28,6 +64,11 @@ pub struct VmOptions {
     pub shared: String,
     pub zero_permille: u32,
     pub dup_permille: u32,
+    /// `placement` of `[vm.workload]`; `linear` writes no key (the
+    /// guest's default, accepted by every build).
+    pub placement: Placement,
+    /// `extent_pages` of `[vm.workload]`; `None` writes no key.
+    pub extent_pages: Option<u32>,
     /// Longest wait for both guests to finish their fill.
     pub fill_timeout: Duration,
 }
@@ -39,6 +80,8 @@ impl Default for VmOptions {
             shared: "256M".into(),
             zero_permille: 50,
             dup_permille: 50,
+            placement: Placement::Linear,
+            extent_pages: None,
             fill_timeout: Duration::from_secs(120),
         }
     }
@@ -65,7 +108,59 @@ impl Expected {
 impl VmOptions {
     /// The two VM configs: same workload seeds, one dedup group, phases
     /// `fill` then `wait` (the guest blocks until released or stopped).
-    pub fn configs(&self) -> Vec<VmConfig> {
+    ///
+    /// Built from [`VmOptions::config_toml`], the same text a user would
+    /// write, so the placement keys reach the VMM exactly as the config
+    /// file format defines them. A build whose `[vm.workload]` does not
+    /// know them refuses the config here, before any VM starts.
+    pub fn configs(&self) -> Result<Vec<VmConfig>, BenchError> {
+        if self.workload_keys().is_empty() {
+            return Ok(self.base_configs());
+        }
+        let text = self.config_toml()?;
+        let cfg: Config = toml::from_str(&text).map_err(|e| {
+            BenchError::Vm(format!(
+                "this build does not accept the workload keys {:?} (placement {}): {e}",
+                self.workload_keys().keys().collect::<Vec<_>>(),
+                self.placement
+            ))
+        })?;
+        Ok(cfg.vms)
+    }
+
+    /// `[vm.workload]` keys beyond the built-in fields: `placement` when
+    /// not linear, `extent_pages` when set.
+    fn workload_keys(&self) -> toml::Table {
+        let mut t = toml::Table::new();
+        if self.placement != Placement::Linear {
+            t.insert("placement".into(), self.placement.to_string().into());
+        }
+        if let Some(n) = self.extent_pages {
+            t.insert("extent_pages".into(), i64::from(n).into());
+        }
+        t
+    }
+
+    /// The two VMs as a pagefold config file (`[[vm]]` tables, each with
+    /// its `[vm.workload]`), e.g. for `pagefold run --config`.
+    pub fn config_toml(&self) -> Result<String, BenchError> {
+        let toml_err =
+            |e: &dyn std::fmt::Display| BenchError::Vm(format!("VM config as TOML: {e}"));
+        let mut vms = Vec::new();
+        for c in self.base_configs() {
+            let mut v = toml::Table::try_from(&c).map_err(|e| toml_err(&e))?;
+            if let Some(toml::Value::Table(w)) = v.get_mut("workload") {
+                w.extend(self.workload_keys());
+            }
+            vms.push(toml::Value::Table(v));
+        }
+        let mut doc = toml::Table::new();
+        doc.insert("vm".into(), toml::Value::Array(vms));
+        toml::to_string(&doc).map_err(|e| toml_err(&e))
+    }
+
+    /// The configs with the fields every build knows.
+    fn base_configs(&self) -> Vec<VmConfig> {
         ["bench-a", "bench-b"]
             .iter()
             .map(|name| VmConfig {
@@ -98,7 +193,7 @@ impl VmOptions {
         let image_end = pagefold_vmm::boot::image_end(pagefold_vmm::workload_image::WORKLOAD_ELF)
             .map_err(|e| BenchError::Vm(e.to_string()))?;
         let mut params = Vec::new();
-        for (i, c) in self.configs().iter().enumerate() {
+        for (i, c) in self.configs()?.iter().enumerate() {
             let ranges = pagefold_vmm::memory::ram_ranges(c.memory_bytes())
                 .map_err(|e| BenchError::Vm(e.to_string()))?;
             let w = c.workload.clone().unwrap_or_default();
@@ -159,7 +254,7 @@ impl VmPair {
             fill_s: 0.0,
         };
         let t0 = Instant::now();
-        for (i, c) in opts.configs().iter().enumerate() {
+        for (i, c) in opts.configs()?.iter().enumerate() {
             let mut vm = Vm::create(&res, c, i).map_err(vm_err)?;
             vm.start().map_err(vm_err)?;
             pair.vms.push(vm);
@@ -215,7 +310,7 @@ mod tests {
 
     #[test]
     fn both_vms_are_identical_and_in_one_group() {
-        let c = VmOptions::default().configs();
+        let c = VmOptions::default().configs().unwrap();
         assert_eq!(c.len(), 2);
         assert_ne!(c[0].name, c[1].name);
         assert_eq!(c[0].dedup_group(), c[1].dedup_group());
@@ -223,6 +318,80 @@ mod tests {
         for v in &c {
             v.validate().unwrap();
         }
+    }
+
+    /// What `config_toml` writes, read back as plain TOML.
+    fn workload_tables(o: &VmOptions) -> Vec<toml::Table> {
+        let text = o.config_toml().unwrap();
+        let doc: toml::Table = toml::from_str(&text).unwrap();
+        let vms = doc["vm"].as_array().unwrap();
+        assert_eq!(vms.len(), 2, "{text}");
+        vms.iter()
+            .map(|v| v["workload"].as_table().unwrap().clone())
+            .collect()
+    }
+
+    #[test]
+    fn scattered_placement_writes_the_workload_keys() {
+        let o = VmOptions {
+            placement: Placement::Scattered,
+            extent_pages: Some(4),
+            ..VmOptions::default()
+        };
+        let text = o.config_toml().unwrap();
+        assert!(text.contains("[vm.workload]"), "{text}");
+        for w in workload_tables(&o) {
+            assert_eq!(w["placement"].as_str(), Some("scattered"), "{text}");
+            assert_eq!(w["extent_pages"].as_integer(), Some(4), "{text}");
+            // Everything else as in the linear pair.
+            assert_eq!(w["seed"].as_integer(), Some(7));
+            assert_eq!(w["shared"].as_str(), Some("256M"));
+            let phases: Vec<_> = w["phases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap())
+                .collect();
+            assert_eq!(phases, ["fill", "wait"]);
+        }
+        // Either this build's VMM knows the keys (and keeps them), or it
+        // refuses the config naming them: never a silent linear run.
+        match o.configs() {
+            Ok(c) => {
+                let back = toml::Table::try_from(&c[0]).unwrap();
+                let w = back["workload"].as_table().unwrap();
+                assert_eq!(w["placement"].as_str(), Some("scattered"));
+                assert_eq!(w["extent_pages"].as_integer(), Some(4));
+            }
+            Err(e) => assert!(e.to_string().contains("placement"), "{e}"),
+        }
+    }
+
+    #[test]
+    fn linear_placement_writes_no_new_key_and_parses_as_before() {
+        let o = VmOptions::default();
+        for w in workload_tables(&o) {
+            // No key, or the VMM's own default written back by a build
+            // that has the field.
+            let p = w.get("placement").map(|p| p.as_str());
+            assert!(matches!(p, None | Some(Some("linear"))), "{w:?}");
+            assert!(!w.contains_key("extent_pages"), "{w:?}");
+        }
+        // The text is a valid pagefold config giving the same VMs.
+        let cfg: Config = toml::from_str(&o.config_toml().unwrap()).unwrap();
+        assert_eq!(cfg.vms, o.configs().unwrap());
+        // An extent without scattering is still passed on.
+        let e = VmOptions {
+            extent_pages: Some(8),
+            ..VmOptions::default()
+        };
+        for w in workload_tables(&e) {
+            assert_eq!(w["extent_pages"].as_integer(), Some(8));
+            let p = w.get("placement").map(|p| p.as_str());
+            assert!(matches!(p, None | Some(Some("linear"))), "{w:?}");
+        }
+        assert_eq!("scattered".parse::<Placement>(), Ok(Placement::Scattered));
+        assert!("random".parse::<Placement>().is_err());
     }
 
     #[test]

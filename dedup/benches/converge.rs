@@ -3,6 +3,10 @@
 //!
 //! `cargo bench -p pagefold-dedup --bench converge -- [identical|distinct|scattered] [default|max] [steady_secs]`
 //!
+//! `... -- [identical|distinct] unmerge [runs]`: unmerge of the merged
+//! region by the engine and by kernel KSM (`run` = 2), alternated, in one run
+//! (takes the KSM lock; KSM's knobs are journaled and restored).
+//!
 //! `scattered`: two regions of `PAGEFOLD_SCATTERED_PAGES` pages (default
 //! 131072 = 512 MiB each) where the second holds the first's distinct pages
 //! in a random order; `PAGEFOLD_ASSIST=auto|off` (default auto) says whether
@@ -157,6 +161,10 @@ fn main() {
             .unwrap()
         };
     }
+    if preset == "unmerge" {
+        unmerge_side_by_side(&shape, knobs);
+        return;
+    }
     if preset == "passes" {
         // Per-pass cost on the calling thread: pass 1 hashes, pass 2 merges.
         // SAFETY: the mapping stays until the process exits.
@@ -215,9 +223,36 @@ fn main() {
             .unwrap_or(0)
     };
     let mut since_ksm_scans = 0;
+    let trace = std::env::var("PAGEFOLD_TRACE").is_ok();
+    let mut next_trace = Duration::ZERO;
     loop {
         std::thread::sleep(Duration::from_millis(2));
         let s = e.stats();
+        if trace && t0.elapsed() >= next_trace {
+            next_trace += Duration::from_millis(500);
+            let ksm = |n: &str| {
+                std::fs::read_to_string(format!("/sys/kernel/mm/ksm/{n}"))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_default()
+            };
+            eprintln!(
+                "t={:5.1}s sharing {:6} (ksm {:6}) scans {:3} cpu {:.2} (ksmd {:.2}) vmas {:5} | ksm run {} pts {} sleep {} full_scans {} sharing {} unshared {} {}",
+                t0.elapsed().as_secs_f64(),
+                s.pages_sharing,
+                s.ksm_pages_sharing,
+                s.full_scans,
+                s.cpu_seconds - cpu0,
+                s.ksm_cpu_seconds,
+                s.vmas_created,
+                ksm("run"),
+                ksm("pages_to_scan"),
+                ksm("sleep_millisecs"),
+                ksm("full_scans"),
+                ksm("pages_sharing"),
+                ksm("pages_unshared"),
+                s.ksm_assist
+            );
+        }
         if s.pages_sharing != val {
             val = s.pages_sharing;
             since = t0.elapsed();
@@ -274,4 +309,85 @@ fn main() {
         t.elapsed().as_secs_f64()
     );
     e.shutdown();
+}
+
+/// Times unmerging `PAGES` merged pages: the engine's unmerge, then KSM's
+/// (`run` = 2 after KSM merged the same content at max effort), `runs` times.
+fn unmerge_side_by_side(shape: &str, knobs: Knobs) {
+    use pagefold_dedup::ksm::{self, KsmSysfs};
+    let runs: usize = std::env::args()
+        .filter(|a| !a.starts_with("--"))
+        .nth(3)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let _lock = ksm::ksm_exclusive().expect("KSM lock");
+    ksm::journal::recover();
+    let sys = KsmSysfs::open().expect("KSM sysfs");
+    let read = |n: &str| sys.read_u64(n).unwrap_or(0);
+    for run in 1..=runs {
+        // The engine.
+        let addr = region(shape);
+        let e = Engine::new(EngineConfig {
+            knobs,
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        // SAFETY: the mapping stays until it is unmapped below, after the
+        // engine is gone.
+        unsafe {
+            e.register(RegionSpec {
+                host_addr: addr,
+                len: PAGES * PS,
+                owner: "bench".into(),
+                group: "g".into(),
+            })
+            .unwrap()
+        };
+        e.scan_now(3);
+        let merged = e.stats().pages_sharing + e.stats().pool_pages;
+        let t = Instant::now();
+        e.set_mode(Mode::Unmerge).unwrap();
+        assert!(e.wait_mode(Mode::Off, Duration::from_secs(60)));
+        let engine_s = t.elapsed().as_secs_f64();
+        e.shutdown();
+        drop(e);
+        // SAFETY: our mapping, no longer registered.
+        unsafe { libc::munmap(addr as *mut libc::c_void, PAGES * PS) };
+
+        // Kernel KSM on the same content.
+        let addr = region(shape);
+        // SAFETY: our mapping.
+        unsafe { libc::madvise(addr as *mut libc::c_void, PAGES * PS, libc::MADV_MERGEABLE) };
+        sys.write("pages_to_scan", 10000).unwrap();
+        sys.write("sleep_millisecs", 0).unwrap();
+        sys.write("run", 1).unwrap();
+        let t0 = Instant::now();
+        let want = if shape == "identical" { 76000 } else { 40 };
+        while ksm::self_ksm_stat()
+            .and_then(|s| s.merging_pages)
+            .unwrap_or(0)
+            < want
+            && t0.elapsed() < Duration::from_secs(120)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ksm_merged = ksm::self_ksm_stat()
+            .and_then(|s| s.merging_pages)
+            .unwrap_or(0);
+        let t = Instant::now();
+        sys.write("run", 2).unwrap();
+        let ksm_s = t.elapsed().as_secs_f64();
+        sys.write("run", 0).unwrap();
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(addr as *mut libc::c_void, PAGES * PS) };
+        println!(
+            "{shape} unmerge run {run}: pagefold {merged} pages in {engine_s:.3} s, kernel KSM (run=2) {ksm_merged} pages in {ksm_s:.3} s: ratio {:.2}x (load {})",
+            engine_s / ksm_s,
+            std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split(' ').next().unwrap_or("?"),
+        );
+        let _ = read("pages_sharing");
+    }
+    for e in sys.restore() {
+        eprintln!("restoring KSM knobs: {e}");
+    }
 }

@@ -113,10 +113,13 @@ impl Default for AssistConfig {
             // of kernel memory (dedup/benches/vma_cost.rs); KSM costs ~5 us
             // per merge but also ~3 us and 64 B for *every* page of the
             // group it scans. Break-even lies between 1/6 (memory) and 3/5
-            // (CPU) of the group's pages being scattered merges: hand over
-            // at a quarter, or when the VMA budget refuses merges.
+            // (CPU) of the group's pages being scattered merges; but tens of
+            // thousands of VMAs also slow every pagemap walk and maps read
+            // of the process (measured: the census pass over 2 x 512 MiB
+            // took ~150 ms with 28k VMAs). Hand over at 1/16 of the group's
+            // pages in a pass, or when the VMA budget refuses merges.
             flip_vmas: 4096,
-            flip_group_den: 4,
+            flip_group_den: 16,
             flip_run_pages: 8,
             flip_deferred: 64,
         }

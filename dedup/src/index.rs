@@ -129,7 +129,7 @@ impl UnstableIndex {
         let want = (pages * 2).max(64);
         if self.table.len() != want {
             self.table = vec![EMPTY; want];
-        } else {
+        } else if self.len > 0 {
             self.table.fill(EMPTY);
         }
         self.len = 0;

@@ -166,6 +166,14 @@ pub struct Core {
     /// frame list per pass would cost more than the pass itself).
     census_due: bool,
     census_at: Option<Instant>,
+    /// `budget.headroom` right after the last maps read.
+    headroom_at_check: i64,
+    /// Time spent on assisted spans in this census pass, and what the last
+    /// census pass cost in all.
+    census_spans: Duration,
+    census_cost: Duration,
+    /// Counters at the last per-region recount (see `end_pass`).
+    recount_key: (u64, u64, u64, u64),
     /// Set while visiting hinted pages: they were just filled by a device,
     /// so they are merge candidates on their first visit (no "unchanged
     /// since the previous scan" wait, no smart-scan skip).
@@ -231,6 +239,10 @@ impl Core {
             census: Census::default(),
             census_due: true,
             census_at: None,
+            headroom_at_check: i64::MIN,
+            census_spans: Duration::ZERO,
+            census_cost: Duration::ZERO,
+            recount_key: (u64::MAX, 0, 0, 0),
             trusted: false,
             hint_index: HashMap::new(),
             hint_fifo: std::collections::VecDeque::new(),
@@ -592,7 +604,10 @@ impl Core {
     /// running estimate (decremented per VMA we create) gets low. Reading
     /// /proc/self/maps costs about 1 us per VMA.
     pub fn refresh_map_count(&mut self, force: bool) {
-        let low = self.budget.headroom < (self.max_map_count / 8) as i64;
+        // "Low" re-reads (every second) only matter while the engine is
+        // still making VMAs; reading 30k+ lines of maps costs ~15 ms.
+        let low = self.budget.headroom < (self.max_map_count / 8) as i64
+            && self.budget.headroom != self.headroom_at_check;
         if !force
             && !low
             && self
@@ -624,6 +639,7 @@ impl Core {
         };
         self.budget.headroom = self.map_headroom as i64 - reserve as i64;
         self.budget.limited = self.budget.headroom < 2;
+        self.headroom_at_check = self.budget.headroom;
         self.map_limited = self.budget.limited;
     }
 
@@ -773,18 +789,26 @@ impl Core {
         // (and the census fresh) while it works.
         let ksm_before = self.census.sharing;
         if self.census_due {
+            let t = Instant::now();
             self.count_census();
+            // The census pass cost (pagemap walks over the assisted
+            // regions' VMAs, the sort): keep it under ~2 % of a core.
+            self.census_cost = std::mem::take(&mut self.census_spans) + t.elapsed();
             self.census_at = Some(Instant::now());
             if self.census.sharing != ksm_before {
                 self.pass_progress += 1;
-            } else if self.assist.ksm_busy() {
-                // KSM is between its checksum and merge scans: not idle.
-                self.pass_progress += 1;
             }
         }
-        self.census_due = self
-            .census_at
-            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+        if self.assist.ksm_busy() {
+            // KSM works for us (maybe between its checksum and merge scans):
+            // not idle, keep the census on time.
+            self.pass_progress += 1;
+        }
+        // Every second while KSM works for us, every 10 s once it idles,
+        // and no more often than 20x the last census pass took (<= 5 %).
+        let every = Duration::from_secs(if self.assist.ksm_busy() { 1 } else { 10 })
+            .max(self.census_cost * 20);
+        self.census_due = self.census_at.is_none_or(|t| t.elapsed() >= every);
         if self.pass_progress == 0 {
             self.idle_passes = self.idle_passes.saturating_add(1);
         } else {
@@ -793,8 +817,18 @@ impl Core {
         self.pass_progress = 0;
         self.pass_groups.clear();
         self.unstable.reset(self.tracked_pages() as usize);
-        // Per-region savings and VMA estimate (O(pages), once per pass).
-        for r in &mut self.regions {
+        // Per-region savings and VMA estimate (O(pages), once per pass in
+        // which merges, copy-on-write breaks or registrations happened:
+        // passes over KSM-assisted regions come every wake-up).
+        let key = (
+            self.counters.merges,
+            self.counters.cow_breaks,
+            self.regions.len() as u64,
+            self.next_region_id,
+        );
+        let recount = key != self.recount_key;
+        self.recount_key = key;
+        for r in self.regions.iter_mut().filter(|_| recount) {
             let mut saved = 0.0;
             let mut vmas = 0;
             let mut prev: Option<u32> = None;
@@ -841,6 +875,28 @@ impl Core {
 
     /// Scans pages `start..start+n` of region `ri`; returns pages consumed.
     fn scan_span(
+        &mut self,
+        ri: usize,
+        start: usize,
+        n: usize,
+        budget: &mut u64,
+        merge: bool,
+    ) -> usize {
+        if self.regions[ri].assisted && !self.census_due {
+            // KSM's region: the engine only counts KSM's sharing and notices
+            // copy-on-write breaks of its own earlier merges there, both on
+            // census passes (pagemap walks of 100k+ VMAs are not free).
+            return n;
+        }
+        let timed = self.regions[ri].assisted.then(Instant::now);
+        let used = self.scan_span_inner(ri, start, n, budget, merge);
+        if let Some(t) = timed {
+            self.census_spans += t.elapsed();
+        }
+        used
+    }
+
+    fn scan_span_inner(
         &mut self,
         ri: usize,
         start: usize,
