@@ -35,30 +35,34 @@ pub struct Image {
 /// End of the highest PT_LOAD segment, by `p_memsz` (so .bss counts even
 /// where the loader skips segments without file bytes).
 pub fn image_end(elf: &[u8]) -> Result<u64, Error> {
-    let rd16 = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let rd32 = |o: usize| {
-        elf.get(o..o + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-    };
-    let rd64 = |o: usize| {
-        elf.get(o..o + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
-    };
+    // Offsets come from the file: every sum is checked, so a header that
+    // points past the end of the address space is "truncated", not a panic.
+    fn field<const N: usize>(elf: &[u8], o: usize) -> Option<[u8; N]> {
+        elf.get(o..o.checked_add(N)?)?.try_into().ok()
+    }
+    let rd16 = |o: usize| field(elf, o).map(u16::from_le_bytes);
+    let rd32 = |o: usize| field(elf, o).map(u32::from_le_bytes);
+    let rd64 = |o: usize| field(elf, o).map(u64::from_le_bytes);
     if elf.get(0..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) {
         return Err(Error::BadElf("not a 64-bit ELF"));
     }
-    let phoff = rd64(0x20).ok_or(Error::BadElf("truncated header"))? as usize;
+    let truncated_header = Error::BadElf("truncated header");
+    let truncated = || Error::BadElf("truncated program header");
+    let phoff = usize::try_from(rd64(0x20).ok_or(truncated_header)?).map_err(|_| truncated())?;
     let phentsize = usize::from(rd16(0x36).ok_or(Error::BadElf("truncated header"))?);
     let phnum = usize::from(rd16(0x38).ok_or(Error::BadElf("truncated header"))?);
     let mut end = 0;
     for i in 0..phnum {
-        let p = phoff + i * phentsize;
-        let ty = rd32(p).ok_or(Error::BadElf("truncated program header"))?;
+        let p = i
+            .checked_mul(phentsize)
+            .and_then(|o| o.checked_add(phoff))
+            .ok_or_else(truncated)?;
+        let ty = rd32(p).ok_or_else(truncated)?;
         if ty != 1 {
             continue; // PT_LOAD only
         }
-        let paddr = rd64(p + 0x18).ok_or(Error::BadElf("truncated program header"))?;
-        let memsz = rd64(p + 0x28).ok_or(Error::BadElf("truncated program header"))?;
+        let paddr = p.checked_add(0x18).and_then(rd64).ok_or_else(truncated)?;
+        let memsz = p.checked_add(0x28).and_then(rd64).ok_or_else(truncated)?;
         end = end.max(paddr.saturating_add(memsz));
     }
     if end == 0 {
@@ -195,6 +199,37 @@ pub fn setup_vcpu(vcpu: &VcpuFd, entry: u64, cr3: u64) -> Result<(), Error> {
 mod tests {
     use super::*;
     use crate::workload_image::WORKLOAD_ELF;
+
+    /// Found by the kernel_loader fuzz target: a program-header offset
+    /// near `usize::MAX` overflowed `phoff + i * phentsize` (and the field
+    /// offsets after it) instead of being refused as truncated.
+    #[test]
+    fn image_end_refuses_headers_pointing_past_the_address_space() {
+        let mut elf = vec![0u8; 64];
+        elf[..5].copy_from_slice(b"\x7fELF\x02");
+        for phoff in [u64::MAX, u64::MAX - 3, u64::MAX - 0x20] {
+            elf[0x20..0x28].copy_from_slice(&phoff.to_le_bytes());
+            elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+            elf[0x38..0x3a].copy_from_slice(&2u16.to_le_bytes());
+            assert!(
+                matches!(
+                    image_end(&elf),
+                    Err(Error::BadElf("truncated program header"))
+                ),
+                "phoff {phoff:#x}"
+            );
+        }
+        // A PT_LOAD whose fields would lie past usize::MAX.
+        let phoff = (usize::MAX - 0x1f) as u64;
+        elf[0x20..0x28].copy_from_slice(&phoff.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        assert!(image_end(&elf).is_err());
+        // Huge phentsize * phnum.
+        elf[0x20..0x28].copy_from_slice(&0x40u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&u16::MAX.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(image_end(&elf).is_err());
+    }
 
     #[test]
     fn sregs_are_cpl3_long_mode() {

@@ -506,11 +506,16 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
-        let cfg: Config = toml::from_str(&text).map_err(|e| Error::Parse {
+        Self::from_toml(&text, path)
+    }
+
+    /// Parses the TOML text of a config file (`path` names it in errors);
+    /// like [`Config::from_file`], does not validate.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Config, Error> {
+        toml::from_str(text).map_err(|e| Error::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
-        })?;
-        Ok(cfg)
+        })
     }
 
     /// Checks everything that can be checked before starting: names, sizes,

@@ -517,6 +517,21 @@ mod tests {
         }
     }
 
+    /// Found by the workload_mailbox fuzz target: page counts whose sum
+    /// overflows u64 panicked in `total_pages` (debug builds) instead of
+    /// being refused as more pages than the data areas hold.
+    #[test]
+    fn page_counts_that_overflow_are_too_many_pages() {
+        let mut p = params(10, 10, 0, 0, 0);
+        p.shared_pages = u64::MAX;
+        p.private_pages = 2;
+        assert_eq!(p.total_pages(), u64::MAX);
+        assert!(matches!(
+            DataLayout::new(&p),
+            Err(ParamsError::TooManyPages { .. })
+        ));
+    }
+
     #[test]
     fn full_blocks_have_exact_fractions() {
         let p = params(3000, 2000, 100, 50, 0);

@@ -211,9 +211,11 @@ impl WorkloadParams {
         placement_seed: 0,
     };
 
-    /// Logical pages the workload holds (shared + private).
+    /// Logical pages the workload holds (shared + private; saturating, so
+    /// that parameters whose sum overflows fail `DataLayout::new` as too
+    /// many pages instead of panicking).
     pub const fn total_pages(&self) -> u64 {
-        self.shared_pages + self.private_pages
+        self.shared_pages.saturating_add(self.private_pages)
     }
 
     /// The program's (slot, opcode, arg) up to the first `phase::END`.

@@ -156,10 +156,14 @@ pub fn load_linux(mem: &GuestMemoryMmap, cfg: &LinuxBootConfig) -> Result<LinuxB
     let initrd_addr_max = hdr.map_or(DEFAULT_INITRD_ADDR_MAX, |h| u64::from(h.initrd_addr_max));
     // Keep the initrd clear of the kernel and, for a bzImage, of the
     // area its decompressor works in (init_size from the load address).
+    // Both come from the image: a pref_address near 2^64 leaves no room
+    // for an initrd rather than overflowing.
     let kernel_reserve_end = match hdr {
-        Some(h) => kernel
-            .end
-            .max({ h.pref_address }.max(layout::HIMEM_START) + u64::from(h.init_size)),
+        Some(h) => kernel.end.max(
+            { h.pref_address }
+                .max(layout::HIMEM_START)
+                .saturating_add(u64::from(h.init_size)),
+        ),
         None => kernel.end,
     };
     let initrd = match &cfg.initrd {

@@ -64,6 +64,31 @@ fn mem(size: u64) -> GuestMemoryMmap {
     GuestMemoryMmap::from_ranges(&[(GuestAddress(0), size as usize)]).unwrap()
 }
 
+/// Found by the kernel_loader fuzz target: a bzImage whose header puts
+/// `pref_address + init_size` past 2^64 overflowed while reserving the
+/// decompressor's area; it must only leave no room for the initrd.
+#[test]
+fn bzimage_with_pref_address_near_the_top_is_refused_not_a_panic() {
+    let k = synthetic_bzimage();
+    let mut img = std::fs::read(k.as_path()).unwrap();
+    img[0x258..0x260].copy_from_slice(&(u64::MAX - 0x1000).to_le_bytes()); // pref_address
+    std::fs::write(k.as_path(), &img).unwrap();
+    let initrd = TempFile::new().unwrap();
+    std::fs::write(initrd.as_path(), b"initrd").unwrap();
+    let m = mem(64 * MIB);
+    let e = load_linux(
+        &m,
+        &config(k.as_path(), Some(initrd.as_path().to_path_buf()), 64 * MIB),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, Error::Initrd(initrd::Error::NoRoom { .. })),
+        "{e}"
+    );
+    // Without an initrd there is nothing to place: it loads.
+    load_linux(&m, &config(k.as_path(), None, 64 * MIB)).unwrap();
+}
+
 #[test]
 fn synthetic_bzimage_loads() {
     let k = synthetic_bzimage();
