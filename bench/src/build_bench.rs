@@ -30,9 +30,10 @@ use crate::region::PAGE;
 use crate::system::KSM_DEFAULT_KNOBS;
 
 /// Names accepted by [`select_build_systems`], in run order.
-pub const BUILD_SYSTEM_NAMES: [&str; 5] = [
+pub const BUILD_SYSTEM_NAMES: [&str; 6] = [
     "off",
     "pagefold-on",
+    "pagefold-on-nohints",
     "pagefold-auto",
     "ksm-default",
     "ksm-10000",
@@ -53,6 +54,8 @@ pub enum BuildSystem {
     Off,
     /// pagefold's engine at its defaults, on from the start.
     PagefoldOn,
+    /// The same without I/O hints (virtio-blk reads not fed to the engine).
+    PagefoldOnNoHints,
     /// pagefold's engine with the auto controller on a scripted memory
     /// source, which crosses the threshold during the build.
     PagefoldAuto,
@@ -65,6 +68,7 @@ impl BuildSystem {
         match self {
             Self::Off => "off",
             Self::PagefoldOn => "pagefold-on",
+            Self::PagefoldOnNoHints => "pagefold-on-nohints",
             Self::PagefoldAuto => "pagefold-auto",
             Self::Ksm(n, _) => n,
         }
@@ -89,6 +93,7 @@ pub fn select_build_systems(names: &[String]) -> Result<Vec<BuildSystem>, BenchE
     Ok([
         BuildSystem::Off,
         BuildSystem::PagefoldOn,
+        BuildSystem::PagefoldOnNoHints,
         BuildSystem::PagefoldAuto,
         BuildSystem::Ksm("ksm-default", KSM_DEFAULT_KNOBS),
         BuildSystem::Ksm("ksm-10000", KSM_10000_KNOBS),
@@ -481,10 +486,14 @@ fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
     };
     match s {
         BuildSystem::Off => Ok((None, None)),
-        BuildSystem::PagefoldOn | BuildSystem::PagefoldAuto => {
-            let engine = Engine::new(EngineConfig::default())
-                .map_err(pagefold_dedup::Error::from)
-                .map_err(e)?;
+        BuildSystem::PagefoldOn | BuildSystem::PagefoldOnNoHints | BuildSystem::PagefoldAuto => {
+            // The engine as the VMM runs it (KSM assist auto, I/O hints).
+            let engine = Engine::new(EngineConfig {
+                io_hints: s != BuildSystem::PagefoldOnNoHints,
+                ..EngineConfig::vmm_default()
+            })
+            .map_err(pagefold_dedup::Error::from)
+            .map_err(e)?;
             let mut handle = None;
             if s == BuildSystem::PagefoldAuto {
                 let src = ScriptedSource::new(ScriptedSource::sample(TOTAL, FREE_BEFORE));
