@@ -78,6 +78,8 @@ pub struct DemoArgs {
     pub json: Option<PathBuf>,
     #[command(flatten)]
     pub api: client::ApiServeArgs,
+    #[command(flatten)]
+    pub seccomp: client::SeccompArgs,
 }
 
 #[derive(Args, Debug)]
@@ -116,6 +118,8 @@ pub struct RunArgs {
     pub json: Option<PathBuf>,
     #[command(flatten)]
     pub api: client::ApiServeArgs,
+    #[command(flatten)]
+    pub seccomp: client::SeccompArgs,
 }
 
 /// The built-in workload guest (used when no --kernel is given).
@@ -319,6 +323,7 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
             Config {
                 dedup: DedupConfig::default(),
                 stdin: None,
+                seccomp: None,
                 vms: vec![VmConfig {
                     name: a.name.clone().unwrap_or_else(|| "vm0".to_string()),
                     vcpus: a.vcpus.unwrap_or(1),
@@ -364,6 +369,9 @@ fn run_vms(
     status_after: Option<std::time::Duration>,
 ) -> Result<i32, Error> {
     cfg.validate(pagefold_vmm::memory::host_mem_total())?;
+    // Before any thread starts: the engine and API threads filter
+    // themselves as they start.
+    pagefold_vmm::seccomp::configure(cfg.seccomp_enabled())?;
     let dedup =
         pagefold_vmm::dedup::create(&cfg, false).map_err(|e| Error::Dedup(e.to_string()))?;
     let mut runner = Runner::with_dedup(dedup, cfg.vms.len() > 1)?;
@@ -393,6 +401,9 @@ fn run_vms(
             let _ = write_out_or_drop("\n");
         });
     }
+    // Set-up is done: from here the main thread only runs the event loop
+    // (and what the API asks of it).
+    pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::Main)?;
     let mut last = std::time::Instant::now();
     let report = runner.run(|r| {
         // Long runs show progress: the dedup figures once a second.
@@ -419,7 +430,9 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
     match cli.cmd {
         Command::Run(a) => {
             let json = a.json.clone();
-            run_vms(run_config(&a)?, json, &a.api, None)
+            let mut cfg = run_config(&a)?;
+            a.seccomp.apply(&mut cfg);
+            run_vms(cfg, json, &a.api, None)
         }
         Command::Demo(a) => {
             let json = a.json.clone();
@@ -429,12 +442,9 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
                     std::env::temp_dir().join(format!("pagefold-demo-{}.sock", std::process::id())),
                 );
             }
-            run_vms(
-                demo_config(&a)?,
-                json,
-                &api,
-                Some(std::time::Duration::from_secs(4)),
-            )
+            let mut cfg = demo_config(&a)?;
+            a.seccomp.apply(&mut cfg);
+            run_vms(cfg, json, &api, Some(std::time::Duration::from_secs(4)))
         }
         Command::Serve(a) => client::serve(a),
         Command::Status(a) => client::status(a),
@@ -556,6 +566,7 @@ mod tests {
             memory: "256M".into(),
             json: None,
             api: Default::default(),
+            seccomp: Default::default(),
         })
         .unwrap();
         c.validate(None).unwrap();

@@ -107,6 +107,8 @@ pub struct ServeArgs {
     pub dedup: Option<String>,
     #[command(flatten)]
     pub api: ApiServeArgs,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
 }
 
 /// Starts the API server for `runner`, if asked to (always for `serve`).
@@ -138,12 +140,32 @@ pub fn start_api(runner: &Runner, a: &ApiServeArgs, daemon: bool) -> Result<Opti
     Ok(Some(server))
 }
 
+/// Seccomp: on unless turned off here or in the config.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SeccompArgs {
+    /// Run without the per-thread seccomp filters (debugging; also
+    /// `seccomp = false` in the config). See docs/architecture.md.
+    #[arg(long)]
+    pub no_seccomp: bool,
+}
+
+impl SeccompArgs {
+    /// Applies the flag to `cfg`.
+    pub fn apply(&self, cfg: &mut Config) {
+        if self.no_seccomp {
+            cfg.seccomp = Some(false);
+        }
+    }
+}
+
 /// `pagefold serve`: a daemon that runs VMs until SIGTERM or an API shutdown.
 pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     let mut cfg = match &a.config {
         Some(p) => Config::from_file(p)?,
         None => Config::default(),
     };
+    a.seccomp.apply(&mut cfg);
+    pagefold_vmm::seccomp::configure(cfg.seccomp_enabled())?;
     if let Some(m) = &a.dedup {
         cfg.dedup.mode = m
             .parse()
@@ -163,6 +185,7 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     runner.keep_alive = true;
     let api = start_api(&runner, &a.api, true)?;
     runner.start_all(&cfg)?;
+    pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::Main)?;
     let report = runner.run(|_| {})?;
     drop(api);
     drop(runner);

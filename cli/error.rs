@@ -16,6 +16,8 @@ pub enum Error {
     Dedup(String),
     #[error("{0}")]
     Io(String),
+    #[error(transparent)]
+    Seccomp(#[from] pagefold_vmm::seccomp::Error),
     /// Stdout is a pipe whose reader went away (`| head -1`): the command
     /// ends quietly with exit status 0.
     #[error("standard output closed")]

@@ -142,14 +142,38 @@ impl Server {
             open: Arc::new(OpenConns::default()),
             stop: stop_rx,
         };
+        // The thread installs its seccomp filter first and says whether
+        // that worked before it serves anything.
+        let (filtered_tx, filtered_rx) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new()
             .name("pagefold-api".into())
             .spawn(move || {
+                let r = pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::Api);
+                let ok = r.is_ok();
+                let _ = filtered_tx.send(r);
+                if !ok {
+                    return;
+                }
                 rt.block_on(serve(unix, tcp, ctx));
                 // Calls still waiting on the VMM are abandoned, not awaited.
                 rt.shutdown_timeout(Duration::from_millis(200));
             })
             .map_err(setup("spawning the API thread"))?;
+        match filtered_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(setup("seccomp filter of the API thread")(
+                    std::io::Error::other(e.to_string()),
+                ));
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(setup("seccomp filter of the API thread")(
+                    std::io::Error::other("the API thread ended"),
+                ));
+            }
+        }
         Ok(Server {
             stop: Some(stop_tx),
             thread: Some(thread),

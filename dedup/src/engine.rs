@@ -75,6 +75,26 @@ pub const DEFAULT_KNOBS: Knobs = Knobs {
     max_page_sharing: 256,
 };
 
+/// The engine's threads, as named to a [`ThreadInit`] hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineThread {
+    /// `pagefold-scan`: scanning, merging, KSM assist, auto mode.
+    Scanner,
+    /// `pagefold-uffd`: the userfaultfd write-protect fault handler.
+    FaultHandler,
+}
+
+/// A hook each engine thread runs first, on itself (the VMM installs its
+/// seccomp filters there; the engine knows nothing about them).
+#[derive(Clone)]
+pub struct ThreadInit(pub Arc<dyn Fn(EngineThread) + Send + Sync>);
+
+impl std::fmt::Debug for ThreadInit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ThreadInit(..)")
+    }
+}
+
 /// Engine construction parameters.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -96,6 +116,8 @@ pub struct EngineConfig {
     /// Use I/O hints (`DedupBackend::hint`); off, they are counted and
     /// ignored (the benchmark's no-hints baseline).
     pub io_hints: bool,
+    /// Run by each engine thread before anything else.
+    pub thread_init: Option<ThreadInit>,
 }
 
 impl EngineConfig {
@@ -125,6 +147,7 @@ impl Default for EngineConfig {
             hash_override: None,
             assist: AssistConfig::default(),
             io_hints: true,
+            thread_init: None,
         }
     }
 }
@@ -257,10 +280,14 @@ impl Engine {
         let mut threads = Vec::new();
         {
             let sh = shared.clone();
+            let init = cfg.thread_init.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name("pagefold-uffd".into())
                     .spawn(move || {
+                        if let Some(f) = init {
+                            (f.0)(EngineThread::FaultHandler);
+                        }
                         lock(&sh.clocks).enter();
                         fault::run(uffd, prot, sh.stop.clone(), sh.faults.clone());
                         lock(&sh.clocks).leave();
@@ -270,9 +297,15 @@ impl Engine {
         }
         {
             let sh = shared.clone();
+            let init = cfg.thread_init.clone();
             let t = std::thread::Builder::new()
                 .name("pagefold-scan".into())
-                .spawn(move || scanner_loop(&sh));
+                .spawn(move || {
+                    if let Some(f) = init {
+                        (f.0)(EngineThread::Scanner);
+                    }
+                    scanner_loop(&sh)
+                });
             match t {
                 Ok(t) => threads.push(t),
                 Err(e) => {

@@ -27,7 +27,7 @@ pub mod uffd;
 
 pub use assist::{AssistConfig, AssistMode};
 pub use backend::{DedupBackend, Error, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
-pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
+pub use engine::{Engine, EngineConfig, EngineError, EngineThread, ThreadInit, DEFAULT_KNOBS};
 pub use policy::{RoundPlan, RoundPolicy};
 pub mod auto;
 pub mod ksm;

@@ -494,12 +494,21 @@ pub struct Config {
     /// first VM that boots a kernel).
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Per-thread seccomp filters (default on; `seccomp = false` or
+    /// `--no-seccomp` turns them off; see docs/architecture.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp: Option<bool>,
 }
 
 /// Maximum vCPUs per VM.
 pub const MAX_VCPUS: u8 = 64;
 
 impl Config {
+    /// Whether seccomp filters are on (the default).
+    pub fn seccomp_enabled(&self) -> bool {
+        self.seccomp.unwrap_or(true)
+    }
+
     /// Reads and validates a TOML config file.
     pub fn from_file(path: &Path) -> Result<Config, Error> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Read {

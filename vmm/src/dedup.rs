@@ -48,6 +48,26 @@ pub fn auto_config(d: &DedupConfig) -> Result<AutoConfig, Error> {
     Ok(a)
 }
 
+/// The engine threads' start hook: their seccomp filters, when filters
+/// are on. A thread that cannot install its filter ends the process (it
+/// must not run unfiltered, and has nobody to report to).
+fn engine_thread_init() -> Option<pagefold_dedup::ThreadInit> {
+    use crate::seccomp::{self, ThreadKind};
+    if !seccomp::enabled() {
+        return None;
+    }
+    Some(pagefold_dedup::ThreadInit(Arc::new(|t| {
+        let kind = match t {
+            pagefold_dedup::EngineThread::Scanner => ThreadKind::Engine,
+            pagefold_dedup::EngineThread::FaultHandler => ThreadKind::Fault,
+        };
+        if let Err(e) = seccomp::install(kind) {
+            eprintln!("pagefold: error: {e}");
+            std::process::exit(3);
+        }
+    })))
+}
+
 /// Creates the backend for `cfg`. Without any VM that wants dedup, and
 /// unless `always` (the API may switch dedup on later), there is none.
 pub fn create(cfg: &Config, always: bool) -> Result<Option<Dedup>, Error> {
@@ -88,6 +108,7 @@ pub fn create_backend_with_source(
                     ..Default::default()
                 },
                 io_hints: d.io_hints,
+                thread_init: engine_thread_init(),
                 ..EngineConfig::default()
             })
             .map_err(|e| backend_err("pagefold", e))?;

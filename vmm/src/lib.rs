@@ -9,6 +9,7 @@ pub mod linux;
 pub mod linux_vm;
 pub mod memory;
 pub mod runner;
+pub mod seccomp;
 pub mod signals;
 pub mod state;
 pub mod stdin;

@@ -388,6 +388,7 @@ impl Runner {
                     dedup: Default::default(),
                     vms: vec![(*vc).clone()],
                     stdin: None,
+                    seccomp: None,
                 };
                 let host = crate::memory::host_mem_total();
                 cfg.validate(host).map_err(|e| match e {

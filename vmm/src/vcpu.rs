@@ -212,6 +212,13 @@ pub fn spawn(name: String, vcpu: VcpuFd, ctx: ExitContext) -> Result<JoinHandle<
     shared.vcpu_started();
     let r = std::thread::Builder::new().name(name).spawn(move || {
         let shared = ctx.shared.clone();
+        if let Err(e) = crate::seccomp::install(crate::seccomp::ThreadKind::Vcpu) {
+            shared.request_stop(Outcome::VmmError {
+                message: e.to_string(),
+            });
+            shared.vcpu_exited();
+            return;
+        }
         // Nothing below should panic, but if it does, the VM must still stop
         // and the process must learn about it.
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_loop(vcpu, ctx)));

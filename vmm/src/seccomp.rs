@@ -1,0 +1,645 @@
+//! Per-thread seccomp filters (seccompiler, Firecracker's compiler).
+//!
+//! Each kind of thread installs its own allow-list once its set-up is done
+//! ([`install`]): vCPU threads, the API server thread, the dedup engine's
+//! scanner and userfaultfd handler, and the main (event loop) thread. A
+//! syscall outside the list traps (`SECCOMP_RET_TRAP`): the SIGSYS handler
+//! writes `pagefold: seccomp: thread <name> made forbidden syscall <nr>
+//! (<syscall>)` to stderr and ends the **whole process** with exit status
+//! [`EXIT_CODE`] (128 + SIGSYS). Killing only the thread would leave its VM
+//! or the engine in an undefined state (a lock held forever, a vCPU that
+//! never reports its exit), so the process goes, and says why.
+//!
+//! Filters stack: a thread spawned by a filtered thread (a vCPU of a VM
+//! created through the API after the main thread's filter is in place, the
+//! API's blocking-call threads) inherits its parent's filter and adds its
+//! own, so the main filter allows everything the others need.
+//!
+//! The process-wide switch ([`configure`]) is set once by the CLI before any
+//! thread starts; the library default is off (unit tests, benchmarks).
+//! Debugging: `--no-seccomp` (or `seccomp = false` in the config) turns the
+//! filters off; `PAGEFOLD_SECCOMP_LOG=<file>` keeps them on but makes a
+//! forbidden syscall fail with `ENOSYS` after logging it to `<file>` (and
+//! stderr) instead of ending the process, to collect what is missing.
+//! `PAGEFOLD_SECCOMP_SELFTEST=vcpu|api|engine|fault|main` (tests) makes that
+//! thread issue a forbidden syscall right after installing its filter.
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::fd::IntoRawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+/// Errors building or installing a filter.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("seccomp: building the {thread} filter: {source}")]
+    Build {
+        thread: &'static str,
+        source: seccompiler::BackendError,
+    },
+    #[error("seccomp: installing the {thread} filter: {source}")]
+    Install {
+        thread: &'static str,
+        source: seccompiler::Error,
+    },
+    #[error("seccomp: installing the SIGSYS handler: {0}")]
+    Handler(std::io::Error),
+    #[error("seccomp: opening the log file {path}: {source}")]
+    Log {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Exit status of a process that made a forbidden syscall: 128 + SIGSYS,
+/// as a shell reports a process killed by SIGSYS.
+pub const EXIT_CODE: i32 = 128 + libc::SIGSYS;
+
+/// The kinds of threads with a filter of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadKind {
+    /// `KVM_RUN` and exit dispatch (devices run here).
+    Vcpu,
+    /// The HTTP API server (tokio) and its blocking-call threads.
+    Api,
+    /// The dedup engine's scanner (scans, merges, KSM assist, auto mode).
+    Engine,
+    /// The dedup engine's userfaultfd handler.
+    Fault,
+    /// The main thread's event loop (VM creation and teardown included).
+    Main,
+}
+
+impl ThreadKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ThreadKind::Vcpu => "vcpu",
+            ThreadKind::Api => "api",
+            ThreadKind::Engine => "engine",
+            ThreadKind::Fault => "fault",
+            ThreadKind::Main => "main",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<ThreadKind> {
+        [
+            ThreadKind::Vcpu,
+            ThreadKind::Api,
+            ThreadKind::Engine,
+            ThreadKind::Fault,
+            ThreadKind::Main,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
+    }
+
+    fn id(self) -> u8 {
+        self as u8 + 1
+    }
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The log file's fd in log mode, -1 otherwise.
+static LOG_FD: AtomicI32 = AtomicI32::new(-1);
+/// `ThreadKind::id()` of the self-test thread, 0 for none.
+static SELFTEST: AtomicU8 = AtomicU8::new(0);
+
+thread_local! {
+    /// The filtered thread's name, for the SIGSYS handler (no allocation
+    /// there: a fixed buffer, NUL-padded).
+    static THREAD_NAME: Cell<[u8; 32]> = const { Cell::new([0; 32]) };
+}
+
+/// Turns the filters on or off for the whole process (before any thread
+/// starts) and installs the SIGSYS handler. Reads `PAGEFOLD_SECCOMP_LOG`
+/// and `PAGEFOLD_SECCOMP_SELFTEST`.
+pub fn configure(enabled: bool) -> Result<(), Error> {
+    ENABLED.store(enabled, Ordering::SeqCst);
+    if !enabled {
+        return Ok(());
+    }
+    if let Some(path) = std::env::var_os("PAGEFOLD_SECCOMP_LOG").filter(|p| !p.is_empty()) {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|source| Error::Log {
+                path: path.to_string_lossy().into_owned(),
+                source,
+            })?;
+        LOG_FD.store(f.into_raw_fd(), Ordering::SeqCst);
+    }
+    if let Some(k) = std::env::var("PAGEFOLD_SECCOMP_SELFTEST")
+        .ok()
+        .as_deref()
+        .and_then(ThreadKind::from_name)
+    {
+        SELFTEST.store(k.id(), Ordering::SeqCst);
+    }
+    install_handler()
+}
+
+/// Whether filters are on.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::SeqCst)
+}
+
+/// Installs `kind`'s filter on the calling thread (no-op when filters are
+/// off), then runs the self-test if it names `kind`.
+pub fn install(kind: ThreadKind) -> Result<(), Error> {
+    if !enabled() {
+        return Ok(());
+    }
+    let prog = program(kind)?;
+    let name = std::thread::current()
+        .name()
+        .map(str::to_string)
+        .unwrap_or_else(|| kind.name().to_string());
+    let mut buf = [0u8; 32];
+    let n = name.len().min(31);
+    buf[..n].copy_from_slice(&name.as_bytes()[..n]);
+    THREAD_NAME.with(|c| c.set(buf));
+    seccompiler::apply_filter(&prog).map_err(|source| Error::Install {
+        thread: kind.name(),
+        source,
+    })?;
+    if SELFTEST.load(Ordering::SeqCst) == kind.id() {
+        selftest(kind);
+    }
+    Ok(())
+}
+
+/// Makes a syscall `kind`'s filter forbids: `socket` on a vCPU thread,
+/// `ptrace` elsewhere (both harmless were they allowed).
+fn selftest(kind: ThreadKind) {
+    let _ = std::io::stderr().write_all(
+        format!(
+            "pagefold: seccomp self-test: forbidden syscall on the {} thread\n",
+            kind.name()
+        )
+        .as_bytes(),
+    );
+    if kind == ThreadKind::Vcpu {
+        // SAFETY: socket() takes no pointers; a returned fd is closed.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        if fd >= 0 {
+            // SAFETY: we own fd.
+            unsafe { libc::close(fd) };
+        }
+    } else {
+        // SAFETY: PTRACE_PEEKDATA of pid 0 reads nothing (ESRCH).
+        unsafe { libc::ptrace(libc::PTRACE_PEEKDATA, 0, 0usize, 0usize) };
+    }
+}
+
+/// SIGSYS handler: say which thread made which syscall, then end the
+/// process (or, in log mode, make the syscall fail with ENOSYS).
+extern "C" fn sigsys_handler(_: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // siginfo_t's _sigsys member: { void *call_addr; int syscall; u32 arch }
+    // right after the three-int header and its padding (offset 16).
+    // SAFETY: the kernel passes a valid siginfo_t for SIGSYS (SA_SIGINFO).
+    let nr = unsafe { *(info as *const u8).add(24).cast::<i32>() };
+    let name = THREAD_NAME.with(|c| c.get());
+    let name_len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    let log_fd = LOG_FD.load(Ordering::Relaxed);
+    let mut buf = [0u8; 160];
+    let mut w = Buf {
+        buf: &mut buf,
+        len: 0,
+    };
+    w.put(b"pagefold: seccomp: thread ");
+    w.put(if name_len == 0 {
+        b"?"
+    } else {
+        &name[..name_len]
+    });
+    w.put(b" made forbidden syscall ");
+    w.num(nr);
+    if let Some(s) = syscall_name(nr) {
+        w.put(b" (");
+        w.put(s.as_bytes());
+        w.put(b")");
+    }
+    if log_fd >= 0 {
+        w.put(b"; log mode: it fails with ENOSYS");
+    }
+    w.put(b"\n");
+    let len = w.len;
+    // SAFETY: writing our own stack buffer to stderr / the log fd.
+    unsafe { libc::write(2, buf.as_ptr().cast(), len) };
+    if log_fd >= 0 {
+        // SAFETY: as above; the log fd stays open for the process's life.
+        unsafe { libc::write(log_fd, buf.as_ptr().cast(), len) };
+        // SAFETY: ctx is the ucontext_t of the trapped syscall; RAX is its
+        // return value once the handler returns.
+        unsafe {
+            let uc = ctx.cast::<libc::ucontext_t>();
+            (*uc).uc_mcontext.gregs[libc::REG_RAX as usize] = -(libc::ENOSYS as i64);
+        }
+        return;
+    }
+    // SAFETY: _exit is async-signal-safe (exit_group is in every filter).
+    unsafe { libc::_exit(EXIT_CODE) };
+}
+
+/// A fixed buffer writer (the handler must not allocate).
+struct Buf<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl Buf<'_> {
+    fn put(&mut self, s: &[u8]) {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s[..n]);
+        self.len += n;
+    }
+
+    fn num(&mut self, v: i32) {
+        let mut digits = [0u8; 12];
+        let mut i = digits.len();
+        let mut x = i64::from(v).unsigned_abs();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (x % 10) as u8;
+            x /= 10;
+            if x == 0 {
+                break;
+            }
+        }
+        if v < 0 {
+            self.put(b"-");
+        }
+        self.put(&digits[i..]);
+    }
+}
+
+fn install_handler() -> Result<(), Error> {
+    // SAFETY: a zeroed sigaction is valid; we set the handler, flags and an
+    // empty mask before passing it to sigaction.
+    let r = unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = sigsys_handler as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGSYS, &sa, std::ptr::null_mut())
+    };
+    if r != 0 {
+        return Err(Error::Handler(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Names of syscalls the message is likely to show.
+fn syscall_name(nr: i32) -> Option<&'static str> {
+    let names: &[(i64, &str)] = &[
+        (libc::SYS_socket, "socket"),
+        (libc::SYS_connect, "connect"),
+        (libc::SYS_bind, "bind"),
+        (libc::SYS_ptrace, "ptrace"),
+        (libc::SYS_execve, "execve"),
+        (libc::SYS_execveat, "execveat"),
+        (libc::SYS_fork, "fork"),
+        (libc::SYS_vfork, "vfork"),
+        (libc::SYS_openat, "openat"),
+        (libc::SYS_ioctl, "ioctl"),
+        (libc::SYS_mount, "mount"),
+        (libc::SYS_clone, "clone"),
+        (libc::SYS_clone3, "clone3"),
+        (libc::SYS_kill, "kill"),
+    ];
+    names
+        .iter()
+        .find(|(n, _)| *n == i64::from(nr))
+        .map(|(_, s)| *s)
+}
+
+/// Every thread: memory, futexes, signals, thread start and exit, time,
+/// stderr.
+const COMMON: &[i64] = &[
+    libc::SYS_futex,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_sigaltstack,
+    libc::SYS_mmap,
+    libc::SYS_munmap,
+    libc::SYS_mremap,
+    libc::SYS_mprotect,
+    libc::SYS_madvise,
+    libc::SYS_brk,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_write,
+    libc::SYS_writev,
+    libc::SYS_close,
+    libc::SYS_sched_yield,
+    libc::SYS_sched_getaffinity,
+    libc::SYS_nanosleep,
+    libc::SYS_clock_nanosleep,
+    libc::SYS_clock_gettime,
+    libc::SYS_clock_getres,
+    libc::SYS_gettimeofday,
+    libc::SYS_gettid,
+    libc::SYS_getpid,
+    libc::SYS_tgkill,
+    libc::SYS_getrandom,
+    libc::SYS_restart_syscall,
+    libc::SYS_rseq,
+    libc::SYS_set_robust_list,
+    libc::SYS_getrusage,
+];
+
+/// vCPU threads: KVM ioctls (type 0xAE only), device I/O on files opened
+/// before (disk images, serial files), eventfd writes.
+const VCPU: &[i64] = &[
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_preadv2,
+    libc::SYS_pwritev2,
+    libc::SYS_lseek,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_fcntl,
+];
+
+/// Files: open/read/stat, locks, journal renames (KSM knobs, /proc, /sys).
+const FILES: &[i64] = &[
+    libc::SYS_openat,
+    libc::SYS_open,
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_pread64,
+    libc::SYS_pwrite64,
+    libc::SYS_lseek,
+    libc::SYS_fstat,
+    libc::SYS_newfstatat,
+    libc::SYS_stat,
+    libc::SYS_lstat,
+    libc::SYS_statx,
+    libc::SYS_statfs,
+    libc::SYS_fstatfs,
+    libc::SYS_access,
+    libc::SYS_faccessat,
+    libc::SYS_faccessat2,
+    libc::SYS_readlink,
+    libc::SYS_readlinkat,
+    libc::SYS_getdents64,
+    libc::SYS_fcntl,
+    libc::SYS_flock,
+    libc::SYS_fsync,
+    libc::SYS_fdatasync,
+    libc::SYS_ftruncate,
+    libc::SYS_rename,
+    libc::SYS_renameat,
+    libc::SYS_renameat2,
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
+    libc::SYS_mkdir,
+    libc::SYS_mkdirat,
+    libc::SYS_getuid,
+    libc::SYS_geteuid,
+    libc::SYS_getgid,
+    libc::SYS_getegid,
+    libc::SYS_getppid,
+    libc::SYS_uname,
+    libc::SYS_sysinfo,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    // The KSM journal checks whether the pid that wrote it still lives
+    // (signal 0).
+    libc::SYS_kill,
+];
+
+/// The engine's scanner: files (KSM assist, journal, /proc, pagemap,
+/// kpageflags), the pool memfd, fallocate, userfaultfd ioctls (type 0xAA).
+const ENGINE: &[i64] = &[libc::SYS_memfd_create, libc::SYS_fallocate];
+
+/// The userfaultfd handler: reads and polls its uffd and stop eventfd.
+const FAULT: &[i64] = &[
+    // It opens /proc/self/pagemap once, as it starts.
+    libc::SYS_openat,
+    libc::SYS_pread64,
+    libc::SYS_lseek,
+    libc::SYS_fstat,
+    libc::SYS_statx,
+    libc::SYS_read,
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_fcntl,
+];
+
+/// The API thread: tokio's epoll loop on listeners bound before, accepted
+/// connections, eventfd wake-ups, its blocking-call threads; the backend
+/// calls it makes (KSM knobs through the journal, /proc for /system).
+const API: &[i64] = &[
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_eventfd2,
+    libc::SYS_accept,
+    libc::SYS_accept4,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_sendto,
+    libc::SYS_sendmsg,
+    libc::SYS_shutdown,
+    libc::SYS_getsockopt,
+    libc::SYS_setsockopt,
+    libc::SYS_getsockname,
+    libc::SYS_getpeername,
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_prctl,
+];
+
+/// The main thread: everything the others do plus VM creation and teardown
+/// (KVM ioctls, eventfds, threads, signals, terminal). Not: sockets,
+/// ptrace, exec, fork.
+const MAIN: &[i64] = &[
+    libc::SYS_ioctl,
+    libc::SYS_eventfd2,
+    libc::SYS_epoll_create1,
+    libc::SYS_epoll_ctl,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+    libc::SYS_epoll_pwait2,
+    libc::SYS_timerfd_create,
+    libc::SYS_timerfd_settime,
+    libc::SYS_clone,
+    libc::SYS_clone3,
+    libc::SYS_prctl,
+    libc::SYS_rt_sigaction,
+    libc::SYS_tkill,
+    libc::SYS_pipe2,
+    libc::SYS_dup,
+    libc::SYS_dup3,
+    libc::SYS_memfd_create,
+    libc::SYS_fallocate,
+    libc::SYS_preadv,
+    libc::SYS_pwritev,
+    libc::SYS_select,
+    libc::SYS_pselect6,
+    libc::SYS_sched_setaffinity,
+    libc::SYS_getcwd,
+    // vCPU threads of VMs created through the API start under this filter
+    // and add their own (filters only ever narrow).
+    libc::SYS_seccomp,
+];
+
+/// `ioctl` restricted to one ioctl type (bits 8-15 of the request).
+fn ioctl_type(t: u64) -> Vec<SeccompRule> {
+    let cond = SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(0xff00),
+        t << 8,
+    )
+    .expect("valid condition");
+    vec![SeccompRule::new(vec![cond]).expect("non-empty rule")]
+}
+
+/// `ioctl` restricted to these requests.
+fn ioctl_requests(reqs: &[u64]) -> Vec<SeccompRule> {
+    reqs.iter()
+        .map(|&r| {
+            let c = SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, r)
+                .expect("valid condition");
+            SeccompRule::new(vec![c]).expect("non-empty rule")
+        })
+        .collect()
+}
+
+/// KVM's ioctl type.
+const KVMIO: u64 = 0xAE;
+/// userfaultfd's ioctl type.
+const UFFDIO: u64 = 0xAA;
+
+/// The allow-list of `kind`: syscall number -> rules (empty = always).
+pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
+    let mut m: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let mut add = |list: &[i64]| {
+        for &nr in list {
+            m.insert(nr, vec![]);
+        }
+    };
+    add(COMMON);
+    match kind {
+        ThreadKind::Vcpu => add(VCPU),
+        ThreadKind::Api => {
+            add(FILES);
+            add(API);
+        }
+        ThreadKind::Engine => {
+            add(FILES);
+            add(ENGINE);
+        }
+        ThreadKind::Fault => add(FAULT),
+        ThreadKind::Main => {
+            add(FILES);
+            add(ENGINE);
+            add(FAULT);
+            add(API);
+            add(VCPU);
+            add(MAIN);
+        }
+    }
+    match kind {
+        ThreadKind::Vcpu => {
+            m.insert(libc::SYS_ioctl, ioctl_type(KVMIO));
+        }
+        ThreadKind::Engine | ThreadKind::Fault => {
+            m.insert(libc::SYS_ioctl, ioctl_type(UFFDIO));
+        }
+        ThreadKind::Api => {
+            m.insert(
+                libc::SYS_ioctl,
+                ioctl_requests(&[libc::FIONBIO, libc::FIOCLEX, libc::TCGETS]),
+            );
+        }
+        ThreadKind::Main => {}
+    }
+    m
+}
+
+/// Compiles `kind`'s filter: allowed syscalls pass, anything else traps.
+pub fn program(kind: ThreadKind) -> Result<BpfProgram, Error> {
+    let build = |source| Error::Build {
+        thread: kind.name(),
+        source,
+    };
+    let filter = SeccompFilter::new(
+        rules(kind),
+        SeccompAction::Trap,
+        SeccompAction::Allow,
+        TargetArch::x86_64,
+    )
+    .map_err(build)?;
+    filter.try_into().map_err(build)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_filter_compiles() {
+        for k in [
+            ThreadKind::Vcpu,
+            ThreadKind::Api,
+            ThreadKind::Engine,
+            ThreadKind::Fault,
+            ThreadKind::Main,
+        ] {
+            let p = program(k).unwrap();
+            assert!(!p.is_empty());
+            assert_eq!(ThreadKind::from_name(k.name()), Some(k));
+        }
+    }
+
+    #[test]
+    fn main_allows_what_the_others_need() {
+        // Threads spawned after the main filter inherit it.
+        let main = rules(ThreadKind::Main);
+        for k in [ThreadKind::Vcpu, ThreadKind::Api, ThreadKind::Engine] {
+            for nr in rules(k).keys() {
+                assert!(main.contains_key(nr), "{k:?}: {nr}");
+                assert!(main[nr].is_empty(), "{k:?}: {nr} conditional in main");
+            }
+        }
+        assert!(!main.contains_key(&libc::SYS_socket));
+        assert!(!main.contains_key(&libc::SYS_ptrace));
+        assert!(!rules(ThreadKind::Vcpu).contains_key(&libc::SYS_openat));
+    }
+
+    #[test]
+    fn message_numbers() {
+        let mut b = [0u8; 16];
+        let mut w = Buf {
+            buf: &mut b,
+            len: 0,
+        };
+        w.num(41);
+        w.put(b" ");
+        w.num(-7);
+        w.put(b" ");
+        w.num(0);
+        let len = w.len;
+        assert_eq!(&b[..len], b"41 -7 0");
+    }
+}
