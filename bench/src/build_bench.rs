@@ -553,6 +553,8 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
         dedup: Default::default(),
         vms: build_configs(image, &opts.tree),
         stdin: None,
+        // Benchmarks run their VMs in-process without the VMM's filters.
+        seccomp: Some(false),
     };
     let mut runner = match Runner::new(backend.clone(), true) {
         Ok(r) => r,
