@@ -1382,6 +1382,16 @@ impl Core {
             .unstable_partner(ri, p, h, group, page)
             .or_else(|| self.hinted_partner(ri, p, h, group, page));
         let (cr, cp) = self.locate(found?)?;
+        if cr == ri && cp > p {
+            // The partner lies ahead in this region: it may be visited later
+            // in this very span (hinted pages are visited out of cursor
+            // order), where its provisional MERGED state would meet a
+            // pagemap entry read before the merge and be taken for a
+            // copy-on-write break (its pool reference dropped twice: the
+            // soak's mapper-count underflow). It pairs with this page when
+            // its own visit comes.
+            return None;
+        }
         let hint = prev
             .map(|x| x.wrapping_add(1))
             .filter(|&x| self.pool.is_free(x))
@@ -1533,6 +1543,12 @@ impl Core {
     /// and every page the engine believes merged is either not present or
     /// maps the pool (file bit); returns a description of the first problem.
     pub fn check_consistency(&self) -> Result<(), String> {
+        if self.pool.underflows > 0 {
+            return Err(format!(
+                "{} pool mapper-count underflows",
+                self.pool.underflows
+            ));
+        }
         let mut count: HashMap<u32, u32> = HashMap::new();
         for r in &self.regions {
             let mut e = vec![Entry(0); r.npages];

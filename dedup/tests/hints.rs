@@ -99,3 +99,58 @@ fn hints_outside_regions_or_while_off_are_harmless() {
     assert_eq!(e.stats().merges, 0);
     e.shutdown();
 }
+
+/// A hinted page pairs, later in the same pass, with a page *before* it in
+/// the region: the regular span plans both, and must not take the hinted
+/// page's provisional merge for a copy-on-write break when it reaches it
+/// (that dropped its pool reference twice: the soak's mapper-count
+/// underflow at VM deletion).
+#[test]
+fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
+    use pagefold_dedup::fault::ProtState;
+    use pagefold_dedup::pool::Pool;
+    use pagefold_dedup::scanner::{Core, Hint, DEFAULT_STRIPE};
+    use pagefold_dedup::uffd::Uffd;
+    use std::sync::{Arc, Mutex};
+
+    let m = Mem::new(256);
+    for i in 0..256 {
+        m.fill(i, 5000 + i as u64);
+    }
+    m.fill(10, 42);
+    m.fill(100, 42);
+    let mut core = Core::new(
+        Pool::new(1 << 30).unwrap(),
+        Arc::new(Uffd::new().unwrap()),
+        Arc::new(Mutex::new(ProtState::default())),
+        Knobs {
+            pages_to_scan: 1 << 20,
+            sleep_millisecs: 0,
+            max_page_sharing: 256,
+        },
+        pagefold_dedup::hash::xxh3,
+        true,
+        DEFAULT_STRIPE,
+    )
+    .unwrap();
+    core.register(m.addr, 256 * PS, "a".into(), "g".into())
+        .unwrap();
+    // Pass 1 hashes everything (no page is a candidate yet).
+    assert!(core.run_batch(1 << 20, true).pass_completed);
+    // A device refills page 100 (same content): hinted first, no partner
+    // in this pass's index yet.
+    let mut hints = vec![Hint {
+        addr: m.addr + 100 * PS,
+        len: PS,
+        at: Instant::now(),
+    }];
+    core.run_hints(&mut hints, 1 << 20);
+    // Pass 2: page 10 finds page 100 in the index.
+    assert!(core.run_batch(1 << 20, true).pass_completed);
+    assert!(core.run_batch(1 << 20, true).pass_completed);
+    core.check_consistency().unwrap();
+    let pm = Pagemap::open().unwrap();
+    assert_eq!(m.pfn(&pm, 10), m.pfn(&pm, 100), "the pair never merged");
+    core.unregister(core.regions[0].id, true).unwrap();
+    core.check_consistency().unwrap();
+}
