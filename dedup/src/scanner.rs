@@ -430,7 +430,10 @@ impl Core {
                 .checked_sub(1)?;
             let r = &regions[ri];
             let p = (gid - r.gid_base) as usize;
-            (p < r.npages && region::kind(r.state[p]) == HASHED).then_some(r.word[p])
+            // `then`, not `then_some`: the word may only be read once `p` is
+            // known to be in the region (a stale id of a removed region
+            // further on lands past the end of the region before it).
+            (p < r.npages && region::kind(r.state[p]) == HASHED).then(|| r.word[p])
         };
         self.unstable.grow(pages, key_of);
     }

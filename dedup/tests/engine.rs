@@ -376,3 +376,53 @@ fn join_without_rehash_never_merges_a_changed_page_and_rehashes_it() {
     e.check_consistency().unwrap();
     e.shutdown();
 }
+
+/// Soak finding (2026-11-30): a region registered while the unstable index
+/// still held pages of a removed region that sat after an older one made the
+/// index's grow read past the end of that older region (`then_some` evaluated
+/// the page's word before the bounds check): a panic in `register`, which
+/// took the whole VMM down when a VM was created through the API.
+#[test]
+fn register_after_removing_a_region_mid_pass() {
+    let e = Engine::new(EngineConfig {
+        knobs: Knobs {
+            pages_to_scan: 100,
+            sleep_millisecs: 60_000,
+            max_page_sharing: 256,
+        },
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let (a, b, d) = (Mem::new(16), Mem::new(64), Mem::new(1024));
+    for i in 0..16 {
+        a.fill(i, 10_000 + i as u64);
+    }
+    for i in 0..64 {
+        b.fill(i, 20_000 + i as u64);
+    }
+    for i in 0..1024 {
+        d.fill(i, 30_000 + i as u64);
+    }
+    let _ra = a.register(&e, "a", "g");
+    let rb = b.register(&e, "b", "g");
+    let _rd = d.register(&e, "d", "g");
+    // A first pass hashes every page (a page enters the unstable index on
+    // its second visit, unchanged); then one wake-up of 100 page visits:
+    // a and b go into the unstable index, the pass stops inside d and the
+    // engine sleeps for a minute.
+    e.scan_now(1);
+    let hashed = e.pages_hashed();
+    e.set_mode(Mode::On).unwrap();
+    let t = std::time::Instant::now();
+    while e.pages_hashed() < hashed + 80 {
+        assert!(t.elapsed() < Duration::from_secs(10), "no wake-up");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    e.unregister(rb).unwrap();
+    // A bigger region grows the index, rehashing b's stale entries.
+    let c = Mem::new(2048);
+    c.register(&e, "c", "g");
+    e.scan_now(2);
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
