@@ -417,6 +417,9 @@ impl Engine {
     }
 }
 
+/// Shortest sleep after a wake-up that found nothing to visit.
+const IDLE_FLOOR: Duration = Duration::from_millis(20);
+
 /// A wake-up is overdue when the scanner has not started one for its
 /// planned sleep plus this much: no batch (at most `pages_to_scan` x the
 /// auto factor pages, or one unmerge step) takes that long when the engine
@@ -542,7 +545,14 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     h.queue = hints;
                 }
                 lock(&sh.ctl).last_round_merges = rep.merges;
-                effective_sleep(sh, &knobs, mode, idle)
+                let sleep = effective_sleep(sh, &knobs, mode, idle);
+                if rep.spent == 0 {
+                    // Nothing of the engine's to visit (every region is
+                    // KSM's between censuses): no spinning at sleep 0.
+                    sleep.max(IDLE_FLOOR)
+                } else {
+                    sleep
+                }
             }
         };
         let mut c = lock(&sh.ctl);

@@ -89,6 +89,8 @@ pub struct Counters {
 pub struct BatchReport {
     pub merges: u64,
     pub pass_completed: bool,
+    /// Budget units spent: 0 when every page was KSM's (skipped).
+    pub spent: u64,
 }
 
 /// One group's merges in the current pass (drives the KSM assist).
@@ -672,6 +674,7 @@ impl Core {
         self.refresh_map_count(false);
         let before = self.counters.merges + self.counters.zero_merges;
         let mut budget = pages.saturating_mul(HASH_COST);
+        let budget0 = budget;
         if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
             self.unstable.reset(self.tracked_pages() as usize);
         }
@@ -701,6 +704,7 @@ impl Core {
             }
         }
         rep.merges = self.counters.merges + self.counters.zero_merges - before;
+        rep.spent = budget0 - budget;
         if rep.merges > 0 {
             self.idle_passes = 0;
         }
