@@ -47,6 +47,9 @@ use crate::ksm::{self, KsmSysfs};
 /// figure uses it): one per page KSM scans.
 pub const RMAP_ITEM_BYTES: u64 = 64;
 
+/// KSM's pace while converging, in multiples of the engine's.
+pub const CONVERGE_BOOST: u64 = 4;
+
 /// How long after a failed attempt the assist tries again.
 pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -292,6 +295,14 @@ impl KsmAssist {
                 .max(1)
                 .saturating_mul(1 << (e.idle_scans - 1).min(20))
                 .min(MAX_IDLE_SLEEP_MS.max(sleep_ms))
+        };
+        // While KSM still finds work (its first two scans of a handed-over
+        // group), it scans CONVERGE_BOOST times the engine's pace: its work
+        // is the same either way (two scans of the group), only sooner.
+        let pages = if e.idle_scans < 2 {
+            pages.saturating_mul(CONVERGE_BOOST)
+        } else {
+            pages
         };
         let pages = pages.clamp(1, u32::MAX as u64);
         let write = |name: &str, v: u64| {
