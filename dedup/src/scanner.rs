@@ -798,7 +798,11 @@ impl Core {
 
     fn end_pass(&mut self) {
         self.counters.passes += 1;
-        if self.assist.group().is_none() || self.assist.ksm_scanned_since_last_look() {
+        // While KSM assists, a pass counts when it took a census after KSM
+        // finished a full scan (so the figure it reports includes that scan).
+        if self.assist.group().is_none()
+            || (self.census_due && self.assist.ksm_scanned_since_last_look())
+        {
             self.counters.full_scans += 1;
         }
         // KSM merging in assisted regions is progress too: keep the pace
