@@ -11,7 +11,7 @@ use pagefold_dedup::auto::{AutoConfig, AutoController, MemorySource, ScriptedSou
 use pagefold_dedup::ksm::{
     ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmBackend, KsmOptions, KSM_SYSFS,
 };
-use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate, Mode, DEFAULT_KNOBS};
+use pagefold_dedup::{DedupBackend, Engine, KnobUpdate, Mode, DEFAULT_KNOBS};
 use serde::Serialize;
 
 use crate::error::BenchError;
@@ -62,7 +62,8 @@ fn ksm_factory(auto: bool) -> AutoFactory {
 
 fn engine_factory(auto: bool) -> AutoFactory {
     Box::new(move |src| {
-        let e = Engine::new(EngineConfig::vmm_default()).map_err(pagefold_dedup::Error::from)?;
+        let e = Engine::new(crate::system::engine_config_locked())
+            .map_err(pagefold_dedup::Error::from)?;
         if auto {
             let ctl = AutoController::new(bench_auto_config(), src, DEFAULT_KNOBS.pages_to_scan)
                 .map_err(|e| pagefold_dedup::Error::Unsupported(e.to_string()))?;

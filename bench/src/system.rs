@@ -43,10 +43,18 @@ pub const MAX_KNOBS: KnobUpdate = KnobUpdate {
 /// Names accepted by [`select_systems`], in run order.
 pub const SYSTEM_NAMES: [&str; 4] = ["ksm-default", "ksm-max", "pagefold-default", "pagefold-max"];
 
+/// The engine as the VMM runs it, inside a benchmark run that holds the
+/// KSM lock for its whole length (so the KSM assist may use KSM).
+pub fn engine_config_locked() -> EngineConfig {
+    let mut c = EngineConfig::vmm_default();
+    c.assist.lock_held = true;
+    c
+}
+
 /// pagefold's engine exactly as the VMM creates it by default.
 pub fn engine_factory() -> BackendFactory {
     Box::new(|| {
-        let e = Engine::new(EngineConfig::vmm_default()).map_err(pagefold_dedup::Error::from)?;
+        let e = Engine::new(engine_config_locked()).map_err(pagefold_dedup::Error::from)?;
         Ok(Box::new(e) as Box<dyn DedupBackend>)
     })
 }

@@ -144,6 +144,7 @@ fn main() {
         knobs,
         assist: pagefold_dedup::AssistConfig {
             mode: assist.parse().expect("PAGEFOLD_ASSIST: auto or off"),
+            lock_held: _ksm_lock.is_some(),
             ..Default::default()
         },
         ..EngineConfig::default()

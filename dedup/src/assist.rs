@@ -20,9 +20,9 @@
 //! * **One group at a time**: KSM has no notion of groups and would merge
 //!   across them, so only one group (the first that needs it) is assisted.
 //! * **One driver of KSM per host**: the engine takes the cooperative KSM
-//!   lock (`ksm::try_ksm_flock`) or runs inside a process that holds it; if
-//!   another pagefold process or test drives KSM, the assist stays off and
-//!   says why.
+//!   lock (`ksm::try_ksm_flock`), or its creator says it holds it for the
+//!   engine (`AssistConfig::lock_held`); if another pagefold process or
+//!   test drives KSM, the assist stays off and says why.
 //! * **KSM runs at the engine's pace, then idles**: `pages_to_scan` and
 //!   `sleep_millisecs` follow the engine's knobs (times the auto factor);
 //!   each KSM full scan that merges nothing more doubles the sleep, up to
@@ -106,6 +106,12 @@ pub struct AssistConfig {
     /// Merges with a known partner that the VMA budget refused in one pass
     /// that hand the group over regardless of layout.
     pub flip_deferred: u64,
+    /// The caller holds the cooperative KSM lock for the engine's whole
+    /// life (a benchmark or test that serialised itself against every other
+    /// KSM user): the assist then uses KSM without taking the lock. Without
+    /// it the assist takes the lock itself, non-blocking, and stays off if
+    /// anyone else (another process, or another test in this one) has it.
+    pub lock_held: bool,
 }
 
 impl Default for AssistConfig {
@@ -125,6 +131,7 @@ impl Default for AssistConfig {
             flip_group_den: 16,
             flip_run_pages: 8,
             flip_deferred: 64,
+            lock_held: false,
         }
     }
 }
@@ -214,7 +221,7 @@ impl KsmAssist {
                 Err("KSM already assists another group (KSM merges across groups)".into())
             };
         }
-        let lock = if ksm::held_by_this_process() {
+        let lock = if self.cfg.lock_held {
             None
         } else {
             Some(ksm::try_ksm_flock().ok_or_else(|| {

@@ -28,7 +28,7 @@ fn permutation(n: usize, mut x: u64) -> Vec<usize> {
     p
 }
 
-fn engine(assist: AssistMode) -> Engine {
+fn engine(assist: AssistMode, lock_held: bool) -> Engine {
     Engine::new(EngineConfig {
         knobs: Knobs {
             pages_to_scan: 4096,
@@ -39,6 +39,9 @@ fn engine(assist: AssistMode) -> Engine {
             mode: assist,
             flip_vmas: 256,
             flip_group_den: 0,
+            // The scattered test holds the KSM lock; the other one must
+            // find it taken.
+            lock_held,
             ..AssistConfig::default()
         },
         ..EngineConfig::default()
@@ -64,7 +67,7 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
     let root = std::path::Path::new(KSM_SYSFS);
     let before = ksm::snapshot_tunables(root);
     let (a, b, perm) = scattered_pair();
-    let e = engine(AssistMode::Auto);
+    let e = engine(AssistMode::Auto, true);
     a.register(&e, "a", "g");
     b.register(&e, "b", "g");
     let vmas0 = pagefold_dedup::mm::vma_count().unwrap();
@@ -161,7 +164,7 @@ fn assist_stays_off_while_another_process_drives_ksm() {
     // SAFETY: flock on our own descriptor.
     assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX) }, 0);
     let (a, b, _) = scattered_pair();
-    let e = engine(AssistMode::Auto);
+    let e = engine(AssistMode::Auto, false);
     a.register(&e, "a", "g");
     b.register(&e, "b", "g");
     // Smart scan meets every pair within 8 passes.

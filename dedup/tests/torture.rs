@@ -341,6 +341,7 @@ fn torture_ksm_assist() {
             mode: AssistMode::Auto,
             flip_vmas: 64,
             flip_group_den: 0,
+            lock_held: true, // this test holds ksm_exclusive()
             ..AssistConfig::default()
         },
     );

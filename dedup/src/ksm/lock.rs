@@ -16,18 +16,6 @@ pub const KSM_LOCK_PATH: &str = "/tmp/pagefold-ksm-tests.lock";
 
 static IN_PROCESS: Mutex<()> = Mutex::new(());
 
-/// How many [`KsmExclusive`] guards this process holds right now. The
-/// engine's KSM assist (see `crate::assist`) drives KSM only when it can
-/// take the lock itself or when its own process already holds it (a test or
-/// benchmark that serialised itself against other KSM users, then started
-/// the engine).
-static HELD_HERE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// True while some thread of this process holds a [`KsmExclusive`].
-pub fn held_by_this_process() -> bool {
-    HELD_HERE.load(std::sync::atomic::Ordering::SeqCst) > 0
-}
-
 /// Takes the lock file's `flock` without waiting, for a long-lived holder
 /// (the engine's KSM assist); `None` if another open file description (in
 /// practice, another process or a test in this one) holds it.
@@ -83,17 +71,10 @@ pub fn ksm_exclusive_at(path: &Path) -> Result<KsmExclusive, KsmError> {
             return Err(lock_err(e));
         }
     }
-    HELD_HERE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     Ok(KsmExclusive {
         _file: file,
         _guard: guard,
     })
-}
-
-impl Drop for KsmExclusive {
-    fn drop(&mut self) {
-        HELD_HERE.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
 }
 
 #[cfg(test)]

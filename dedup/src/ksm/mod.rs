@@ -13,10 +13,7 @@ mod sysfs;
 pub use backend::{KsmBackend, KsmOptions};
 pub use driver::MIN_ROUND;
 pub use error::KsmError;
-pub use lock::{
-    held_by_this_process, ksm_exclusive, ksm_exclusive_at, try_ksm_flock, KsmExclusive,
-    KSM_LOCK_PATH,
-};
+pub use lock::{ksm_exclusive, ksm_exclusive_at, try_ksm_flock, KsmExclusive, KSM_LOCK_PATH};
 pub use procstat::{
     clock_ticks, count_ksm_pages, cpu_seconds, find_by_comm, parse_ksm_stat, parse_stat_ticks,
     self_ksm_stat, ProcessKsmStat,
