@@ -824,9 +824,9 @@ impl Core {
             // not idle, keep the census on time.
             self.pass_progress += 1;
         }
-        // Every second while KSM works for us, every 10 s once it idles,
+        // Every second while KSM works for us, every 2 s once it idles,
         // and no more often than 20x the last census pass took (<= 5 %).
-        let every = Duration::from_secs(if self.assist.ksm_busy() { 1 } else { 10 })
+        let every = Duration::from_secs(if self.assist.ksm_busy() { 1 } else { 2 })
             .max(self.census_cost * 20);
         self.census_due = self.census_at.is_none_or(|t| t.elapsed() >= every);
         if self.pass_progress == 0 {

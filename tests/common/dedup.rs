@@ -18,10 +18,23 @@ use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 pub const PAGE: usize = 4096;
 
+/// The live-VM dedup tests check the engine's exact sharing and settle on
+/// its full scans: unless a test's config names `ksm_assist`, the KSM assist
+/// is off here (kernel KSM's own pace and a host-global lock would make them
+/// depend on other KSM users). The assist is tested in dedup/tests/assist.rs
+/// and torture.rs (with writers) and by the scattered benchmark.
+fn engine_only(cfg_toml: &str, mut cfg: Config) -> Config {
+    if !cfg_toml.contains("ksm_assist") {
+        cfg.dedup.ksm_assist = pagefold_dedup::AssistMode::Off;
+    }
+    cfg
+}
+
 /// Builds a runner with the backend the config asks for, and starts its VMs.
 pub fn start(cfg_toml: &str) -> Runner {
     super::require_kvm();
     let cfg: Config = toml::from_str(cfg_toml).expect("test config");
+    let cfg = engine_only(cfg_toml, cfg);
     cfg.validate(None).expect("valid test config");
     let dedup = pagefold_vmm::dedup::create(&cfg, true).expect("dedup backend");
     let mut runner = Runner::with_dedup(dedup, true).expect("runner");
@@ -37,6 +50,7 @@ pub fn start_with_source(
 ) -> Runner {
     super::require_kvm();
     let cfg: Config = toml::from_str(cfg_toml).expect("test config");
+    let cfg = engine_only(cfg_toml, cfg);
     cfg.validate(None).expect("valid test config");
     let dedup = pagefold_vmm::dedup::create_backend_with_source(&cfg, true, Some(source))
         .expect("dedup backend");
