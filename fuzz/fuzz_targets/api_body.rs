@@ -36,6 +36,7 @@ fn put_vm(name: &str, b: &[u8]) {
         dedup: Default::default(),
         vms: vec![vc.clone()],
         stdin: None,
+        seccomp: None,
     };
     let _ = cfg.validate(Some(HOST_MEM));
     let _ = vc.memory_bytes();
