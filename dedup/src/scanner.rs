@@ -93,6 +93,17 @@ pub struct BatchReport {
     pub spent: u64,
 }
 
+/// The region index and page of page id `gid` (regions are sorted by
+/// `gid_base`); None for an id past its region's end (a removed region's).
+fn locate_in(regions: &[Region], gid: u32) -> Option<(usize, usize)> {
+    let ri = regions
+        .partition_point(|r| r.gid_base <= gid)
+        .checked_sub(1)?;
+    let r = &regions[ri];
+    let p = (gid - r.gid_base) as usize;
+    (p < r.npages).then_some((ri, p))
+}
+
 /// One group's merges in the current pass (drives the KSM assist).
 #[derive(Debug, Default, Clone, Copy)]
 struct GroupPass {
@@ -444,16 +455,12 @@ impl Core {
     fn grow_unstable(&mut self) {
         let pages = self.tracked_pages() as usize;
         let regions = &self.regions;
+        // A stale id of a removed region is dropped by `locate_in` (its
+        // bounds check), never read past a region's end.
         let key_of = |gid: u32| -> Option<u32> {
-            let ri = regions
-                .partition_point(|r| r.gid_base <= gid)
-                .checked_sub(1)?;
+            let (ri, p) = locate_in(regions, gid)?;
             let r = &regions[ri];
-            let p = (gid - r.gid_base) as usize;
-            // `then`, not `then_some`: the word may only be read once `p` is
-            // known to be in the region (a stale id of a removed region
-            // further on lands past the end of the region before it).
-            (p < r.npages && region::kind(r.state[p]) == HASHED).then(|| r.word[p])
+            (region::kind(r.state[p]) == HASHED).then(|| r.word[p])
         };
         self.unstable.grow(pages, key_of);
     }
@@ -655,13 +662,7 @@ impl Core {
     }
 
     fn locate(&self, gid: u32) -> Option<(usize, usize)> {
-        let ri = self
-            .regions
-            .partition_point(|r| r.gid_base <= gid)
-            .checked_sub(1)?;
-        let r = &self.regions[ri];
-        let p = (gid - r.gid_base) as usize;
-        (p < r.npages).then_some((ri, p))
+        locate_in(&self.regions, gid)
     }
 
     /// Runs one wake-up over at most `pages` page visits; `merge` false means
@@ -1423,13 +1424,7 @@ impl Core {
     ) -> Option<u32> {
         let me = self.regions[ri].gid_base + p as u32;
         let regions = &self.regions;
-        let locate = |gid: u32| -> Option<(usize, usize)> {
-            let ri = regions
-                .partition_point(|r| r.gid_base <= gid)
-                .checked_sub(1)?;
-            let pp = (gid - regions[ri].gid_base) as usize;
-            (pp < regions[ri].npages).then_some((ri, pp))
-        };
+        let locate = |gid: u32| locate_in(regions, gid);
         let key_of = |gid: u32| -> Option<u32> {
             let (r, pp) = locate(gid)?;
             let rg = &regions[r];
