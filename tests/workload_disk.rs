@@ -215,14 +215,11 @@ fn dedup_merges_the_scattered_page_caches_of_two_vms() {
     dedup_merges_page_caches("placement = \"scattered\"\nextent_pages = 1");
 }
 
-fn dedup_merges_page_caches(workload: &str) {
-    use common::dedup::{release, start};
-    let dir = TempDir::new("disk-dedup");
-    let img = dir.path("disk.img");
-    let bytes = make_image(&img, SEED, PAGES);
-    let vm = |name: &str, seed: u64| {
-        format!(
-            r#"
+/// A 64 MiB VM in group "g" that reads the test image into its page cache
+/// and waits; `workload` adds keys to its `[vm.workload]` table.
+fn page_cache_vm(name: &str, seed: u64, img: &Path, workload: &str) -> String {
+    format!(
+        r#"
             [[vm]]
             name = "{name}"
             memory = "64M"
@@ -237,9 +234,16 @@ fn dedup_merges_page_caches(workload: &str) {
             disks = [{{ path = {path:?}, readonly = true }}]
             {workload}
             "#,
-            path = img.display().to_string()
-        )
-    };
+        path = img.display().to_string()
+    )
+}
+
+fn dedup_merges_page_caches(workload: &str) {
+    use common::dedup::{release, start};
+    let dir = TempDir::new("disk-dedup");
+    let img = dir.path("disk.img");
+    let bytes = make_image(&img, SEED, PAGES);
+    let vm = |name: &str, seed: u64| page_cache_vm(name, seed, &img, workload);
     let cfg = format!(
         "[dedup]\nmode = \"on\"\npages_to_scan = 10000\nsleep_millisecs = 0\n{}{}",
         vm("a", 1),
@@ -356,26 +360,7 @@ fn page_caches_with_hints(hints: bool) {
     let dir = TempDir::new("disk-hints");
     let img = dir.path("disk.img");
     make_image(&img, SEED, PAGES);
-    let vm = |name: &str, seed: u64| {
-        format!(
-            r#"
-            [[vm]]
-            name = "{name}"
-            memory = "64M"
-            serial = "null"
-            dedup = {{ group = "g" }}
-            [vm.workload]
-            seed = {seed}
-            shared = "4M"
-            private = "4M"
-            phases = ["fill", "disk-read", "wait:60000", "verify"]
-            disk_seed = {SEED}
-            disks = [{{ path = {path:?}, readonly = true }}]
-            placement = "scattered"
-            "#,
-            path = img.display().to_string()
-        )
-    };
+    let vm = |name: &str, seed: u64| page_cache_vm(name, seed, &img, "placement = \"scattered\"");
     let cfg = format!(
         "[dedup]\nmode = \"on\"\npages_to_scan = 64\nsleep_millisecs = 200\nio_hints = {hints}\n{}{}",
         vm("a", 1),
