@@ -25,22 +25,15 @@ use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, Mode, RegionSpec
 const PS: usize = 4096;
 const PAGES: usize = 76800;
 
+/// A fresh private anonymous mapping of `pages` pages, base pages only.
+fn anon(pages: usize) -> *mut u64 {
+    let p = pagefold_dedup::mm::map_anon(pages * PS).expect("mmap");
+    pagefold_dedup::mm::madvise(p as usize, pages * PS, libc::MADV_NOHUGEPAGE).expect("madvise");
+    p as *mut u64
+}
+
 fn region(shape: &str) -> usize {
-    // SAFETY: a fresh private anonymous mapping.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            PAGES * PS,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED);
-    // SAFETY: our mapping.
-    unsafe { libc::madvise(p, PAGES * PS, libc::MADV_NOHUGEPAGE) };
-    let base = p as *mut u64;
+    let base = anon(PAGES);
     for i in 0..PAGES {
         // identical: every page the same non-zero content; distinct: every
         // page unique except 43 equal ones (the baseline's 1 shared / 42).
@@ -54,30 +47,13 @@ fn region(shape: &str) -> usize {
             unsafe { *base.add(i * PS / 8 + w) = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64 };
         }
     }
-    p as usize
+    base as usize
 }
 
 /// Two regions: A with `n` distinct pages, B with A's pages in a seeded
 /// random order. Returns their addresses.
 fn scattered(n: usize) -> (usize, usize) {
-    let map = || {
-        // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                n * PS,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        // SAFETY: our mapping.
-        unsafe { libc::madvise(p, n * PS, libc::MADV_NOHUGEPAGE) };
-        p as *mut u64
-    };
-    let (a, b) = (map(), map());
+    let (a, b) = (anon(n), anon(n));
     let mut perm: Vec<usize> = (0..n).collect();
     let mut x: u64 = 0x2545_F491_4F6C_DD1D;
     for i in (1..n).rev() {
