@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use pagefold_dedup::settings::flag;
+use pagefold_dedup::{BackendKind, CheckedSettings, DedupSettings, Mode};
 use pagefold_vmm::config::{
     self, Config, DedupConfig, DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig,
     VmDedup, WorkloadConfig,
@@ -68,8 +70,8 @@ pub enum Command {
 #[derive(Args, Debug)]
 pub struct DemoArgs {
     /// Dedup mode for the demo.
-    #[arg(long, default_value = "on")]
-    pub dedup: String,
+    #[arg(long, default_value = "on", value_parser = flag::named::<Mode>())]
+    pub dedup: Mode,
     /// Memory per VM.
     #[arg(long, default_value = "256M")]
     pub memory: String,
@@ -186,26 +188,18 @@ pub struct KernelArgs {
     pub disk: Vec<String>,
 }
 
+/// `run`'s dedup flags: the settings the config file's `[dedup]` has
+/// (the same type, flattened), and what only `run` can say.
 #[derive(Args, Debug, Default)]
 pub struct DedupArgs {
-    /// Dedup mode: off, on, unmerge or auto.
-    #[arg(long, help_heading = "Deduplication")]
-    pub dedup: Option<String>,
-    /// Dedup backend: pagefold (userspace engine) or ksm (the kernel's KSM).
-    #[arg(long, help_heading = "Deduplication")]
-    pub dedup_backend: Option<String>,
+    #[command(flatten)]
+    pub settings: DedupSettings,
+    /// Dedup backend: pagefold's userspace engine or the kernel's KSM.
+    #[arg(long, help_heading = "Deduplication", value_parser = flag::named::<BackendKind>())]
+    pub dedup_backend: Option<BackendKind>,
     /// Dedup group of the VM (pages are shared only within a group).
     #[arg(long, help_heading = "Deduplication")]
     pub dedup_group: Option<String>,
-    /// Pages scanned per wake-up.
-    #[arg(long, help_heading = "Deduplication")]
-    pub pages_to_scan: Option<u64>,
-    /// Sleep between wake-ups, in milliseconds.
-    #[arg(long, help_heading = "Deduplication")]
-    pub sleep_millisecs: Option<u64>,
-    /// Most sites that may map one shared page.
-    #[arg(long, help_heading = "Deduplication")]
-    pub max_page_sharing: Option<u64>,
     /// Let kernel KSM merge the duplicates of a group whose layout is
     /// scattered (pagefold backend): auto or off.
     #[arg(long, help_heading = "Deduplication")]
@@ -240,19 +234,20 @@ fn serial_output(s: &str) -> SerialOutput {
     }
 }
 
+/// Checks the dedup settings given as flags (their one check) and puts
+/// them over those of the config file.
+pub fn settings_over(flags: &DedupSettings, d: &mut DedupConfig) -> Result<(), Error> {
+    let flags = flags.validate().map_err(|e| Error::Usage(e.to_string()))?;
+    d.settings = flags.or(d.settings);
+    Ok(())
+}
+
 impl DedupArgs {
     fn apply(&self, d: &mut DedupConfig) -> Result<(), Error> {
-        if let Some(m) = &self.dedup {
-            d.mode = m
-                .parse()
-                .map_err(|e: pagefold_dedup::Error| Error::Usage(format!("--dedup: {e}")))?;
+        settings_over(&self.settings, d)?;
+        if let Some(b) = self.dedup_backend {
+            d.backend = b;
         }
-        if let Some(b) = &self.dedup_backend {
-            d.backend = b.clone();
-        }
-        d.pages_to_scan = self.pages_to_scan.or(d.pages_to_scan);
-        d.sleep_millisecs = self.sleep_millisecs.or(d.sleep_millisecs);
-        d.max_page_sharing = self.max_page_sharing.or(d.max_page_sharing);
         if let Some(a) = self.ksm_assist {
             d.ksm_assist = a;
         }
@@ -351,10 +346,7 @@ pub fn demo_config(a: &DemoArgs) -> Result<Config, Error> {
     let text = include_str!("../examples/two-workload-vms.toml");
     let mut cfg: Config =
         toml::from_str(text).map_err(|e| Error::Usage(format!("built-in demo config: {e}")))?;
-    cfg.dedup.mode = a
-        .dedup
-        .parse()
-        .map_err(|e: pagefold_dedup::Error| Error::Usage(format!("--dedup: {e}")))?;
+    cfg.dedup.settings = CheckedSettings::from(a.dedup).or(cfg.dedup.settings);
     for vm in &mut cfg.vms {
         vm.memory = SizeValue::Text(a.memory.clone());
     }
@@ -562,7 +554,7 @@ mod tests {
     #[test]
     fn demo_config_is_valid() {
         let c = demo_config(&DemoArgs {
-            dedup: "on".into(),
+            dedup: Mode::On,
             memory: "256M".into(),
             json: None,
             api: Default::default(),

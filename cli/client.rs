@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use pagefold_api::client::{Client, Reply, Target};
-use pagefold_api::{DedupPatch, ListenConfig, Server};
+use pagefold_api::{patch, ListenConfig, Server};
 use pagefold_vmm::config::{fmt_size, validate_vm_name, Config, VmConfig};
 use pagefold_vmm::runner::{RunReport, Runner};
 use pagefold_vmm::state::Outcome;
@@ -102,9 +102,9 @@ pub struct ServeArgs {
     /// VMs to start right away (TOML, as for `run`); more can be created through the API.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
-    /// Dedup mode: off, on, unmerge or auto (overrides the config's).
-    #[arg(long)]
-    pub dedup: Option<String>,
+    /// Dedup settings (override the config's).
+    #[command(flatten)]
+    pub settings: pagefold_dedup::DedupSettings,
     #[command(flatten)]
     pub api: ApiServeArgs,
     #[command(flatten)]
@@ -166,19 +166,13 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     };
     a.seccomp.apply(&mut cfg);
     pagefold_vmm::seccomp::configure(cfg.seccomp_enabled())?;
-    if let Some(m) = &a.dedup {
-        cfg.dedup.mode = m
-            .parse()
-            .map_err(|e: pagefold_dedup::Error| Error::Usage(format!("--dedup: {e}")))?;
-    }
-    if cfg.vms.is_empty() {
-        cfg.dedup.validate()?;
-    } else {
+    crate::cli::settings_over(&a.settings, &mut cfg.dedup)?;
+    if !cfg.vms.is_empty() {
         cfg.validate(pagefold_vmm::memory::host_mem_total())?;
     }
     // Always a backend (unless the mode is off): VMs created through the
     // API later may want dedup.
-    let always = cfg.dedup.mode != pagefold_dedup::Mode::Off;
+    let always = cfg.dedup.mode() != pagefold_dedup::Mode::Off;
     let dedup =
         pagefold_vmm::dedup::create(&cfg, always).map_err(|e| Error::Dedup(e.to_string()))?;
     let mut runner = Runner::with_dedup(dedup, true)?;
@@ -516,9 +510,9 @@ pub fn dedup(cmd: DedupCommand) -> Result<i32, Error> {
         settings,
         client: ca,
     } = cmd;
-    let patch = DedupPatch::from_pairs(&settings).map_err(|e| Error::Usage(e.to_string()))?;
+    let settings = patch::from_pairs(&settings).map_err(|e| Error::Usage(e.to_string()))?;
     let c = client(&ca)?;
-    let body = serde_json::to_value(&patch).map_err(|e| Error::Io(e.to_string()))?;
+    let body = serde_json::to_value(*settings).map_err(|e| Error::Io(e.to_string()))?;
     let d = json(&call(&c, "PATCH", "/dedup", Some(&body))?)?;
     out!("{}", dedup_summary(&d))?;
     Ok(0)

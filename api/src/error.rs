@@ -67,7 +67,7 @@ impl From<pagefold_dedup::Error> for ApiError {
         use pagefold_dedup::Error as E;
         let msg = e.to_string();
         match e {
-            E::OutOfRange { .. } | E::UnknownMode(_) => ApiError::BadRequest(msg),
+            E::Settings(_) => ApiError::BadRequest(msg),
             E::Unsupported(_) => ApiError::Conflict(msg),
             _ => ApiError::Internal(msg),
         }
@@ -108,12 +108,12 @@ mod tests {
 
     #[test]
     fn backend_errors_map_to_statuses() {
-        let e = pagefold_dedup::Error::OutOfRange {
+        let e = pagefold_dedup::Error::from(pagefold_dedup::SettingsError::OutOfRange {
             name: "pages_to_scan",
             value: 0,
             min: 1,
             max: 9,
-        };
+        });
         let a = ApiError::from(e);
         assert_eq!(a.status(), StatusCode::BAD_REQUEST);
         assert!(a.to_string().contains("pages_to_scan"), "{a}");

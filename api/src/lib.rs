@@ -7,8 +7,8 @@
 //! (Unix socket creation, stale-socket handling, clean-up); [`server`]
 //! (runtime thread, connection limits and timeouts); [`router`] (routes,
 //! shared state, fallbacks); [`vms`], [`dedup`], [`system`] (handlers);
-//! [`body`] (size- and time-limited JSON bodies); [`patch`] (dedup updates,
-//! shared with the CLI); [`metrics`] (Prometheus text); [`error`] (errors as
+//! [`body`] (size- and time-limited JSON bodies); [`patch`] (the CLI's
+//! `KEY=VALUE` form of a dedup update); [`metrics`] (Prometheus text); [`error`] (errors as
 //! HTTP answers); [`client`] (an HTTP/1.1 client over the Unix socket).
 
 pub mod body;
@@ -36,7 +36,6 @@ mod testutil;
 pub use client::{Client, ClientError};
 pub use error::ApiError;
 pub use listen::{default_socket_path, ListenConfig};
-pub use patch::DedupPatch;
 pub use server::{Limits, Server, ServerError};
 
 /// Every route, as (method, path under `/api/v1`): the OpenAPI spec test

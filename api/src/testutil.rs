@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use pagefold_dedup::auto::{AutoConfig, AutoController, ScriptedSource};
 use pagefold_dedup::backend::OwnerStats;
-use pagefold_dedup::{DedupBackend, Error, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
+use pagefold_dedup::{
+    CheckedSettings, DedupBackend, Error, Knobs, Mode, RegionId, RegionSpec, Stats,
+};
 use pagefold_vmm::control::{self, Handle, Request, RequestError, Response};
 use pagefold_vmm::state::RunState;
 use pagefold_vmm::vm::VmInfo;
@@ -49,20 +51,17 @@ impl DedupBackend for TestBackend {
     fn unregister(&self, id: RegionId) -> pagefold_dedup::backend::Result<()> {
         Err(Error::UnknownRegion(id.0))
     }
-    fn set_mode(&self, mode: Mode) -> pagefold_dedup::backend::Result<()> {
-        if mode == Mode::Unmerge {
+    fn apply(&self, settings: &CheckedSettings) -> pagefold_dedup::backend::Result<Knobs> {
+        if settings.mode == Some(Mode::Unmerge) {
             return Err(Error::Unsupported("the test backend cannot unmerge".into()));
         }
-        self.state.lock().unwrap().0 = mode;
-        Ok(())
+        let mut s = self.state.lock().unwrap();
+        s.1 = settings.knobs_over(s.1);
+        s.0 = settings.mode.unwrap_or(s.0);
+        Ok(s.1)
     }
     fn mode(&self) -> Mode {
         self.state.lock().unwrap().0
-    }
-    fn set_knobs(&self, update: KnobUpdate) -> pagefold_dedup::backend::Result<Knobs> {
-        let mut s = self.state.lock().unwrap();
-        s.1 = update.apply(&s.1)?;
-        Ok(s.1)
     }
     fn knobs(&self) -> Knobs {
         self.state.lock().unwrap().1

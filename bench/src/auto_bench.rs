@@ -11,7 +11,7 @@ use pagefold_dedup::auto::{AutoConfig, AutoController, MemorySource, ScriptedSou
 use pagefold_dedup::ksm::{
     ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmBackend, KsmOptions, KSM_SYSFS,
 };
-use pagefold_dedup::{DedupBackend, Engine, KnobUpdate, Mode, DEFAULT_KNOBS};
+use pagefold_dedup::{DedupBackend, DedupSettings, Engine, Mode, DEFAULT_KNOBS};
 use serde::Serialize;
 
 use crate::error::BenchError;
@@ -34,7 +34,7 @@ pub struct AutoSystem {
     /// `Mode::Auto` (waits for the trigger) or `Mode::On` (switched on at
     /// the trigger instant).
     pub mode: Mode,
-    pub knobs: Option<KnobUpdate>,
+    pub knobs: Option<DedupSettings>,
     pub kernel_ksm: bool,
     pub factory: AutoFactory,
 }
@@ -297,7 +297,10 @@ pub fn run_auto(
     let backend: Arc<dyn DedupBackend> = Arc::from((system.factory)(Box::new(src)).map_err(&e)?);
     let setup = (|| {
         if let Some(k) = system.knobs {
-            backend.set_knobs(k).map_err(&e)?;
+            k.validate()
+                .map_err(pagefold_dedup::Error::from)
+                .and_then(|k| backend.apply(&k))
+                .map_err(&e)?;
         }
         if system.mode == Mode::Auto {
             backend.set_mode(Mode::Auto).map_err(&e)?;

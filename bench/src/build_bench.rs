@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use pagefold_dedup::auto::{AutoController, ScriptHandle, ScriptedSource};
 use pagefold_dedup::ksm::{ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmBackend, KSM_SYSFS};
-use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate, Mode, DEFAULT_KNOBS};
+use pagefold_dedup::{DedupBackend, DedupSettings, Engine, EngineConfig, Mode, DEFAULT_KNOBS};
 use pagefold_guest_abi::build::{
     area_pages, area_sharing, expected, image_bytes, tree_pages, TreeSpec,
 };
@@ -41,10 +41,10 @@ pub const BUILD_SYSTEM_NAMES: [&str; 6] = [
 
 /// The LKML reference's KSM setting: pages_to_scan 10000 at KSM's default
 /// sleep (20 ms).
-pub const KSM_10000_KNOBS: KnobUpdate = KnobUpdate {
+pub const KSM_10000_KNOBS: DedupSettings = DedupSettings {
     pages_to_scan: Some(10_000),
     sleep_millisecs: Some(20),
-    max_page_sharing: None,
+    ..DedupSettings::NONE
 };
 
 /// Which dedup system runs beside the builds.
@@ -60,7 +60,7 @@ pub enum BuildSystem {
     /// source, which crosses the threshold during the build.
     PagefoldAuto,
     /// Kernel KSM with these knobs, on from the start.
-    Ksm(&'static str, KnobUpdate),
+    Ksm(&'static str, DedupSettings),
 }
 
 impl BuildSystem {
@@ -519,7 +519,14 @@ fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
                 .map_err(pagefold_dedup::Error::from)
                 .map_err(e)?;
             let b: Arc<dyn DedupBackend> = Arc::new(k);
-            let set = b.set_knobs(knobs).and_then(|_| b.set_mode(Mode::On));
+            let on = DedupSettings {
+                mode: Some(Mode::On),
+                ..knobs
+            };
+            let set = on
+                .validate()
+                .map_err(pagefold_dedup::Error::from)
+                .and_then(|k| b.apply(&k));
             if let Err(err) = set {
                 b.shutdown();
                 return Err(e(err));

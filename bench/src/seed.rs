@@ -239,7 +239,11 @@ pub fn run_seed_once(
     let load = load_avg();
     let backend: Arc<dyn DedupBackend> = Arc::from(system.build()?);
     if let Some(k) = system.knobs {
-        if let Err(e) = backend.set_knobs(k) {
+        if let Err(e) = k
+            .validate()
+            .map_err(pagefold_dedup::Error::from)
+            .and_then(|k| backend.apply(&k))
+        {
             backend.shutdown();
             return Err(err(e));
         }

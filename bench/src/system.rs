@@ -3,7 +3,7 @@
 //! through the same trait, side by side in one run.
 
 use pagefold_dedup::ksm::KsmBackend;
-use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate};
+use pagefold_dedup::{DedupBackend, DedupSettings, Engine, EngineConfig};
 
 use crate::error::BenchError;
 
@@ -15,7 +15,7 @@ pub type BackendFactory =
 pub struct System {
     pub name: String,
     /// Knobs applied before the run; `None` keeps the backend's defaults.
-    pub knobs: Option<KnobUpdate>,
+    pub knobs: Option<DedupSettings>,
     pub factory: BackendFactory,
     /// Drives the host's kernel KSM (global knobs; checked for pollution).
     pub kernel_ksm: bool,
@@ -27,17 +27,17 @@ pub struct System {
 /// KSM's defaults, set explicitly so a host with other values still
 /// measures "default KSM". Not the engine's defaults
 /// ([`pagefold_dedup::DEFAULT_KNOBS`], 4096 pages / 20 ms).
-pub const KSM_DEFAULT_KNOBS: KnobUpdate = KnobUpdate {
+pub const KSM_DEFAULT_KNOBS: DedupSettings = DedupSettings {
     pages_to_scan: Some(100),
     sleep_millisecs: Some(20),
-    max_page_sharing: None,
+    ..DedupSettings::NONE
 };
 
 /// The max-effort setting of ksm-baseline.md.
-pub const MAX_KNOBS: KnobUpdate = KnobUpdate {
+pub const MAX_KNOBS: DedupSettings = DedupSettings {
     pages_to_scan: Some(10_000),
     sleep_millisecs: Some(0),
-    max_page_sharing: None,
+    ..DedupSettings::NONE
 };
 
 /// Names accepted by [`select_systems`], in run order.
@@ -68,7 +68,7 @@ impl System {
         Self::ksm("ksm-max", MAX_KNOBS, false)
     }
 
-    fn ksm(name: &str, knobs: KnobUpdate, measure_steady: bool) -> Self {
+    fn ksm(name: &str, knobs: DedupSettings, measure_steady: bool) -> Self {
         Self {
             name: name.into(),
             knobs: Some(knobs),

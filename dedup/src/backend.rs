@@ -3,23 +3,16 @@
 //! API and the benchmarks drive either one the same way.
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::settings::{CheckedSettings, DedupSettings, Knobs, Mode, SettingsError};
 
 /// Errors shared by all backends.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid value for {name}: {value} (valid range {min}..={max})")]
-    OutOfRange {
-        name: &'static str,
-        value: u64,
-        min: u64,
-        max: u64,
-    },
-    #[error("unknown dedup mode {0:?} (expected off, on, unmerge or auto)")]
-    UnknownMode(String),
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
     #[error("unknown region id {0}")]
     UnknownRegion(u64),
     #[error("region {addr:#x}+{len:#x} is not page aligned or is empty")]
@@ -54,109 +47,6 @@ pub struct RegionSpec {
     pub owner: String,
     /// Dedup group: pages are only ever shared between regions of one group.
     pub group: String,
-}
-
-/// Run mode, as KSM's `run` plus the auto mode of the 2022 proposal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// No scanning, merged pages stay merged.
-    #[default]
-    Off,
-    /// Scan and merge continuously.
-    On,
-    /// Give every merged page back its own private copy, then stop.
-    Unmerge,
-    /// Merge only while host free memory is low (see `auto`).
-    Auto,
-}
-
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Mode::Off => "off",
-            Mode::On => "on",
-            Mode::Unmerge => "unmerge",
-            Mode::Auto => "auto",
-        })
-    }
-}
-
-impl FromStr for Mode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "off" => Ok(Mode::Off),
-            "on" => Ok(Mode::On),
-            "unmerge" => Ok(Mode::Unmerge),
-            "auto" => Ok(Mode::Auto),
-            other => Err(Error::UnknownMode(other.to_string())),
-        }
-    }
-}
-
-/// Tunables shared by the backends (KSM names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Knobs {
-    pub pages_to_scan: u64,
-    pub sleep_millisecs: u64,
-    pub max_page_sharing: u64,
-}
-
-impl Knobs {
-    pub const PAGES_TO_SCAN: (u64, u64) = (1, 1 << 24);
-    pub const SLEEP_MILLISECS: (u64, u64) = (0, 60_000);
-    pub const MAX_PAGE_SHARING: (u64, u64) = (2, 1 << 16);
-
-    /// Checks every knob against its valid range.
-    pub fn validate(&self) -> Result<()> {
-        check("pages_to_scan", self.pages_to_scan, Self::PAGES_TO_SCAN)?;
-        check(
-            "sleep_millisecs",
-            self.sleep_millisecs,
-            Self::SLEEP_MILLISECS,
-        )?;
-        check(
-            "max_page_sharing",
-            self.max_page_sharing,
-            Self::MAX_PAGE_SHARING,
-        )?;
-        Ok(())
-    }
-}
-
-/// Checks `value` against an inclusive range, naming the knob in the error.
-pub fn check(name: &'static str, value: u64, (min, max): (u64, u64)) -> Result<()> {
-    if value < min || value > max {
-        return Err(Error::OutOfRange {
-            name,
-            value,
-            min,
-            max,
-        });
-    }
-    Ok(())
-}
-
-/// A partial knob update (API `PATCH`, CLI `dedup set`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KnobUpdate {
-    pub pages_to_scan: Option<u64>,
-    pub sleep_millisecs: Option<u64>,
-    pub max_page_sharing: Option<u64>,
-}
-
-impl KnobUpdate {
-    /// Applies the update to `k`, validating the result as a whole.
-    pub fn apply(&self, k: &Knobs) -> Result<Knobs> {
-        let n = Knobs {
-            pages_to_scan: self.pages_to_scan.unwrap_or(k.pages_to_scan),
-            sleep_millisecs: self.sleep_millisecs.unwrap_or(k.sleep_millisecs),
-            max_page_sharing: self.max_page_sharing.unwrap_or(k.max_page_sharing),
-        };
-        n.validate()?;
-        Ok(n)
-    }
 }
 
 /// Per-owner (per-VM) figures.
@@ -262,9 +152,18 @@ pub trait DedupBackend: Send + Sync {
     /// non-blocking; the default ignores it (kernel KSM cannot use it).
     fn hint(&self, _host_addr: usize, _len: usize) {}
 
-    fn set_mode(&self, mode: Mode) -> Result<()>;
+    /// Applies checked settings: the knobs given, then the mode, if given
+    /// (a bad knob never leaves the mode changed). Returns the knobs now
+    /// in force. Auto-mode settings are the auto controller's (see
+    /// `auto::AutoHandle`); backends ignore them here.
+    fn apply(&self, settings: &CheckedSettings) -> Result<Knobs>;
+
+    /// Changes the mode alone.
+    fn set_mode(&self, mode: Mode) -> Result<()> {
+        self.apply(&mode.into()).map(drop)
+    }
+
     fn mode(&self) -> Mode;
-    fn set_knobs(&self, update: KnobUpdate) -> Result<Knobs>;
     fn knobs(&self) -> Knobs;
     fn stats(&self) -> Stats;
 

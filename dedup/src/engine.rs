@@ -9,13 +9,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::assist::AssistConfig;
-use crate::backend::{self, DedupBackend, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
+use crate::backend::{self, DedupBackend, RegionId, RegionSpec, Stats};
 use crate::fault::{self, FaultCounters, ProtState, StopFd};
 use crate::hash::HashFn;
 use crate::policy::{RoundPlan, RoundPolicy};
 use crate::pool::Pool;
 use crate::region::RegionError;
 use crate::scanner::{Core, Hint, ScanError, DEFAULT_STRIPE};
+use crate::settings::{CheckedSettings, Knobs, Mode};
 use crate::stats::{self, Clocks};
 use crate::uffd::Uffd;
 
@@ -32,6 +33,8 @@ pub enum EngineError {
     Fault(#[from] crate::fault::FaultError),
     #[error(transparent)]
     Config(#[from] backend::Error),
+    #[error(transparent)]
+    Knobs(#[from] crate::settings::SettingsError),
     #[error("spawning an engine thread: {0}")]
     Thread(#[source] std::io::Error),
 }
@@ -56,6 +59,7 @@ impl From<EngineError> for backend::Error {
     fn from(e: EngineError) -> Self {
         match e {
             EngineError::Config(e) => e,
+            EngineError::Knobs(e) => e.into(),
             EngineError::Scan(e) => e.into(),
             other => backend::Error::Os {
                 context: "pagefold engine".into(),
@@ -512,13 +516,13 @@ fn scanner_loop(sh: &Arc<Shared>) {
                             plan
                         }
                         None => RoundPlan {
-                            pages_to_scan: knobs.pages_to_scan,
+                            pages_to_visit: knobs.pages_to_scan,
                             merge: true,
                         },
                     }
                 } else {
                     RoundPlan {
-                        pages_to_scan: knobs.pages_to_scan,
+                        pages_to_visit: knobs.pages_to_scan,
                         merge: true,
                     }
                 };
@@ -528,13 +532,13 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     core.knobs = knobs;
                     if plan.merge && !hints.is_empty() {
                         // Device-filled pages first, with their own budget.
-                        core.run_hints(&mut hints, plan.pages_to_scan.max(HINT_PAGES_PER_WAKEUP));
+                        core.run_hints(&mut hints, plan.pages_to_visit.max(HINT_PAGES_PER_WAKEUP));
                     } else {
                         hints.clear();
                     }
-                    let rep = core.run_batch(plan.pages_to_scan.max(1), plan.merge);
+                    let rep = core.run_batch(plan.pages_to_visit.max(1), plan.merge);
                     core.assist
-                        .drive(plan.merge, plan.pages_to_scan, knobs.sleep_millisecs);
+                        .drive(plan.merge, plan.pages_to_visit, knobs.sleep_millisecs);
                     sh.publish(&core);
                     (rep, core.idle_passes)
                 };
@@ -613,27 +617,20 @@ impl DedupBackend for Engine {
         self.shared.cv.notify_all();
     }
 
-    fn set_mode(&self, mode: Mode) -> backend::Result<()> {
+    fn apply(&self, settings: &CheckedSettings) -> backend::Result<Knobs> {
         let mut c = lock(&self.shared.ctl);
-        c.mode = mode;
+        c.knobs = settings.knobs_over(c.knobs);
+        if let Some(mode) = settings.mode {
+            c.mode = mode;
+        }
         c.generation += 1;
         c.reset_backoff = true;
         self.shared.cv.notify_all();
-        Ok(())
+        Ok(c.knobs)
     }
 
     fn mode(&self) -> Mode {
         lock(&self.shared.ctl).mode
-    }
-
-    fn set_knobs(&self, update: KnobUpdate) -> backend::Result<Knobs> {
-        let mut c = lock(&self.shared.ctl);
-        let k = update.apply(&c.knobs)?;
-        c.knobs = k;
-        c.generation += 1;
-        c.reset_backoff = true;
-        self.shared.cv.notify_all();
-        Ok(k)
     }
 
     fn knobs(&self) -> Knobs {

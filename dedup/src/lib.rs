@@ -6,11 +6,13 @@
 //! (memfd + slot allocator); `index` (stable/unstable indices); `region`
 //! (per-page state); `scanner` (core state, planning); `merge` (the
 //! race-free merge/unmerge path); `fault` (uffd handler thread); `stats`;
-//! `engine` ([`Engine`], the [`DedupBackend`] implementation).
+//! `engine` ([`Engine`], the [`DedupBackend`] implementation); `settings`
+//! (the typed settings every input parses into, checked once).
 
 pub mod assist;
 pub mod backend;
 pub mod policy;
+pub mod settings;
 
 pub mod engine;
 pub mod fault;
@@ -26,9 +28,12 @@ pub mod stats;
 pub mod uffd;
 
 pub use assist::{AssistConfig, AssistMode};
-pub use backend::{DedupBackend, Error, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
+pub use backend::{DedupBackend, Error, RegionId, RegionSpec, Stats};
 pub use engine::{Engine, EngineConfig, EngineError, EngineThread, ThreadInit, DEFAULT_KNOBS};
 pub use policy::{RoundPlan, RoundPolicy};
+pub use settings::{
+    BackendKind, CheckedSettings, DedupSettings, Knobs, MemorySignal, Mode, SettingsError,
+};
 pub mod auto;
 pub mod ksm;
 

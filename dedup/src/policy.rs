@@ -3,8 +3,9 @@
 /// What the scanner does in its next wake-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoundPlan {
-    /// Pages to visit in this wake-up.
-    pub pages_to_scan: u64,
+    /// Pages to visit in this wake-up: the `pages_to_scan` knob times auto
+    /// mode's scanning factor, or fewer while it only checksums.
+    pub pages_to_visit: u64,
     /// If false, only checksum pages (keep the volatility history warm):
     /// never compare, never merge.
     pub merge: bool,

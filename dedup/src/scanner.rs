@@ -1,9 +1,10 @@
 //! The scanner: the engine's core state and one wake-up's work.
 //!
 //! A wake-up walks the regions from a cursor in spans (one pagemap `pread`
-//! per span), spending a budget of `pages_to_scan` page visits. A hashed page
-//! costs one visit; a page only checked in pagemap (merged, zero, absent,
-//! skipped) costs a quarter. Per page:
+//! per span), spending the wake-up's `pages_to_visit` page visits (the
+//! `pages_to_scan` knob, times auto mode's factor). A hashed page costs one
+//! visit; a page only checked in pagemap (merged, zero, absent, skipped)
+//! costs a quarter. Per page:
 //!
 //! * merged: present and anonymous means the kernel copied it on write (the
 //!   share is broken): drop its pool reference. Not present or file-mapped
@@ -40,7 +41,8 @@ use crate::uffd::Uffd;
 
 /// Pages per pagemap read.
 pub const SPAN_PAGES: usize = 4096;
-/// Budget units: a hashed page costs `HASH_COST`, a pagemap-only visit 1.
+/// Visit units: a hashed page costs `HASH_COST`, a pagemap-only visit 1
+/// (a wake-up of N page visits has N x `HASH_COST` units to spend).
 const HASH_COST: u64 = 4;
 /// Default longest stripe of identical pool pages a same-content run maps.
 pub const DEFAULT_STRIPE: u32 = 64;
@@ -89,7 +91,7 @@ pub struct Counters {
 pub struct BatchReport {
     pub merges: u64,
     pub pass_completed: bool,
-    /// Budget units spent: 0 when every page was KSM's (skipped).
+    /// Visit units spent: 0 when every page was KSM's (skipped).
     pub spent: u64,
 }
 
@@ -161,7 +163,8 @@ pub struct Core {
     pass_progress: u64,
     map_checked: Option<Instant>,
     map_vmas: u64,
-    budget: MapBudget,
+    /// VMAs the engine may still create (the process map-count limit).
+    map_budget: MapBudget,
     scratch: Vec<Entry>,
     /// Content hash and length of the same-content run ending at the last
     /// visited page (sizes stripes).
@@ -185,7 +188,7 @@ pub struct Core {
     /// frame list per pass would cost more than the pass itself).
     census_due: bool,
     census_at: Option<Instant>,
-    /// `budget.headroom` right after the last maps read.
+    /// `map_budget.headroom` right after the last maps read.
     headroom_at_check: i64,
     /// Time spent on assisted spans in this census pass, and what the last
     /// census pass cost in all.
@@ -246,7 +249,7 @@ impl Core {
             pass_progress: 0,
             map_checked: None,
             map_vmas: 0,
-            budget: MapBudget::default(),
+            map_budget: MapBudget::default(),
             scratch: Vec::new(),
             run_hash: 0,
             run_len: 0,
@@ -624,8 +627,8 @@ impl Core {
     pub fn refresh_map_count(&mut self, force: bool) {
         // "Low" re-reads (every second) only matter while the engine is
         // still making VMAs; reading 30k+ lines of maps costs ~15 ms.
-        let low = self.budget.headroom < (self.max_map_count / 8) as i64
-            && self.budget.headroom != self.headroom_at_check;
+        let low = self.map_budget.headroom < (self.max_map_count / 8) as i64
+            && self.map_budget.headroom != self.headroom_at_check;
         if !force
             && !low
             && self
@@ -655,43 +658,43 @@ impl Core {
         } else {
             self.max_map_count / 16
         };
-        self.budget.headroom = self.map_headroom as i64 - reserve as i64;
-        self.budget.limited = self.budget.headroom < 2;
-        self.headroom_at_check = self.budget.headroom;
-        self.map_limited = self.budget.limited;
+        self.map_budget.headroom = self.map_headroom as i64 - reserve as i64;
+        self.map_budget.limited = self.map_budget.headroom < 2;
+        self.headroom_at_check = self.map_budget.headroom;
+        self.map_limited = self.map_budget.limited;
     }
 
     fn locate(&self, gid: u32) -> Option<(usize, usize)> {
         locate_in(&self.regions, gid)
     }
 
-    /// Runs one wake-up over at most `pages` page visits; `merge` false means
-    /// checksum only (auto mode's idle rounds).
-    pub fn run_batch(&mut self, pages: u64, merge: bool) -> BatchReport {
+    /// Runs one wake-up over at most `pages_to_visit` page visits; `merge`
+    /// false means checksum only (auto mode's idle rounds).
+    pub fn run_batch(&mut self, pages_to_visit: u64, merge: bool) -> BatchReport {
         let mut rep = BatchReport::default();
         if self.regions.is_empty() {
             return rep;
         }
         self.refresh_map_count(false);
         let before = self.counters.merges + self.counters.zero_merges;
-        let mut budget = pages.saturating_mul(HASH_COST);
-        let budget0 = budget;
+        let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
+        let units0 = visit_units;
         if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
             self.unstable.reset(self.tracked_pages() as usize);
         }
-        while budget > 0 {
+        while visit_units > 0 {
             if self.cursor_region >= self.regions.len() {
                 self.cursor_region = 0;
                 self.cursor_page = 0;
             }
             let (ri, start) = (self.cursor_region, self.cursor_page);
             // Read pagemap only for pages this wake-up can visit: every visit
-            // costs at least one budget unit, so a small budget (auto mode's
+            // costs at least one visit unit, so a small wake-up (auto mode's
             // untriggered rounds scan ~5 pages) must not pay for a whole span.
             let n = (self.regions[ri].npages - start)
                 .min(SPAN_PAGES)
-                .min(usize::try_from(budget).unwrap_or(usize::MAX).max(1));
-            let used = self.scan_span(ri, start, n, &mut budget, merge);
+                .min(usize::try_from(visit_units).unwrap_or(usize::MAX).max(1));
+            let used = self.scan_span(ri, start, n, &mut visit_units, merge);
             self.cursor_page += used;
             if self.cursor_page >= self.regions[ri].npages {
                 self.cursor_region += 1;
@@ -705,22 +708,22 @@ impl Core {
             }
         }
         rep.merges = self.counters.merges + self.counters.zero_merges - before;
-        rep.spent = budget0 - budget;
+        rep.spent = units0 - visit_units;
         if rep.merges > 0 {
             self.idle_passes = 0;
         }
-        self.map_limited = self.budget.limited;
+        self.map_limited = self.map_budget.limited;
         rep
     }
 
-    /// Visits device-filled ranges first (I/O hints), within `pages` page
-    /// visits, from the front of `hints`; what the budget did not reach is
+    /// Visits device-filled ranges first (I/O hints), within `pages_to_visit` page
+    /// visits, from the front of `hints`; what the visits did not reach is
     /// left in `hints` (the rest of a range included). Ranges outside the
     /// regions (or in KSM's) are dropped.
-    pub fn run_hints(&mut self, hints: &mut Vec<Hint>, pages: u64) {
-        let mut budget = pages.saturating_mul(HASH_COST);
+    pub fn run_hints(&mut self, hints: &mut Vec<Hint>, pages_to_visit: u64) {
+        let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let mut done = 0;
-        while done < hints.len() && budget > 0 {
+        while done < hints.len() && visit_units > 0 {
             let h = hints[done];
             let Some(ri) = self.regions.iter().position(|r| r.contains(h.addr)) else {
                 done += 1;
@@ -737,9 +740,9 @@ impl Core {
             let before = self.counters.merges + self.counters.zero_merges;
             let mut p = first;
             self.trusted = true;
-            while p < end && budget > 0 {
+            while p < end && visit_units > 0 {
                 let n = (end - p).min(SPAN_PAGES);
-                p += self.scan_span(ri, p, n, &mut budget, true);
+                p += self.scan_span(ri, p, n, &mut visit_units, true);
             }
             self.trusted = false;
             let merged = self.counters.merges + self.counters.zero_merges - before;
@@ -900,7 +903,7 @@ impl Core {
         ri: usize,
         start: usize,
         n: usize,
-        budget: &mut u64,
+        visit_units: &mut u64,
         merge: bool,
     ) -> usize {
         if self.regions[ri].assisted && !self.census_due {
@@ -910,7 +913,7 @@ impl Core {
             return n;
         }
         let timed = self.regions[ri].assisted.then(Instant::now);
-        let used = self.scan_span_inner(ri, start, n, budget, merge);
+        let used = self.scan_span_inner(ri, start, n, visit_units, merge);
         if let Some(t) = timed {
             self.census_spans += t.elapsed();
         }
@@ -922,7 +925,7 @@ impl Core {
         ri: usize,
         start: usize,
         n: usize,
-        budget: &mut u64,
+        visit_units: &mut u64,
         merge: bool,
     ) -> usize {
         let addr = self.regions[ri].page_addr(start);
@@ -947,14 +950,14 @@ impl Core {
         if start == 0 {
             self.run_len = 0;
         }
-        while used < n && *budget > 0 {
+        while used < n && *visit_units > 0 {
             let p = start + used;
             let e = entries[used];
             used += 1;
             let st = self.regions[ri].state[p];
             match region::kind(st) {
                 MERGED => {
-                    *budget -= 1;
+                    *visit_units -= 1;
                     if e.present() && !e.file() {
                         // Copy-on-write broke the share.
                         let r = &mut self.regions[ri];
@@ -969,7 +972,7 @@ impl Core {
                         if self.trusted && !self.regions[ri].assisted {
                             // A device refilled it: a candidate right away.
                             let st = self.regions[ri].state[p];
-                            prev = self.visit(ri, p, e, st, prev, budget, merge, &mut ops);
+                            prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
                         }
                     } else {
                         let s = self.regions[ri].word[p];
@@ -979,7 +982,7 @@ impl Core {
                     continue;
                 }
                 ZERO => {
-                    *budget -= 1;
+                    *visit_units -= 1;
                     prev = None;
                     self.note_run(None);
                     if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
@@ -992,7 +995,7 @@ impl Core {
             }
             if self.regions[ri].assisted {
                 // KSM's page: pagemap only, and its frame for the census.
-                *budget -= 1;
+                *visit_units -= 1;
                 prev = None;
                 self.note_run(None);
                 if self.census_due
@@ -1006,7 +1009,7 @@ impl Core {
                 }
                 continue;
             }
-            prev = self.visit(ri, p, e, st, prev, budget, merge, &mut ops);
+            prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
         }
         self.scratch = entries;
         if !ops.is_empty() {
@@ -1029,13 +1032,13 @@ impl Core {
         e: Entry,
         st: u8,
         prev: Option<u32>,
-        budget: &mut u64,
+        visit_units: &mut u64,
         merge: bool,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let kind = region::kind(st);
         if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
-            *budget -= 1;
+            *visit_units -= 1;
             self.note_run(None);
             if kind == HASHED {
                 self.regions[ri].set_kind(p, NEW);
@@ -1052,11 +1055,11 @@ impl Core {
         {
             // Smart scan, pass-aligned (see `region::due`): identical pages
             // are hashed on the same passes, so they always meet.
-            *budget -= 1;
+            *visit_units -= 1;
             self.note_run(Some(self.regions[ri].word[p]));
             return None;
         }
-        *budget = budget.saturating_sub(HASH_COST);
+        *visit_units = visit_units.saturating_sub(HASH_COST);
         // SAFETY: the region is registered, hence mapped (register contract),
         // and stays so while we hold the core (unregister needs it).
         let page = unsafe { self.regions[ri].page_detached(p) };
@@ -1247,7 +1250,7 @@ impl Core {
                 }
             }
         }
-        if self.budget.limited {
+        if self.map_budget.limited {
             return None;
         }
         let mut fallback = None;
@@ -1283,7 +1286,7 @@ impl Core {
     /// only 65530 map slots, so L = sqrt(r): a run of 16 pages gets 4 pool
     /// pages, 4096 pages get 64. Under map-count pressure: the full stripe.
     fn wanted_stripe(&self) -> u32 {
-        if self.budget.headroom < (self.max_map_count / 4) as i64 {
+        if self.map_budget.headroom < (self.max_map_count / 4) as i64 {
             return self.stripe_max;
         }
         let l = (self.run_len as f64).sqrt() as u32;
@@ -1358,7 +1361,7 @@ impl Core {
                 }
             }
         }
-        if self.budget.limited || self.scattered_now(group) {
+        if self.map_budget.limited || self.scattered_now(group) {
             // Out of map-count headroom, or the group's merges look
             // scattered and KSM is about to take them: only run-extending
             // merges. A page
@@ -1486,7 +1489,7 @@ impl Core {
                     base,
                     chunk,
                     continues_left,
-                    &mut self.budget,
+                    &mut self.map_budget,
                 )
             };
             for (k, op) in chunk.iter().enumerate() {

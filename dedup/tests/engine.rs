@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use pagefold_dedup::pagemap::Pagemap;
-use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate, Knobs, Mode};
+use pagefold_dedup::{DedupBackend, DedupSettings, Engine, EngineConfig, Knobs, Mode};
 
 #[test]
 fn two_regions_same_group_reach_exact_sharing() {
@@ -128,17 +128,25 @@ fn max_page_sharing_is_respected() {
     assert_eq!(s.pages_sharing + s.pool_pages, 600);
     e.check_consistency().unwrap();
     // Raising the knob lets later merges share more.
-    e.set_knobs(KnobUpdate {
-        max_page_sharing: Some(1000),
+    let k = e
+        .apply(
+            &DedupSettings {
+                max_page_sharing: Some(1000),
+                ..Default::default()
+            }
+            .validate()
+            .unwrap(),
+        )
+        .unwrap();
+    assert_eq!(k.max_page_sharing, 1000);
+    assert_eq!(e.knobs().max_page_sharing, 1000);
+    // Below the range, the settings never reach the engine.
+    assert!(DedupSettings {
+        max_page_sharing: Some(1),
         ..Default::default()
-    })
-    .unwrap();
-    assert!(e
-        .set_knobs(KnobUpdate {
-            max_page_sharing: Some(1),
-            ..Default::default()
-        })
-        .is_err());
+    }
+    .validate()
+    .is_err());
 }
 
 #[test]

@@ -9,11 +9,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pagefold_api::patch::DedupPatch;
 use pagefold_api::vms::StatePatch;
-use pagefold_api::{body, vms};
+use pagefold_api::{body, patch, vms};
 use pagefold_dedup::auto::AutoConfig;
-use pagefold_dedup::Knobs;
+use pagefold_dedup::{CheckedSettings, DedupSettings, Knobs};
 use pagefold_fuzz::Input;
 use pagefold_vmm::config::{validate_vm_name, Config};
 
@@ -48,36 +47,34 @@ fn put_vm(name: &str, b: &[u8]) {
     }
 }
 
-fn check_dedup(p: &DedupPatch, current: &Knobs) {
-    if let Ok(c) = p.check(current) {
-        assert!(
-            c.result.validate().is_ok(),
-            "a checked patch gives valid knobs"
-        );
-        if let Ok(a) = p.auto_config(AutoConfig::default()) {
-            let _ = a.validate(HOST_MEM, c.result.pages_to_scan);
-        }
-    }
-    let _ = p.touches_auto();
-    let _ = p.is_empty();
+fn check_dedup(c: &CheckedSettings, current: &Knobs) {
+    assert!(
+        c.knobs_over(*current).validate().is_ok(),
+        "checked settings give valid knobs"
+    );
+    let a = c.auto_over(AutoConfig::default());
+    let _ = a.validate(HOST_MEM, c.knobs_over(*current).pages_to_scan);
+    let _ = c.touches_auto();
 }
 
 fn patch_dedup(b: &[u8], current: &Knobs) {
-    let Ok(p) = body::parse::<DedupPatch>(b) else {
+    let Ok(p) = body::parse::<DedupSettings>(b) else {
         return;
     };
-    check_dedup(&p, current);
-    // The JSON a client would send for this patch reads back the same.
-    let again = serde_json::to_vec(&p).expect("a DedupPatch serializes");
-    let q: DedupPatch = body::parse(&again).expect("a serialized DedupPatch parses");
+    if let Ok(c) = p.validate() {
+        check_dedup(&c, current);
+    }
+    // The JSON a client would send for these settings reads back the same.
+    let again = serde_json::to_vec(&p).expect("DedupSettings serialize");
+    let q: DedupSettings = body::parse(&again).expect("serialized DedupSettings parse");
     assert_eq!(p, q);
 }
 
 fn dedup_pairs(b: &[u8], current: &Knobs) {
     let text = String::from_utf8_lossy(b);
     let pairs: Vec<&str> = text.split('\n').take(64).collect();
-    if let Ok(p) = DedupPatch::from_pairs(&pairs) {
-        check_dedup(&p, current);
+    if let Ok(c) = patch::from_pairs(&pairs) {
+        check_dedup(&c, current);
     }
 }
 

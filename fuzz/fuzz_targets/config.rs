@@ -18,7 +18,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let _ = cfg.validate(Some(8 << 30));
     let _ = cfg.validate(None);
-    let _ = cfg.dedup.knobs(pagefold_dedup::DEFAULT_KNOBS);
+    // Parsing checked the dedup settings: any knobs they give are valid.
+    let knobs = cfg.dedup.settings.knobs_over(pagefold_dedup::DEFAULT_KNOBS);
+    assert!(knobs.validate().is_ok(), "parsed dedup settings are checked");
     for vm in &cfg.vms {
         let _ = vm.validate();
         let _ = vm.memory_bytes();

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use pagefold_dedup::{Knobs, Mode};
+use pagefold_dedup::{BackendKind, CheckedSettings, Mode};
 use serde::{Deserialize, Serialize};
 
 /// Errors in a configuration.
@@ -425,27 +425,18 @@ fn one() -> u8 {
     1
 }
 
-/// Engine-wide dedup settings.
+/// Engine-wide dedup settings: the backend, chosen at start, and the
+/// settings (mode, knobs, auto mode) that the CLI's flags and the API's
+/// `PATCH /dedup` also carry, flattened into `[dedup]` and checked as the
+/// file is parsed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DedupConfig {
-    #[serde(default)]
-    pub mode: Mode,
     /// `pagefold` (the userspace engine) or `ksm` (the kernel's KSM).
-    #[serde(default = "default_backend")]
-    pub backend: String,
     #[serde(default)]
-    pub pages_to_scan: Option<u64>,
-    #[serde(default)]
-    pub sleep_millisecs: Option<u64>,
-    #[serde(default)]
-    pub max_page_sharing: Option<u64>,
-    #[serde(default)]
-    pub auto_threshold: Option<u64>,
-    #[serde(default)]
-    pub max_scanning_factor: Option<u64>,
-    #[serde(default)]
-    pub memory_signal: Option<String>,
+    pub backend: BackendKind,
+    #[serde(flatten)]
+    pub settings: CheckedSettings,
     /// pagefold engine only: let kernel KSM take a group whose duplicates
     /// sit at scattered addresses (one VMA per merge otherwise): `auto`
     /// (default) or `off`. See docs/engine.md.
@@ -461,24 +452,21 @@ fn default_ksm_assist() -> pagefold_dedup::AssistMode {
     pagefold_dedup::AssistMode::Auto
 }
 
-fn default_backend() -> String {
-    "pagefold".to_string()
-}
-
 impl Default for DedupConfig {
     fn default() -> Self {
         Self {
-            mode: Mode::Off,
-            backend: default_backend(),
-            pages_to_scan: None,
-            sleep_millisecs: None,
-            max_page_sharing: None,
-            auto_threshold: None,
-            max_scanning_factor: None,
-            memory_signal: None,
+            backend: BackendKind::default(),
+            settings: CheckedSettings::default(),
             ksm_assist: default_ksm_assist(),
             io_hints: true,
         }
+    }
+}
+
+impl DedupConfig {
+    /// The mode to start in (`off` unless given).
+    pub fn mode(&self) -> Mode {
+        self.settings.mode()
     }
 }
 
@@ -535,7 +523,6 @@ impl Config {
                 "no VM to run: the config has no [[vm]]".into(),
             ));
         }
-        self.dedup.validate()?;
         let mut names = BTreeSet::new();
         let mut total = 0u64;
         for vm in &self.vms {
@@ -553,50 +540,6 @@ impl Config {
         if let Some(host) = host_mem_total {
             if total > host {
                 return Err(Error::HostMemory { asked: total, host });
-            }
-        }
-        Ok(())
-    }
-}
-
-impl DedupConfig {
-    /// Knobs with defaults filled in and ranges checked.
-    pub fn knobs(&self, defaults: Knobs) -> Result<Knobs, Error> {
-        let k = Knobs {
-            pages_to_scan: self.pages_to_scan.unwrap_or(defaults.pages_to_scan),
-            sleep_millisecs: self.sleep_millisecs.unwrap_or(defaults.sleep_millisecs),
-            max_page_sharing: self.max_page_sharing.unwrap_or(defaults.max_page_sharing),
-        };
-        k.validate()
-            .map_err(|e| Error::Invalid(format!("dedup: {e}")))?;
-        Ok(k)
-    }
-
-    pub fn validate(&self) -> Result<(), Error> {
-        if self.backend != "pagefold" && self.backend != "ksm" {
-            return Err(Error::Invalid(format!(
-                "dedup: unknown backend {:?} (expected pagefold or ksm)",
-                self.backend
-            )));
-        }
-        let probe = Knobs {
-            pages_to_scan: 100,
-            sleep_millisecs: 20,
-            max_page_sharing: 256,
-        };
-        self.knobs(probe)?;
-        if let Some(t) = self.auto_threshold {
-            if t > 100 {
-                return Err(Error::Invalid(format!(
-                    "dedup: invalid value for auto_threshold: {t} (valid range 0..=100 percent)"
-                )));
-            }
-        }
-        if let Some(s) = &self.memory_signal {
-            if s != "free" && s != "available" {
-                return Err(Error::Invalid(format!(
-                    "dedup: unknown memory_signal {s:?} (expected free or available)"
-                )));
             }
         }
         Ok(())
@@ -927,7 +870,9 @@ mod tests {
         )
         .unwrap();
         c.validate(None).unwrap();
-        assert_eq!(c.dedup.mode, Mode::On);
+        assert_eq!(c.dedup.mode(), Mode::On);
+        assert_eq!(c.dedup.settings.pages_to_scan, Some(1000));
+        assert_eq!(c.dedup.backend, BackendKind::Pagefold);
         assert_eq!(c.vms.len(), 2);
         assert_eq!(c.vms[1].memory_bytes(), 256 << 20);
         assert_eq!(c.vms[0].dedup_group(), "a");
@@ -940,9 +885,64 @@ mod tests {
     }
 
     #[test]
+    fn dedup_section_takes_every_setting() {
+        let c = parse(
+            "[dedup]\nbackend = \"ksm\"\nmode = \"auto\"\npages_to_scan = 500\n\
+             sleep_millisecs = 0\nmax_page_sharing = 64\nauto_threshold = 30\n\
+             max_scanning_factor = 4\nmemory_signal = \"free\"\nksm_assist = \"off\"\n\
+             io_hints = false\n",
+        )
+        .unwrap();
+        let d = &c.dedup;
+        assert_eq!(d.backend, BackendKind::Ksm);
+        assert_eq!(d.mode(), Mode::Auto);
+        let s = *d.settings;
+        assert_eq!(
+            (s.pages_to_scan, s.sleep_millisecs, s.max_page_sharing),
+            (Some(500), Some(0), Some(64))
+        );
+        assert_eq!(
+            (s.auto_threshold, s.max_scanning_factor),
+            (Some(30), Some(4))
+        );
+        assert_eq!(s.memory_signal, Some(pagefold_dedup::MemorySignal::Free));
+        assert_eq!(d.ksm_assist, pagefold_dedup::AssistMode::Off);
+        assert!(!d.io_hints);
+        let empty = parse("").unwrap().dedup;
+        assert_eq!(empty, DedupConfig::default());
+        assert_eq!(empty.mode(), Mode::Off);
+    }
+
+    #[test]
     fn rejects_bad_input_with_clear_messages() {
         let e = parse("[[vm]]\nname = \"a\"\nmemory = \"1G\"\ncolour = 3\n").unwrap_err();
         assert!(e.contains("unknown field `colour`"), "{e}");
+        // The dedup settings are checked as they are parsed.
+        let vm = "[[vm]]\nname = \"a\"\nmemory = 64\n";
+        for (dedup, want) in [
+            (
+                "pages_to_scan = 0",
+                "invalid value for pages_to_scan: 0 (valid range 1..=16777216)",
+            ),
+            (
+                "backend = \"zfs\"",
+                "unknown backend \"zfs\" (expected pagefold or ksm)",
+            ),
+            ("mode = \"sometimes\"", "unknown dedup mode \"sometimes\""),
+            (
+                "memory_signal = \"cached\"",
+                "unknown memory signal \"cached\"",
+            ),
+            (
+                "auto_threshold = 101",
+                "auto_threshold must be a percentage in 0..=100, got 101",
+            ),
+            ("turbo = true", "unknown field `turbo`"),
+            ("pages_to_scan = \"many\"", "invalid type"),
+        ] {
+            let e = parse(&format!("[dedup]\n{dedup}\n{vm}")).unwrap_err();
+            assert!(e.contains(want), "{dedup}: {e}");
+        }
         let bad = |s: &str, want: &str| {
             let c = parse(s).unwrap();
             let e = c.validate(Some(8 << 30)).unwrap_err().to_string();
@@ -985,14 +985,6 @@ mod tests {
         bad(
             "[[vm]]\nname = \"a\"\nmemory = 64\n[vm.workload]\nzero_permille = 1001\n",
             "valid range 0..=1000",
-        );
-        bad(
-            "[dedup]\npages_to_scan = 0\n[[vm]]\nname = \"a\"\nmemory = 64\n",
-            "pages_to_scan",
-        );
-        bad(
-            "[dedup]\nbackend = \"zfs\"\n[[vm]]\nname = \"a\"\nmemory = 64\n",
-            "unknown backend",
         );
         bad("", "no VM to run");
     }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use pagefold_dedup::auto::{AutoConfig, AutoController, AutoHandle, MemorySource, ProcMemSource};
 use pagefold_dedup::ksm::{KsmBackend, KsmOptions};
-use pagefold_dedup::{DedupBackend, Engine, EngineConfig, KnobUpdate, Mode, DEFAULT_KNOBS};
+use pagefold_dedup::{BackendKind, DedupBackend, Engine, EngineConfig, Mode, DEFAULT_KNOBS};
 
-use crate::config::{Config, DedupConfig};
+use crate::config::Config;
 
 /// Errors creating a backend.
 #[derive(Debug, thiserror::Error)]
@@ -26,26 +26,11 @@ pub struct Dedup {
     pub auto: Option<AutoHandle>,
 }
 
-fn backend_err(backend: &str, e: impl std::fmt::Display) -> Error {
+fn backend_err(backend: BackendKind, e: impl std::fmt::Display) -> Error {
     Error::Backend {
         backend: backend.to_string(),
         message: e.to_string(),
     }
-}
-
-/// The auto-mode settings of `d`, defaults filled in.
-pub fn auto_config(d: &DedupConfig) -> Result<AutoConfig, Error> {
-    let mut a = AutoConfig::default();
-    if let Some(t) = d.auto_threshold {
-        a.threshold_pct = t;
-    }
-    if let Some(f) = d.max_scanning_factor {
-        a.max_scanning_factor = f;
-    }
-    if let Some(s) = &d.memory_signal {
-        a.memory_signal = s.parse().map_err(|e| Error::Config(format!("{e}")))?;
-    }
-    Ok(a)
 }
 
 /// The engine threads' start hook: their seccomp filters, when filters
@@ -89,19 +74,16 @@ pub fn create_backend_with_source(
     source: Option<Box<dyn MemorySource>>,
 ) -> Result<Option<Dedup>, Error> {
     let d = &cfg.dedup;
-    let wanted = cfg.vms.iter().any(|v| v.dedup.enabled) && d.mode != Mode::Off;
+    let wanted = cfg.vms.iter().any(|v| v.dedup.enabled) && d.mode() != Mode::Off;
     if !wanted && !always {
         return Ok(None);
     }
-    let auto = auto_config(d)?;
+    let settings = &d.settings;
+    let auto = settings.auto_over(AutoConfig::default());
     let source = source.unwrap_or_else(|| Box::new(ProcMemSource::new()));
-    match d.backend.as_str() {
-        "pagefold" => {
-            let knobs = d
-                .knobs(DEFAULT_KNOBS)
-                .map_err(|e| Error::Config(e.to_string()))?;
+    let (backend, handle): (Arc<dyn DedupBackend>, AutoHandle) = match d.backend {
+        BackendKind::Pagefold => {
             let engine = Engine::new(EngineConfig {
-                knobs,
                 mode: Mode::Off,
                 assist: pagefold_dedup::AssistConfig {
                     mode: d.ksm_assist,
@@ -111,43 +93,32 @@ pub fn create_backend_with_source(
                 thread_init: engine_thread_init(),
                 ..EngineConfig::default()
             })
-            .map_err(|e| backend_err("pagefold", e))?;
-            let ctl = AutoController::new(auto, source, knobs.pages_to_scan)
+            .map_err(|e| backend_err(d.backend, e))?;
+            // The controller is installed before the mode is set: auto mode
+            // never runs a wake-up without it.
+            let pages_to_scan = settings.knobs_over(DEFAULT_KNOBS).pages_to_scan;
+            let ctl = AutoController::new(auto, source, pages_to_scan)
                 .map_err(|e| Error::Config(e.to_string()))?;
             let handle = ctl.handle();
             engine.set_round_policy(Box::new(ctl));
-            engine
-                .set_mode(d.mode)
-                .map_err(|e| backend_err("pagefold", e))?;
-            Ok(Some(Dedup {
-                backend: Arc::new(engine),
-                auto: Some(handle),
-            }))
+            (Arc::new(engine), handle)
         }
-        "ksm" => {
+        BackendKind::Ksm => {
             let ksm = KsmBackend::with_options(KsmOptions {
                 auto,
                 memory_source: Some(source),
                 ..KsmOptions::default()
             })
-            .map_err(|e| backend_err("ksm", e))?;
-            let update = KnobUpdate {
-                pages_to_scan: d.pages_to_scan,
-                sleep_millisecs: d.sleep_millisecs,
-                max_page_sharing: d.max_page_sharing,
-            };
-            if update != KnobUpdate::default() {
-                ksm.set_knobs(update).map_err(|e| backend_err("ksm", e))?;
-            }
-            ksm.set_mode(d.mode).map_err(|e| backend_err("ksm", e))?;
+            .map_err(|e| backend_err(d.backend, e))?;
             let handle = ksm.auto_handle();
-            Ok(Some(Dedup {
-                backend: Arc::new(ksm),
-                auto: Some(handle),
-            }))
+            (Arc::new(ksm), handle)
         }
-        other => Err(Error::Config(format!(
-            "unknown backend {other:?} (expected pagefold or ksm)"
-        ))),
-    }
+    };
+    backend
+        .apply(settings)
+        .map_err(|e| backend_err(d.backend, e))?;
+    Ok(Some(Dedup {
+        backend,
+        auto: Some(handle),
+    }))
 }

@@ -1,12 +1,12 @@
 //! Auto-mode configuration and its validation.
 
-use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use super::error::AutoError;
 use super::source::{MemSample, Psi};
+use crate::settings::{check_threshold, MemorySignal};
 
 /// Default `auto_threshold`: merge once less than 20 % of RAM is left (the
 /// proposal's default).
@@ -27,46 +27,12 @@ pub fn page_size() -> u64 {
     }
 }
 
-/// Which `/proc/meminfo` figure counts as "free memory".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MemorySignal {
-    /// `MemFree`, what the 2022 proposal used (NR_FREE_PAGES). On a host that
-    /// has done file I/O, page cache keeps it low although the memory is
-    /// reclaimable, so auto mode would merge (and pay COW latency) for nothing.
-    Free,
-    /// `MemAvailable` (default): the kernel's own estimate of what can be
-    /// allocated without swapping, i.e. free plus reclaimable cache.
-    #[default]
-    Available,
-}
-
 impl MemorySignal {
     /// The bytes this signal reads from a sample.
     pub fn of(self, s: &MemSample) -> u64 {
         match self {
             MemorySignal::Free => s.free_bytes,
             MemorySignal::Available => s.available_bytes,
-        }
-    }
-}
-
-impl fmt::Display for MemorySignal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            MemorySignal::Free => "free",
-            MemorySignal::Available => "available",
-        })
-    }
-}
-
-impl FromStr for MemorySignal {
-    type Err = AutoError;
-    fn from_str(s: &str) -> Result<Self, AutoError> {
-        match s {
-            "free" => Ok(MemorySignal::Free),
-            "available" => Ok(MemorySignal::Available),
-            other => Err(AutoError::UnknownSignal(other.to_string())),
         }
     }
 }
@@ -169,9 +135,7 @@ impl AutoConfig {
     /// Checks every field. `total_bytes` and `pages_to_scan` bound
     /// `max_scanning_factor` to `1..=total RAM pages / pages_to_scan`.
     pub fn validate(&self, total_bytes: u64, pages_to_scan: u64) -> Result<(), AutoError> {
-        if self.threshold_pct > 100 {
-            return Err(AutoError::Threshold(self.threshold_pct));
-        }
+        check_threshold(self.threshold_pct)?;
         let max = max_scanning_factor_limit(total_bytes, pages_to_scan);
         // The proposal tested `value < 1 && value > max`, which no value can
         // satisfy; both bounds are checked here.
@@ -235,7 +199,10 @@ mod tests {
             ..Default::default()
         };
         let e = c.validate(GIB, 100).unwrap_err();
-        assert!(matches!(e, AutoError::Threshold(101)));
+        assert!(matches!(
+            e,
+            AutoError::Settings(crate::settings::SettingsError::Threshold(101))
+        ));
         assert!(e.to_string().contains("0..=100"), "{e}");
         for pct in [0, 100] {
             AutoConfig {
@@ -313,8 +280,6 @@ mod tests {
 
     #[test]
     fn names_parse() {
-        assert_eq!("free".parse::<MemorySignal>().unwrap(), MemorySignal::Free);
-        assert!("cache".parse::<MemorySignal>().is_err());
         assert_eq!(
             "full_avg60".parse::<PsiMetric>().unwrap(),
             PsiMetric::FullAvg60

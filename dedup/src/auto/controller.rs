@@ -273,18 +273,18 @@ impl RoundPolicy for AutoController {
             self.factor = self.factor.min(self.factor_cap(pages_to_scan));
             self.triggered_rounds += 1;
             RoundPlan {
-                pages_to_scan: pages_to_scan.saturating_mul(self.factor),
+                pages_to_visit: pages_to_scan.saturating_mul(self.factor),
                 merge: true,
             }
         } else {
             RoundPlan {
-                pages_to_scan: UNTRIGGERED_PAGES_PER_WAKEUP.min(pages_to_scan),
+                pages_to_visit: UNTRIGGERED_PAGES_PER_WAKEUP.min(pages_to_scan),
                 merge: false,
             }
         };
         self.last_plan_merge = plan.merge;
         self.rounds += 1;
-        self.publish(pages_to_scan, plan.pages_to_scan);
+        self.publish(pages_to_scan, plan.pages_to_visit);
         plan
     }
 }

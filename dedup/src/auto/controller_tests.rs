@@ -1,9 +1,10 @@
 //! Controller tests on a scripted memory source.
 
 use super::*;
-use crate::auto::config::{page_size, MemorySignal, PsiMetric, PsiTrigger};
+use crate::auto::config::{page_size, PsiMetric, PsiTrigger};
 use crate::auto::scripted::{ScriptHandle, ScriptedSource};
 use crate::auto::source::Psi;
+use crate::settings::{MemorySignal, SettingsError};
 
 const GIB: u64 = 1 << 30;
 const TOTAL: u64 = 16 * GIB;
@@ -35,7 +36,7 @@ fn triggered(c: AutoConfig) -> (AutoController, ScriptHandle) {
     assert_eq!(
         a.plan(0, 100),
         RoundPlan {
-            pages_to_scan: 100,
+            pages_to_visit: 100,
             merge: true
         }
     );
@@ -46,8 +47,8 @@ fn triggered(c: AutoConfig) -> (AutoController, ScriptHandle) {
 fn step(a: &mut AutoController, merges: u64) -> u64 {
     let p = a.plan(merges, 100);
     assert!(p.merge);
-    assert_eq!(p.pages_to_scan % 100, 0);
-    p.pages_to_scan / 100
+    assert_eq!(p.pages_to_visit % 100, 0);
+    p.pages_to_visit / 100
 }
 
 #[test]
@@ -57,13 +58,13 @@ fn untriggered_scans_slowly_and_only_checksums() {
         assert_eq!(
             a.plan(0, 100),
             RoundPlan {
-                pages_to_scan: UNTRIGGERED_PAGES_PER_WAKEUP,
+                pages_to_visit: UNTRIGGERED_PAGES_PER_WAKEUP,
                 merge: false
             }
         );
     }
     // Never more than the knob itself.
-    assert_eq!(a.plan(0, 3).pages_to_scan, 3);
+    assert_eq!(a.plan(0, 3).pages_to_visit, 3);
     let s = a.status();
     assert!(!s.auto_triggered);
     assert_eq!(s.triggered_times, 0);
@@ -79,7 +80,7 @@ fn triggers_strictly_below_threshold() {
     assert_eq!(
         a.plan(0, 100),
         RoundPlan {
-            pages_to_scan: 100,
+            pages_to_visit: 100,
             merge: true
         }
     );
@@ -103,7 +104,7 @@ fn stops_only_above_threshold_plus_sixteenth() {
     assert_eq!(
         a.plan(1, 100),
         RoundPlan {
-            pages_to_scan: UNTRIGGERED_PAGES_PER_WAKEUP,
+            pages_to_visit: UNTRIGGERED_PAGES_PER_WAKEUP,
             merge: false
         }
     );
@@ -172,7 +173,7 @@ fn factor_is_capped_by_ram_when_pages_to_scan_grows() {
     let pages = TOTAL / page_size();
     let big = pages / 2;
     let p = a.plan(1_000_000, big);
-    assert_eq!(p.pages_to_scan, big * 2);
+    assert_eq!(p.pages_to_visit, big * 2);
     assert_eq!(a.status().effective_max_scanning_factor, 2);
 }
 
@@ -182,7 +183,7 @@ fn first_round_after_trigger_ignores_checksum_round_and_starts_at_one() {
     assert!(!a.plan(0, 100).merge);
     h.set(free(TRIGGER - 1));
     // The count passed here belongs to a checksum-only round: ignored.
-    assert_eq!(a.plan(12345, 100).pages_to_scan, 100);
+    assert_eq!(a.plan(12345, 100).pages_to_visit, 100);
     // First triggered round merged nothing: stays 1.
     assert_eq!(step(&mut a, 0), 1);
     // Then merges start: compared with the previous (0), doubles.
@@ -199,7 +200,7 @@ fn stop_resets_factor_and_retrigger_counts() {
     assert!(!a.plan(10, 100).merge);
     assert_eq!(a.status().scanning_factor, 1);
     h.set(free(TRIGGER - 1));
-    assert_eq!(a.plan(0, 100).pages_to_scan, 100);
+    assert_eq!(a.plan(0, 100).pages_to_visit, 100);
     h.set(free(STOP + 1));
     assert!(!a.plan(0, 100).merge);
     h.set(free(0));
@@ -372,7 +373,10 @@ fn new_rejects_invalid_config() {
     )
     .err()
     .unwrap();
-    assert!(matches!(e, AutoError::Threshold(150)));
+    assert!(matches!(
+        e,
+        AutoError::Settings(SettingsError::Threshold(150))
+    ));
 }
 
 #[test]

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 /// Everything that can go wrong configuring auto mode or sampling memory.
 #[derive(Debug, thiserror::Error)]
 pub enum AutoError {
-    /// `auto_threshold` is a percentage of total RAM.
-    #[error("auto_threshold must be a percentage in 0..=100, got {0}")]
-    Threshold(u64),
+    /// A setting out of range (`auto_threshold` is a percentage of RAM).
+    #[error(transparent)]
+    Settings(#[from] crate::settings::SettingsError),
     /// `max_scanning_factor` must keep one wake-up within total RAM.
     #[error(
         "max_scanning_factor must be in 1..={max} (total RAM pages {total_pages} / \
@@ -22,9 +22,6 @@ pub enum AutoError {
     /// A PSI trigger threshold outside 0..=100 %, or release above trigger.
     #[error("invalid PSI trigger: {0}")]
     PsiTrigger(String),
-    /// `memory_signal` must be `free` or `available`.
-    #[error("unknown memory signal {0:?} (expected free or available)")]
-    UnknownSignal(String),
     /// A PSI metric name that is not `some_avg10|some_avg60|full_avg10|full_avg60`.
     #[error(
         "unknown PSI metric {0:?} (expected some_avg10, some_avg60, full_avg10 or full_avg60)"

@@ -13,8 +13,9 @@ mod scripted;
 mod source;
 mod status;
 
+pub use crate::settings::MemorySignal;
 pub use config::{
-    max_scanning_factor_limit, page_size, AutoConfig, MemorySignal, PsiMetric, PsiTrigger,
+    max_scanning_factor_limit, page_size, AutoConfig, PsiMetric, PsiTrigger,
     DEFAULT_MAX_SCANNING_FACTOR, DEFAULT_SAMPLE_INTERVAL_MS, DEFAULT_THRESHOLD_PCT,
 };
 pub use controller::{AutoController, UNTRIGGERED_PAGES_PER_WAKEUP};

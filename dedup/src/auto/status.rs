@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::Serialize;
 
-use super::config::{AutoConfig, MemorySignal};
+use super::config::AutoConfig;
 use super::error::AutoError;
 use super::source::Psi;
+use crate::settings::MemorySignal;
 
 /// A snapshot of the controller, published after every `plan()`.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -14,9 +14,8 @@ use crate::auto::{
     max_scanning_factor_limit, page_size, AutoConfig, AutoController, AutoHandle, MemorySource,
     ProcMemSource,
 };
-use crate::backend::{
-    DedupBackend, Error, KnobUpdate, Knobs, Mode, OwnerStats, RegionId, RegionSpec, Result, Stats,
-};
+use crate::backend::{DedupBackend, Error, OwnerStats, RegionId, RegionSpec, Result, Stats};
+use crate::settings::{CheckedSettings, Knobs, Mode};
 
 /// How to build a [`KsmBackend`].
 pub struct KsmOptions {
@@ -328,39 +327,42 @@ impl DedupBackend for KsmBackend {
         Ok(())
     }
 
-    fn set_mode(&self, mode: Mode) -> Result<()> {
-        self.stop_driver();
-        if self.inner.state().shut_down {
-            return Err(KsmError::ShutDown.into());
+    /// The knobs given are written first (those of them the kernel has
+    /// already, and `pages_to_scan` in auto mode, whose driver owns it as
+    /// knob x factor, are not), then the mode.
+    fn apply(&self, settings: &CheckedSettings) -> Result<Knobs> {
+        let inner = &self.inner;
+        let knobs = {
+            let mut st = inner.state();
+            if st.shut_down {
+                return Err(KsmError::ShutDown.into());
+            }
+            let new = settings.knobs_over(st.knobs);
+            if settings.max_page_sharing.is_some() {
+                inner.write_max_page_sharing(new.max_page_sharing)?;
+            }
+            if settings.sleep_millisecs.is_some() {
+                inner.sysfs.write("sleep_millisecs", new.sleep_millisecs)?;
+            }
+            if settings.pages_to_scan.is_some() && st.mode != Mode::Auto {
+                inner.write_pages_to_scan(new.pages_to_scan)?;
+            }
+            st.knobs = new;
+            new
+        };
+        if let Some(mode) = settings.mode {
+            self.stop_driver();
+            if inner.state().shut_down {
+                return Err(KsmError::ShutDown.into());
+            }
+            self.apply_mode(mode)?;
+            inner.state().mode = mode;
         }
-        self.apply_mode(mode)?;
-        self.inner.state().mode = mode;
-        Ok(())
+        Ok(knobs)
     }
 
     fn mode(&self) -> Mode {
         self.inner.state().mode
-    }
-
-    fn set_knobs(&self, update: KnobUpdate) -> Result<Knobs> {
-        let inner = &self.inner;
-        let mut st = inner.state();
-        if st.shut_down {
-            return Err(KsmError::ShutDown.into());
-        }
-        let new = update.apply(&st.knobs)?;
-        if update.max_page_sharing.is_some() {
-            inner.write_max_page_sharing(new.max_page_sharing)?;
-        }
-        if update.sleep_millisecs.is_some() {
-            inner.sysfs.write("sleep_millisecs", new.sleep_millisecs)?;
-        }
-        // In auto mode the driver owns pages_to_scan (knob x factor).
-        if update.pages_to_scan.is_some() && st.mode != Mode::Auto {
-            inner.write_pages_to_scan(new.pages_to_scan)?;
-        }
-        st.knobs = new;
-        Ok(new)
     }
 
     fn knobs(&self) -> Knobs {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::auto::{ScriptHandle, ScriptedSource};
 use crate::ksm::{count_ksm_pages, ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmError};
+use crate::settings::DedupSettings;
 
 const PAGE: usize = 4096;
 
@@ -113,11 +114,15 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
 }
 
 fn fast_knobs(b: &KsmBackend) {
-    b.set_knobs(KnobUpdate {
-        pages_to_scan: Some(1000),
-        sleep_millisecs: Some(10),
-        max_page_sharing: None,
-    })
+    b.apply(
+        &DedupSettings {
+            pages_to_scan: Some(1000),
+            sleep_millisecs: Some(10),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap(),
+    )
     .unwrap();
 }
 
@@ -159,10 +164,14 @@ fn merges_identical_pages_then_unmerges() {
         let knobs_before = b.knobs();
         let mps = b.inner.sysfs.read_u64("max_page_sharing").unwrap();
         let e = b
-            .set_knobs(KnobUpdate {
-                max_page_sharing: Some(128),
-                ..Default::default()
-            })
+            .apply(
+                &DedupSettings {
+                    max_page_sharing: Some(128),
+                    ..Default::default()
+                }
+                .validate()
+                .unwrap(),
+            )
             .unwrap_err();
         assert!(e.to_string().contains("unmerge first"), "{e}");
         assert_eq!(b.knobs(), knobs_before, "a refused update changes nothing");
@@ -213,10 +222,14 @@ fn max_page_sharing_changes_when_nothing_is_shared_and_is_restored() {
         if b.inner.sysfs.read_u64("pages_shared").unwrap() > 0 {
             // Another process holds KSM pages: only the refusal is testable.
             let e = b
-                .set_knobs(KnobUpdate {
-                    max_page_sharing: Some(100),
-                    ..Default::default()
-                })
+                .apply(
+                    &DedupSettings {
+                        max_page_sharing: Some(100),
+                        ..Default::default()
+                    }
+                    .validate()
+                    .unwrap(),
+                )
                 .unwrap_err();
             assert!(e.to_string().contains("max_page_sharing"), "{e}");
             return;
@@ -224,10 +237,14 @@ fn max_page_sharing_changes_when_nothing_is_shared_and_is_restored() {
         let orig = b.inner.sysfs.read_u64("max_page_sharing").unwrap();
         let want = if orig == 100 { 101 } else { 100 };
         let k = b
-            .set_knobs(KnobUpdate {
-                max_page_sharing: Some(want),
-                ..Default::default()
-            })
+            .apply(
+                &DedupSettings {
+                    max_page_sharing: Some(want),
+                    ..Default::default()
+                }
+                .validate()
+                .unwrap(),
+            )
             .unwrap();
         assert_eq!(k.max_page_sharing, want);
         assert_eq!(b.inner.sysfs.read_u64("max_page_sharing").unwrap(), want);

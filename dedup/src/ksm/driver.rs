@@ -65,7 +65,7 @@ fn run(inner: &Inner, stop: &mpsc::Receiver<()>) {
         last_merged = merged;
         let plan = inner.auto().plan(new_merges, knobs.pages_to_scan);
         let result = if plan.merge {
-            let pages = plan.pages_to_scan.min(u64::from(u32::MAX));
+            let pages = plan.pages_to_visit.min(u64::from(u32::MAX));
             let mut r = Ok(());
             if applied_pages != Some(pages) {
                 r = inner.write_pages_to_scan(pages);
