@@ -551,6 +551,113 @@ mod tests {
         );
     }
 
+    fn run_args(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["pagefold", "run"].iter().chain(args))?;
+        let Command::Run(a) = cli.cmd else {
+            panic!("not a run command")
+        };
+        Ok(a)
+    }
+
+    #[test]
+    fn run_takes_every_dedup_setting_as_a_flag() {
+        let a = run_args(&[
+            "--dedup",
+            "auto",
+            "--dedup-backend",
+            "ksm",
+            "--pages-to-scan",
+            "500",
+            "--sleep-millisecs",
+            "5",
+            "--max-page-sharing",
+            "64",
+            "--auto-threshold",
+            "30",
+            "--max-scanning-factor",
+            "4",
+            "--memory-signal",
+            "free",
+        ])
+        .unwrap();
+        let d = run_config(&a).unwrap().dedup;
+        assert_eq!(d.backend, BackendKind::Ksm);
+        assert_eq!(d.mode(), Mode::Auto);
+        let want = DedupSettings {
+            mode: Some(Mode::Auto),
+            pages_to_scan: Some(500),
+            sleep_millisecs: Some(5),
+            max_page_sharing: Some(64),
+            auto_threshold: Some(30),
+            max_scanning_factor: Some(4),
+            memory_signal: Some(pagefold_dedup::MemorySignal::Free),
+        };
+        assert_eq!(*d.settings, want);
+        // Without flags the config's (here: the defaults) stay.
+        let d = run_config(&run_args(&[]).unwrap()).unwrap().dedup;
+        assert_eq!(*d.settings, DedupSettings::default());
+        assert_eq!(d.backend, BackendKind::Pagefold);
+    }
+
+    #[test]
+    fn setting_flags_go_over_the_config_file() {
+        let dir = std::env::temp_dir().join(format!("pf-cli-flags-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "[dedup]\nmode = \"on\"\npages_to_scan = 100\nauto_threshold = 10\n\
+             [[vm]]\nname = \"a\"\nmemory = 64\n",
+        )
+        .unwrap();
+        let a = run_args(&["--config", path.to_str().unwrap(), "--auto-threshold", "30"]).unwrap();
+        let d = run_config(&a).unwrap().dedup;
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(d.mode(), Mode::On);
+        assert_eq!(d.settings.pages_to_scan, Some(100));
+        assert_eq!(d.settings.auto_threshold, Some(30));
+        // Out of range as a flag: a usage error (exit 2), the config's words.
+        let e = run_config(&run_args(&["--auto-threshold", "101"]).unwrap()).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert_eq!(
+            e.to_string(),
+            "auto_threshold must be a percentage in 0..=100, got 101"
+        );
+        let e = run_args(&["--memory-signal", "cached"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("unknown memory signal"), "{e}");
+    }
+
+    #[test]
+    fn serve_takes_the_dedup_settings_flags() {
+        let cli = Cli::try_parse_from([
+            "pagefold",
+            "serve",
+            "--dedup",
+            "auto",
+            "--auto-threshold",
+            "30",
+            "--max-scanning-factor",
+            "4",
+            "--memory-signal",
+            "available",
+        ])
+        .unwrap();
+        let Command::Serve(a) = cli.cmd else {
+            panic!("not a serve command")
+        };
+        assert_eq!(a.settings.mode, Some(Mode::Auto));
+        assert_eq!(a.settings.auto_threshold, Some(30));
+        assert_eq!(a.settings.max_scanning_factor, Some(4));
+        assert_eq!(
+            a.settings.memory_signal,
+            Some(pagefold_dedup::MemorySignal::Available)
+        );
+        let e =
+            Cli::try_parse_from(["pagefold", "serve", "--max-scanning-factor", "x"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
     #[test]
     fn demo_config_is_valid() {
         let c = demo_config(&DemoArgs {
