@@ -327,9 +327,9 @@ impl DedupBackend for KsmBackend {
         Ok(())
     }
 
-    /// The knobs given are written first (those of them the kernel has
-    /// already, and `pages_to_scan` in auto mode, whose driver owns it as
-    /// knob x factor, are not), then the mode.
+    /// The knobs given are written to sysfs first (`pages_to_scan` not in
+    /// auto mode: the driver owns it there, as knob x factor), then the
+    /// mode is applied.
     fn apply(&self, settings: &CheckedSettings) -> Result<Knobs> {
         let inner = &self.inner;
         let knobs = {
