@@ -91,6 +91,9 @@ pub struct BatchReport {
     pub pass_completed: bool,
     /// Budget units spent: 0 when every page was KSM's (skipped).
     pub spent: u64,
+    /// Pages hashed for the first time (new to the engine): a region that
+    /// just arrived, or memory a guest just touched.
+    pub fresh: u64,
 }
 
 /// The region index and page of page id `gid` (regions are sorted by
@@ -159,6 +162,8 @@ pub struct Core {
     cursor_region: usize,
     cursor_page: usize,
     pass_progress: u64,
+    /// Pages hashed for the first time, ever (see `BatchReport::fresh`).
+    fresh_hashed: u64,
     map_checked: Option<Instant>,
     map_vmas: u64,
     budget: MapBudget,
@@ -244,6 +249,7 @@ impl Core {
             cursor_region: 0,
             cursor_page: 0,
             pass_progress: 0,
+            fresh_hashed: 0,
             map_checked: None,
             map_vmas: 0,
             budget: MapBudget::default(),
@@ -674,6 +680,7 @@ impl Core {
         }
         self.refresh_map_count(false);
         let before = self.counters.merges + self.counters.zero_merges;
+        let fresh_before = self.fresh_hashed;
         let mut budget = pages.saturating_mul(HASH_COST);
         let budget0 = budget;
         if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
@@ -706,6 +713,7 @@ impl Core {
         }
         rep.merges = self.counters.merges + self.counters.zero_merges - before;
         rep.spent = budget0 - budget;
+        rep.fresh = self.fresh_hashed - fresh_before;
         if rep.merges > 0 {
             self.idle_passes = 0;
         }
@@ -925,12 +933,11 @@ impl Core {
         budget: &mut u64,
         merge: bool,
     ) -> usize {
-        let addr = self.regions[ri].page_addr(start);
         let mut entries = std::mem::take(&mut self.scratch);
         if entries.len() < n {
             entries.resize(n, Entry(0));
         }
-        if let Err(e) = self.pagemap.read(addr, &mut entries[..n]) {
+        if let Err(e) = self.read_needed(ri, start, &mut entries[..n]) {
             log::warn!("pagefold: {e}");
             self.scratch = entries;
             return n;
@@ -955,6 +962,14 @@ impl Core {
             match region::kind(st) {
                 MERGED => {
                     *budget -= 1;
+                    if !self.merged_due(ri, p, st) {
+                        // Checked on its own smart-scan schedule; its
+                        // pagemap entry was not read.
+                        let s = self.regions[ri].word[p];
+                        prev = Some(s);
+                        self.note_run(Some(self.pool.meta(s).hash));
+                        continue;
+                    }
                     if e.present() && !e.file() {
                         // Copy-on-write broke the share.
                         let r = &mut self.regions[ri];
@@ -972,7 +987,9 @@ impl Core {
                             prev = self.visit(ri, p, e, st, prev, budget, merge, &mut ops);
                         }
                     } else {
-                        let s = self.regions[ri].word[p];
+                        let r = &mut self.regions[ri];
+                        let s = r.word[p];
+                        r.state[p] = region::with_level(st, region::level(st) + 1);
                         prev = Some(s);
                         self.note_run(Some(self.pool.meta(s).hash));
                     }
@@ -1020,6 +1037,91 @@ impl Core {
         used
     }
 
+    /// Is a HASHED page due for hashing on this pass (smart scan)? Every
+    /// other kind, and every page of a hinted visit, is.
+    fn hashed_due(&self, ri: usize, p: usize, st: u8) -> bool {
+        region::kind(st) != HASHED
+            || self.trusted
+            || region::due(
+                self.counters.passes,
+                region::level(st),
+                self.regions[ri].word[p],
+            )
+    }
+
+    /// Is a MERGED page due for its copy-on-write check on this pass? A
+    /// share that stays intact is checked less often (level L: once every
+    /// 2^L passes, L up to `MAX_LEVEL`), as unique pages are hashed less
+    /// often: each check is a pagemap walk over the page's own VMA (one per
+    /// scattered merge), which was most of the engine's CPU while two
+    /// guests built (issue 10). A broken share is noticed at most
+    /// 2^MAX_LEVEL passes late; until then the pool keeps the page's
+    /// reference (the guest's new copy is already its own).
+    fn merged_due(&self, ri: usize, p: usize, st: u8) -> bool {
+        self.trusted
+            || self.regions[ri].assisted
+            || region::due(
+                self.counters.passes,
+                region::level(st),
+                self.regions[ri].word[p],
+            )
+    }
+
+    /// Fills `out` with the pagemap entries of pages `start..` of region
+    /// `ri` that this pass needs (new, zero, due hashed, due merged pages);
+    /// the others get `Entry(0)` and are not looked at. Reads runs of
+    /// needed pages, bridging gaps of up to `READ_GAP` pages: a pagemap
+    /// read walks every VMA it covers, and a scattered merge is a VMA.
+    fn read_needed(
+        &self,
+        ri: usize,
+        start: usize,
+        out: &mut [Entry],
+    ) -> Result<(), crate::pagemap::PagemapError> {
+        const READ_GAP: usize = 8;
+        let r = &self.regions[ri];
+        if r.assisted {
+            // A census pass: every frame counts.
+            return self.pagemap.read(r.page_addr(start), out);
+        }
+        let needed = |i: usize| {
+            let p = start + i;
+            let st = r.state[p];
+            match region::kind(st) {
+                MERGED => self.merged_due(ri, p, st),
+                HASHED => self.hashed_due(ri, p, st),
+                _ => true,
+            }
+        };
+        let n = out.len();
+        let mut i = 0;
+        while i < n {
+            if !needed(i) {
+                out[i] = Entry(0);
+                i += 1;
+                continue;
+            }
+            // A run from i: extend while a needed page follows within
+            // READ_GAP pages.
+            let mut end = i + 1;
+            let mut gap = 0;
+            let mut j = end;
+            while j < n && gap <= READ_GAP {
+                if needed(j) {
+                    end = j + 1;
+                    gap = 0;
+                } else {
+                    gap += 1;
+                }
+                j += 1;
+            }
+            self.pagemap
+                .read(r.page_addr(start + i), &mut out[i..end])?;
+            i = end;
+        }
+        Ok(())
+    }
+
     /// Visits an unmerged page; returns the slot it is planned onto, if any.
     #[allow(clippy::too_many_arguments)]
     fn visit(
@@ -1034,26 +1136,20 @@ impl Core {
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let kind = region::kind(st);
+        if !self.hashed_due(ri, p, st) {
+            // Smart scan, pass-aligned (see `region::due`): identical pages
+            // are hashed on the same passes, so they always meet. Its
+            // pagemap entry was not read (`read_needed`).
+            *budget -= 1;
+            self.note_run(Some(self.regions[ri].word[p]));
+            return None;
+        }
         if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
             *budget -= 1;
             self.note_run(None);
             if kind == HASHED {
                 self.regions[ri].set_kind(p, NEW);
             }
-            return None;
-        }
-        if kind == HASHED
-            && !self.trusted
-            && !region::due(
-                self.counters.passes,
-                region::level(st),
-                self.regions[ri].word[p],
-            )
-        {
-            // Smart scan, pass-aligned (see `region::due`): identical pages
-            // are hashed on the same passes, so they always meet.
-            *budget -= 1;
-            self.note_run(Some(self.regions[ri].word[p]));
             return None;
         }
         *budget = budget.saturating_sub(HASH_COST);
@@ -1080,6 +1176,7 @@ impl Core {
             if kind == NEW {
                 r.set_kind(p, HASHED);
                 self.pass_progress += 1;
+                self.fresh_hashed += 1;
             }
             if !unchanged {
                 r.set_volatile(p, true);
@@ -1517,6 +1614,8 @@ impl Core {
                 _ => {
                     r.set_in_pool(op.page, true);
                     r.set_kind(op.page, MERGED);
+                    // Checked for copy-on-write every pass at first.
+                    r.state[op.page] = region::with_level(r.state[op.page], 0);
                     r.word[op.page] = op.slot;
                     self.counters.merges += 1;
                 }
