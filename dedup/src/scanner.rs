@@ -1037,10 +1037,14 @@ impl Core {
         used
     }
 
-    /// Is a HASHED page due for hashing on this pass (smart scan)? Every
-    /// other kind, and every page of a hinted visit, is.
-    fn hashed_due(&self, ri: usize, p: usize, st: u8) -> bool {
-        region::kind(st) != HASHED
+    /// Is an unmerged page due for a visit on this pass (smart scan)? A
+    /// HASHED page at level L is hashed once every 2^L passes; a NEW page
+    /// that keeps being absent (guest RAM never touched) rises a level per
+    /// absent visit the same way, so untouched memory costs a pagemap
+    /// entry once every 2^MAX_LEVEL passes. ZERO pages, and every page of
+    /// a hinted visit, are always due.
+    fn visit_due(&self, ri: usize, p: usize, st: u8) -> bool {
+        !matches!(region::kind(st), HASHED | NEW)
             || self.trusted
             || region::due(
                 self.counters.passes,
@@ -1068,8 +1072,9 @@ impl Core {
     }
 
     /// Fills `out` with the pagemap entries of pages `start..` of region
-    /// `ri` that this pass needs (new, zero, due hashed, due merged pages);
-    /// the others get `Entry(0)` and are not looked at. Reads runs of
+    /// `ri` that this pass needs (zero pages, new and hashed pages due for
+    /// a visit, merged pages due for their copy-on-write check); the others
+    /// get `Entry(0)` and are not looked at. Reads runs of
     /// needed pages, bridging gaps of up to `READ_GAP` pages: a pagemap
     /// read walks every VMA it covers, and a scattered merge is a VMA.
     fn read_needed(
@@ -1089,7 +1094,7 @@ impl Core {
             let st = r.state[p];
             match region::kind(st) {
                 MERGED => self.merged_due(ri, p, st),
-                HASHED => self.hashed_due(ri, p, st),
+                HASHED | NEW => self.visit_due(ri, p, st),
                 _ => true,
             }
         };
@@ -1136,20 +1141,24 @@ impl Core {
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let kind = region::kind(st);
-        if !self.hashed_due(ri, p, st) {
+        if !self.visit_due(ri, p, st) {
             // Smart scan, pass-aligned (see `region::due`): identical pages
             // are hashed on the same passes, so they always meet. Its
             // pagemap entry was not read (`read_needed`).
             *budget -= 1;
-            self.note_run(Some(self.regions[ri].word[p]));
+            self.note_run((kind == HASHED).then(|| self.regions[ri].word[p]));
             return None;
         }
         if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
             *budget -= 1;
             self.note_run(None);
-            if kind == HASHED {
-                self.regions[ri].set_kind(p, NEW);
-            }
+            let r = &mut self.regions[ri];
+            r.state[p] = if kind == HASHED {
+                region::with_level(region::with_kind(st, NEW), 0)
+            } else {
+                // Still absent: looked at less often (`visit_due`).
+                region::with_level(st, region::level(st) + 1)
+            };
             return None;
         }
         *budget = budget.saturating_sub(HASH_COST);
