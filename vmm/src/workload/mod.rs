@@ -1,5 +1,10 @@
 //! Wires the built-in workload guest to a VM: turns the config into the
 //! guest's parameter block and puts the control device on the VM's ports.
+//! The guest's image is in [`image`], its CPL3 boot state in [`boot`]; its
+//! disks are attached like a Linux guest's ([`crate::disk`]).
+
+pub mod boot;
+pub mod image;
 
 use std::sync::{Arc, Mutex};
 
@@ -53,8 +58,8 @@ pub struct GuestDisk {
 }
 
 impl GuestDisk {
-    /// The disks `linux_vm::attach_disks` attached, in order.
-    pub fn from_attached(d: &crate::linux_vm::Disks) -> Vec<GuestDisk> {
+    /// The disks `disk::attach_disks` attached, in order.
+    pub fn from_attached(d: &crate::disk::Disks) -> Vec<GuestDisk> {
         d.slots
             .iter()
             .zip(&d.sectors)
