@@ -9,6 +9,7 @@ pub mod linux;
 pub mod memory;
 pub mod runner;
 pub mod seccomp;
+pub mod seed;
 pub mod signals;
 pub mod state;
 pub mod stdin;

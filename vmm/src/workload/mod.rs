@@ -18,6 +18,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{fmt_size, Phase, WorkloadConfig};
 use crate::memory::MMIO_HOLE_END;
+pub use crate::seed::name_seed;
 use crate::vcpu::ControlPort;
 
 pub use pagefold_devices::workload::WorkloadControl as Control;
@@ -38,14 +39,6 @@ const MIB2: u64 = 2 << 20;
 /// 4-byte version record (records are packed into record pages).
 pub fn bytes_per_page() -> u64 {
     PAGE_SIZE + 4
-}
-
-/// A stable 64-bit seed from a VM name (FNV-1a), so a VM's private content is
-/// the same from run to run but differs between VMs.
-pub fn name_seed(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
 }
 
 /// A disk as the workload guest sees it.
