@@ -353,14 +353,16 @@ def module_graph(pkgs, quiet):
 
 
 def linked(features):
-    out = subprocess.run(
+    r = subprocess.run(
         ["cargo", "tree", "-p", "pagefold", "-e", "normal", "--prefix", "none"] + features,
         cwd=ROOT,
-        check=True,
         capture_output=True,
         text=True,
-    ).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
+    )
+    if r.returncode != 0:
+        fail(f"cargo tree {' '.join(features)}: {r.stderr.strip()}")
+        return set()
+    return {line.split()[0] for line in r.stdout.splitlines() if line.strip()}
 
 
 def bench_feature(quiet):
