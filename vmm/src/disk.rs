@@ -151,3 +151,35 @@ pub fn attach_disks(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{MMIO_HOLE_END, MMIO_HOLE_START};
+    use pagefold_guest_abi::disk::MAX_DISKS;
+
+    #[test]
+    fn every_slot_a_guest_may_use_is_in_the_mmio_hole_with_its_own_gsi() {
+        assert_eq!(
+            VirtioMmioDevice::slot(0),
+            VirtioMmioDevice {
+                addr: 0xd000_0000,
+                size: 0x1000,
+                irq: 5
+            }
+        );
+        let slots: Vec<_> = (0..MAX_DISKS as u32).map(VirtioMmioDevice::slot).collect();
+        for (i, s) in slots.iter().enumerate() {
+            assert!(
+                s.addr >= MMIO_HOLE_START && s.addr + s.size <= MMIO_HOLE_END,
+                "{s:?}"
+            );
+            // The IOAPIC has 24 pins; 0-4 belong to legacy devices (COM1 is 4).
+            assert!((5..=23).contains(&s.irq), "{s:?}");
+            if let Some(next) = slots.get(i + 1) {
+                assert!(s.addr + s.size <= next.addr, "{s:?} overlaps {next:?}");
+                assert_ne!(s.irq, next.irq);
+            }
+        }
+    }
+}
