@@ -13,6 +13,13 @@ use pagefold_bench::{
 
 use crate::error::Error;
 
+/// `pagefold bench <benchmark>`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub cmd: BenchCommand,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
     /// The 2022 KSM auto-mode test (300 MiB, shapes full and sparse), the
@@ -276,8 +283,8 @@ fn build(a: BuildArgs) -> Result<i32, Error> {
     })
 }
 
-pub fn run(cmd: BenchCommand) -> Result<i32, Error> {
-    match cmd {
+pub fn run(args: BenchArgs) -> Result<i32, Error> {
+    match args.cmd {
         BenchCommand::KsmSeed(a) => ksm_seed(a),
         BenchCommand::Auto(a) => auto(a),
         BenchCommand::Build(a) => build(a),
@@ -287,13 +294,20 @@ pub fn run(cmd: BenchCommand) -> Result<i32, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{Cli, Command};
     use clap::Parser;
 
+    /// `pagefold bench` alone, so these tests need not import the CLI that
+    /// imports this module.
+    #[derive(Parser, Debug)]
+    struct Bench {
+        #[command(flatten)]
+        args: BenchArgs,
+    }
+
     fn seed_args(args: &[&str]) -> SeedArgs {
-        let argv = ["pagefold", "bench", "ksm-seed"].iter().chain(args);
-        match Cli::try_parse_from(argv).unwrap().cmd {
-            Command::Bench(BenchCommand::KsmSeed(a)) => a,
+        let argv = ["bench", "ksm-seed"].iter().chain(args);
+        match Bench::try_parse_from(argv).unwrap().args.cmd {
+            BenchCommand::KsmSeed(a) => a,
             other => panic!("{other:?}"),
         }
     }
@@ -344,8 +358,8 @@ mod tests {
             &["--scattered-mib", "0"],
             &["--placement", "random"],
         ] {
-            let argv = ["pagefold", "bench", "ksm-seed"].iter().chain(bad);
-            assert!(Cli::try_parse_from(argv).is_err(), "{bad:?}");
+            let argv = ["bench", "ksm-seed"].iter().chain(bad);
+            assert!(Bench::try_parse_from(argv).is_err(), "{bad:?}");
         }
     }
 }

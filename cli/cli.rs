@@ -57,8 +57,9 @@ pub enum Command {
     #[command(subcommand)]
     Dedup(client::DedupCommand),
     /// Benchmarks: pagefold against the kernel's KSM, side by side.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    // Hidden in builds without the `bench` feature, where it only says so.
+    #[cfg_attr(not(feature = "bench"), command(hide = true))]
+    Bench(bench::BenchArgs),
     /// The host-global state pagefold changes (KSM knobs, sysctls): show
     /// it, or restore what a killed pagefold left changed.
     #[command(subcommand)]

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::body;
 use crate::error::ApiError;
 use crate::patch::DedupPatch;
-use crate::router::{blocking, AppState};
+use crate::state::{blocking, AppState};
 
 /// The knobs' valid ranges, for clients.
 pub fn limits() -> Value {

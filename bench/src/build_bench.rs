@@ -295,13 +295,14 @@ fn vm_err(e: impl std::fmt::Display) -> BenchError {
 }
 
 /// Guest-physical base of disk 0's virtio-mmio window, as
-/// `linux_vm::attach_disks` places it (slot n at `0xd000_0000 + n*0x1000`).
+/// `disk::attach_disks` places it (slot n at `0xd000_0000 + n*0x1000`).
 const DISK0_MMIO: u64 = 0xd000_0000;
 
 /// [`TreeInfo::possible_npages`] for [`build_configs`].
 pub fn possible_npages(image: &Path, tree: &TreeSpec) -> Result<u64, BenchError> {
-    let image_end = pagefold_vmm::boot::image_end(pagefold_vmm::workload_image::WORKLOAD_ELF)
-        .map_err(vm_err)?;
+    let image_end =
+        pagefold_vmm::workload::boot::image_end(pagefold_vmm::workload::image::WORKLOAD_ELF)
+            .map_err(vm_err)?;
     let disks = [pagefold_vmm::workload::GuestDisk {
         mmio: DISK0_MMIO,
         sectors: tree_pages(tree) * pagefold_guest_abi::disk::SECTORS_PER_PAGE,

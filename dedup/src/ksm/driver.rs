@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::backend::Inner;
 use super::error::KsmError;
 use super::procstat::self_ksm_stat;
+use super::shared::Inner;
 use crate::policy::RoundPolicy;
 
 /// Shortest round: ksmd's own wake-up period is about 20 ms at best
