@@ -301,8 +301,8 @@ fn rejects_bad_and_overlapping_regions() {
         let region = Anon::new(4, 0);
         let mut spec = region.spec("vm3");
         spec.host_addr += 1;
-        // SAFETY: rejected before any madvise.
         assert!(matches!(
+            // SAFETY: a misaligned range is rejected before any madvise.
             unsafe { b.register(spec) },
             Err(Error::BadRegion { .. })
         ));
@@ -311,8 +311,8 @@ fn rejects_bad_and_overlapping_regions() {
         let mut half = region.spec("vm4");
         half.host_addr += 2 * PAGE;
         half.len = 2 * PAGE;
-        // SAFETY: rejected before any madvise.
         assert!(matches!(
+            // SAFETY: the overlap is rejected before any madvise.
             unsafe { b.register(half) },
             Err(Error::Overlap { .. })
         ));
