@@ -475,5 +475,4 @@ fn madvise(
 }
 
 #[cfg(test)]
-#[path = "backend_tests.rs"]
 mod tests;
