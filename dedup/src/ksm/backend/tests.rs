@@ -23,19 +23,7 @@ struct Anon {
 impl Anon {
     fn new(pages: usize, byte: u8) -> Self {
         let len = pages * PAGE;
-        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        let ptr = ptr as *mut u8;
+        let ptr = crate::mm::map_anon(len).expect("mmap");
         // SAFETY: ptr..ptr+len was just mapped read-write by us.
         unsafe { std::ptr::write_bytes(ptr, byte, len) };
         Self { ptr, len }
@@ -64,8 +52,8 @@ impl Anon {
 
 impl Drop for Anon {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly what new() mapped.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // Exactly what new() mapped.
+        crate::mm::unmap(self.ptr, self.len);
     }
 }
 
