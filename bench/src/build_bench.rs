@@ -766,7 +766,8 @@ mod tests {
 
     #[test]
     fn configs_are_two_valid_vms_in_one_group_big_enough_for_the_area() {
-        let img = std::env::temp_dir().join(format!("pagefold-bb-cfg-{}", std::process::id()));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let img = file.path().to_path_buf();
         let tree = BuildOptions::default().tree;
         std::fs::write(&img, image_bytes(TreeSpec { files: 3, ..tree })).unwrap();
         let c = build_configs(&img, &tree);
@@ -777,7 +778,6 @@ mod tests {
             assert!(v.memory_bytes() > area_pages(tree_pages(&tree)) * PAGE as u64);
             assert_eq!(v.memory_bytes() % (2 << 20), 0);
         }
-        let _ = std::fs::remove_file(img);
     }
 
     /// The short form CI runs: every system, two runs each, a small tree.

@@ -8,7 +8,7 @@ pub enum BenchError {
     Mmap {
         len: usize,
         #[source]
-        source: std::io::Error,
+        source: pagefold_dedup::mm::MmError,
     },
     #[error("{system}: {source}")]
     Backend {

@@ -44,7 +44,7 @@ pub use chart::{
     nice_step, png_path, seed_chart, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
 };
 pub use error::BenchError;
-pub use host::{load_avg, max_map_count, mem_available, other_ksm_users, self_vmas};
+pub use host::{load_avg, mem_available, other_ksm_users};
 /// The build benchmark's tree description (from the guest ABI).
 pub use pagefold_guest_abi::build::TreeSpec;
 pub use ratio::{fmt_ratio, ratio, Goal};

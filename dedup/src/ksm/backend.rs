@@ -301,8 +301,8 @@ impl DedupBackend for KsmBackend {
         let profit = proc
             .and_then(|p| p.process_profit)
             .unwrap_or_else(|| sys.read_i64("general_profit").unwrap_or(0));
-        let maps = procstat::self_map_count();
-        let max_maps = procstat::max_map_count();
+        let maps = crate::mm::vma_count().ok();
+        let max_maps = Some(crate::mm::max_map_count());
         Stats {
             backend: "ksm".into(),
             mode: st.mode,
@@ -385,5 +385,4 @@ fn madvise(
 }
 
 #[cfg(test)]
-#[path = "backend_tests.rs"]
 mod tests;

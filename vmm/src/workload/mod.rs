@@ -328,7 +328,8 @@ mod tests {
 
     #[test]
     fn params_with_a_disk() {
-        let img = std::env::temp_dir().join(format!("pagefold-wl-disk-{}", std::process::id()));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let img = file.path().to_path_buf();
         std::fs::write(&img, [0u8; 4096]).unwrap();
         let w = WorkloadConfig {
             shared: Some(crate::config::SizeValue::Text("16M".into())),
@@ -380,6 +381,5 @@ mod tests {
         none.phases = vec!["fill".into()];
         let p = params_with_disks(&none, "a", 0, &ram, 0x20_0000, 0, &[disk]).unwrap();
         assert_eq!((p.disk_count, p.disk_pages), (1, 0));
-        std::fs::remove_file(&img).unwrap();
     }
 }
