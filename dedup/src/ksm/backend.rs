@@ -17,6 +17,7 @@ use crate::auto::{
 use crate::backend::{
     DedupBackend, Error, KnobUpdate, Knobs, Mode, OwnerStats, RegionId, RegionSpec, Result, Stats,
 };
+use crate::thread_init::ThreadInit;
 
 /// How to build a [`KsmBackend`].
 pub struct KsmOptions {
@@ -29,6 +30,8 @@ pub struct KsmOptions {
     /// Where knob originals are recorded (and recovered from at start);
     /// `None`: the default journal under the runtime directory.
     pub journal: Option<Journal>,
+    /// Run first by the auto-mode driver thread, each time it starts.
+    pub thread_init: Option<ThreadInit>,
 }
 
 impl Default for KsmOptions {
@@ -38,6 +41,7 @@ impl Default for KsmOptions {
             auto: AutoConfig::default(),
             memory_source: None,
             journal: None,
+            thread_init: None,
         }
     }
 }
@@ -133,6 +137,7 @@ pub struct KsmBackend {
     inner: Arc<Inner>,
     auto_handle: AutoHandle,
     driver: Mutex<Option<Driver>>,
+    thread_init: Option<ThreadInit>,
 }
 
 impl KsmBackend {
@@ -200,6 +205,7 @@ impl KsmBackend {
             }),
             auto_handle,
             driver: Mutex::new(None),
+            thread_init: opts.thread_init,
         })
     }
 
@@ -248,7 +254,8 @@ impl KsmBackend {
                     .write("sleep_millisecs", knobs.sleep_millisecs)?;
                 // Untriggered until the controller says otherwise.
                 inner.sysfs.write("run", 0)?;
-                *lock(&self.driver) = Some(Driver::start(Arc::clone(inner))?);
+                *lock(&self.driver) =
+                    Some(Driver::start(Arc::clone(inner), self.thread_init.clone())?);
             }
         }
         Ok(())
