@@ -403,8 +403,8 @@ fn run_vms(
         });
     }
     // Set-up is done: from here the main thread only runs the event loop
-    // (and what the API asks of it).
-    pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::Main)?;
+    // (and what the API asks of it: VM creation only if the API is on).
+    pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::main(api.is_some()))?;
     let mut last = std::time::Instant::now();
     let report = runner.run(|r| {
         // Long runs show progress: the dedup figures once a second.

@@ -18,6 +18,7 @@ use crate::region::RegionError;
 use crate::scanner::BatchReport;
 use crate::scanner::{Core, Hint, ScanError, DEFAULT_STRIPE};
 use crate::stats::{self, Clocks};
+use crate::thread_init::{DedupThread, ThreadInit};
 use crate::uffd::Uffd;
 
 /// Errors creating or driving the engine.
@@ -90,26 +91,6 @@ fn next_boost(boost: u64, max: u64, rep: &BatchReport, pages: u64) -> u64 {
         boost.saturating_mul(2).min(max)
     } else {
         (boost / 2).max(1)
-    }
-}
-
-/// The engine's threads, as named to a [`ThreadInit`] hook.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineThread {
-    /// `pagefold-scan`: scanning, merging, KSM assist, auto mode.
-    Scanner,
-    /// `pagefold-uffd`: the userfaultfd write-protect fault handler.
-    FaultHandler,
-}
-
-/// A hook each engine thread runs first, on itself (the VMM installs its
-/// seccomp filters there; the engine knows nothing about them).
-#[derive(Clone)]
-pub struct ThreadInit(pub Arc<dyn Fn(EngineThread) + Send + Sync>);
-
-impl std::fmt::Debug for ThreadInit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ThreadInit(..)")
     }
 }
 
@@ -316,9 +297,7 @@ impl Engine {
                 std::thread::Builder::new()
                     .name("pagefold-uffd".into())
                     .spawn(move || {
-                        if let Some(f) = init {
-                            (f.0)(EngineThread::FaultHandler);
-                        }
+                        ThreadInit::run(init.as_ref(), DedupThread::FaultHandler);
                         lock(&sh.clocks).enter();
                         fault::run(uffd, prot, sh.stop.clone(), sh.faults.clone());
                         lock(&sh.clocks).leave();
@@ -332,9 +311,7 @@ impl Engine {
             let t = std::thread::Builder::new()
                 .name("pagefold-scan".into())
                 .spawn(move || {
-                    if let Some(f) = init {
-                        (f.0)(EngineThread::Scanner);
-                    }
+                    ThreadInit::run(init.as_ref(), DedupThread::Scanner);
                     scanner_loop(&sh)
                 });
             match t {

@@ -6,7 +6,8 @@
 //! (memfd + slot allocator); `index` (stable/unstable indices); `region`
 //! (per-page state); `scanner` (core state, planning); `merge` (the
 //! race-free merge/unmerge path); `fault` (uffd handler thread); `stats`;
-//! `engine` ([`Engine`], the [`DedupBackend`] implementation).
+//! `engine` ([`Engine`], the [`DedupBackend`] implementation);
+//! `thread_init` (the backends' thread start hook).
 
 pub mod assist;
 pub mod backend;
@@ -23,12 +24,14 @@ pub mod pool;
 pub mod region;
 pub mod scanner;
 pub mod stats;
+pub mod thread_init;
 pub mod uffd;
 
 pub use assist::{AssistConfig, AssistMode};
 pub use backend::{DedupBackend, Error, KnobUpdate, Knobs, Mode, RegionId, RegionSpec, Stats};
-pub use engine::{Engine, EngineConfig, EngineError, EngineThread, ThreadInit, DEFAULT_KNOBS};
+pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
 pub use policy::{RoundPlan, RoundPolicy};
+pub use thread_init::{DedupThread, ThreadInit};
 pub mod auto;
 pub mod ksm;
 

@@ -18,6 +18,7 @@ use crate::auto::{
 use crate::backend::{
     DedupBackend, Error, KnobUpdate, Knobs, Mode, OwnerStats, RegionId, RegionSpec, Result, Stats,
 };
+use crate::thread_init::ThreadInit;
 
 /// How to build a [`KsmBackend`].
 pub struct KsmOptions {
@@ -30,6 +31,8 @@ pub struct KsmOptions {
     /// Where knob originals are recorded (and recovered from at start);
     /// `None`: the default journal under the runtime directory.
     pub journal: Option<Journal>,
+    /// Run first by the auto-mode driver thread, each time it starts.
+    pub thread_init: Option<ThreadInit>,
 }
 
 impl Default for KsmOptions {
@@ -39,6 +42,7 @@ impl Default for KsmOptions {
             auto: AutoConfig::default(),
             memory_source: None,
             journal: None,
+            thread_init: None,
         }
     }
 }
@@ -55,6 +59,7 @@ pub struct KsmBackend {
     inner: Arc<Inner>,
     auto_handle: AutoHandle,
     driver: Mutex<Option<Driver>>,
+    thread_init: Option<ThreadInit>,
 }
 
 impl KsmBackend {
@@ -110,6 +115,7 @@ impl KsmBackend {
             inner: Arc::new(Inner::new(sysfs, knobs, auto, ksmd, ksmd_cpu_at_start)),
             auto_handle,
             driver: Mutex::new(None),
+            thread_init: opts.thread_init,
         })
     }
 
@@ -158,7 +164,8 @@ impl KsmBackend {
                     .write("sleep_millisecs", knobs.sleep_millisecs)?;
                 // Untriggered until the controller says otherwise.
                 inner.sysfs.write("run", 0)?;
-                *lock(&self.driver) = Some(Driver::start(Arc::clone(inner))?);
+                *lock(&self.driver) =
+                    Some(Driver::start(Arc::clone(inner), self.thread_init.clone())?);
             }
         }
         Ok(())
