@@ -1,0 +1,598 @@
+//! The real-Linux form of the `build` benchmark (docs/benchmarks.md): two
+//! Linux VMs, each booted from its own copy of one disk image made by
+//! scripts/linux-build-bench.sh, run `make defconfig && make -j$(nproc)` on
+//! the Debian kernel source side by side, `runs` times per system. `real`
+//! comes from the guests' result lines; `user`, `sys`, engine CPU and
+//! `npages` are measured on the host exactly as in the workload form, and
+//! fill the same table.
+//!
+//! Needs hardware virtualization: on a PVM host it refuses before touching
+//! anything ([`crate::kvm_host`]).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use pagefold_dedup::auto::ScriptedSource;
+use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
+use pagefold_vmm::config::{
+    Config, DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig, VmDedup,
+};
+use pagefold_vmm::runner::Runner;
+use serde::Serialize;
+
+use crate::auto_bench::{FREE_AFTER, TOTAL};
+use crate::build_bench::{
+    end_backend, make_backend, npages, row, self_rusage, vm_err, BuildRow, BuildRun, BuildSample,
+    BuildSystem,
+};
+use crate::disk_copy::copy_disk;
+use crate::error::BenchError;
+use crate::host::{load_avg, other_ksm_users};
+use crate::kvm_host::{host_kvm_kind, linux_guest_refusal};
+use crate::linux_console::ConsoleWatch;
+use crate::linux_result::LinuxBuildResult;
+
+/// The init program scripts/linux-build-bench.sh installs in the image.
+pub const BUILD_INIT: &str = "/pagefold-build-init";
+/// The dedup group of the two VMs.
+pub const LINUX_BUILD_GROUP: &str = "linux-build";
+/// The two VMs' names.
+pub const LINUX_BUILD_VMS: [&str; 2] = ["linux-a", "linux-b"];
+/// What the refusal message calls this command.
+pub const LINUX_BUILD_COMMAND: &str = "pagefold bench build --guest linux";
+
+#[derive(Debug, Clone)]
+pub struct LinuxBuildOptions {
+    /// Kernel (vmlinux or bzImage) and initrd: scripts/guest-image.sh's,
+    /// whose initrd loads the virtio modules and switches to `root=`.
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    /// The image scripts/linux-build-bench.sh made; each VM gets a copy.
+    pub disk: PathBuf,
+    /// Guest RAM per VM (config syntax: "2G", "2048M").
+    pub memory: String,
+    pub vcpus: u8,
+    /// Runs per system.
+    pub runs: usize,
+    pub sample_interval: Duration,
+    /// Longest one run may take (boot, unpacking and the build).
+    pub timeout: Duration,
+    /// pagefold-auto: the scripted free memory drops below the threshold
+    /// this long after both builds started (the guests report no progress
+    /// to trigger on, unlike the workload form).
+    pub auto_trigger_after: Duration,
+    /// Where the disk copies and console logs go (default: the disk's
+    /// directory, so a copy can be a reflink).
+    pub work_dir: Option<PathBuf>,
+    pub progress: bool,
+}
+
+impl LinuxBuildOptions {
+    pub fn new(kernel: PathBuf, disk: PathBuf) -> Self {
+        Self {
+            kernel,
+            initrd: None,
+            disk,
+            memory: "2G".into(),
+            vcpus: 2,
+            runs: 5,
+            sample_interval: Duration::from_millis(500),
+            timeout: Duration::from_secs(3 * 3600),
+            auto_trigger_after: Duration::from_secs(60),
+            work_dir: None,
+            progress: true,
+        }
+    }
+
+    fn work_dir(&self) -> PathBuf {
+        self.work_dir.clone().unwrap_or_else(|| {
+            self.disk
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        })
+    }
+}
+
+/// The guests' kernel command line: the disk is the root filesystem, the
+/// build script is init, and after its result line the guest waits `hold`
+/// (`pagefold.hold=`, read by the init script) so its memory is still in
+/// place when the host reads the end-of-build figures; the host stops it.
+pub fn linux_build_cmdline(hold: Duration) -> String {
+    format!(
+        "console=ttyS0 panic=-1 root=/dev/vda rw init={BUILD_INIT} pagefold.hold={}",
+        hold.as_secs()
+    )
+}
+
+/// One VM's files for one run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VmFiles {
+    /// Its private copy of the image.
+    pub disk: PathBuf,
+    /// Its serial console log.
+    pub console: PathBuf,
+}
+
+/// The files of run `run` of `system` under `dir` (one per VM).
+pub fn linux_vm_files(dir: &Path, system: &str, run: usize) -> Vec<VmFiles> {
+    LINUX_BUILD_VMS
+        .iter()
+        .map(|vm| VmFiles {
+            disk: dir.join(format!("{vm}.img")),
+            console: dir.join(format!("{system}-run{}-{vm}.console", run + 1)),
+        })
+        .collect()
+}
+
+/// The two VMs: same kernel and initrd, each its own writable disk copy
+/// and console file, one dedup group.
+pub fn linux_build_configs(opts: &LinuxBuildOptions, files: &[VmFiles]) -> Vec<VmConfig> {
+    LINUX_BUILD_VMS
+        .iter()
+        .zip(files)
+        .map(|(name, f)| VmConfig {
+            name: (*name).into(),
+            vcpus: opts.vcpus,
+            memory: SizeValue::Text(opts.memory.clone()),
+            serial: SerialOutput::File(f.console.clone()),
+            dedup: VmDedup {
+                enabled: true,
+                group: Some(LINUX_BUILD_GROUP.into()),
+            },
+            workload: None,
+            kernel: Some(KernelConfig {
+                path: opts.kernel.clone(),
+                initrd: opts.initrd.clone(),
+                cmdline: linux_build_cmdline(opts.timeout),
+                disks: vec![DiskConfig {
+                    path: f.disk.clone(),
+                    readonly: false,
+                }],
+            }),
+        })
+        .collect()
+}
+
+/// What was run on.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinuxGuestInfo {
+    pub kernel: String,
+    pub initrd: Option<String>,
+    pub disk: String,
+    pub disk_bytes: u64,
+    pub memory: String,
+    pub vcpus: u8,
+    pub cmdline: String,
+    /// Console logs of every VM of every run.
+    pub console_dir: String,
+    /// The vmlinux hash every build is compared with (the first build's).
+    pub reference_sha256: Option<String>,
+}
+
+/// One guest's result line.
+#[derive(Debug, Clone, Serialize)]
+pub struct LinuxVmResult {
+    pub system: String,
+    pub run: usize,
+    pub vm: String,
+    pub result: LinuxBuildResult,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LinuxBuildReport {
+    pub guest: LinuxGuestInfo,
+    /// The same rows as the workload form's (`checksums agree`: every
+    /// build produced the reference vmlinux).
+    pub rows: Vec<BuildRow>,
+    pub results: Vec<LinuxVmResult>,
+    pub unrestored: Vec<String>,
+}
+
+fn input_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::InvalidInput(e.to_string())
+}
+
+/// Runs every system `opts.runs` times (interleaved, as the workload
+/// form), holding the KSM lock; refuses at once on a host without
+/// VMX/SVM.
+pub fn run_linux_build_bench(
+    systems: &[BuildSystem],
+    opts: &LinuxBuildOptions,
+) -> Result<LinuxBuildReport, BenchError> {
+    if let Some(why) = linux_guest_refusal(host_kvm_kind(), LINUX_BUILD_COMMAND) {
+        return Err(BenchError::HostUnsupported(why));
+    }
+    if systems.is_empty() || opts.runs == 0 {
+        return Err(BenchError::NoSystems);
+    }
+    let disk_bytes = std::fs::metadata(&opts.disk)
+        .map_err(|e| input_err(format!("disk image {}: {e}", opts.disk.display())))?
+        .len();
+    let dir = opts
+        .work_dir()
+        .join(format!("pagefold-linux-build-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::Write {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    // Check the configs as the VMM will (kernel format, files, memory)
+    // before the first copy.
+    let originals: Vec<VmFiles> = linux_vm_files(&dir, "check", 0)
+        .into_iter()
+        .map(|f| VmFiles {
+            disk: opts.disk.clone(),
+            ..f
+        })
+        .collect();
+    for c in linux_build_configs(opts, &originals) {
+        c.validate().map_err(input_err)?;
+    }
+    let _lock = ksm_exclusive()?;
+    let root = Path::new(KSM_SYSFS);
+    let before = snapshot_tunables(root);
+    let mut runs: Vec<Vec<BuildRun>> = vec![Vec::new(); systems.len()];
+    let mut loads = vec![[0.0; 3]; systems.len()];
+    let mut warnings: Vec<Vec<String>> = vec![Vec::new(); systems.len()];
+    let mut results = Vec::new();
+    let mut result = Ok(());
+    'outer: for run in 0..opts.runs {
+        for (i, s) in systems.iter().enumerate() {
+            if run == 0 {
+                loads[i] = load_avg();
+                if s.kernel_ksm() {
+                    let others = other_ksm_users();
+                    if !others.is_empty() {
+                        warnings[i].push(format!("other processes use KSM: {}", others.join(", ")));
+                    }
+                }
+            }
+            if opts.progress {
+                eprintln!("[linux build] {} run {}/{}", s.name(), run + 1, opts.runs);
+            }
+            match run_linux_once(*s, opts, &dir, run) {
+                Ok((r, vm_results)) => {
+                    if opts.progress {
+                        eprintln!(
+                            "[linux build] {} run {}: real {:.1} s, user {:.1} s, sys {:.1} s, engine {:.2} s, npages {}",
+                            s.name(), run + 1, r.real_s, r.user_s, r.sys_s, r.engine_cpu_s, r.npages
+                        );
+                    }
+                    runs[i].push(r);
+                    for (vm, result) in LINUX_BUILD_VMS.iter().zip(vm_results) {
+                        results.push(LinuxVmResult {
+                            system: s.name().into(),
+                            run: run + 1,
+                            vm: (*vm).into(),
+                            result,
+                        });
+                    }
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break 'outer;
+                }
+            }
+        }
+    }
+    let after = snapshot_tunables(root);
+    let unrestored = before
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(*v))
+        .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
+        .collect();
+    result?;
+    let reference = results.first().and_then(|r| r.result.sha256.clone());
+    let want = results.first().map_or(0, |r| r.result.checksum());
+    let rows = systems
+        .iter()
+        .zip(runs)
+        .zip(loads.into_iter().zip(warnings))
+        .map(|((s, r), (load, w))| row(s.name(), r, want, load, w))
+        .collect();
+    Ok(LinuxBuildReport {
+        guest: LinuxGuestInfo {
+            kernel: opts.kernel.display().to_string(),
+            initrd: opts.initrd.as_ref().map(|p| p.display().to_string()),
+            disk: opts.disk.display().to_string(),
+            disk_bytes,
+            memory: opts.memory.clone(),
+            vcpus: opts.vcpus,
+            cmdline: linux_build_cmdline(opts.timeout),
+            console_dir: dir.display().to_string(),
+            reference_sha256: reference,
+        },
+        rows,
+        results,
+        unrestored,
+    })
+}
+
+/// What the tick hook tracks during one run.
+#[derive(Default)]
+struct Track {
+    started: Option<(Instant, (f64, f64), f64)>,
+    done: Option<((f64, f64), f64)>,
+    trigger_s: Option<f64>,
+    samples: Vec<BuildSample>,
+    last_sample: Option<Instant>,
+    end_stats: Option<pagefold_dedup::Stats>,
+    base_cow: u64,
+    error: Option<String>,
+}
+
+fn console_error(w: &ConsoleWatch, vm: &str, what: &str) -> String {
+    format!(
+        "VM {vm}: {what} (console log {}); its last lines:\n{}",
+        w.path().display(),
+        w.tail()
+    )
+}
+
+/// One run: fresh disk copies, fresh backend, two fresh VMs, both builds.
+fn run_linux_once(
+    s: BuildSystem,
+    opts: &LinuxBuildOptions,
+    dir: &Path,
+    run: usize,
+) -> Result<(BuildRun, Vec<LinuxBuildResult>), BenchError> {
+    let files = linux_vm_files(dir, s.name(), run);
+    let remove_disks = || {
+        for f in &files {
+            let _ = std::fs::remove_file(&f.disk);
+        }
+    };
+    for f in &files {
+        let kind = copy_disk(&opts.disk, &f.disk).map_err(|source| {
+            remove_disks();
+            BenchError::Write {
+                path: f.disk.display().to_string(),
+                source,
+            }
+        })?;
+        if opts.progress {
+            eprintln!("[linux build] {} ({kind:?} copy)", f.disk.display());
+        }
+    }
+    let out = drive(s, opts, &files);
+    remove_disks();
+    out
+}
+
+fn drive(
+    s: BuildSystem,
+    opts: &LinuxBuildOptions,
+    files: &[VmFiles],
+) -> Result<(BuildRun, Vec<LinuxBuildResult>), BenchError> {
+    let (backend, script) = make_backend(s)?;
+    let cfg = Config {
+        dedup: Default::default(),
+        vms: linux_build_configs(opts, files),
+        stdin: None,
+        // Benchmarks run their VMs in-process without the VMM's filters.
+        seccomp: Some(false),
+    };
+    let mut runner = match Runner::new(backend.clone(), true) {
+        Ok(r) => r,
+        Err(err) => {
+            end_backend(s, backend.as_ref());
+            return Err(vm_err(err));
+        }
+    };
+    runner.echo = false;
+    if let Err(err) = runner.start_all(&cfg) {
+        drop(runner);
+        end_backend(s, backend.as_ref());
+        return Err(vm_err(err));
+    }
+    let mut watches: Vec<ConsoleWatch> = files
+        .iter()
+        .map(|f| ConsoleWatch::new(&f.console))
+        .collect();
+    let t_run = Instant::now();
+    let mut tr = Track::default();
+    let engine_cpu = |r: &Runner| r.dedup().map_or(0.0, |b| b.stats().cpu_seconds);
+    let report = runner.run(|r| {
+        if tr.done.is_some() || tr.error.is_some() {
+            return;
+        }
+        let fail = |tr: &mut Track, r: &mut Runner, e: String| {
+            tr.error = Some(e);
+            r.stop_all("a Linux build failed");
+        };
+        if t_run.elapsed() > opts.timeout {
+            return fail(
+                &mut tr,
+                r,
+                format!("the builds did not finish in {:?}", opts.timeout),
+            );
+        }
+        for (w, vm) in watches.iter_mut().zip(LINUX_BUILD_VMS) {
+            if let Err(e) = w.poll() {
+                return fail(&mut tr, r, format!("reading {}: {e}", w.path().display()));
+            }
+            match &w.result {
+                Some(Err(e)) => return fail(&mut tr, r, console_error(w, vm, &e.to_string())),
+                Some(Ok(res)) if res.status != 0 => {
+                    let what = format!("the build failed (status {})", res.status);
+                    return fail(&mut tr, r, console_error(w, vm, &what));
+                }
+                Some(Ok(_)) => {}
+                None if r.summary(vm).is_none() => {
+                    let what = "the VM stopped before printing its result line";
+                    return fail(&mut tr, r, console_error(w, vm, what));
+                }
+                None => {}
+            }
+        }
+        if tr.started.is_none() && watches.iter().all(|w| w.started) {
+            tr.started = Some((Instant::now(), self_rusage(), engine_cpu(r)));
+            tr.base_cow = r.dedup().map_or(0, |b| b.stats().cow_breaks);
+        }
+        let Some((t0, _, _)) = tr.started else { return };
+        if let (Some(h), None) = (&script, tr.trigger_s) {
+            if t0.elapsed() >= opts.auto_trigger_after {
+                h.set(ScriptedSource::sample(TOTAL, FREE_AFTER));
+                tr.trigger_s = Some(t0.elapsed().as_secs_f64());
+            }
+        }
+        let finished = watches.iter().all(|w| matches!(w.result, Some(Ok(_))));
+        let due = tr
+            .last_sample
+            .is_none_or(|l| l.elapsed() >= opts.sample_interval);
+        if due || finished {
+            tr.last_sample = Some(Instant::now());
+            let n = r.dedup().map_or(0, |b| npages(&b.stats()));
+            tr.samples.push(BuildSample {
+                t_s: t0.elapsed().as_secs_f64(),
+                npages: n,
+            });
+            if opts.progress && tr.samples.len() % 60 == 0 {
+                eprintln!(
+                    "[linux build {}] {:6.0} s: npages {n}",
+                    s.name(),
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+        if finished {
+            let st = r.dedup().map(|b| b.stats());
+            tr.done = Some((self_rusage(), st.as_ref().map_or(0.0, |s| s.cpu_seconds)));
+            tr.end_stats = st;
+            r.stop_all("builds done");
+        }
+    });
+    drop(runner);
+    end_backend(s, backend.as_ref());
+    report.map_err(vm_err)?;
+    if let Some(e) = tr.error {
+        return Err(vm_err(e));
+    }
+    let (Some((_, ru0, cpu0)), Some((ru1, cpu1))) = (tr.started, tr.done) else {
+        return Err(vm_err("the builds did not finish"));
+    };
+    let results: Vec<LinuxBuildResult> = watches
+        .into_iter()
+        .filter_map(|w| w.result.and_then(Result::ok))
+        .collect();
+    let end = tr.end_stats;
+    let final_n = end.as_ref().map_or(0, npages);
+    let t_final_npages_s = (final_n > 0)
+        .then(|| {
+            tr.samples
+                .iter()
+                .find(|x| x.npages >= final_n)
+                .map(|x| x.t_s)
+        })
+        .flatten();
+    let run = BuildRun {
+        real_s: results.iter().map(|r| r.real_s).fold(0.0, f64::max),
+        user_s: ru1.0 - ru0.0,
+        sys_s: ru1.1 - ru0.1,
+        guest_cpu_s: results.iter().map(|r| r.user_s + r.sys_s).sum::<f64>() / results.len() as f64,
+        engine_cpu_s: (cpu1 - cpu0).max(0.0),
+        npages: final_n,
+        pages_sharing: end.as_ref().map_or(0, |s| s.pages_sharing),
+        zero_pages: end.as_ref().map_or(0, |s| s.zero_pages),
+        peak_npages: tr.samples.iter().map(|x| x.npages).max().unwrap_or(0),
+        t_final_npages_s,
+        cow_breaks: end
+            .as_ref()
+            .map_or(0, |s| s.cow_breaks.saturating_sub(tr.base_cow)),
+        pages_read: 0,
+        pages_written: 0,
+        pages_reused: 0,
+        checksums: results.iter().map(LinuxBuildResult::checksum).collect(),
+        trigger_s: tr.trigger_s,
+        samples: tr.samples,
+    };
+    Ok((run, results))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs_boot_the_kernel_from_a_private_disk_copy_each() {
+        let dir = std::env::temp_dir().join(format!("pagefold-linux-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kernel = dir.join("vmlinux");
+        let initrd = dir.join("initrd.img");
+        let disk = dir.join("build.ext4");
+        // The config check reads the ELF magic; the rest is not loaded.
+        std::fs::write(&kernel, b"\x7fELF\x02\x01\x01").unwrap();
+        std::fs::write(&initrd, b"initrd").unwrap();
+        std::fs::write(&disk, vec![0u8; 4096]).unwrap();
+        let opts = LinuxBuildOptions {
+            initrd: Some(initrd.clone()),
+            ..LinuxBuildOptions::new(kernel.clone(), disk.clone())
+        };
+        let files = linux_vm_files(&dir, "ksm-10000", 1);
+        assert_eq!(files.len(), 2);
+        assert_ne!(files[0].disk, files[1].disk);
+        assert_ne!(files[0].console, files[1].console);
+        assert!(files.iter().all(|f| f.disk != disk));
+        assert!(files[1].console.ends_with("ksm-10000-run2-linux-b.console"));
+        for f in &files {
+            copy_disk(&disk, &f.disk).unwrap();
+        }
+        let c = linux_build_configs(&opts, &files);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].dedup_group(), c[1].dedup_group());
+        assert_eq!(c[0].dedup_group(), LINUX_BUILD_GROUP);
+        for (v, f) in c.iter().zip(&files) {
+            v.validate().unwrap();
+            assert!(v.workload.is_none());
+            assert_eq!(v.vcpus, 2);
+            assert_eq!(v.memory_bytes(), 2 << 30);
+            assert!(v.dedup.enabled);
+            assert_eq!(v.serial, SerialOutput::File(f.console.clone()));
+            let k = v.kernel.as_ref().unwrap();
+            assert_eq!((&k.path, k.initrd.as_ref()), (&kernel, Some(&initrd)));
+            assert_eq!(
+                k.disks,
+                [DiskConfig {
+                    path: f.disk.clone(),
+                    readonly: false
+                }]
+            );
+            let words: Vec<&str> = k.cmdline.split_whitespace().collect();
+            for w in [
+                "console=ttyS0",
+                "root=/dev/vda",
+                "rw",
+                "init=/pagefold-build-init",
+            ] {
+                assert!(words.contains(&w), "{w} missing from {:?}", k.cmdline);
+            }
+            // The guest holds its memory until the host stops it, at most
+            // as long as a run may take.
+            assert!(words.contains(&"pagefold.hold=10800"), "{:?}", k.cmdline);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn work_dir_defaults_to_the_disks_directory() {
+        let o = LinuxBuildOptions::new("k".into(), "/var/tmp/pf/build.ext4".into());
+        assert_eq!(o.work_dir(), PathBuf::from("/var/tmp/pf"));
+        let o = LinuxBuildOptions::new("k".into(), "build.ext4".into());
+        assert_eq!(o.work_dir(), PathBuf::from("."));
+    }
+
+    #[test]
+    fn refuses_on_a_host_without_vmx_or_svm_before_touching_files() {
+        if linux_guest_refusal(host_kvm_kind(), "x").is_none() {
+            eprintln!("SKIPPED: this host has VMX/SVM; the refusal is for PVM hosts");
+            return;
+        }
+        let opts =
+            LinuxBuildOptions::new("/nonexistent/vmlinux".into(), "/nonexistent/disk".into());
+        let t = Instant::now();
+        let e = run_linux_build_bench(&[BuildSystem::Off], &opts).unwrap_err();
+        assert!(matches!(e, BenchError::HostUnsupported(_)), "{e}");
+        assert!(e.to_string().contains("VMX/SVM"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+}
