@@ -1,6 +1,7 @@
 //! `pagefold`: run KVM VMs with guest-memory deduplication.
 
 mod bench;
+mod bench_linux;
 mod cli;
 mod error;
 mod ksm;
