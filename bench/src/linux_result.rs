@@ -42,7 +42,8 @@ impl LinuxBuildResult {
     pub fn checksum(&self) -> u64 {
         self.sha256
             .as_deref()
-            .and_then(|h| u64::from_str_radix(&h[..16], 16).ok())
+            .and_then(|h| h.get(..16))
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
             .unwrap_or(0)
     }
 }
@@ -184,12 +185,33 @@ mod tests {
         assert_eq!(r.checksum(), 0x9f86_d081_884c_7d65);
     }
 
+    /// The console output of the image's /pagefold-build-init, run in a
+    /// chroot of the image's root tree on a stand-in kernel tree (its
+    /// Makefile writes vmlinux), as printed.
+    #[test]
+    fn reads_what_the_images_init_printed() {
+        let console = "pagefold-build: unpacking /usr/src/linux-source-fake.tar.xz\n\
+            PAGEFOLD-BUILD-START nproc=2\n\
+            PAGEFOLD-BUILD-RESULT real=0.03 user=0.00 sys=0.00 status=0 \
+            sha256=244ff9888cea1ea0270e0722825271f456bca997fa4804209f5c81bb4c434a14\n";
+        let line = console.lines().find(|l| l.contains(RESULT_MARKER)).unwrap();
+        let r = parse_result_line(line).unwrap();
+        assert_eq!((r.real_s, r.user_s, r.sys_s, r.status), (0.03, 0.0, 0.0, 0));
+        assert_eq!(r.checksum(), 0x244f_f988_8cea_1ea0);
+    }
+
     #[test]
     fn reads_a_failed_build_and_any_field_order() {
         let r = parse_result_line(&line("status=2 sha256=- sys=1 user=30 real=12")).unwrap();
         assert_eq!((r.status, r.sha256.as_deref()), (2, None));
         assert_eq!((r.real_s, r.user_s, r.sys_s), (12.0, 30.0, 1.0));
         assert_eq!(r.checksum(), 0);
+        // A hand-made result with a short hash has no checksum (no panic).
+        let short = LinuxBuildResult {
+            sha256: Some("abc".into()),
+            ..r
+        };
+        assert_eq!(short.checksum(), 0);
     }
 
     #[test]
