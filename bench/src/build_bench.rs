@@ -290,7 +290,7 @@ pub fn build_configs(image: &Path, tree: &TreeSpec) -> Vec<VmConfig> {
         .collect()
 }
 
-pub(crate) fn vm_err(e: impl std::fmt::Display) -> BenchError {
+fn vm_err(e: impl std::fmt::Display) -> BenchError {
     BenchError::Vm(e.to_string())
 }
 

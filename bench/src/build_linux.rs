@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use crate::auto_bench::{FREE_AFTER, TOTAL};
 use crate::build_bench::{
-    end_backend, make_backend, npages, row, self_rusage, vm_err, BuildRow, BuildRun, BuildSample,
+    end_backend, make_backend, npages, row, self_rusage, BuildRow, BuildRun, BuildSample,
     BuildSystem,
 };
 use crate::disk_copy::copy_disk;
@@ -187,6 +187,10 @@ pub struct LinuxBuildReport {
     pub rows: Vec<BuildRow>,
     pub results: Vec<LinuxVmResult>,
     pub unrestored: Vec<String>,
+}
+
+fn vm_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::LinuxVm(e.to_string())
 }
 
 fn input_err(e: impl std::fmt::Display) -> BenchError {
@@ -464,9 +468,15 @@ fn drive(
     });
     drop(runner);
     end_backend(s, backend.as_ref());
-    report.map_err(vm_err)?;
+    let report = report.map_err(vm_err)?;
     if let Some(e) = tr.error {
-        return Err(vm_err(e));
+        // How each VM ended says why a guest stopped (e.g. a KVM error).
+        let ends: Vec<String> = report
+            .vms
+            .iter()
+            .map(|v| format!("{}: {}", v.name, v.outcome))
+            .collect();
+        return Err(vm_err(format!("{e}\nVMs ended: {}", ends.join("; "))));
     }
     let (Some((_, ru0, cpu0)), Some((ru1, cpu1))) = (tr.started, tr.done) else {
         return Err(vm_err("the builds did not finish"));
@@ -579,6 +589,57 @@ mod tests {
         assert_eq!(o.work_dir(), PathBuf::from("/var/tmp/pf"));
         let o = LinuxBuildOptions::new("k".into(), "build.ext4".into());
         assert_eq!(o.work_dir(), PathBuf::from("."));
+    }
+
+    /// The run loop on real VMs, as far as a PVM host goes: both guests
+    /// stop in early boot (KVM's emulator), so the run must end with an
+    /// error that names the VM and shows its console, and remove the disk
+    /// copies. Emulated boots take minutes of CPU, so it is ignored by
+    /// default; run it with the image of scripts/guest-image.sh:
+    /// `PAGEFOLD_GUEST_DIR=DIR cargo test -p pagefold-bench --lib -- --ignored pvm_guests`
+    #[test]
+    #[ignore]
+    fn pvm_guests_stop_before_their_result_and_the_run_says_so() {
+        if host_kvm_kind() != crate::kvm_host::KvmKind::Pvm {
+            eprintln!("SKIPPED: not a PVM host");
+            return;
+        }
+        let guest =
+            PathBuf::from(std::env::var_os("PAGEFOLD_GUEST_DIR").expect("PAGEFOLD_GUEST_DIR"));
+        let work = std::env::temp_dir().join(format!("pagefold-linux-pvm-{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
+        let opts = LinuxBuildOptions {
+            memory: "256M".into(),
+            vcpus: 1,
+            runs: 1,
+            timeout: Duration::from_secs(900),
+            work_dir: Some(work.clone()),
+            progress: false,
+            ..LinuxBuildOptions::new(guest.join("vmlinux"), guest.join("rootfs.ext4"))
+        };
+        let t = Instant::now();
+        let e = run_linux_once(BuildSystem::PagefoldOn, &opts, &work, 0)
+            .unwrap_err()
+            .to_string();
+        eprintln!("run ended after {:?}: {e}", t.elapsed());
+        assert!(
+            e.contains("the VM stopped before printing its result line"),
+            "{e}"
+        );
+        assert!(e.contains("VM linux-"), "{e}");
+        // The emulator's stop, as the VM's outcome.
+        assert!(e.contains("KVM internal error"), "{e}");
+        let mut shown = 0;
+        for f in linux_vm_files(&work, "pagefold-on", 0) {
+            assert!(!f.disk.exists(), "disk copy left: {}", f.disk.display());
+            let console = std::fs::read_to_string(&f.console).unwrap();
+            assert!(console.contains("Linux version"), "{console}");
+            // The failing VM's last console line is in the message.
+            let last = console.lines().last().unwrap().trim_end();
+            shown += usize::from(e.contains(last));
+        }
+        assert!(shown >= 1, "no console tail in: {e}");
+        std::fs::remove_dir_all(&work).unwrap();
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum BenchError {
     Auto(#[from] pagefold_dedup::auto::AutoError),
     #[error("workload VMs: {0}")]
     Vm(String),
+    #[error("Linux VMs: {0}")]
+    LinuxVm(String),
     /// The host cannot run what was asked (e.g. Linux guests on PVM).
     #[error("{0}")]
     HostUnsupported(String),
