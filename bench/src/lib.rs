@@ -22,6 +22,7 @@ mod auto_report;
 mod build_bench;
 mod build_linux;
 mod build_linux_report;
+mod build_linux_run;
 mod build_report;
 mod chart;
 mod disk_copy;
@@ -49,13 +50,14 @@ pub use build_bench::{
     BuildReport, BuildRow, BuildRun, BuildSample, BuildSystem, BUILD_SYSTEM_NAMES, KSM_10000_KNOBS,
 };
 pub use build_linux::{
-    linux_build_cmdline, linux_build_configs, linux_vm_files, run_linux_build_bench,
-    LinuxBuildOptions, LinuxBuildReport, LinuxGuestInfo, LinuxVmResult, VmFiles, BUILD_INIT,
-    LINUX_BUILD_COMMAND, LINUX_BUILD_GROUP, LINUX_BUILD_VMS,
+    linux_build_cmdline, linux_build_configs, linux_vm_files, LinuxBuildOptions, LinuxBuildReport,
+    LinuxGuestInfo, LinuxVmResult, VmFiles, BUILD_INIT, LINUX_BUILD_COMMAND, LINUX_BUILD_GROUP,
+    LINUX_BUILD_VMS,
 };
 pub use build_linux_report::{
     linux_build_chart, linux_build_json, linux_build_markdown, linux_build_table,
 };
+pub use build_linux_run::run_linux_build_bench;
 pub use build_report::{build_chart, build_json, build_markdown, build_table};
 pub use chart::{
     nice_step, png_path, seed_chart, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
