@@ -62,6 +62,16 @@ impl ShapeArg {
     }
 }
 
+/// Which guests `bench build` runs.
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+pub enum GuestArg {
+    /// The workload guest's modelled build (runs on every KVM host).
+    Workload,
+    /// Linux guests running `make defconfig && make -j` on a kernel tree
+    /// (hosts with VMX/SVM only; disk from scripts/linux-build-bench.sh).
+    Linux,
+}
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum PlacementArg {
     Linear,
@@ -157,20 +167,49 @@ pub struct BuildArgs {
     /// compiled this fraction of its files.
     #[arg(long, default_value_t = 0.25)]
     pub auto_trigger: f64,
-    /// Give up on one run after this many seconds.
-    #[arg(long, default_value_t = 300)]
-    pub timeout_secs: u64,
+    /// Give up on one run after this many seconds (default: 300, or
+    /// 10800 with --guest linux).
+    #[arg(long)]
+    pub timeout_secs: Option<u64>,
+    /// workload (default) or linux.
+    #[arg(long, value_enum, default_value = "workload")]
+    pub guest: GuestArg,
+    /// --guest linux: the kernel (vmlinux or bzImage).
+    #[arg(long)]
+    pub kernel: Option<std::path::PathBuf>,
+    /// --guest linux: the initrd that loads the virtio modules and
+    /// switches to root=/dev/vda (scripts/guest-image.sh's).
+    #[arg(long)]
+    pub initrd: Option<std::path::PathBuf>,
+    /// --guest linux: the build image (scripts/linux-build-bench.sh); each
+    /// VM runs on its own copy.
+    #[arg(long)]
+    pub disk: Option<std::path::PathBuf>,
+    /// --guest linux: RAM per VM.
+    #[arg(long, default_value = "2G")]
+    pub memory: String,
+    /// --guest linux: vCPUs per VM (make -j this many).
+    #[arg(long, default_value_t = 2)]
+    pub vcpus: u8,
 }
 
-fn bench_err(e: BenchError) -> Error {
+pub(crate) fn bench_err(e: BenchError) -> Error {
     match e {
-        BenchError::UnknownSystem { .. } | BenchError::NoSystems => Error::Usage(e.to_string()),
+        BenchError::UnknownSystem { .. } | BenchError::NoSystems | BenchError::InvalidInput(_) => {
+            Error::Usage(e.to_string())
+        }
+        BenchError::HostUnsupported(m) => Error::HostUnsupported(m),
         other => Error::Dedup(other.to_string()),
     }
 }
 
 /// Writes whichever outputs were asked for.
-fn write_outputs(out: &Outputs, json: String, chart: Chart, md: String) -> Result<(), Error> {
+pub(crate) fn write_outputs(
+    out: &Outputs,
+    json: String,
+    chart: Chart,
+    md: String,
+) -> Result<(), Error> {
     let write = |p: &str, t: &str| write_file(p, t).map_err(bench_err);
     if let Some(p) = &out.json {
         write(p, &json)?;
@@ -252,6 +291,14 @@ fn auto(a: AutoArgs) -> Result<i32, Error> {
 fn build(a: BuildArgs) -> Result<i32, Error> {
     use pagefold_bench::{build_chart, build_json, build_markdown, build_table};
     let systems = pagefold_bench::select_build_systems(&a.systems).map_err(bench_err)?;
+    if a.guest == GuestArg::Linux {
+        return crate::bench_linux::build_linux(a, systems);
+    }
+    if a.kernel.is_some() || a.initrd.is_some() || a.disk.is_some() {
+        return Err(Error::Usage(
+            "--kernel, --initrd and --disk are for --guest linux".into(),
+        ));
+    }
     if a.runs == 0 || a.files == 0 || !(0.0..=1.0).contains(&a.auto_trigger) {
         return Err(Error::Usage(
             "--runs and --files must be above 0, --auto-trigger in 0..=1".into(),
@@ -265,7 +312,7 @@ fn build(a: BuildArgs) -> Result<i32, Error> {
         },
         runs: a.runs,
         auto_trigger_fraction: a.auto_trigger,
-        timeout: Duration::from_secs(a.timeout_secs),
+        timeout: Duration::from_secs(a.timeout_secs.unwrap_or(300)),
         ..pagefold_bench::BuildOptions::default()
     };
     let report = pagefold_bench::run_build_bench(&systems, &opts).map_err(bench_err)?;

@@ -74,7 +74,7 @@ impl BuildSystem {
         }
     }
 
-    fn kernel_ksm(&self) -> bool {
+    pub(crate) fn kernel_ksm(&self) -> bool {
         matches!(self, Self::Ksm(..))
     }
 }
@@ -429,7 +429,9 @@ pub fn run_build_bench(
     })
 }
 
-fn row(
+/// Mean and stdev of `runs` for one system; checksums agree when every
+/// run's two VMs reported `want`.
+pub(crate) fn row(
     system: &str,
     runs: Vec<BuildRun>,
     want: u64,
@@ -478,9 +480,9 @@ fn row(
 
 /// A backend for `s` (None for `off`), and the scripted source's handle
 /// for pagefold-auto.
-type Made = (Option<Arc<dyn DedupBackend>>, Option<ScriptHandle>);
+pub(crate) type Made = (Option<Arc<dyn DedupBackend>>, Option<ScriptHandle>);
 
-fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
+pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
     let e = |source| BenchError::Backend {
         system: s.name().into(),
         source,
@@ -543,8 +545,28 @@ struct Track {
     error: Option<String>,
 }
 
-fn npages(st: &pagefold_dedup::Stats) -> u64 {
+pub(crate) fn npages(st: &pagefold_dedup::Stats) -> u64 {
     st.pages_sharing + st.zero_pages
+}
+
+/// After a run's VMs are gone: for kernel KSM, lets ksmd drop this
+/// process's stale rmap items so the next run's counters start from
+/// nothing; then turns the backend off.
+pub(crate) fn end_backend(s: BuildSystem, backend: Option<&Arc<dyn DedupBackend>>) {
+    if s.kernel_ksm() {
+        let t = Instant::now();
+        while self_ksm_stat()
+            .and_then(|s| s.merging_pages)
+            .is_some_and(|m| m > 0)
+            && t.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    if let Some(b) = backend {
+        let _ = b.set_mode(Mode::Off);
+        b.shutdown();
+    }
 }
 
 /// One run: fresh backend, two fresh VMs, both builds, figures.
@@ -655,22 +677,7 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
         }
     });
     drop(runner);
-    if s.kernel_ksm() {
-        // Let ksmd drop this process's stale rmap items before the next
-        // run, so its counters start from nothing.
-        let t = Instant::now();
-        while self_ksm_stat()
-            .and_then(|s| s.merging_pages)
-            .is_some_and(|m| m > 0)
-            && t.elapsed() < Duration::from_secs(30)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    if let Some(b) = &backend {
-        let _ = b.set_mode(Mode::Off);
-        b.shutdown();
-    }
+    end_backend(s, backend.as_ref());
     let report = report.map_err(vm_err)?;
     if let Some(e) = tr.error {
         return Err(vm_err(e));
