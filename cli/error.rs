@@ -18,7 +18,8 @@ pub enum Error {
     #[error("{0}")]
     Io(String),
     /// The host lacks what the command needs (e.g. Linux guests on a PVM
-    /// host): nothing was started.
+    /// host): nothing was started. Only the benchmarks raise it so far.
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     #[error("{0}")]
     HostUnsupported(String),
     #[error(transparent)]
