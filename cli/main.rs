@@ -7,8 +7,6 @@ mod bench;
 #[cfg(not(feature = "bench"))]
 #[path = "no_bench.rs"]
 mod bench;
-#[cfg(feature = "bench")]
-mod bench_linux;
 mod cli;
 mod error;
 mod ksm;
