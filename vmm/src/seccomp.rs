@@ -409,6 +409,10 @@ const VCPU: &[i64] = &[
 
 /// Files: open/read/stat, locks, journal renames (KSM knobs, /proc, /sys).
 const FILES: &[i64] = &[
+    // /proc through the procfs crate: rustix asks `prctl(PR_GET_DUMPABLE)`
+    // before it trusts /proc/self (the scanner's auto-mode memory source,
+    // the KSM figures, map counts).
+    libc::SYS_prctl,
     libc::SYS_openat,
     libc::SYS_open,
     libc::SYS_read,
