@@ -365,13 +365,7 @@ pub fn run_build_bench(
     'outer: for run in 0..opts.runs {
         for (i, s) in systems.iter().enumerate() {
             if run == 0 {
-                loads[i] = load_avg();
-                if s.kernel_ksm() {
-                    let others = other_ksm_users();
-                    if !others.is_empty() {
-                        warnings[i].push(format!("other processes use KSM: {}", others.join(", ")));
-                    }
-                }
+                (loads[i], warnings[i]) = first_run_context(*s);
             }
             if opts.progress {
                 eprintln!("[build] {} run {}/{}", s.name(), run + 1, opts.runs);
@@ -740,6 +734,19 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
         trigger_s: tr.trigger_s,
         samples: tr.samples,
     })
+}
+
+/// A system's load average and warnings, taken before its first run (both
+/// build-benchmark forms): other processes driving kernel KSM skew its rows.
+pub(crate) fn first_run_context(s: BuildSystem) -> ([f64; 3], Vec<String>) {
+    let mut warnings = Vec::new();
+    if s.kernel_ksm() {
+        let others = other_ksm_users();
+        if !others.is_empty() {
+            warnings.push(format!("other processes use KSM: {}", others.join(", ")));
+        }
+    }
+    (load_avg(), warnings)
 }
 
 #[cfg(test)]

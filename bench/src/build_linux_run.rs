@@ -13,7 +13,8 @@ use pagefold_vmm::runner::Runner;
 
 use crate::auto_bench::{FREE_AFTER, TOTAL};
 use crate::build_bench::{
-    end_backend, make_backend, npages, row, self_rusage, BuildRun, BuildSample, BuildSystem,
+    end_backend, first_run_context, make_backend, npages, row, self_rusage, BuildRun, BuildSample,
+    BuildSystem,
 };
 use crate::build_linux::{
     linux_build_cmdline, linux_build_configs, linux_vm_files, LinuxBuildOptions, LinuxBuildReport,
@@ -21,7 +22,6 @@ use crate::build_linux::{
 };
 use crate::disk_copy::copy_disk;
 use crate::error::BenchError;
-use crate::host::{load_avg, other_ksm_users};
 use crate::kvm_host::{host_kvm_kind, linux_guest_refusal};
 use crate::linux_console::ConsoleWatch;
 use crate::linux_result::LinuxBuildResult;
@@ -80,13 +80,7 @@ pub fn run_linux_build_bench(
     'outer: for run in 0..opts.runs {
         for (i, s) in systems.iter().enumerate() {
             if run == 0 {
-                loads[i] = load_avg();
-                if s.kernel_ksm() {
-                    let others = other_ksm_users();
-                    if !others.is_empty() {
-                        warnings[i].push(format!("other processes use KSM: {}", others.join(", ")));
-                    }
-                }
+                (loads[i], warnings[i]) = first_run_context(*s);
             }
             if opts.progress {
                 eprintln!("[linux build] {} run {}/{}", s.name(), run + 1, opts.runs);
