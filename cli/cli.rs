@@ -59,8 +59,9 @@ pub enum Command {
     #[command(subcommand)]
     Dedup(client::DedupCommand),
     /// Benchmarks: pagefold against the kernel's KSM, side by side.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    // Hidden in builds without the `bench` feature, where it only says so.
+    #[cfg_attr(not(feature = "bench"), command(hide = true))]
+    Bench(bench::BenchArgs),
     /// The host-global state pagefold changes (KSM knobs, sysctls): show
     /// it, or restore what a killed pagefold left changed.
     #[command(subcommand)]
@@ -394,8 +395,8 @@ fn run_vms(
         });
     }
     // Set-up is done: from here the main thread only runs the event loop
-    // (and what the API asks of it).
-    pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::Main)?;
+    // (and what the API asks of it: VM creation only if the API is on).
+    pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::main(api.is_some()))?;
     let mut last = std::time::Instant::now();
     let report = runner.run(|r| {
         // Long runs show progress: the dedup figures once a second.

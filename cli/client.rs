@@ -179,7 +179,8 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     runner.keep_alive = true;
     let api = start_api(&runner, &a.api, true)?;
     runner.start_all(&cfg)?;
-    pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::Main)?;
+    // VMs created through the API later are created on this thread.
+    pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::main(api.is_some()))?;
     let report = runner.run(|_| {})?;
     drop(api);
     drop(runner);

@@ -1,5 +1,6 @@
 //! The CLI's error type: one variant per kind of failure, each mapped to an
-//! exit code (0 ok, 1 guest failure, 2 bad input, 3 VM failure).
+//! exit code (0 ok, 1 guest failure, 2 bad input, 3 VM failure, 4 the host
+//! cannot do what was asked).
 
 use pagefold_vmm::{config, runner};
 
@@ -16,6 +17,11 @@ pub enum Error {
     Dedup(String),
     #[error("{0}")]
     Io(String),
+    /// The host lacks what the command needs (e.g. Linux guests on a PVM
+    /// host): nothing was started. Only the benchmarks raise it so far.
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
+    #[error("{0}")]
+    HostUnsupported(String),
     #[error(transparent)]
     Seccomp(#[from] pagefold_vmm::seccomp::Error),
     /// Stdout is a pipe whose reader went away (`| head -1`): the command
@@ -29,6 +35,7 @@ impl Error {
         match self {
             Error::StdoutClosed => 0,
             Error::Usage(_) | Error::Config(_) => 2,
+            Error::HostUnsupported(_) => 4,
             // A workload that does not fit its VM, or a kernel image the
             // loader cannot load, is bad input too.
             Error::Runner(runner::Error::Vm { source, .. }) if source.is_bad_input() => 2,

@@ -1,5 +1,11 @@
 //! `pagefold`: run KVM VMs with guest-memory deduplication.
 
+// `pagefold bench`: the benchmarks with the `bench` feature, else a stub
+// that says how to build them.
+#[cfg(feature = "bench")]
+mod bench;
+#[cfg(not(feature = "bench"))]
+#[path = "no_bench.rs"]
 mod bench;
 mod cli;
 mod error;

@@ -7,8 +7,10 @@
 #   OUTDIR/bzImage      the Debian cloud kernel as shipped (vmlinuz)
 #   OUTDIR/vmlinux      the ELF kernel extracted from it (extract-vmlinux method)
 #   OUTDIR/initrd.img   busybox-static initramfs: loads the virtio-mmio/blk
-#                       modules of the same kernel, mounts /dev/vda if present,
-#                       prints PAGEFOLD-INITRD-OK and powers off
+#                       modules of the same kernel; with root= on the command
+#                       line it mounts that disk and switches to its init=
+#                       (scripts/linux-build-bench.sh); else it mounts /dev/vda
+#                       if present, prints PAGEFOLD-INITRD-OK and powers off
 #   OUTDIR/rootfs.ext4  a small ext4 image holding pagefold-test.txt
 #   OUTDIR/kernel-version
 #
@@ -182,6 +184,28 @@ done
 # Give the virtio-mmio probe a moment to create the disk node.
 i=0
 while [ ! -b /dev/vda ] && [ $i -lt 10 ]; do sleep 0.2; i=$((i + 1)); done
+# root=DEV on the command line: mount it (read-write with "rw") and hand
+# over to its init= (default /sbin/init), as a distribution's initramfs
+# does; the Linux build benchmark boots its disk this way.
+root=
+init=/sbin/init
+mode=ro
+for w in $(cat /proc/cmdline); do
+    case $w in
+    root=*) root=${w#root=} ;;
+    init=*) init=${w#init=} ;;
+    rw) mode=rw ;;
+    esac
+done
+if [ -n "$root" ]; then
+    mkdir -p /newroot
+    if mount -t ext4 -o $mode "$root" /newroot; then
+        for d in dev proc sys; do mount -o move /$d /newroot/$d; done
+        echo "pagefold initrd: switching to $root ($mode), $init"
+        exec switch_root /newroot "$init"
+    fi
+    echo "pagefold initrd: cannot mount root $root"
+fi
 if [ -b /dev/vda ]; then
     if mount -t ext4 -o ro /dev/vda /mnt; then
         echo "PAGEFOLD-DISK: $(cat /mnt/pagefold-test.txt)"

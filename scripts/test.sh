@@ -9,8 +9,11 @@ if [[ ! -e /dev/kvm ]]; then
     echo "error: /dev/kvm is missing: the VM tests need KVM (they fail rather than skip)" >&2
 fi
 
-# The binary the integration tests drive.
-cargo build --workspace --all-targets
+# The binary the integration tests drive, with the benchmarks (the `bench`
+# feature) so that the tests of `pagefold bench` run too.
+cargo build --workspace --all-targets --features bench
 # Tests that touch global state (KSM sysfs) serialise themselves with a lock
 # file; everything else runs in parallel.
-cargo test --workspace --all-targets "$@"
+cargo test --workspace --all-targets --features bench "$@"
+# The production build (no benchmarks): `pagefold bench` says how to get them.
+cargo test -p pagefold --bin pagefold --test workload_build bench

@@ -117,6 +117,7 @@ fn vm_of<'a>(r: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     common::vm(r, name)
 }
 
+#[cfg(feature = "bench")]
 #[test]
 fn bench_build_refuses_bad_flags_before_running_anything() {
     for (flags, what) in [
@@ -129,5 +130,26 @@ fn bench_build_refuses_bad_flags_before_running_anything() {
         let o = run(&args, Duration::from_secs(20));
         assert_eq!(o.status.code(), Some(2), "{flags:?}: {}", text(&o));
         assert!(text(&o).contains(what), "{flags:?}: {}", text(&o));
+    }
+}
+
+/// Without the `bench` feature the binary has no benchmarks, and says how
+/// to build them (whatever the arguments) instead of "unrecognized
+/// subcommand".
+#[cfg(not(feature = "bench"))]
+#[test]
+fn bench_without_the_feature_says_how_to_build_it() {
+    for args in [
+        &["bench"][..],
+        &["bench", "build", "--runs", "0"],
+        &["bench", "--help"],
+    ] {
+        let o = run(args, Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("--features bench"),
+            "{args:?}: {}",
+            text(&o)
+        );
     }
 }

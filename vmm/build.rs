@@ -1,5 +1,5 @@
 //! Builds the workload guest (guest/workload) into OUT_DIR, for
-//! `src/workload_image.rs` to embed.
+//! `src/workload/image.rs` to embed.
 //!
 //! The guest is a freestanding static ELF with its own flags (static
 //! relocation model, no libc, its own linker script), so it gets its own cargo

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::body;
 use crate::error::ApiError;
-use crate::router::{blocking, AppState};
+use crate::state::{blocking, AppState};
 
 /// A knob's valid range (inclusive), as `GET /dedup` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,7 +53,7 @@ pub fn view(b: &dyn DedupBackend, auto: Option<&AutoHandle>) -> Result<Value, Ap
         if !obj.contains_key("auto") {
             obj.insert("auto".into(), to_value("auto status", a.status())?);
         }
-        let settings = DedupSettings::of_auto(&a.config());
+        let settings = a.config().settings();
         obj.insert("auto_config".into(), to_value("auto settings", settings)?);
     }
     Ok(v)
@@ -85,7 +85,7 @@ pub async fn patch(
             let a = auto.as_ref().ok_or_else(|| {
                 ApiError::Conflict("this dedup backend has no auto-mode controller".into())
             })?;
-            a.set_config(p.auto_over(a.config())).map_err(|e| match e {
+            a.set_config(a.config().overlaid(&p)).map_err(|e| match e {
                 // In range for the type, but above what this host's RAM
                 // and the current pages_to_scan allow: a conflict with
                 // the current state, not malformed input.

@@ -6,9 +6,10 @@
 //! Module map: [`listen`] (where to listen, loopback policy), [`socket`]
 //! (Unix socket creation, stale-socket handling, clean-up); [`server`]
 //! (runtime thread, connection limits and timeouts); [`router`] (routes,
-//! shared state, fallbacks); [`vms`], [`dedup`], [`system`] (handlers);
-//! [`body`] (size- and time-limited JSON bodies); [`patch`] (the CLI's
-//! `KEY=VALUE` form of a dedup update); [`metrics`] (Prometheus text); [`error`] (errors as
+//! fallbacks); [`state`] (what handlers share: the router imports the
+//! handlers, the handlers import the state); [`vms`], [`dedup`], [`system`]
+//! (handlers); [`body`] (size- and time-limited JSON bodies); [`patch`] (the
+//! CLI's `KEY=VALUE` form of a dedup update); [`metrics`] (Prometheus text); [`error`] (errors as
 //! HTTP answers); [`client`] (an HTTP/1.1 client over the Unix socket).
 
 pub mod body;
@@ -21,6 +22,7 @@ pub mod patch;
 pub mod router;
 pub mod server;
 pub mod socket;
+pub mod state;
 pub mod system;
 pub mod vms;
 

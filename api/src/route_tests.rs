@@ -8,7 +8,8 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use crate::router::{router, AppState};
+use crate::router::router;
+use crate::state::AppState;
 use crate::testutil::FakeVmm;
 
 struct Answer {

@@ -29,8 +29,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::listen::{ListenConfig, ListenError};
-use crate::router::{router, AppState};
+use crate::router::router;
 use crate::socket::{self, SocketError, SocketGuard};
+use crate::state::AppState;
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]

@@ -13,10 +13,15 @@ use crate::server::{Limits, Server, ServerError};
 use crate::socket::SocketError;
 use crate::testutil::FakeVmm;
 
-fn sock(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("pf-api-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d.join("api.sock")
+/// A socket path in a fresh scratch directory, which lives as long as the
+/// returned guard.
+fn sock(tag: &str) -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::Builder::new()
+        .prefix(&format!("pf-api-{tag}-"))
+        .tempdir()
+        .unwrap();
+    let p = d.path().join("api.sock");
+    (d, p)
 }
 
 fn unix(path: &std::path::Path) -> ListenConfig {
@@ -29,7 +34,7 @@ fn unix(path: &std::path::Path) -> ListenConfig {
 #[test]
 fn serves_unix_and_tcp_and_cleans_up() {
     let vmm = FakeVmm::start(true, &["vm0"]);
-    let p = sock("both");
+    let (_dir, p) = sock("both");
     let listen = ListenConfig {
         unix: Some(p.clone()),
         tcp: Some("127.0.0.1:0".parse().unwrap()),
@@ -59,7 +64,6 @@ fn serves_unix_and_tcp_and_cleans_up() {
     }
     server.stop();
     assert!(!p.exists(), "socket not removed");
-    let _ = std::fs::remove_dir_all(p.parent().unwrap());
 }
 
 #[test]
@@ -95,7 +99,7 @@ fn read_to_close(s: &mut UnixStream) -> (String, Duration) {
 #[test]
 fn slow_headers_are_cut_off_without_stalling_others() {
     let vmm = FakeVmm::start(true, &["vm0"]);
-    let p = sock("slow");
+    let (_dir, p) = sock("slow");
     let server = Server::start(vmm.handle.clone(), &unix(&p), short_limits()).unwrap();
     let mut slow = UnixStream::connect(&p).unwrap();
     slow.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n")
@@ -120,7 +124,7 @@ fn slow_headers_are_cut_off_without_stalling_others() {
 #[test]
 fn idle_keepalive_connections_are_closed() {
     let vmm = FakeVmm::start(true, &["vm0"]);
-    let p = sock("idle");
+    let (_dir, p) = sock("idle");
     let server = Server::start(vmm.handle.clone(), &unix(&p), short_limits()).unwrap();
     let mut s = UnixStream::connect(&p).unwrap();
     s.write_all(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -137,7 +141,7 @@ fn idle_keepalive_connections_are_closed() {
 #[test]
 fn slow_bodies_get_408() {
     let vmm = FakeVmm::start(true, &["vm0"]);
-    let p = sock("body");
+    let (_dir, p) = sock("body");
     let server = Server::start(vmm.handle.clone(), &unix(&p), short_limits()).unwrap();
     let mut s = UnixStream::connect(&p).unwrap();
     s.write_all(b"PATCH /api/v1/dedup HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"mode\"")
@@ -152,7 +156,7 @@ fn slow_bodies_get_408() {
 #[test]
 fn oversized_content_length_is_refused_before_reading() {
     let vmm = FakeVmm::start(true, &["vm0"]);
-    let p = sock("big");
+    let (_dir, p) = sock("big");
     let server = Server::start(vmm.handle.clone(), &unix(&p), Limits::default()).unwrap();
     let mut s = UnixStream::connect(&p).unwrap();
     s.write_all(b"PUT /api/v1/vms/a HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\nConnection: close\r\n\r\n")
@@ -165,7 +169,7 @@ fn oversized_content_length_is_refused_before_reading() {
 #[test]
 fn many_concurrent_clients() {
     let vmm = FakeVmm::start(true, &["vm0"]);
-    let p = sock("many");
+    let (_dir, p) = sock("many");
     let server = Server::start(vmm.handle.clone(), &unix(&p), Limits::default()).unwrap();
     let threads: Vec<_> = (0..32)
         .map(|_| {
@@ -191,7 +195,7 @@ fn many_concurrent_clients() {
 #[test]
 fn idle_connections_past_the_cap_do_not_stall_new_requests() {
     let vmm = FakeVmm::start(true, &["vm0"]);
-    let p = sock("cap");
+    let (_dir, p) = sock("cap");
     let limits = Limits::default();
     assert_eq!(limits.max_connections, 256);
     assert!(limits.header_timeout >= Duration::from_secs(10));
@@ -223,7 +227,6 @@ fn idle_connections_past_the_cap_do_not_stall_new_requests() {
     }
     drop(idle);
     drop(server);
-    let _ = std::fs::remove_dir_all(p.parent().unwrap());
 }
 
 /// A connection with a request in flight is never closed to make room:
@@ -231,7 +234,7 @@ fn idle_connections_past_the_cap_do_not_stall_new_requests() {
 #[test]
 fn busy_connections_are_not_shed() {
     let vmm = FakeVmm::start(true, &["vm0"]);
-    let p = sock("busy");
+    let (_dir, p) = sock("busy");
     let limits = Limits {
         max_connections: 2,
         body_timeout: Duration::from_millis(800),
@@ -262,5 +265,4 @@ fn busy_connections_are_not_shed() {
         assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     }
     drop(server);
-    let _ = std::fs::remove_dir_all(p.parent().unwrap());
 }

@@ -124,16 +124,18 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), SocketError> {
 mod tests {
     use super::*;
 
-    fn scratch(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("pf-sock-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
+    /// A fresh scratch directory (short name: socket paths are limited).
+    fn scratch(tag: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("pf-sock-{tag}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn creates_0600_socket_in_new_0700_dir_and_cleans_up() {
         let d = scratch("mode");
-        let p = d.join("sub").join("api.sock");
+        let p = d.path().join("sub").join("api.sock");
         let (l, g) = bind(&p).unwrap();
         let m = std::fs::metadata(&p).unwrap();
         assert!(m.file_type().is_socket());
@@ -150,13 +152,12 @@ mod tests {
         drop(l);
         drop(g);
         assert!(!p.exists());
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
     fn refuses_live_socket_and_replaces_stale_one() {
         let d = scratch("live");
-        let p = d.join("api.sock");
+        let p = d.path().join("api.sock");
         let (l, g) = bind(&p).unwrap();
         assert!(matches!(bind(&p), Err(SocketError::InUse(_))));
         // Stale: the listener is gone but the file stays.
@@ -167,24 +168,21 @@ mod tests {
         UnixStream::connect(&p).unwrap();
         drop(g2);
         assert!(!p.exists());
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
     fn refuses_to_replace_a_regular_file() {
         let d = scratch("file");
-        std::fs::create_dir_all(&d).unwrap();
-        let p = d.join("api.sock");
+        let p = d.path().join("api.sock");
         std::fs::write(&p, b"precious").unwrap();
         assert!(matches!(bind(&p), Err(SocketError::NotASocket(_))));
         assert_eq!(std::fs::read(&p).unwrap(), b"precious");
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
     fn guard_leaves_a_replaced_socket_alone() {
         let d = scratch("replaced");
-        let p = d.join("api.sock");
+        let p = d.path().join("api.sock");
         let (l, g) = bind(&p).unwrap();
         drop(l);
         // Someone else replaced the (stale) socket with theirs.
@@ -192,7 +190,6 @@ mod tests {
         drop(g);
         assert!(p.exists(), "the other server's socket must survive");
         drop(g2);
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

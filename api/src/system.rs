@@ -10,7 +10,7 @@ use pagefold_vmm::control::{Request, Response};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
-use crate::router::{blocking, unexpected, AppState};
+use crate::state::{blocking, unexpected, AppState};
 use crate::{dedup, metrics};
 
 /// How long `/health` waits for the backend's statistics: an engine wedged

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use crate::body;
 use crate::error::ApiError;
-use crate::router::{name, unexpected, AppState};
+use crate::state::{name, unexpected, AppState};
 
 fn vm(r: Response) -> Result<Json<VmInfo>, ApiError> {
     match r {

@@ -181,7 +181,7 @@ pub struct AutoRow {
     pub untriggered_cpu_pct: Option<f64>,
     /// Merging-side CPU from the crossing to 90 % (or timeout).
     pub triggered_cpu_s: f64,
-    /// Pages freed at the end ((`pages_sharing` + `zero_pages`) x 4096).
+    /// This process's pages freed at the end (the backend's `bytes_saved`).
     pub saved_bytes: u64,
     /// What a perfect merger frees on the data pages (exact).
     pub possible_saved_bytes: u64,
@@ -343,8 +343,12 @@ pub fn run_auto(
     Ok((row, samples))
 }
 
+/// This process's saving: the KSM backend's `bytes_saved` comes from
+/// `/proc/self/ksm_stat`, so pages other processes (or an earlier test
+/// binary whose rmap items ksmd has not dropped yet) have merged do not
+/// count; host-wide `pages_sharing` would.
 fn saved_bytes(st: &pagefold_dedup::Stats) -> u64 {
-    (st.pages_sharing + st.zero_pages) * PAGE as u64
+    st.bytes_saved
 }
 
 fn measure(

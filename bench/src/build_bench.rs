@@ -74,7 +74,7 @@ impl BuildSystem {
         }
     }
 
-    fn kernel_ksm(&self) -> bool {
+    pub(crate) fn kernel_ksm(&self) -> bool {
         matches!(self, Self::Ksm(..))
     }
 }
@@ -295,13 +295,14 @@ fn vm_err(e: impl std::fmt::Display) -> BenchError {
 }
 
 /// Guest-physical base of disk 0's virtio-mmio window, as
-/// `linux_vm::attach_disks` places it (slot n at `0xd000_0000 + n*0x1000`).
+/// `disk::attach_disks` places it (slot n at `0xd000_0000 + n*0x1000`).
 const DISK0_MMIO: u64 = 0xd000_0000;
 
 /// [`TreeInfo::possible_npages`] for [`build_configs`].
 pub fn possible_npages(image: &Path, tree: &TreeSpec) -> Result<u64, BenchError> {
-    let image_end = pagefold_vmm::boot::image_end(pagefold_vmm::workload_image::WORKLOAD_ELF)
-        .map_err(vm_err)?;
+    let image_end =
+        pagefold_vmm::workload::boot::image_end(pagefold_vmm::workload::image::WORKLOAD_ELF)
+            .map_err(vm_err)?;
     let disks = [pagefold_vmm::workload::GuestDisk {
         mmio: DISK0_MMIO,
         sectors: tree_pages(tree) * pagefold_guest_abi::disk::SECTORS_PER_PAGE,
@@ -364,13 +365,7 @@ pub fn run_build_bench(
     'outer: for run in 0..opts.runs {
         for (i, s) in systems.iter().enumerate() {
             if run == 0 {
-                loads[i] = load_avg();
-                if s.kernel_ksm() {
-                    let others = other_ksm_users();
-                    if !others.is_empty() {
-                        warnings[i].push(format!("other processes use KSM: {}", others.join(", ")));
-                    }
-                }
+                (loads[i], warnings[i]) = first_run_context(*s);
             }
             if opts.progress {
                 eprintln!("[build] {} run {}/{}", s.name(), run + 1, opts.runs);
@@ -428,7 +423,9 @@ pub fn run_build_bench(
     })
 }
 
-fn row(
+/// Mean and stdev of `runs` for one system; checksums agree when every
+/// run's two VMs reported `want`.
+pub(crate) fn row(
     system: &str,
     runs: Vec<BuildRun>,
     want: u64,
@@ -477,9 +474,9 @@ fn row(
 
 /// A backend for `s` (None for `off`), and the scripted source's handle
 /// for pagefold-auto.
-type Made = (Option<Arc<dyn DedupBackend>>, Option<ScriptHandle>);
+pub(crate) type Made = (Option<Arc<dyn DedupBackend>>, Option<ScriptHandle>);
 
-fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
+pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
     let e = |source| BenchError::Backend {
         system: s.name().into(),
         source,
@@ -549,8 +546,28 @@ struct Track {
     error: Option<String>,
 }
 
-fn npages(st: &pagefold_dedup::Stats) -> u64 {
+pub(crate) fn npages(st: &pagefold_dedup::Stats) -> u64 {
     st.pages_sharing + st.zero_pages
+}
+
+/// After a run's VMs are gone: for kernel KSM, lets ksmd drop this
+/// process's stale rmap items so the next run's counters start from
+/// nothing; then turns the backend off.
+pub(crate) fn end_backend(s: BuildSystem, backend: Option<&Arc<dyn DedupBackend>>) {
+    if s.kernel_ksm() {
+        let t = Instant::now();
+        while self_ksm_stat()
+            .and_then(|s| s.merging_pages)
+            .is_some_and(|m| m > 0)
+            && t.elapsed() < Duration::from_secs(30)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    if let Some(b) = backend {
+        let _ = b.set_mode(Mode::Off);
+        b.shutdown();
+    }
 }
 
 /// One run: fresh backend, two fresh VMs, both builds, figures.
@@ -661,22 +678,7 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
         }
     });
     drop(runner);
-    if s.kernel_ksm() {
-        // Let ksmd drop this process's stale rmap items before the next
-        // run, so its counters start from nothing.
-        let t = Instant::now();
-        while self_ksm_stat()
-            .and_then(|s| s.merging_pages)
-            .is_some_and(|m| m > 0)
-            && t.elapsed() < Duration::from_secs(30)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    if let Some(b) = &backend {
-        let _ = b.set_mode(Mode::Off);
-        b.shutdown();
-    }
+    end_backend(s, backend.as_ref());
     let report = report.map_err(vm_err)?;
     if let Some(e) = tr.error {
         return Err(vm_err(e));
@@ -741,6 +743,19 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
     })
 }
 
+/// A system's load average and warnings, taken before its first run (both
+/// build-benchmark forms): other processes driving kernel KSM skew its rows.
+pub(crate) fn first_run_context(s: BuildSystem) -> ([f64; 3], Vec<String>) {
+    let mut warnings = Vec::new();
+    if s.kernel_ksm() {
+        let others = other_ksm_users();
+        if !others.is_empty() {
+            warnings.push(format!("other processes use KSM: {}", others.join(", ")));
+        }
+    }
+    (load_avg(), warnings)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -772,7 +787,8 @@ mod tests {
 
     #[test]
     fn configs_are_two_valid_vms_in_one_group_big_enough_for_the_area() {
-        let img = std::env::temp_dir().join(format!("pagefold-bb-cfg-{}", std::process::id()));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let img = file.path().to_path_buf();
         let tree = BuildOptions::default().tree;
         std::fs::write(&img, image_bytes(TreeSpec { files: 3, ..tree })).unwrap();
         let c = build_configs(&img, &tree);
@@ -783,7 +799,6 @@ mod tests {
             assert!(v.memory_bytes() > area_pages(tree_pages(&tree)) * PAGE as u64);
             assert_eq!(v.memory_bytes() % (2 << 20), 0);
         }
-        let _ = std::fs::remove_file(img);
     }
 
     /// The short form CI runs: every system, two runs each, a small tree.

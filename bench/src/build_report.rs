@@ -45,7 +45,17 @@ const HEADERS: [&str; 11] = [
 
 /// A plain-text table for stdout.
 pub fn build_table(r: &BuildReport) -> String {
-    let rows: Vec<Vec<String>> = r.rows.iter().map(cells).collect();
+    let header = format!(
+        "build: {} files, {} pages, {} rounds; expected output checksum {:#018x}; possible npages {}",
+        r.tree.files, r.tree.tree_pages, r.tree.rounds, r.tree.expected_checksum, r.tree.possible_npages
+    );
+    rows_table(&header, &r.rows, &r.unrestored)
+}
+
+/// The table's text under a first line saying what was built (shared
+/// with the Linux form, `crate::build_linux_report`).
+pub(crate) fn rows_table(header: &str, rows: &[BuildRow], unrestored: &[String]) -> String {
+    let rows: Vec<Vec<String>> = rows.iter().map(cells).collect();
     let widths: Vec<usize> = (0..HEADERS.len())
         .map(|i| {
             rows.iter()
@@ -62,11 +72,7 @@ pub fn build_table(r: &BuildReport) -> String {
         }
         out.push('\n');
     };
-    let _ = writeln!(
-        out,
-        "build: {} files, {} pages, {} rounds; expected output checksum {:#018x}; possible npages {}",
-        r.tree.files, r.tree.tree_pages, r.tree.rounds, r.tree.expected_checksum, r.tree.possible_npages
-    );
+    let _ = writeln!(out, "{header}");
     line(
         &mut out,
         &HEADERS.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
@@ -74,7 +80,7 @@ pub fn build_table(r: &BuildReport) -> String {
     for c in &rows {
         line(&mut out, c);
     }
-    for u in &r.unrestored {
+    for u in unrestored {
         let _ = writeln!(out, "KSM tunable not restored: {u}");
     }
     out
@@ -94,12 +100,19 @@ pub fn build_markdown(r: &BuildReport) -> String {
         r.tree.expected_checksum,
         r.tree.possible_npages
     );
+    out.push_str(&rows_markdown(&r.rows));
+    out
+}
+
+/// The markdown table and the rows' warnings (shared with the Linux form).
+pub(crate) fn rows_markdown(rows: &[BuildRow]) -> String {
+    let mut out = String::new();
     let _ = writeln!(out, "| {} |", HEADERS.join(" | "));
     let _ = writeln!(out, "|{}", "---|".repeat(HEADERS.len()));
-    for row in &r.rows {
+    for row in rows {
         let _ = writeln!(out, "| {} |", cells(row).join(" | "));
     }
-    for row in &r.rows {
+    for row in rows {
         for w in &row.warnings {
             let _ = writeln!(out, "\n- {}: {w}", row.system);
         }
@@ -108,7 +121,7 @@ pub fn build_markdown(r: &BuildReport) -> String {
 }
 
 #[derive(Serialize)]
-struct JsonRow<'a> {
+pub(crate) struct JsonRow<'a> {
     system: &'a str,
     runs: usize,
     real_mean_s: f64,
@@ -133,9 +146,16 @@ struct JsonRow<'a> {
 
 /// `{"tree": {...}, "rows": [one per system], "unrestored": [...]}`.
 pub fn build_json(r: &BuildReport) -> Result<String, BenchError> {
-    let rows: Vec<JsonRow<'_>> = r
-        .rows
-        .iter()
+    Ok(serde_json::to_string_pretty(&serde_json::json!({
+        "tree": r.tree,
+        "rows": json_rows(&r.rows),
+        "unrestored": r.unrestored,
+    }))?)
+}
+
+/// The rows as JSON objects (shared with the Linux form).
+pub(crate) fn json_rows(rows: &[BuildRow]) -> Vec<JsonRow<'_>> {
+    rows.iter()
         .map(|x| JsonRow {
             system: &x.system,
             runs: x.runs,
@@ -158,18 +178,23 @@ pub fn build_json(r: &BuildReport) -> Result<String, BenchError> {
             warnings: &x.warnings,
             per_run: &x.per_run,
         })
-        .collect();
-    Ok(serde_json::to_string_pretty(&serde_json::json!({
-        "tree": r.tree,
-        "rows": rows,
-        "unrestored": r.unrestored,
-    }))?)
+        .collect()
 }
 
 /// npages over build time, first run of each system.
 pub fn build_chart(r: &BuildReport) -> Chart {
-    let lines = r
-        .rows
+    rows_chart(
+        format!(
+            "build: merged pages during two concurrent builds ({} files)",
+            r.tree.files
+        ),
+        &r.rows,
+    )
+}
+
+/// The chart of `rows` under `title` (shared with the Linux form).
+pub(crate) fn rows_chart(title: String, rows: &[BuildRow]) -> Chart {
+    let lines = rows
         .iter()
         .filter_map(|row| {
             let run = row.per_run.first()?;
@@ -185,10 +210,7 @@ pub fn build_chart(r: &BuildReport) -> Chart {
         })
         .collect();
     Chart::new(vec![Panel {
-        title: format!(
-            "build: merged pages during two concurrent builds ({} files)",
-            r.tree.files
-        ),
+        title,
         x_label: "time since the builds started (s)".into(),
         y_label: "npages (pages_sharing + zero_pages)".into(),
         log_x: false,

@@ -8,7 +8,7 @@ pub enum BenchError {
     Mmap {
         len: usize,
         #[source]
-        source: std::io::Error,
+        source: pagefold_dedup::mm::MmError,
     },
     #[error("{system}: {source}")]
     Backend {
@@ -34,6 +34,14 @@ pub enum BenchError {
     Auto(#[from] pagefold_dedup::auto::AutoError),
     #[error("workload VMs: {0}")]
     Vm(String),
+    #[error("Linux VMs: {0}")]
+    LinuxVm(String),
+    /// The host cannot run what was asked (e.g. Linux guests on PVM).
+    #[error("{0}")]
+    HostUnsupported(String),
+    /// Options that name missing files or invalid VM settings.
+    #[error("{0}")]
+    InvalidInput(String),
     #[error("chart: {0}")]
     Chart(#[from] crate::chart::ChartError),
 }

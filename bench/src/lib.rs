@@ -11,16 +11,26 @@
 //!   side by side, `runs` times per system; mean and stdev of build time,
 //!   process CPU, engine CPU and merged pages.
 //!
+//!   Its real-Linux form ([`run_linux_build_bench`]) boots two Linux VMs
+//!   building the kernel with `make -j` (hosts with VMX/SVM only).
+//!
 //! All hold the KSM lock ([`pagefold_dedup::ksm::ksm_exclusive`]) and leave
 //! every KSM tunable as found. See docs/benchmarks.md.
 
 mod auto_bench;
 mod auto_report;
 mod build_bench;
+mod build_linux;
+mod build_linux_report;
+mod build_linux_run;
 mod build_report;
 mod chart;
+mod disk_copy;
 mod error;
 mod host;
+mod kvm_host;
+mod linux_console;
+mod linux_result;
 mod ratio;
 mod region;
 mod report;
@@ -39,12 +49,27 @@ pub use build_bench::{
     build_configs, mean_stdev, run_build_bench, select_build_systems, self_rusage, BuildOptions,
     BuildReport, BuildRow, BuildRun, BuildSample, BuildSystem, BUILD_SYSTEM_NAMES, KSM_10000_KNOBS,
 };
+pub use build_linux::{
+    linux_build_cmdline, linux_build_configs, linux_vm_files, LinuxBuildOptions, LinuxBuildReport,
+    LinuxGuestInfo, LinuxVmResult, VmFiles, BUILD_INIT, LINUX_BUILD_COMMAND, LINUX_BUILD_GROUP,
+    LINUX_BUILD_VMS,
+};
+pub use build_linux_report::{
+    linux_build_chart, linux_build_json, linux_build_markdown, linux_build_table,
+};
+pub use build_linux_run::run_linux_build_bench;
 pub use build_report::{build_chart, build_json, build_markdown, build_table};
 pub use chart::{
     nice_step, png_path, seed_chart, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
 };
+pub use disk_copy::{copy_disk, CopyKind};
 pub use error::BenchError;
-pub use host::{load_avg, max_map_count, mem_available, other_ksm_users, self_vmas};
+pub use host::{load_avg, mem_available, other_ksm_users};
+pub use kvm_host::{classify, host_kvm_kind, linux_guest_refusal, KvmKind};
+pub use linux_console::ConsoleWatch;
+pub use linux_result::{
+    parse_result_line, LinuxBuildResult, ResultLineError, RESULT_MARKER, START_MARKER,
+};
 /// The build benchmark's tree description (from the guest ABI).
 pub use pagefold_guest_abi::build::TreeSpec;
 pub use ratio::{fmt_ratio, ratio, Goal};

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use pagefold_dedup::mm;
 use serde::Serialize;
 
 use crate::error::BenchError;
@@ -99,27 +100,8 @@ impl Region {
     /// Maps `len` bytes (rounded up to whole pages), not yet touched.
     pub fn map(len: usize) -> Result<Self, BenchError> {
         let len = len.div_ceil(PAGE) * PAGE;
-        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(BenchError::Mmap {
-                len,
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(Self {
-            ptr: ptr as *mut u8,
-            len,
-        })
+        let ptr = mm::map_anon(len).map_err(|source| BenchError::Mmap { len, source })?;
+        Ok(Self { ptr, len })
     }
 
     pub fn addr(&self) -> usize {
@@ -256,9 +238,9 @@ impl SplitMix64 {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly what map() mapped; nobody else holds it
-        // (backends were unregistered before the region is dropped).
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // Exactly what map() mapped; nobody else holds it (backends were
+        // unregistered before the region is dropped).
+        mm::unmap(self.ptr, self.len);
     }
 }
 

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use pagefold_dedup::ksm::{
     count_ksm_pages, ksm_exclusive, self_ksm_stat, snapshot_tunables, KSM_SYSFS,
 };
-use pagefold_dedup::{DedupBackend, Mode};
+use pagefold_dedup::{mm, DedupBackend, Mode};
 use serde::Serialize;
 
 use crate::error::BenchError;
-use crate::host::{load_avg, max_map_count, other_ksm_users, self_vmas};
+use crate::host::{load_avg, other_ksm_users};
 use crate::region::{Shape, PAGE, SCATTERED_REGION_BYTES, SEED_REGION_BYTES};
 use crate::settle::{Sample, Settled, Settler};
 use crate::system::System;
@@ -255,9 +255,9 @@ pub fn run_seed_once(
             return Err(e);
         }
     };
-    let vmas_before = self_vmas();
+    let vmas_before = mm::vma_count().ok();
     let result = sample_until_settled(&*backend, system, case, opts);
-    let vmas = self_vmas();
+    let vmas = mm::vma_count().ok();
     let own_ksm_pages = if system.kernel_ksm && case != Case::Vms {
         attached
             .regions()
@@ -306,7 +306,7 @@ pub fn run_seed_once(
         expected_zero_pages: expected.map(|e| e.zero_pages),
         vmas_before,
         vmas,
-        max_map_count: max_map_count(),
+        max_map_count: Some(mm::max_map_count()),
         map_count_limited: run.map_count_limited,
         load_avg: load,
         warnings,

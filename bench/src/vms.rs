@@ -190,8 +190,9 @@ impl VmOptions {
     /// The exact expectation for [`VmOptions::configs`], computed from the
     /// same parameter blocks the VMM gives the guests.
     pub fn expected(&self) -> Result<Expected, BenchError> {
-        let image_end = pagefold_vmm::boot::image_end(pagefold_vmm::workload_image::WORKLOAD_ELF)
-            .map_err(|e| BenchError::Vm(e.to_string()))?;
+        let image_end =
+            pagefold_vmm::workload::boot::image_end(pagefold_vmm::workload::image::WORKLOAD_ELF)
+                .map_err(|e| BenchError::Vm(e.to_string()))?;
         let mut params = Vec::new();
         for (i, c) in self.configs()?.iter().enumerate() {
             let ranges = pagefold_vmm::memory::ram_ranges(c.memory_bytes())

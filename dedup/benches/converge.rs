@@ -11,6 +11,7 @@
 //! 131072 = 512 MiB each) where the second holds the first's distinct pages
 //! in a random order; `PAGEFOLD_ASSIST=auto|off` (default auto) says whether
 //! kernel KSM may take what the VMA budget cannot (takes the KSM lock).
+//! `PAGEFOLD_BOOST_MAX=1` turns off mode on's scan-rate boost (default 16).
 //! or `... -- [identical|distinct] passes [passes]` (per-pass CPU on the
 //! calling thread).
 //!
@@ -116,8 +117,13 @@ fn main() {
     } else {
         PAGES * PS
     };
+    let boost_max = std::env::var("PAGEFOLD_BOOST_MAX")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(pagefold_dedup::engine::DEFAULT_BOOST_MAX);
     let e = Engine::new(EngineConfig {
         knobs,
+        boost_max,
         assist: pagefold_dedup::AssistConfig {
             mode: assist.parse().expect("PAGEFOLD_ASSIST: auto or off"),
             lock_held: _ksm_lock.is_some(),

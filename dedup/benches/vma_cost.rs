@@ -29,6 +29,8 @@ use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use pagefold_dedup::mm;
+
 const PS: usize = 4096;
 const CHUNK: usize = 65536;
 const FAULT_AROUND_PAGES: usize = 16;
@@ -160,23 +162,8 @@ fn thread_cpu_ns() -> u64 {
 
 /// An anonymous private region of `n` pages, every page written once.
 fn touched_region(n: usize) -> Result<usize, String> {
-    // SAFETY: a fresh private anonymous mapping chosen by the kernel.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            n * PS,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(format!("mmap region of {n} pages: {}", errno()));
-    }
-    // SAFETY: our mapping; advice only.
-    unsafe { libc::madvise(p, n * PS, libc::MADV_NOHUGEPAGE) };
-    let base = p as usize;
+    let base = mm::map_anon(n * PS).map_err(|e| format!("region of {n} pages: {e}"))? as usize;
+    mm::madvise(base, n * PS, libc::MADV_NOHUGEPAGE).map_err(|e| e.to_string())?;
     for i in 0..n {
         // SAFETY: inside the mapping just made.
         unsafe { std::ptr::write_volatile((base + i * PS) as *mut u64, 1) };
@@ -185,25 +172,10 @@ fn touched_region(n: usize) -> Result<usize, String> {
 }
 
 fn map_pool(addr: usize, pages: usize, pool: i32, off_page: usize) -> Result<(), String> {
-    // SAFETY: MAP_FIXED over a range of our own region (nothing else lives
-    // there); the pool fd is open and at least off_page + pages long.
-    let m = unsafe {
-        libc::mmap(
-            addr as *mut libc::c_void,
-            pages * PS,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_FIXED,
-            pool,
-            (off_page * PS) as libc::off_t,
-        )
-    };
-    if m == libc::MAP_FAILED {
-        return Err(format!(
-            "mmap(MAP_FIXED) at {addr:#x} pool page {off_page}: {}",
-            errno()
-        ));
-    }
-    Ok(())
+    // The engine's merge primitive, over a range of our own region (nothing
+    // else lives there); the pool fd is open and at least off_page + pages long.
+    mm::map_pool_fixed(addr, pages * PS, pool, (off_page * PS) as u64)
+        .map_err(|e| format!("pool page {off_page}: {e}"))
 }
 
 /// A memfd of `n` pages, pool page k holding k + 1 in its first word.

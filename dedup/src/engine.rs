@@ -15,9 +15,11 @@ use crate::hash::HashFn;
 use crate::policy::{RoundPlan, RoundPolicy};
 use crate::pool::Pool;
 use crate::region::RegionError;
+use crate::scanner::BatchReport;
 use crate::scanner::{Core, Hint, ScanError, DEFAULT_STRIPE};
 use crate::settings::{CheckedSettings, Knobs, Mode};
 use crate::stats::{self, Clocks};
+use crate::thread_init::{DedupThread, ThreadInit};
 use crate::uffd::Uffd;
 
 /// Errors creating or driving the engine.
@@ -79,23 +81,20 @@ pub const DEFAULT_KNOBS: Knobs = Knobs {
     max_page_sharing: 256,
 };
 
-/// The engine's threads, as named to a [`ThreadInit`] hook.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineThread {
-    /// `pagefold-scan`: scanning, merging, KSM assist, auto mode.
-    Scanner,
-    /// `pagefold-uffd`: the userfaultfd write-protect fault handler.
-    FaultHandler,
-}
+/// Default [`EngineConfig::boost_max`]: the auto-mode proposal's default
+/// `max_scanning_factor`.
+pub const DEFAULT_BOOST_MAX: u64 = 16;
 
-/// A hook each engine thread runs first, on itself (the VMM installs its
-/// seccomp filters there; the engine knows nothing about them).
-#[derive(Clone)]
-pub struct ThreadInit(pub Arc<dyn Fn(EngineThread) + Send + Sync>);
-
-impl std::fmt::Debug for ThreadInit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ThreadInit(..)")
+/// The next wake-up's factor of `pages_to_scan` in mode `on` (see
+/// [`EngineConfig::boost_max`]): doubled after a wake-up in which merges
+/// and first-time hashes together were at least 1/8 of the pages it could
+/// visit, halved otherwise. A few merges among thousands of visits (a
+/// running guest's churn) do not count as paying off: the rate stays.
+fn next_boost(boost: u64, max: u64, rep: &BatchReport, pages_to_visit: u64) -> u64 {
+    if (rep.merges + rep.fresh).saturating_mul(8) >= pages_to_visit.max(1) {
+        boost.saturating_mul(2).min(max)
+    } else {
+        (boost / 2).max(1)
     }
 }
 
@@ -112,6 +111,16 @@ pub struct EngineConfig {
     /// scans that found nothing to do; any merge resets it. Mode `on` only.
     pub adaptive: bool,
     pub max_backoff_millis: u64,
+    /// Mode `on`'s pace while merging pays off: a wake-up whose merges and
+    /// first-time hashes (a VM that just started) were at least 1/8 of its
+    /// pages doubles the next wake-up's pages, up to this factor of
+    /// `pages_to_scan`; a wake-up that did neither halves it again. This is
+    /// auto mode's scan-rate rule (x2 while merging pays off, /2 when it
+    /// finds nothing) applied to mode `on`, so a new VM is merged in a few
+    /// wake-ups instead of two full passes at the base rate, while a
+    /// settled engine scans at `pages_to_scan` (and backs off). 1 = a fixed
+    /// rate, as kernel KSM.
+    pub boost_max: u64,
     /// Test hook: replace xxh3 (e.g. with a weak hash to force collisions).
     pub hash_override: Option<HashFn>,
     /// Kernel KSM for groups whose duplicates sit at scattered addresses
@@ -148,6 +157,7 @@ impl Default for EngineConfig {
             pool_max_bytes: 1 << 40,
             adaptive: true,
             max_backoff_millis: 1000,
+            boost_max: DEFAULT_BOOST_MAX,
             hash_override: None,
             assist: AssistConfig::default(),
             io_hints: true,
@@ -203,6 +213,7 @@ struct Shared {
     faults: Arc<FaultCounters>,
     adaptive: bool,
     max_backoff: u64,
+    boost_max: u64,
     io_hints: bool,
 }
 
@@ -279,6 +290,7 @@ impl Engine {
             faults: Arc::new(FaultCounters::default()),
             adaptive: cfg.adaptive,
             max_backoff: cfg.max_backoff_millis,
+            boost_max: cfg.boost_max.max(1),
             io_hints: cfg.io_hints,
         });
         let mut threads = Vec::new();
@@ -289,9 +301,7 @@ impl Engine {
                 std::thread::Builder::new()
                     .name("pagefold-uffd".into())
                     .spawn(move || {
-                        if let Some(f) = init {
-                            (f.0)(EngineThread::FaultHandler);
-                        }
+                        ThreadInit::run(init.as_ref(), DedupThread::FaultHandler);
                         lock(&sh.clocks).enter();
                         fault::run(uffd, prot, sh.stop.clone(), sh.faults.clone());
                         lock(&sh.clocks).leave();
@@ -305,9 +315,7 @@ impl Engine {
             let t = std::thread::Builder::new()
                 .name("pagefold-scan".into())
                 .spawn(move || {
-                    if let Some(f) = init {
-                        (f.0)(EngineThread::Scanner);
-                    }
+                    ThreadInit::run(init.as_ref(), DedupThread::Scanner);
                     scanner_loop(&sh)
                 });
             match t {
@@ -447,6 +455,8 @@ fn effective_sleep(sh: &Shared, knobs: &Knobs, mode: Mode, idle: u32) -> Duratio
 fn scanner_loop(sh: &Arc<Shared>) {
     lock(&sh.clocks).enter();
     let mut unmerge_tries = 0;
+    // Mode on's factor of `pages_to_scan` (see `EngineConfig::boost_max`).
+    let mut boost = 1u64;
     loop {
         let (mode, knobs, gen, reset) = {
             let mut c = lock(&sh.ctl);
@@ -522,7 +532,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     }
                 } else {
                     RoundPlan {
-                        pages_to_visit: knobs.pages_to_scan,
+                        pages_to_visit: knobs.pages_to_scan.saturating_mul(boost),
                         merge: true,
                     }
                 };
@@ -549,6 +559,11 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     h.queue = hints;
                 }
                 lock(&sh.ctl).last_round_merges = rep.merges;
+                boost = if mode == Mode::On {
+                    next_boost(boost, sh.boost_max, &rep, plan.pages_to_visit)
+                } else {
+                    1
+                };
                 let sleep = effective_sleep(sh, &knobs, mode, idle);
                 if rep.spent == 0 {
                     // Nothing of the engine's to visit (every region is
@@ -681,5 +696,38 @@ impl DedupBackend for Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod boost_tests {
+    use super::{next_boost, BatchReport};
+
+    fn rep(merges: u64, fresh: u64) -> BatchReport {
+        BatchReport {
+            merges,
+            fresh,
+            ..BatchReport::default()
+        }
+    }
+
+    #[test]
+    fn doubles_while_merging_pays_off_and_caps() {
+        assert_eq!(next_boost(1, 16, &rep(4096, 0), 4096), 2);
+        assert_eq!(next_boost(2, 16, &rep(0, 1024), 8192), 4);
+        assert_eq!(next_boost(16, 16, &rep(65536, 0), 65536), 16);
+    }
+
+    #[test]
+    fn a_trickle_of_merges_does_not_boost() {
+        // 10 merges in 4096 visits: a running guest's churn, not a new VM.
+        assert_eq!(next_boost(1, 16, &rep(10, 0), 4096), 1);
+        assert_eq!(next_boost(8, 16, &rep(10, 5), 32768), 4);
+        assert_eq!(next_boost(1, 16, &rep(0, 0), 4096), 1);
+    }
+
+    #[test]
+    fn max_one_is_a_fixed_rate() {
+        assert_eq!(next_boost(1, 1, &rep(4096, 4096), 4096), 1);
     }
 }

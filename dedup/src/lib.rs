@@ -7,7 +7,8 @@
 //! (per-page state); `scanner` (core state, planning); `merge` (the
 //! race-free merge/unmerge path); `fault` (uffd handler thread); `stats`;
 //! `engine` ([`Engine`], the [`DedupBackend`] implementation); `settings`
-//! (the typed settings every input parses into, checked once).
+//! (the typed settings every input parses into, checked once);
+//! `thread_init` (the backends' thread start hook).
 
 pub mod assist;
 pub mod backend;
@@ -25,15 +26,17 @@ pub mod pool;
 pub mod region;
 pub mod scanner;
 pub mod stats;
+pub mod thread_init;
 pub mod uffd;
 
 pub use assist::{AssistConfig, AssistMode};
 pub use backend::{DedupBackend, Error, RegionId, RegionSpec, Stats};
-pub use engine::{Engine, EngineConfig, EngineError, EngineThread, ThreadInit, DEFAULT_KNOBS};
+pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
 pub use policy::{RoundPlan, RoundPolicy};
 pub use settings::{
     BackendKind, CheckedSettings, DedupSettings, Knobs, MemorySignal, Mode, SettingsError,
 };
+pub use thread_init::{DedupThread, ThreadInit};
 pub mod auto;
 pub mod ksm;
 

@@ -93,6 +93,9 @@ pub struct BatchReport {
     pub pass_completed: bool,
     /// Visit units spent: 0 when every page was KSM's (skipped).
     pub spent: u64,
+    /// Pages hashed for the first time (new to the engine): a region that
+    /// just arrived, or memory a guest just touched.
+    pub fresh: u64,
 }
 
 /// The region index and page of page id `gid` (regions are sorted by
@@ -161,6 +164,8 @@ pub struct Core {
     cursor_region: usize,
     cursor_page: usize,
     pass_progress: u64,
+    /// Pages hashed for the first time, ever (see `BatchReport::fresh`).
+    fresh_hashed: u64,
     map_checked: Option<Instant>,
     map_vmas: u64,
     /// VMAs the engine may still create (the process map-count limit).
@@ -247,6 +252,7 @@ impl Core {
             cursor_region: 0,
             cursor_page: 0,
             pass_progress: 0,
+            fresh_hashed: 0,
             map_checked: None,
             map_vmas: 0,
             map_budget: MapBudget::default(),
@@ -677,6 +683,7 @@ impl Core {
         }
         self.refresh_map_count(false);
         let before = self.counters.merges + self.counters.zero_merges;
+        let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let units0 = visit_units;
         if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
@@ -709,6 +716,7 @@ impl Core {
         }
         rep.merges = self.counters.merges + self.counters.zero_merges - before;
         rep.spent = units0 - visit_units;
+        rep.fresh = self.fresh_hashed - fresh_before;
         if rep.merges > 0 {
             self.idle_passes = 0;
         }
@@ -928,12 +936,11 @@ impl Core {
         visit_units: &mut u64,
         merge: bool,
     ) -> usize {
-        let addr = self.regions[ri].page_addr(start);
         let mut entries = std::mem::take(&mut self.scratch);
         if entries.len() < n {
             entries.resize(n, Entry(0));
         }
-        if let Err(e) = self.pagemap.read(addr, &mut entries[..n]) {
+        if let Err(e) = self.read_needed(ri, start, &mut entries[..n]) {
             log::warn!("pagefold: {e}");
             self.scratch = entries;
             return n;
@@ -958,6 +965,14 @@ impl Core {
             match region::kind(st) {
                 MERGED => {
                     *visit_units -= 1;
+                    if !self.merged_due(ri, p, st) {
+                        // Checked on its own smart-scan schedule; its
+                        // pagemap entry was not read.
+                        let s = self.regions[ri].word[p];
+                        prev = Some(s);
+                        self.note_run(Some(self.pool.meta(s).hash));
+                        continue;
+                    }
                     if e.present() && !e.file() {
                         // Copy-on-write broke the share.
                         let r = &mut self.regions[ri];
@@ -975,7 +990,9 @@ impl Core {
                             prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
                         }
                     } else {
-                        let s = self.regions[ri].word[p];
+                        let r = &mut self.regions[ri];
+                        let s = r.word[p];
+                        r.state[p] = region::with_level(st, region::level(st) + 1);
                         prev = Some(s);
                         self.note_run(Some(self.pool.meta(s).hash));
                     }
@@ -1023,6 +1040,96 @@ impl Core {
         used
     }
 
+    /// Is an unmerged page due for a visit on this pass (smart scan)? A
+    /// HASHED page at level L is hashed once every 2^L passes; a NEW page
+    /// that keeps being absent (guest RAM never touched) rises a level per
+    /// absent visit the same way, so untouched memory costs a pagemap
+    /// entry once every 2^MAX_LEVEL passes. ZERO pages, and every page of
+    /// a hinted visit, are always due.
+    fn visit_due(&self, ri: usize, p: usize, st: u8) -> bool {
+        !matches!(region::kind(st), HASHED | NEW)
+            || self.trusted
+            || region::due(
+                self.counters.passes,
+                region::level(st),
+                self.regions[ri].word[p],
+            )
+    }
+
+    /// Is a MERGED page due for its copy-on-write check on this pass? A
+    /// share that stays intact is checked less often (level L: once every
+    /// 2^L passes, L up to `MAX_LEVEL`), as unique pages are hashed less
+    /// often: each check is a pagemap walk over the page's own VMA (one per
+    /// scattered merge), which was most of the engine's CPU while two
+    /// guests built (issue 10). A broken share is noticed at most
+    /// 2^MAX_LEVEL passes late; until then the pool keeps the page's
+    /// reference (the guest's new copy is already its own).
+    fn merged_due(&self, ri: usize, p: usize, st: u8) -> bool {
+        self.trusted
+            || self.regions[ri].assisted
+            || region::due(
+                self.counters.passes,
+                region::level(st),
+                self.regions[ri].word[p],
+            )
+    }
+
+    /// Fills `out` with the pagemap entries of pages `start..` of region
+    /// `ri` that this pass needs (zero pages, new and hashed pages due for
+    /// a visit, merged pages due for their copy-on-write check); the others
+    /// get `Entry(0)` and are not looked at. Reads runs of
+    /// needed pages, bridging gaps of up to `READ_GAP` pages: a pagemap
+    /// read walks every VMA it covers, and a scattered merge is a VMA.
+    fn read_needed(
+        &self,
+        ri: usize,
+        start: usize,
+        out: &mut [Entry],
+    ) -> Result<(), crate::pagemap::PagemapError> {
+        const READ_GAP: usize = 8;
+        let r = &self.regions[ri];
+        if r.assisted {
+            // A census pass: every frame counts.
+            return self.pagemap.read(r.page_addr(start), out);
+        }
+        let needed = |i: usize| {
+            let p = start + i;
+            let st = r.state[p];
+            match region::kind(st) {
+                MERGED => self.merged_due(ri, p, st),
+                HASHED | NEW => self.visit_due(ri, p, st),
+                _ => true,
+            }
+        };
+        let n = out.len();
+        let mut i = 0;
+        while i < n {
+            if !needed(i) {
+                out[i] = Entry(0);
+                i += 1;
+                continue;
+            }
+            // A run from i: extend while a needed page follows within
+            // READ_GAP pages.
+            let mut end = i + 1;
+            let mut gap = 0;
+            let mut j = end;
+            while j < n && gap <= READ_GAP {
+                if needed(j) {
+                    end = j + 1;
+                    gap = 0;
+                } else {
+                    gap += 1;
+                }
+                j += 1;
+            }
+            self.pagemap
+                .read(r.page_addr(start + i), &mut out[i..end])?;
+            i = end;
+        }
+        Ok(())
+    }
+
     /// Visits an unmerged page; returns the slot it is planned onto, if any.
     #[allow(clippy::too_many_arguments)]
     fn visit(
@@ -1037,26 +1144,24 @@ impl Core {
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let kind = region::kind(st);
+        if !self.visit_due(ri, p, st) {
+            // Smart scan, pass-aligned (see `region::due`): identical pages
+            // are hashed on the same passes, so they always meet. Its
+            // pagemap entry was not read (`read_needed`).
+            *visit_units -= 1;
+            self.note_run((kind == HASHED).then(|| self.regions[ri].word[p]));
+            return None;
+        }
         if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
             *visit_units -= 1;
             self.note_run(None);
-            if kind == HASHED {
-                self.regions[ri].set_kind(p, NEW);
-            }
-            return None;
-        }
-        if kind == HASHED
-            && !self.trusted
-            && !region::due(
-                self.counters.passes,
-                region::level(st),
-                self.regions[ri].word[p],
-            )
-        {
-            // Smart scan, pass-aligned (see `region::due`): identical pages
-            // are hashed on the same passes, so they always meet.
-            *visit_units -= 1;
-            self.note_run(Some(self.regions[ri].word[p]));
+            let r = &mut self.regions[ri];
+            r.state[p] = if kind == HASHED {
+                region::with_level(region::with_kind(st, NEW), 0)
+            } else {
+                // Still absent: looked at less often (`visit_due`).
+                region::with_level(st, region::level(st) + 1)
+            };
             return None;
         }
         *visit_units = visit_units.saturating_sub(HASH_COST);
@@ -1083,6 +1188,7 @@ impl Core {
             if kind == NEW {
                 r.set_kind(p, HASHED);
                 self.pass_progress += 1;
+                self.fresh_hashed += 1;
             }
             if !unchanged {
                 r.set_volatile(p, true);
@@ -1520,6 +1626,8 @@ impl Core {
                 _ => {
                     r.set_in_pool(op.page, true);
                     r.set_kind(op.page, MERGED);
+                    // Checked for copy-on-write every pass at first.
+                    r.state[op.page] = region::with_level(r.state[op.page], 0);
                     r.word[op.page] = op.slot;
                     self.counters.merges += 1;
                 }

@@ -16,8 +16,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::auto::AutoConfig;
-
 /// A setting that is out of range or not a known name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
@@ -268,29 +266,8 @@ impl DedupSettings {
         }
     }
 
-    /// The auto-mode configuration of `base` with the settings given here
-    /// put over it.
-    pub fn auto_over(&self, base: AutoConfig) -> AutoConfig {
-        AutoConfig {
-            threshold_pct: self.auto_threshold.unwrap_or(base.threshold_pct),
-            max_scanning_factor: self.max_scanning_factor.unwrap_or(base.max_scanning_factor),
-            memory_signal: self.memory_signal.unwrap_or(base.memory_signal),
-            ..base
-        }
-    }
-
-    /// The auto-mode settings of `c`, nothing else (what the API shows as
-    /// `auto_config`).
-    pub fn of_auto(c: &AutoConfig) -> DedupSettings {
-        DedupSettings {
-            auto_threshold: Some(c.threshold_pct),
-            max_scanning_factor: Some(c.max_scanning_factor),
-            memory_signal: Some(c.memory_signal),
-            ..DedupSettings::default()
-        }
-    }
-
-    /// True if any auto-mode setting is given.
+    /// True if any auto-mode setting is given (`auto::AutoConfig::overlaid`
+    /// puts them over a configuration).
     pub fn touches_auto(&self) -> bool {
         self.auto_threshold.is_some()
             || self.max_scanning_factor.is_some()
@@ -419,5 +396,4 @@ pub mod flag {
 }
 
 #[cfg(test)]
-#[path = "settings_tests.rs"]
 mod tests;

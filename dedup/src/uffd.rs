@@ -1,4 +1,5 @@
-//! userfaultfd write-protection: our own ioctl definitions and wrappers.
+//! userfaultfd write-protection: the uffdio structs, ioctl numbers (from
+//! vmm-sys-util's macros) and wrappers.
 //!
 //! Only `UFFD_FEATURE_PAGEFAULT_FLAG_WP | UFFD_FEATURE_THREAD_ID` are asked
 //! for. `EVENT_UNMAP/REMOVE/REMAP` would make every merge `mmap(MAP_FIXED)`
@@ -30,11 +31,12 @@ pub enum UffdError {
     Read(#[source] io::Error),
 }
 
-const fn ioc(dir: u64, nr: u64, size: u64) -> u64 {
-    (dir << 30) | (size << 16) | (0xAA << 8) | nr
-}
-const IOC_W: u64 = 1;
-const IOC_R: u64 = 2;
+// The `struct uffdio_*` layouts of <linux/userfaultfd.h>. The userfaultfd
+// crate was not taken: its -sys crate runs bindgen (libclang) at build time,
+// it opens /dev/userfaultfd before trying the syscall (we prefer the
+// syscall), and its event reader decodes every message into an enum where
+// the fault handler only needs the raw address and flags. vmm-sys-util's
+// ioctl macros compute the request numbers from these types instead.
 
 #[repr(C)]
 #[derive(Default)]
@@ -63,18 +65,29 @@ struct UffdioWriteprotect {
     mode: u64,
 }
 
+/// The ioctl request numbers (`_IOWR(UFFDIO, nr, struct)` and friends).
+mod req {
+    use super::{UffdioApi, UffdioRange, UffdioRegister, UffdioWriteprotect};
+    use vmm_sys_util::{ioctl_io_nr, ioctl_ior_nr, ioctl_iowr_nr};
+
+    /// The ioctl type of userfaultfd (`UFFDIO`).
+    const UFFDIO: u32 = 0xAA;
+    ioctl_iowr_nr!(UFFDIO_API, UFFDIO, 0x3F, UffdioApi);
+    ioctl_iowr_nr!(UFFDIO_REGISTER, UFFDIO, 0x00, UffdioRegister);
+    ioctl_ior_nr!(UFFDIO_UNREGISTER, UFFDIO, 0x01, UffdioRange);
+    ioctl_ior_nr!(UFFDIO_WAKE, UFFDIO, 0x02, UffdioRange);
+    ioctl_iowr_nr!(UFFDIO_WRITEPROTECT, UFFDIO, 0x06, UffdioWriteprotect);
+    // `/dev/userfaultfd`'s one ioctl: `_IO(UFFDIO, 0x00)`.
+    ioctl_io_nr!(USERFAULTFD_IOC_NEW, UFFDIO, 0x00);
+}
+
 const UFFD_API: u64 = 0xAA;
-const UFFDIO_API: u64 = ioc(IOC_R | IOC_W, 0x3F, 24);
-const UFFDIO_REGISTER: u64 = ioc(IOC_R | IOC_W, 0x00, 32);
-const UFFDIO_UNREGISTER: u64 = ioc(IOC_R, 0x01, 16);
-const UFFDIO_WAKE: u64 = ioc(IOC_R, 0x02, 16);
-const UFFDIO_WRITEPROTECT: u64 = ioc(IOC_R | IOC_W, 0x06, 24);
-const USERFAULTFD_IOC_NEW: u64 = 0xAA00;
 const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
 const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 const UFFD_FEATURE_PAGEFAULT_FLAG_WP: u64 = 1 << 0;
 const UFFD_FEATURE_THREAD_ID: u64 = 1 << 8;
-const _UFFDIO_WRITEPROTECT_BIT: u64 = 0x06;
+/// `_UFFDIO_WRITEPROTECT`: its bit in `uffdio_register.ioctls`.
+const UFFDIO_WRITEPROTECT_NR: u64 = 0x06;
 
 /// `UFFD_EVENT_PAGEFAULT`.
 pub const EVENT_PAGEFAULT: u8 = 0x12;
@@ -123,7 +136,7 @@ impl Uffd {
             raw = unsafe {
                 libc::ioctl(
                     dev,
-                    USERFAULTFD_IOC_NEW as _,
+                    req::USERFAULTFD_IOC_NEW() as _,
                     libc::O_CLOEXEC | libc::O_NONBLOCK,
                 )
             };
@@ -142,7 +155,7 @@ impl Uffd {
             ioctls: 0,
         };
         // SAFETY: api is a valid, correctly sized uffdio_api.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API as _, &mut api) } != 0 {
+        if unsafe { libc::ioctl(fd.as_raw_fd(), req::UFFDIO_API() as _, &mut api) } != 0 {
             return Err(UffdError::Api(io::Error::last_os_error()));
         }
         if api.features & UFFD_FEATURE_PAGEFAULT_FLAG_WP == 0 {
@@ -159,13 +172,13 @@ impl Uffd {
     fn ioctl<T>(
         &self,
         op: &'static str,
-        req: u64,
+        request: libc::c_ulong,
         arg: &mut T,
         addr: usize,
         len: usize,
     ) -> Result<(), UffdError> {
-        // SAFETY: arg is a valid, correctly sized struct for `req`.
-        if unsafe { libc::ioctl(self.fd.as_raw_fd(), req as _, arg as *mut T) } != 0 {
+        // SAFETY: arg is a valid, correctly sized struct for `request`.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), request as _, arg as *mut T) } != 0 {
             return Err(UffdError::Ioctl {
                 op,
                 addr,
@@ -187,8 +200,8 @@ impl Uffd {
             mode: UFFDIO_REGISTER_MODE_WP,
             ioctls: 0,
         };
-        self.ioctl("UFFDIO_REGISTER", UFFDIO_REGISTER, &mut r, addr, len)?;
-        if r.ioctls & (1 << _UFFDIO_WRITEPROTECT_BIT) == 0 {
+        self.ioctl("UFFDIO_REGISTER", req::UFFDIO_REGISTER(), &mut r, addr, len)?;
+        if r.ioctls & (1 << UFFDIO_WRITEPROTECT_NR) == 0 {
             return Err(UffdError::NoWp);
         }
         Ok(())
@@ -200,7 +213,13 @@ impl Uffd {
             start: addr as u64,
             len: len as u64,
         };
-        self.ioctl("UFFDIO_UNREGISTER", UFFDIO_UNREGISTER, &mut r, addr, len)
+        self.ioctl(
+            "UFFDIO_UNREGISTER",
+            req::UFFDIO_UNREGISTER(),
+            &mut r,
+            addr,
+            len,
+        )
     }
 
     /// Write-protects `addr..+len` (present PTEs only; verify with pagemap).
@@ -214,7 +233,7 @@ impl Uffd {
         };
         self.ioctl(
             "UFFDIO_WRITEPROTECT(WP)",
-            UFFDIO_WRITEPROTECT,
+            req::UFFDIO_WRITEPROTECT(),
             &mut w,
             addr,
             len,
@@ -232,7 +251,7 @@ impl Uffd {
         };
         self.ioctl(
             "UFFDIO_WRITEPROTECT(0)",
-            UFFDIO_WRITEPROTECT,
+            req::UFFDIO_WRITEPROTECT(),
             &mut w,
             addr,
             len,
@@ -245,7 +264,7 @@ impl Uffd {
             start: addr as u64,
             len: len as u64,
         };
-        self.ioctl("UFFDIO_WAKE", UFFDIO_WAKE, &mut r, addr, len)
+        self.ioctl("UFFDIO_WAKE", req::UFFDIO_WAKE(), &mut r, addr, len)
     }
 
     /// Reads pending messages into `buf`; returns how many (0 if none).
@@ -278,10 +297,13 @@ mod tests {
     #[test]
     fn msg_layout() {
         assert_eq!(std::mem::size_of::<UffdMsg>(), 32);
-        assert_eq!(UFFDIO_API, 0xc018aa3f);
-        assert_eq!(UFFDIO_REGISTER, 0xc020aa00);
-        assert_eq!(UFFDIO_WRITEPROTECT, 0xc018aa06);
-        assert_eq!(UFFDIO_WAKE, 0x8010aa02);
+        // The numbers of <linux/userfaultfd.h> on x86_64.
+        assert_eq!(req::UFFDIO_API(), 0xc018aa3f);
+        assert_eq!(req::UFFDIO_REGISTER(), 0xc020aa00);
+        assert_eq!(req::UFFDIO_UNREGISTER(), 0x8010aa01);
+        assert_eq!(req::UFFDIO_WAKE(), 0x8010aa02);
+        assert_eq!(req::UFFDIO_WRITEPROTECT(), 0xc018aa06);
+        assert_eq!(req::USERFAULTFD_IOC_NEW(), 0xaa00);
     }
 
     #[test]

@@ -322,14 +322,15 @@ fn bad_registrations_are_rejected() {
     let a = Mem::new(8);
     a.register(&e, "a", "g");
     let mut s = a.spec("b", "g");
-    // SAFETY: rejected before use.
     assert!(matches!(
+        // SAFETY: `a` is live memory, and the overlap is refused before the
+        // engine touches it.
         unsafe { e.register(s.clone()) },
         Err(pagefold_dedup::Error::Overlap { .. })
     ));
     s.host_addr += 1;
-    // SAFETY: rejected before use.
     assert!(matches!(
+        // SAFETY: a misaligned range is refused before the engine touches it.
         unsafe { e.register(s) },
         Err(pagefold_dedup::Error::BadRegion { .. })
     ));

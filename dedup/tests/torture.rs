@@ -53,6 +53,8 @@ impl World {
 // SAFETY: the raw mappings are shared on purpose; every page has exactly one
 // writer thread, and the main thread reads only while writers are paused.
 unsafe impl Sync for World {}
+// SAFETY: the mappings belong to the World, not to a thread: whichever
+// thread holds it may use and unmap them.
 unsafe impl Send for World {}
 
 fn run(

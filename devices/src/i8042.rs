@@ -1,5 +1,10 @@
 //! Just enough of the i8042 keyboard controller for a guest to reset the
-//! machine: writing 0xFE (pulse reset line) to the command port 0x64.
+//! machine: vm-superio's `I8042Device`, which turns 0xFE (pulse reset
+//! line) written to the command port 0x64 into a trigger, on our port bus.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use vm_superio::{I8042Device, Trigger};
 
 use crate::bus::BusDevice;
 
@@ -7,40 +12,53 @@ use crate::bus::BusDevice;
 pub const I8042_BASE: u64 = 0x60;
 /// Ports decoded (0x60..=0x64).
 pub const I8042_LEN: u64 = 5;
-const CMD_OFFSET: u64 = 4;
-const CMD_RESET: u8 = 0xfe;
+
+/// The trigger vm-superio fires on a reset command: counts and calls back.
+struct ResetTrigger {
+    on_reset: Box<dyn Fn() + Send>,
+    resets: AtomicU64,
+}
+
+impl Trigger for ResetTrigger {
+    type E = std::convert::Infallible;
+
+    fn trigger(&self) -> Result<(), Self::E> {
+        self.resets.fetch_add(1, Ordering::Relaxed);
+        (self.on_reset)();
+        Ok(())
+    }
+}
 
 /// The controller; calls `on_reset` when the guest asks for a reset.
-pub struct I8042 {
-    on_reset: Box<dyn Fn() + Send>,
-    resets: u64,
-}
+pub struct I8042(I8042Device<ResetTrigger>);
 
 impl I8042 {
     pub fn new(on_reset: Box<dyn Fn() + Send>) -> Self {
-        Self {
+        Self(I8042Device::new(ResetTrigger {
             on_reset,
-            resets: 0,
-        }
+            resets: AtomicU64::new(0),
+        }))
     }
 
     /// How many resets the guest requested.
     pub fn resets(&self) -> u64 {
-        self.resets
+        self.0.reset_evt().resets.load(Ordering::Relaxed)
     }
 }
 
 impl BusDevice for I8042 {
-    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
         // Status 0: output buffer empty, input buffer empty (ready for a
         // command); no keyboard data. Port 0x61 reads 0 too.
-        data.fill(0);
+        let v = u8::try_from(offset).map_or(0, |o| self.0.read(o));
+        data.fill(v);
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        if offset == CMD_OFFSET && data.first() == Some(&CMD_RESET) {
-            self.resets += 1;
-            (self.on_reset)();
+        // The first byte is the command; vm-superio ignores everything but
+        // 0xFE at offset 4, and our trigger cannot fail.
+        if let (Ok(offset), Some(&value)) = (u8::try_from(offset), data.first()) {
+            let Ok(()) = self.0.write(offset, value);
         }
     }
 }
@@ -48,8 +66,12 @@ impl BusDevice for I8042 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::AtomicU32;
     use std::sync::Arc;
+
+    /// The command port and the reset command (the guest's view).
+    const CMD_OFFSET: u64 = 4;
+    const CMD_RESET: u8 = 0xfe;
 
     #[test]
     fn reset_command_calls_back() {

@@ -52,7 +52,7 @@ fn check_dedup(c: &CheckedSettings, current: &Knobs) {
         c.knobs_over(*current).validate().is_ok(),
         "checked settings give valid knobs"
     );
-    let a = c.auto_over(AutoConfig::default());
+    let a = AutoConfig::default().overlaid(c);
     let _ = a.validate(HOST_MEM, c.knobs_over(*current).pages_to_scan);
     let _ = c.touches_auto();
 }

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use pagefold_fuzz::{Input, ScratchFile};
-use pagefold_vmm::boot;
+use pagefold_vmm::workload::boot;
 use pagefold_vmm::linux::{self, DeviceDiscovery, LinuxBootConfig, VirtioMmioDevice};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 

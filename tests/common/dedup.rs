@@ -199,22 +199,8 @@ fn pm_entry(f: &File, addr: usize) -> u64 {
 
 /// The zero page's PFN, as a read of untouched anonymous memory maps it.
 pub fn zero_pfn() -> u64 {
-    // SAFETY: a fresh private anonymous mapping, read once and unmapped.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            PAGE,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        std::ptr::read_volatile(p as *const u8);
-        let e = pm_entry(&pagemap(), p as usize);
-        libc::munmap(p, PAGE);
-        e & ((1 << 55) - 1)
-    }
+    let pm = pagefold_dedup::pagemap::Pagemap::open().expect("open pagemap");
+    pagefold_dedup::mm::zero_pfn(&pm)
 }
 
 fn fnv(bytes: &[u8]) -> u64 {

@@ -32,27 +32,20 @@ pub fn pagefold() -> Command {
     c
 }
 
-/// A scratch directory removed at drop.
-pub struct TempDir(pub PathBuf);
+/// A scratch directory (tempfile's: a unique name, removed at drop); the
+/// tag in its name tells which test left it if a crash keeps it.
+pub struct TempDir(pub PathBuf, tempfile::TempDir);
 
 impl TempDir {
     pub fn new(tag: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!(
-            "pagefold-test-{tag}-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
+        let d = tempfile::Builder::new()
+            .prefix(&format!("pagefold-test-{tag}-"))
+            .tempdir()
+            .unwrap();
+        TempDir(d.path().to_path_buf(), d)
     }
     pub fn path(&self, name: &str) -> PathBuf {
         self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

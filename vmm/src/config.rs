@@ -814,7 +814,7 @@ impl WorkloadConfig {
                 extent_pages: self.extent_pages.unwrap_or(1),
                 seed: self
                     .placement_seed
-                    .unwrap_or_else(|| crate::workload::name_seed(&format!("placement:{vm_name}"))),
+                    .unwrap_or_else(|| crate::seed::name_seed(&format!("placement:{vm_name}"))),
             },
         }
     }

@@ -33,18 +33,21 @@ fn backend_err(backend: BackendKind, e: impl std::fmt::Display) -> Error {
     }
 }
 
-/// The engine threads' start hook: their seccomp filters, when filters
-/// are on. A thread that cannot install its filter ends the process (it
-/// must not run unfiltered, and has nobody to report to).
-fn engine_thread_init() -> Option<pagefold_dedup::ThreadInit> {
+/// The backends' threads' start hook: their seccomp filters, when filters
+/// are on (the engine's scanner and fault handler, the KSM backend's
+/// auto-mode driver). A thread that cannot install its filter ends the
+/// process (it must not run unfiltered, and has nobody to report to).
+fn thread_init() -> Option<pagefold_dedup::ThreadInit> {
     use crate::seccomp::{self, ThreadKind};
+    use pagefold_dedup::DedupThread;
     if !seccomp::enabled() {
         return None;
     }
     Some(pagefold_dedup::ThreadInit(Arc::new(|t| {
         let kind = match t {
-            pagefold_dedup::EngineThread::Scanner => ThreadKind::Engine,
-            pagefold_dedup::EngineThread::FaultHandler => ThreadKind::Fault,
+            DedupThread::Scanner => ThreadKind::Engine,
+            DedupThread::FaultHandler => ThreadKind::Fault,
+            DedupThread::KsmDriver => ThreadKind::Ksm,
         };
         if let Err(e) = seccomp::install(kind) {
             eprintln!("pagefold: error: {e}");
@@ -79,7 +82,7 @@ pub fn create_backend_with_source(
         return Ok(None);
     }
     let settings = &d.settings;
-    let auto = settings.auto_over(AutoConfig::default());
+    let auto = AutoConfig::default().overlaid(settings);
     let source = source.unwrap_or_else(|| Box::new(ProcMemSource::new()));
     let (backend, handle): (Arc<dyn DedupBackend>, AutoHandle) = match d.backend {
         BackendKind::Pagefold => {
@@ -90,7 +93,7 @@ pub fn create_backend_with_source(
                     ..Default::default()
                 },
                 io_hints: d.io_hints,
-                thread_init: engine_thread_init(),
+                thread_init: thread_init(),
                 ..EngineConfig::default()
             })
             .map_err(|e| backend_err(d.backend, e))?;
@@ -107,6 +110,7 @@ pub fn create_backend_with_source(
             let ksm = KsmBackend::with_options(KsmOptions {
                 auto,
                 memory_source: Some(source),
+                thread_init: thread_init(),
                 ..KsmOptions::default()
             })
             .map_err(|e| backend_err(d.backend, e))?;

@@ -1,20 +1,19 @@
 //! pagefold's VMM: KVM VMs with guest RAM, vCPUs, devices, and the dedup
 //! engine attached to guest memory.
 
-pub mod boot;
 pub mod config;
 pub mod control;
 pub mod dedup;
+pub mod disk;
 pub mod linux;
-pub mod linux_vm;
 pub mod memory;
 pub mod runner;
 pub mod seccomp;
+pub mod seed;
 pub mod signals;
 pub mod state;
 pub mod stdin;
 pub mod vcpu;
 pub mod vm;
 pub mod workload;
-pub mod workload_image;
 pub mod x86;

@@ -2,7 +2,8 @@
 //!
 //! Each kind of thread installs its own allow-list once its set-up is done
 //! ([`install`]): vCPU threads, the API server thread, the dedup engine's
-//! scanner and userfaultfd handler, and the main (event loop) thread. A
+//! scanner and userfaultfd handler, the KSM backend's auto-mode driver, and
+//! the main (event loop) thread. A
 //! syscall outside the list traps (`SECCOMP_RET_TRAP`): the SIGSYS handler
 //! writes `pagefold: seccomp: thread <name> made forbidden syscall <nr>
 //! (<syscall>)` to stderr and ends the **whole process** with exit status
@@ -12,8 +13,17 @@
 //!
 //! Filters stack: a thread spawned by a filtered thread (a vCPU of a VM
 //! created through the API after the main thread's filter is in place, the
-//! API's blocking-call threads) inherits its parent's filter and adds its
-//! own, so the main filter allows everything the others need.
+//! API's blocking-call threads, a KSM driver started by an API request)
+//! inherits its parent's filter and adds its own, so a parent's filter
+//! allows everything such children need (unit tests check each pair).
+//!
+//! The main thread has two filters. VM creation (KVM's ioctls, guest memory
+//! memfds, new threads, `seccomp` for their own filters: [`VM_CREATE`])
+//! happens on it, but only while it sets up, unless the API is on (a
+//! `PUT /vms/NAME` is served on the main thread at any time). So a main
+//! thread with no API installs [`ThreadKind::Main`], the event loop and
+//! teardown only; one with the API installs [`ThreadKind::MainCreatesVms`],
+//! which adds [`VM_CREATE`].
 //!
 //! The process-wide switch ([`configure`]) is set once by the CLI before any
 //! thread starts; the library default is off (unit tests, benchmarks).
@@ -21,8 +31,8 @@
 //! filters off; `PAGEFOLD_SECCOMP_LOG=<file>` keeps them on but makes a
 //! forbidden syscall fail with `ENOSYS` after logging it to `<file>` (and
 //! stderr) instead of ending the process, to collect what is missing.
-//! `PAGEFOLD_SECCOMP_SELFTEST=vcpu|api|engine|fault|main` (tests) makes that
-//! thread issue a forbidden syscall right after installing its filter.
+//! `PAGEFOLD_SECCOMP_SELFTEST=vcpu|api|engine|fault|ksm|main` (tests) makes
+//! that thread issue a forbidden syscall right after installing its filter.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -72,35 +82,58 @@ pub enum ThreadKind {
     Engine,
     /// The dedup engine's userfaultfd handler.
     Fault,
-    /// The main thread's event loop (VM creation and teardown included).
+    /// The KSM backend's auto-mode driver (KSM's sysfs knobs, `/proc`).
+    Ksm,
+    /// The main thread's event loop and VM teardown, in a process that
+    /// creates no VM after set-up (no API).
     Main,
+    /// The main thread's event loop when the API may ask it to create VMs
+    /// at any time: [`ThreadKind::Main`] plus [`VM_CREATE`].
+    MainCreatesVms,
 }
 
+/// Every kind, for the self-test's name lookup and the unit tests.
+const ALL_KINDS: [ThreadKind; 7] = [
+    ThreadKind::Vcpu,
+    ThreadKind::Api,
+    ThreadKind::Engine,
+    ThreadKind::Fault,
+    ThreadKind::Ksm,
+    ThreadKind::Main,
+    ThreadKind::MainCreatesVms,
+];
+
 impl ThreadKind {
+    /// The thread's role, as `PAGEFOLD_SECCOMP_SELFTEST` and errors name
+    /// it (both main filters are the "main" thread).
     pub fn name(self) -> &'static str {
         match self {
             ThreadKind::Vcpu => "vcpu",
             ThreadKind::Api => "api",
             ThreadKind::Engine => "engine",
             ThreadKind::Fault => "fault",
-            ThreadKind::Main => "main",
+            ThreadKind::Ksm => "ksm",
+            ThreadKind::Main | ThreadKind::MainCreatesVms => "main",
+        }
+    }
+
+    /// The main thread's filter: with [`VM_CREATE`] if VMs may be created
+    /// after set-up (the API is on).
+    pub fn main(creates_vms: bool) -> ThreadKind {
+        if creates_vms {
+            ThreadKind::MainCreatesVms
+        } else {
+            ThreadKind::Main
         }
     }
 
     fn from_name(s: &str) -> Option<ThreadKind> {
-        [
-            ThreadKind::Vcpu,
-            ThreadKind::Api,
-            ThreadKind::Engine,
-            ThreadKind::Fault,
-            ThreadKind::Main,
-        ]
-        .into_iter()
-        .find(|k| k.name() == s)
+        ALL_KINDS.into_iter().find(|k| k.name() == s)
     }
 
+    /// The self-test's key: one per name (1-based; 0 is "none").
     fn id(self) -> u8 {
-        self as u8 + 1
+        ThreadKind::from_name(self.name()).map_or(0, |k| k as u8 + 1)
     }
 }
 
@@ -376,6 +409,10 @@ const VCPU: &[i64] = &[
 
 /// Files: open/read/stat, locks, journal renames (KSM knobs, /proc, /sys).
 const FILES: &[i64] = &[
+    // /proc through the procfs crate: rustix asks `prctl(PR_GET_DUMPABLE)`
+    // before it trusts /proc/self (the scanner's auto-mode memory source,
+    // the KSM figures, map counts).
+    libc::SYS_prctl,
     libc::SYS_openat,
     libc::SYS_open,
     libc::SYS_read,
@@ -422,8 +459,10 @@ const FILES: &[i64] = &[
     libc::SYS_kill,
 ];
 
-/// The engine's scanner: files (KSM assist, journal, /proc, pagemap,
-/// kpageflags), the pool memfd, fallocate, userfaultfd ioctls (type 0xAA).
+/// The engine's scanner: [`FILES`] (the KSM assist's knobs through the
+/// journal and its `flock`, /proc, pagemap, kpageflags), `madvise` (in
+/// [`COMMON`]: the assist's `MADV_MERGEABLE`/`MADV_UNMERGEABLE`), the pool
+/// memfd and its hole punching, userfaultfd ioctls (type 0xAA).
 const ENGINE: &[i64] = &[libc::SYS_memfd_create, libc::SYS_fallocate];
 
 /// The userfaultfd handler: reads and polls its uffd and stop eventfd.
@@ -468,39 +507,49 @@ const API: &[i64] = &[
     libc::SYS_prctl,
 ];
 
-/// The main thread: everything the others do plus VM creation and teardown
-/// (KVM ioctls, eventfds, threads, signals, terminal). Not: sockets,
-/// ptrace, exec, fork.
+/// The main thread after set-up: its event loop (epoll on eventfds, the
+/// signal eventfd and handlers `Runner::run` installs, stdin), stopping
+/// and pausing vCPUs (`tkill`), VM teardown (munmap, the engine's region
+/// removal: userfaultfd ioctls, pool hole punching), the KSM backend's
+/// knob restore and the JSON report ([`FILES`]). Not: sockets, threads,
+/// KVM, ptrace, exec, fork.
 const MAIN: &[i64] = &[
-    libc::SYS_ioctl,
     libc::SYS_eventfd2,
     libc::SYS_epoll_create1,
     libc::SYS_epoll_ctl,
     libc::SYS_epoll_wait,
     libc::SYS_epoll_pwait,
     libc::SYS_epoll_pwait2,
+    libc::SYS_rt_sigaction,
+    libc::SYS_tkill,
+    libc::SYS_fallocate,
+];
+
+/// VM creation, on a main thread that may create VMs after set-up: KVM's
+/// ioctls (type 0xAE; the filter adds the rule), guest memory memfds and
+/// their sizing, the vCPU threads (`clone3`, their names, affinity and
+/// their own filter: `seccomp`; they start under this filter, so it holds
+/// [`VCPU`] too), the VM's eventfds and timers, kernel and disk images
+/// ([`FILES`]).
+pub const VM_CREATE: &[i64] = &[
+    libc::SYS_memfd_create,
+    libc::SYS_fallocate,
+    libc::SYS_eventfd2,
     libc::SYS_timerfd_create,
     libc::SYS_timerfd_settime,
     libc::SYS_clone,
     libc::SYS_clone3,
     libc::SYS_prctl,
-    libc::SYS_rt_sigaction,
-    libc::SYS_tkill,
-    libc::SYS_pipe2,
+    libc::SYS_sched_setaffinity,
+    libc::SYS_seccomp,
     libc::SYS_dup,
     libc::SYS_dup3,
-    libc::SYS_memfd_create,
-    libc::SYS_fallocate,
-    libc::SYS_preadv,
-    libc::SYS_pwritev,
-    libc::SYS_select,
-    libc::SYS_pselect6,
-    libc::SYS_sched_setaffinity,
-    libc::SYS_getcwd,
-    // vCPU threads of VMs created through the API start under this filter
-    // and add their own (filters only ever narrow).
-    libc::SYS_seccomp,
+    libc::SYS_pipe2,
 ];
+
+/// The KSM backend's auto-mode driver: [`FILES`] only (KSM's sysfs knobs
+/// through the journal, `/proc/self/ksm_stat`, `/proc/meminfo`).
+const KSM: &[i64] = &[];
 
 /// `ioctl` restricted to one ioctl type (bits 8-15 of the request).
 fn ioctl_type(t: u64) -> Vec<SeccompRule> {
@@ -523,6 +572,22 @@ fn ioctl_requests(reqs: &[u64]) -> Vec<SeccompRule> {
             SeccompRule::new(vec![c]).expect("non-empty rule")
         })
         .collect()
+}
+
+/// The main thread's ioctls after set-up: userfaultfd (regions leave the
+/// engine as their VM ends), the terminal (raw mode for stdin forwarding is
+/// undone at exit), non-blocking and close-on-exec flags.
+fn main_ioctls() -> Vec<SeccompRule> {
+    let mut r = ioctl_type(UFFDIO);
+    r.extend(ioctl_requests(&[
+        libc::TCGETS,
+        libc::TCSETS,
+        libc::TCSETSW,
+        libc::TCSETSF,
+        libc::FIONBIO,
+        libc::FIOCLEX,
+    ]));
+    r
 }
 
 /// KVM's ioctl type.
@@ -550,13 +615,19 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
             add(ENGINE);
         }
         ThreadKind::Fault => add(FAULT),
+        ThreadKind::Ksm => {
+            add(FILES);
+            add(KSM);
+        }
         ThreadKind::Main => {
             add(FILES);
-            add(ENGINE);
-            add(FAULT);
-            add(API);
-            add(VCPU);
             add(MAIN);
+        }
+        ThreadKind::MainCreatesVms => {
+            add(FILES);
+            add(MAIN);
+            add(VCPU);
+            add(VM_CREATE);
         }
     }
     match kind {
@@ -572,7 +643,15 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
                 ioctl_requests(&[libc::FIONBIO, libc::FIOCLEX, libc::TCGETS]),
             );
         }
-        ThreadKind::Main => {}
+        ThreadKind::Ksm => {}
+        ThreadKind::Main => {
+            m.insert(libc::SYS_ioctl, main_ioctls());
+        }
+        ThreadKind::MainCreatesVms => {
+            let mut r = main_ioctls();
+            r.extend(ioctl_type(KVMIO));
+            m.insert(libc::SYS_ioctl, r);
+        }
     }
     m
 }
@@ -599,32 +678,87 @@ mod tests {
 
     #[test]
     fn every_filter_compiles() {
-        for k in [
-            ThreadKind::Vcpu,
-            ThreadKind::Api,
-            ThreadKind::Engine,
-            ThreadKind::Fault,
-            ThreadKind::Main,
-        ] {
+        for k in ALL_KINDS {
             let p = program(k).unwrap();
             assert!(!p.is_empty());
-            assert_eq!(ThreadKind::from_name(k.name()), Some(k));
+            assert_eq!(
+                ThreadKind::from_name(k.name()).map(|f| f.id()),
+                Some(k.id())
+            );
         }
+        assert_eq!(ThreadKind::Main.id(), ThreadKind::MainCreatesVms.id());
+        assert_ne!(ThreadKind::Main.id(), ThreadKind::Ksm.id());
+    }
+
+    /// Whether `parent`'s filter lets through every call `child`'s does
+    /// (same syscall, and the parent's rules unconditional or holding each
+    /// of the child's).
+    fn allows_all(parent: ThreadKind, child: ThreadKind) -> Result<(), String> {
+        let p = rules(parent);
+        for (nr, rs) in rules(child) {
+            let Some(prs) = p.get(&nr) else {
+                return Err(format!("{parent:?} lacks {nr} ({child:?} needs it)"));
+            };
+            let covered = prs.is_empty() || (!rs.is_empty() && rs.iter().all(|r| prs.contains(r)));
+            if !covered {
+                return Err(format!("{parent:?} narrows {nr} more than {child:?}"));
+            }
+        }
+        Ok(())
     }
 
     #[test]
-    fn main_allows_what_the_others_need() {
-        // Threads spawned after the main filter inherit it.
+    fn threads_started_under_a_filter_keep_working() {
+        // vCPUs of VMs the API creates start on the main thread's filter;
+        // a KSM driver started by `PATCH /dedup` on an API thread's.
+        for (parent, child) in [
+            (ThreadKind::MainCreatesVms, ThreadKind::Vcpu),
+            (ThreadKind::Api, ThreadKind::Ksm),
+            (ThreadKind::Main, ThreadKind::Ksm),
+            (ThreadKind::MainCreatesVms, ThreadKind::Ksm),
+        ] {
+            allows_all(parent, child).unwrap();
+        }
+        // The check itself sees a missing syscall and a narrower ioctl.
+        assert!(allows_all(ThreadKind::Vcpu, ThreadKind::Api).is_err());
+        assert!(allows_all(ThreadKind::Main, ThreadKind::Vcpu).is_err());
+    }
+
+    #[test]
+    fn main_after_set_up_creates_nothing() {
         let main = rules(ThreadKind::Main);
-        for k in [ThreadKind::Vcpu, ThreadKind::Api, ThreadKind::Engine] {
-            for nr in rules(k).keys() {
-                assert!(main.contains_key(nr), "{k:?}: {nr}");
-                assert!(main[nr].is_empty(), "{k:?}: {nr} conditional in main");
+        let host = rules(ThreadKind::MainCreatesVms);
+        for nr in [
+            libc::SYS_clone,
+            libc::SYS_clone3,
+            libc::SYS_seccomp,
+            libc::SYS_memfd_create,
+        ] {
+            assert!(!main.contains_key(&nr), "{nr}");
+            assert!(host.contains_key(&nr), "{nr}");
+        }
+        // KVM's ioctls only where VMs may be created.
+        let kvm = ioctl_type(KVMIO);
+        assert!(!main[&libc::SYS_ioctl].contains(&kvm[0]));
+        assert!(host[&libc::SYS_ioctl].contains(&kvm[0]));
+        allows_all(ThreadKind::MainCreatesVms, ThreadKind::Main).unwrap();
+        for k in ALL_KINDS {
+            let r = rules(k);
+            for nr in [libc::SYS_socket, libc::SYS_ptrace, libc::SYS_execve] {
+                assert!(!r.contains_key(&nr), "{k:?}: {nr}");
             }
         }
-        assert!(!main.contains_key(&libc::SYS_socket));
-        assert!(!main.contains_key(&libc::SYS_ptrace));
         assert!(!rules(ThreadKind::Vcpu).contains_key(&libc::SYS_openat));
+    }
+
+    #[test]
+    fn the_ksm_driver_gets_files_and_no_more() {
+        let ksm = rules(ThreadKind::Ksm);
+        assert!(ksm.contains_key(&libc::SYS_openat));
+        assert!(ksm.contains_key(&libc::SYS_renameat));
+        assert!(!ksm.contains_key(&libc::SYS_ioctl));
+        assert!(!ksm.contains_key(&libc::SYS_clone3));
+        assert!(!ksm.contains_key(&libc::SYS_memfd_create));
     }
 
     #[test]

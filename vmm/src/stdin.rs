@@ -64,8 +64,9 @@ impl MutEventSubscriber for StdinForwarder {
 
 /// True when stdin can be polled for input (a terminal, pipe or socket).
 pub fn stdin_is_pollable() -> bool {
-    // SAFETY: fstat on fd 0 into a zeroed local struct.
+    // SAFETY: libc::stat is plain old data, for which all zeroes is valid.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on fd 0 writes only into the valid local struct.
     if unsafe { libc::fstat(STDIN, &mut st) } != 0 {
         return false;
     }

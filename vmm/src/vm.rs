@@ -21,7 +21,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::config::{SerialOutput, VmConfig};
 use crate::state::{Outcome, RunState, VmShared};
 use crate::vcpu::{self, ExitContext};
-use crate::{boot, linux_vm, memory, workload, x86};
+use crate::workload::{self, boot};
+use crate::{disk, linux, memory, x86};
 
 /// Errors of VM creation and control.
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +66,9 @@ pub enum Error {
     #[error("VM {0:?} is stopping")]
     Stopping(String),
     #[error(transparent)]
-    Linux(#[from] linux_vm::Error),
+    Disk(#[from] disk::Error),
+    #[error(transparent)]
+    Linux(#[from] linux::vm::Error),
 }
 
 impl Error {
@@ -77,7 +80,7 @@ impl Error {
         matches!(
             self,
             Error::Workload(_)
-                | Error::Linux(linux_vm::Error::Boot(crate::linux::Error::Kernel(
+                | Error::Linux(linux::vm::Error::Boot(linux::Error::Kernel(
                     K::UnknownFormat | K::Load(_) | K::No64BitEntry { .. }
                 )))
         )
@@ -128,7 +131,7 @@ pub struct Vm {
     serial: Arc<Mutex<SerialDevice>>,
     vcpus: Vec<VcpuFd>,
     ctx: Option<ExitContext>,
-    subscribers: Vec<linux_vm::Subscriber>,
+    subscribers: Vec<disk::Subscriber>,
     started: Instant,
     finished: bool,
     mem: GuestMemoryMmap,
@@ -217,7 +220,7 @@ impl Vm {
         let mut workload_params = None;
         let (workload, control_port, strict_io) = match &config.kernel {
             Some(kernel) => {
-                subscribers = linux_vm::setup(
+                subscribers = linux::vm::setup(
                     &name,
                     kernel,
                     &vm_fd,
@@ -234,17 +237,11 @@ impl Vm {
             }
             None => {
                 let wl = config.workload.clone().unwrap_or_default();
-                let image = boot::load_image(&mem, crate::workload_image::WORKLOAD_ELF)?;
+                let image = boot::load_image(&mem, workload::image::WORKLOAD_ELF)?;
                 // Disks: the same virtio-blk wiring as Linux guests; the
                 // guest's driver reaches the windows through its page tables.
-                let disks = linux_vm::attach_disks(
-                    &name,
-                    &wl.disks,
-                    &vm_fd,
-                    &mem,
-                    &mut mmio,
-                    filled.as_ref(),
-                )?;
+                let disks =
+                    disk::attach_disks(&name, &wl.disks, &vm_fd, &mem, &mut mmio, filled.as_ref())?;
                 let cr3 =
                     boot::write_tables_with_mmio(&mem, memory::ram_top(&ranges), &disks.windows())?;
                 boot::setup_vcpu(&vcpus[0], image.entry, cr3)?;
@@ -493,7 +490,7 @@ impl Vm {
     }
 
     /// Event-loop subscribers of this VM's devices (taken once, by the runner).
-    pub fn take_subscribers(&mut self) -> Vec<linux_vm::Subscriber> {
+    pub fn take_subscribers(&mut self) -> Vec<disk::Subscriber> {
         std::mem::take(&mut self.subscribers)
     }
 

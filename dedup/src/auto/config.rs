@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::AutoError;
 use super::source::{MemSample, Psi};
-use crate::settings::{check_threshold, MemorySignal};
+use crate::settings::{check_threshold, DedupSettings, MemorySignal};
 
 /// Default `auto_threshold`: merge once less than 20 % of RAM is left (the
 /// proposal's default).
@@ -132,6 +132,27 @@ pub fn max_scanning_factor_limit(total_bytes: u64, pages_to_scan: u64) -> u64 {
 }
 
 impl AutoConfig {
+    /// This configuration with the auto-mode settings of `s` put over it.
+    pub fn overlaid(self, s: &DedupSettings) -> AutoConfig {
+        AutoConfig {
+            threshold_pct: s.auto_threshold.unwrap_or(self.threshold_pct),
+            max_scanning_factor: s.max_scanning_factor.unwrap_or(self.max_scanning_factor),
+            memory_signal: s.memory_signal.unwrap_or(self.memory_signal),
+            ..self
+        }
+    }
+
+    /// The settings of this configuration that [`DedupSettings`] carries,
+    /// nothing else (what the API shows as `auto_config`).
+    pub fn settings(&self) -> DedupSettings {
+        DedupSettings {
+            auto_threshold: Some(self.threshold_pct),
+            max_scanning_factor: Some(self.max_scanning_factor),
+            memory_signal: Some(self.memory_signal),
+            ..DedupSettings::default()
+        }
+    }
+
     /// Checks every field. `total_bytes` and `pages_to_scan` bound
     /// `max_scanning_factor` to `1..=total RAM pages / pages_to_scan`.
     pub fn validate(&self, total_bytes: u64, pages_to_scan: u64) -> Result<(), AutoError> {

@@ -290,5 +290,4 @@ impl RoundPolicy for AutoController {
 }
 
 #[cfg(test)]
-#[path = "controller_tests.rs"]
 mod tests;

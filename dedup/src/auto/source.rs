@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use procfs::FromBufRead;
 use serde::Serialize;
 
 use super::error::AutoError;
@@ -91,81 +92,81 @@ impl MemorySource for ProcMemSource {
     }
 }
 
-/// Parses `MemTotal`, `MemFree` and `MemAvailable` (kB) out of `/proc/meminfo`.
+/// Parses `MemTotal`, `MemFree` and `MemAvailable` out of the text of
+/// `/proc/meminfo` with the procfs crate's parser (which wants the fields
+/// every kernel prints, and converts the kB unit to bytes).
 pub fn parse_meminfo(text: &str) -> Result<MemSample, AutoError> {
-    let field = |name: &'static str| -> Result<u64, AutoError> {
-        let line = text
-            .lines()
-            .find(|l| l.split(':').next() == Some(name))
-            .ok_or_else(|| AutoError::Parse {
-                what: "/proc/meminfo",
-                detail: format!("no {name} line"),
-            })?;
-        let mut words = line[name.len() + 1..].split_whitespace();
-        let value = words
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .ok_or_else(|| AutoError::Parse {
-                what: "/proc/meminfo",
-                detail: format!("bad {name} line {line:?}"),
-            })?;
-        match words.next() {
-            Some("kB") => Ok(value.saturating_mul(1024)),
-            other => Err(AutoError::Parse {
-                what: "/proc/meminfo",
-                detail: format!("{name}: unit {other:?}, expected kB"),
-            }),
-        }
+    let parse_err = |detail: String| AutoError::Parse {
+        what: "/proc/meminfo",
+        detail,
     };
-    let total_bytes = field("MemTotal")?;
-    if total_bytes == 0 {
+    let m =
+        procfs::Meminfo::from_buf_read(text.as_bytes()).map_err(|e| parse_err(e.to_string()))?;
+    if m.mem_total == 0 {
         return Err(AutoError::ZeroTotal);
     }
+    // procfs keeps MemAvailable optional (kernels before 3.14 lack it);
+    // auto mode's triggers are defined on it, so it is required here.
+    let available_bytes = m
+        .mem_available
+        .ok_or_else(|| parse_err("no MemAvailable line".into()))?;
     Ok(MemSample {
-        total_bytes,
-        free_bytes: field("MemFree")?,
-        available_bytes: field("MemAvailable")?,
+        total_bytes: m.mem_total,
+        free_bytes: m.mem_free,
+        available_bytes,
         psi: None,
     })
 }
 
-/// Parses the `some` and `full` lines of `/proc/pressure/memory`.
+/// Parses the `some` and `full` lines of `/proc/pressure/memory` with the
+/// procfs crate's parser.
 pub fn parse_psi(text: &str) -> Result<Psi, AutoError> {
-    let avgs = |kind: &str| -> Result<(f64, f64), AutoError> {
-        let line = text
-            .lines()
-            .find(|l| l.split_whitespace().next() == Some(kind))
-            .ok_or_else(|| AutoError::Parse {
-                what: "/proc/pressure/memory",
-                detail: format!("no {kind:?} line"),
-            })?;
-        let get = |key: &str| -> Result<f64, AutoError> {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
-                .and_then(|v| v.parse::<f64>().ok())
-                .ok_or_else(|| AutoError::Parse {
-                    what: "/proc/pressure/memory",
-                    detail: format!("no {key} in {line:?}"),
-                })
-        };
-        Ok((get("avg10")?, get("avg60")?))
-    };
-    let (some_avg10, some_avg60) = avgs("some")?;
-    let (full_avg10, full_avg60) = avgs("full")?;
+    let p =
+        procfs::MemoryPressure::from_buf_read(text.as_bytes()).map_err(|e| AutoError::Parse {
+            what: "/proc/pressure/memory",
+            detail: e.to_string(),
+        })?;
     Ok(Psi {
-        some_avg10,
-        some_avg60,
-        full_avg10,
-        full_avg60,
+        some_avg10: percent(p.some.avg10),
+        some_avg60: percent(p.some.avg60),
+        full_avg10: percent(p.full.avg10),
+        full_avg60: percent(p.full.avg60),
     })
+}
+
+/// procfs reads the averages as `f32`; the kernel prints them with two
+/// decimals, so rounding to two decimals gives back the printed value
+/// exactly as an `f64` (1.10, not 1.100000023841858, in status JSON).
+fn percent(avg: f32) -> f64 {
+    (f64::from(avg) * 100.0).round() / 100.0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The head of a real `/proc/meminfo`: every field procfs requires.
     const MEMINFO: &str = "MemTotal:       24683656 kB\nMemFree:        24226904 kB\n\
-                           MemAvailable:   24386920 kB\nBuffers:            1652 kB\n";
+                           MemAvailable:   24386920 kB\nBuffers:            1652 kB\n\
+                           Cached:           112040 kB\nSwapCached:            0 kB\n\
+                           Active:            75412 kB\nInactive:          98088 kB\n\
+                           SwapTotal:             0 kB\nSwapFree:              0 kB\n\
+                           Dirty:                 8 kB\nWriteback:             0 kB\n\
+                           Mapped:            54360 kB\nSlab:              46272 kB\n\
+                           Committed_AS:     191684 kB\nVmallocTotal:   34359738367 kB\n\
+                           VmallocUsed:       10832 kB\nVmallocChunk:          0 kB\n";
+
+    /// MEMINFO with the `name` line replaced by `line` (removed if "").
+    fn meminfo_with(name: &str, line: &str) -> String {
+        MEMINFO
+            .lines()
+            .filter_map(|l| match l.split(':').next() == Some(name) {
+                true => (!line.is_empty()).then_some(line),
+                false => Some(l),
+            })
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
 
     #[test]
     fn parses_meminfo_in_bytes() {
@@ -178,10 +179,12 @@ mod tests {
 
     #[test]
     fn meminfo_missing_field_is_an_error() {
-        let err = parse_meminfo("MemTotal: 10 kB\nMemFree: 5 kB\n").unwrap_err();
+        let err = parse_meminfo(&meminfo_with("MemAvailable", "")).unwrap_err();
         assert!(err.to_string().contains("MemAvailable"), "{err}");
+        assert!(parse_meminfo(&meminfo_with("MemFree", "")).is_err());
+        assert!(parse_meminfo(&meminfo_with("MemFree", "MemFree: x kB")).is_err());
         assert!(matches!(
-            parse_meminfo("MemTotal: 0 kB\nMemFree: 0 kB\nMemAvailable: 0 kB\n"),
+            parse_meminfo(&meminfo_with("MemTotal", "MemTotal: 0 kB")),
             Err(AutoError::ZeroTotal)
         ));
     }
@@ -189,8 +192,8 @@ mod tests {
     #[test]
     fn meminfo_does_not_confuse_prefixed_names() {
         // "MemFreeX" must not be read as MemFree.
-        let text = "MemTotal: 10 kB\nMemFreeX: 1 kB\nMemFree: 7 kB\nMemAvailable: 8 kB\n";
-        assert_eq!(parse_meminfo(text).unwrap().free_bytes, 7 * 1024);
+        let text = meminfo_with("MemFree", "MemFreeX: 1 kB\nMemFree: 7 kB");
+        assert_eq!(parse_meminfo(&text).unwrap().free_bytes, 7 * 1024);
     }
 
     #[test]
@@ -220,14 +223,12 @@ mod tests {
 
     #[test]
     fn proc_source_without_psi_file_reports_none() {
-        let dir = std::env::temp_dir().join(format!("pagefold-auto-src-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let meminfo = dir.join("meminfo");
+        let dir = tempfile::tempdir().unwrap();
+        let meminfo = dir.path().join("meminfo");
         std::fs::write(&meminfo, MEMINFO).unwrap();
-        let s = ProcMemSource::with_paths(&meminfo, dir.join("absent"))
+        let s = ProcMemSource::with_paths(&meminfo, dir.path().join("absent"))
             .sample()
             .unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(s.psi, None);
         assert_eq!(s.total_bytes, 24683656 * 1024);
     }

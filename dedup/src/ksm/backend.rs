@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use super::driver::Driver;
 use super::error::KsmError;
 use super::journal::{self, Journal};
 use super::procstat::{self, ProcessKsmStat};
+use super::shared::{lock, Inner, State};
 use super::sysfs::{KsmSysfs, KSM_SYSFS};
 use crate::auto::{
     max_scanning_factor_limit, page_size, AutoConfig, AutoController, AutoHandle, MemorySource,
@@ -16,6 +17,7 @@ use crate::auto::{
 };
 use crate::backend::{DedupBackend, Error, OwnerStats, RegionId, RegionSpec, Result, Stats};
 use crate::settings::{CheckedSettings, Knobs, Mode};
+use crate::thread_init::ThreadInit;
 
 /// How to build a [`KsmBackend`].
 pub struct KsmOptions {
@@ -28,6 +30,8 @@ pub struct KsmOptions {
     /// Where knob originals are recorded (and recovered from at start);
     /// `None`: the default journal under the runtime directory.
     pub journal: Option<Journal>,
+    /// Run first by the auto-mode driver thread, each time it starts.
+    pub thread_init: Option<ThreadInit>,
 }
 
 impl Default for KsmOptions {
@@ -37,85 +41,7 @@ impl Default for KsmOptions {
             auto: AutoConfig::default(),
             memory_source: None,
             journal: None,
-        }
-    }
-}
-
-pub(super) struct State {
-    regions: BTreeMap<RegionId, RegionSpec>,
-    next_id: u64,
-    mode: Mode,
-    knobs: Knobs,
-    shut_down: bool,
-}
-
-/// What the auto-mode thread shares with the backend.
-pub(super) struct Inner {
-    pub sysfs: KsmSysfs,
-    state: Mutex<State>,
-    auto: Mutex<AutoController>,
-    ksmd: Option<u32>,
-    ksmd_cpu_at_start: f64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves consistent data even when it panics.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Inner {
-    fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
-    }
-
-    pub fn knobs(&self) -> Knobs {
-        self.state().knobs
-    }
-
-    pub fn auto(&self) -> MutexGuard<'_, AutoController> {
-        lock(&self.auto)
-    }
-
-    /// Writes `pages_to_scan`, explaining the EINVAL the kernel returns while
-    /// its own scan-time advisor is in charge of that knob.
-    pub fn write_pages_to_scan(&self, pages: u64) -> std::result::Result<(), KsmError> {
-        match self.sysfs.write("pages_to_scan", pages) {
-            Err(KsmError::Sysfs { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
-                let advisor = self.sysfs.read("advisor_mode").unwrap_or_default();
-                Err(KsmError::AdvisorActive(advisor))
-            }
-            other => other,
-        }
-    }
-
-    fn ksmd_cpu(&self) -> f64 {
-        self.ksmd
-            .and_then(|pid| procstat::cpu_seconds(pid).ok())
-            .map(|c| (c - self.ksmd_cpu_at_start).max(0.0))
-            .unwrap_or(0.0)
-    }
-
-    /// Writes `max_page_sharing` if it differs from the kernel's value,
-    /// refusing with a clear error while KSM pages exist.
-    fn write_max_page_sharing(&self, requested: u64) -> std::result::Result<(), KsmError> {
-        let current = self.sysfs.read_u64("max_page_sharing")?;
-        if current == requested {
-            return Ok(());
-        }
-        let busy = |pages_shared| KsmError::MaxPageSharingBusy {
-            pages_shared,
-            current,
-            requested,
-        };
-        let pages_shared = self.sysfs.read_u64("pages_shared")?;
-        if pages_shared > 0 {
-            return Err(busy(pages_shared));
-        }
-        match self.sysfs.write("max_page_sharing", requested) {
-            Err(KsmError::Sysfs { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
-                Err(busy(self.sysfs.read_u64("pages_shared").unwrap_or(0)))
-            }
-            other => other,
+            thread_init: None,
         }
     }
 }
@@ -132,6 +58,7 @@ pub struct KsmBackend {
     inner: Arc<Inner>,
     auto_handle: AutoHandle,
     driver: Mutex<Option<Driver>>,
+    thread_init: Option<ThreadInit>,
 }
 
 impl KsmBackend {
@@ -184,21 +111,10 @@ impl KsmBackend {
             .and_then(|p| procstat::cpu_seconds(p).ok())
             .unwrap_or(0.0);
         Ok(Self {
-            inner: Arc::new(Inner {
-                sysfs,
-                state: Mutex::new(State {
-                    regions: BTreeMap::new(),
-                    next_id: 1,
-                    mode: Mode::Off,
-                    knobs,
-                    shut_down: false,
-                }),
-                auto: Mutex::new(auto),
-                ksmd,
-                ksmd_cpu_at_start,
-            }),
+            inner: Arc::new(Inner::new(sysfs, knobs, auto, ksmd, ksmd_cpu_at_start)),
             auto_handle,
             driver: Mutex::new(None),
+            thread_init: opts.thread_init,
         })
     }
 
@@ -247,7 +163,8 @@ impl KsmBackend {
                     .write("sleep_millisecs", knobs.sleep_millisecs)?;
                 // Untriggered until the controller says otherwise.
                 inner.sysfs.write("run", 0)?;
-                *lock(&self.driver) = Some(Driver::start(Arc::clone(inner))?);
+                *lock(&self.driver) =
+                    Some(Driver::start(Arc::clone(inner), self.thread_init.clone())?);
             }
         }
         Ok(())
@@ -393,8 +310,8 @@ impl DedupBackend for KsmBackend {
         let profit = proc
             .and_then(|p| p.process_profit)
             .unwrap_or_else(|| sys.read_i64("general_profit").unwrap_or(0));
-        let maps = procstat::self_map_count();
-        let max_maps = procstat::max_map_count();
+        let maps = crate::mm::vma_count().ok();
+        let max_maps = Some(crate::mm::max_map_count());
         Stats {
             backend: "ksm".into(),
             mode: st.mode,
@@ -477,5 +394,4 @@ fn madvise(
 }
 
 #[cfg(test)]
-#[path = "backend_tests.rs"]
 mod tests;

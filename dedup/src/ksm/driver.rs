@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::backend::Inner;
 use super::error::KsmError;
 use super::procstat::self_ksm_stat;
+use super::shared::Inner;
 use crate::policy::RoundPolicy;
+use crate::thread_init::{DedupThread, ThreadInit};
 
 /// Shortest round: ksmd's own wake-up period is about 20 ms at best
 /// (HZ-rounded), so deciding faster than that would only read noise.
@@ -25,11 +26,15 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    pub fn start(inner: Arc<Inner>) -> Result<Self, KsmError> {
+    /// Starts the thread; it runs `init` first (the VMM's seccomp filter).
+    pub fn start(inner: Arc<Inner>, init: Option<ThreadInit>) -> Result<Self, KsmError> {
         let (stop, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("ksm-auto".into())
-            .spawn(move || run(&inner, &rx))
+            .spawn(move || {
+                ThreadInit::run(init.as_ref(), DedupThread::KsmDriver);
+                run(&inner, &rx)
+            })
             .map_err(KsmError::Thread)?;
         Ok(Self { stop, thread })
     }

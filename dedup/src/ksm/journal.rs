@@ -805,5 +805,4 @@ pub fn recover() -> Vec<Restored> {
 }
 
 #[cfg(test)]
-#[path = "journal_tests.rs"]
 mod tests;

@@ -83,8 +83,8 @@ mod tests {
 
     #[test]
     fn excludes_other_open_file_descriptions() {
-        let path =
-            std::env::temp_dir().join(format!("pagefold-ksm-lock-{}.lock", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ksm.lock");
         let held = ksm_exclusive_at(&path).unwrap();
         // Another open file description (as another process would have)
         // cannot take the flock while we hold it.

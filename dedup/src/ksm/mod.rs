@@ -8,6 +8,7 @@ mod error;
 pub mod journal;
 mod lock;
 mod procstat;
+mod shared;
 mod sysfs;
 
 pub use backend::{KsmBackend, KsmOptions};

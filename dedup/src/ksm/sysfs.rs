@@ -203,16 +203,10 @@ mod tests {
 
     /// A fake sysfs directory (plain files behave like the knobs we use).
     /// Its journal is `journal/` inside it.
-    fn fake(files: &[(&str, &str)]) -> PathBuf {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "pagefold-ksm-sysfs-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+    fn fake(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
         for (n, v) in files {
-            std::fs::write(dir.join(n), format!("{v}\n")).unwrap();
+            std::fs::write(dir.path().join(n), format!("{v}\n")).unwrap();
         }
         dir
     }
@@ -230,12 +224,13 @@ mod tests {
 
     #[test]
     fn restores_every_written_knob_on_drop_even_after_a_panic() {
-        let dir = fake(&[
+        let tmp = fake(&[
             ("run", "0"),
             ("pages_to_scan", "100"),
             ("sleep_millisecs", "20"),
         ]);
-        let d2 = dir.clone();
+        let dir = tmp.path();
+        let d2 = dir.to_path_buf();
         let r = std::panic::catch_unwind(move || {
             let s = open(&d2);
             s.write("pages_to_scan", 5000).unwrap();
@@ -246,18 +241,18 @@ mod tests {
             panic!("test failure in the middle");
         });
         assert!(r.is_err());
-        let s = open(&dir);
+        let s = open(dir);
         assert_eq!(s.read_u64("pages_to_scan").unwrap(), 100);
         assert_eq!(s.read_u64("run").unwrap(), 0);
         assert_eq!(s.read_u64("sleep_millisecs").unwrap(), 20);
         drop(s);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn restore_reports_failures_and_keeps_them_for_retry() {
-        let dir = fake(&[("run", "0"), ("pages_to_scan", "100")]);
-        let s = open(&dir);
+        let tmp = fake(&[("run", "0"), ("pages_to_scan", "100")]);
+        let dir = tmp.path();
+        let s = open(dir);
         s.write("pages_to_scan", 1).unwrap();
         s.write("run", 1).unwrap();
         // Make `run` unwritable: replace the file by a directory.
@@ -273,13 +268,13 @@ mod tests {
         assert!(s.restore().is_empty());
         assert_eq!(s.read_u64("run").unwrap(), 0);
         drop(s);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn records_the_original_in_the_journal_before_writing() {
-        let dir = fake(&[("run", "0"), ("pages_to_scan", "100")]);
-        let s = open(&dir);
+        let tmp = fake(&[("run", "0"), ("pages_to_scan", "100")]);
+        let dir = tmp.path();
+        let s = open(dir);
         s.write("pages_to_scan", 777).unwrap();
         s.write("pages_to_scan", 778).unwrap();
         let st = s.journal().unwrap().status().unwrap();
@@ -291,7 +286,7 @@ mod tests {
         assert_eq!(st[0].holders[0].holder.pid, std::process::id());
         // A second guard in this process (another backend) joins as a
         // holder: the first one's restore must not pull the knob from it.
-        let other = open(&dir);
+        let other = open(dir);
         other.write("pages_to_scan", 900).unwrap();
         assert!(s.restore().is_empty());
         assert_eq!(s.read_u64("pages_to_scan").unwrap(), 900);
@@ -299,6 +294,5 @@ mod tests {
         assert_eq!(s.read_u64("pages_to_scan").unwrap(), 100);
         assert!(s.journal().unwrap().status().unwrap().is_empty());
         drop((s, other));
-        std::fs::remove_dir_all(dir).unwrap();
     }
 }

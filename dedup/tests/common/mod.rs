@@ -2,6 +2,7 @@
 //! patterns, pagemap PFNs.
 #![allow(dead_code)]
 
+use pagefold_dedup::mm;
 use pagefold_dedup::pagemap::Pagemap;
 use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, RegionId, RegionSpec};
 
@@ -15,20 +16,8 @@ pub struct Mem {
 
 impl Mem {
     pub fn new(pages: usize) -> Mem {
-        // SAFETY: a fresh private anonymous mapping.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                pages * PS,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        // SAFETY: our mapping.
-        unsafe { libc::madvise(p, pages * PS, libc::MADV_NOHUGEPAGE) };
+        let p = mm::map_anon(pages * PS).expect("mmap");
+        mm::madvise(p as usize, pages * PS, libc::MADV_NOHUGEPAGE).expect("madvise");
         Mem {
             addr: p as usize,
             pages,
@@ -84,8 +73,7 @@ impl Mem {
 
 impl Drop for Mem {
     fn drop(&mut self) {
-        // SAFETY: our mapping.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.pages * PS) };
+        mm::unmap(self.addr as *mut u8, self.pages * PS);
     }
 }
 

@@ -22,41 +22,44 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::bus::BusDevice;
 
-/// "virt" in little endian.
-pub const MMIO_MAGIC: u32 = 0x7472_6976;
-/// The register layout version this transport implements.
-pub const MMIO_VERSION: u32 = 2;
+/// "virt" in little endian (virtio-bindings has no constant for it): the
+/// guest's own table in pagefold-guest-abi.
+pub use pagefold_guest_abi::virtio::{MMIO_MAGIC, MMIO_VERSION};
 /// Vendor ID reported to the guest ("PGFD").
 pub const VENDOR_ID: u32 = 0x4446_4750;
 
-/// Register offsets (virtio 1.x, 4.2.2).
+/// Register offsets (virtio 1.x, 4.2.2), from virtio-bindings' `VIRTIO_MMIO_*`
+/// as `u64` bus offsets (the names follow the virtio 1.x spec: the driver
+/// and device areas are bindings' legacy "avail" and "used").
 pub mod reg {
-    pub const MAGIC: u64 = 0x000;
-    pub const VERSION: u64 = 0x004;
-    pub const DEVICE_ID: u64 = 0x008;
-    pub const VENDOR_ID: u64 = 0x00c;
-    pub const DEVICE_FEATURES: u64 = 0x010;
-    pub const DEVICE_FEATURES_SEL: u64 = 0x014;
-    pub const DRIVER_FEATURES: u64 = 0x020;
-    pub const DRIVER_FEATURES_SEL: u64 = 0x024;
-    pub const QUEUE_SEL: u64 = 0x030;
-    pub const QUEUE_NUM_MAX: u64 = 0x034;
-    pub const QUEUE_NUM: u64 = 0x038;
-    pub const QUEUE_READY: u64 = 0x044;
-    pub const QUEUE_NOTIFY: u64 = 0x050;
-    pub const INTERRUPT_STATUS: u64 = 0x060;
-    pub const INTERRUPT_ACK: u64 = 0x064;
-    pub const STATUS: u64 = 0x070;
-    pub const QUEUE_DESC_LOW: u64 = 0x080;
-    pub const QUEUE_DESC_HIGH: u64 = 0x084;
-    pub const QUEUE_DRIVER_LOW: u64 = 0x090;
-    pub const QUEUE_DRIVER_HIGH: u64 = 0x094;
-    pub const QUEUE_DEVICE_LOW: u64 = 0x0a0;
-    pub const QUEUE_DEVICE_HIGH: u64 = 0x0a4;
-    pub const SHM_LEN_LOW: u64 = 0x0b0;
-    pub const SHM_LEN_HIGH: u64 = 0x0b4;
-    pub const CONFIG_GENERATION: u64 = 0x0fc;
-    pub const CONFIG: u64 = 0x100;
+    use virtio_bindings::virtio_mmio as b;
+
+    pub const MAGIC: u64 = b::VIRTIO_MMIO_MAGIC_VALUE as u64;
+    pub const VERSION: u64 = b::VIRTIO_MMIO_VERSION as u64;
+    pub const DEVICE_ID: u64 = b::VIRTIO_MMIO_DEVICE_ID as u64;
+    pub const VENDOR_ID: u64 = b::VIRTIO_MMIO_VENDOR_ID as u64;
+    pub const DEVICE_FEATURES: u64 = b::VIRTIO_MMIO_DEVICE_FEATURES as u64;
+    pub const DEVICE_FEATURES_SEL: u64 = b::VIRTIO_MMIO_DEVICE_FEATURES_SEL as u64;
+    pub const DRIVER_FEATURES: u64 = b::VIRTIO_MMIO_DRIVER_FEATURES as u64;
+    pub const DRIVER_FEATURES_SEL: u64 = b::VIRTIO_MMIO_DRIVER_FEATURES_SEL as u64;
+    pub const QUEUE_SEL: u64 = b::VIRTIO_MMIO_QUEUE_SEL as u64;
+    pub const QUEUE_NUM_MAX: u64 = b::VIRTIO_MMIO_QUEUE_NUM_MAX as u64;
+    pub const QUEUE_NUM: u64 = b::VIRTIO_MMIO_QUEUE_NUM as u64;
+    pub const QUEUE_READY: u64 = b::VIRTIO_MMIO_QUEUE_READY as u64;
+    pub const QUEUE_NOTIFY: u64 = b::VIRTIO_MMIO_QUEUE_NOTIFY as u64;
+    pub const INTERRUPT_STATUS: u64 = b::VIRTIO_MMIO_INTERRUPT_STATUS as u64;
+    pub const INTERRUPT_ACK: u64 = b::VIRTIO_MMIO_INTERRUPT_ACK as u64;
+    pub const STATUS: u64 = b::VIRTIO_MMIO_STATUS as u64;
+    pub const QUEUE_DESC_LOW: u64 = b::VIRTIO_MMIO_QUEUE_DESC_LOW as u64;
+    pub const QUEUE_DESC_HIGH: u64 = b::VIRTIO_MMIO_QUEUE_DESC_HIGH as u64;
+    pub const QUEUE_DRIVER_LOW: u64 = b::VIRTIO_MMIO_QUEUE_AVAIL_LOW as u64;
+    pub const QUEUE_DRIVER_HIGH: u64 = b::VIRTIO_MMIO_QUEUE_AVAIL_HIGH as u64;
+    pub const QUEUE_DEVICE_LOW: u64 = b::VIRTIO_MMIO_QUEUE_USED_LOW as u64;
+    pub const QUEUE_DEVICE_HIGH: u64 = b::VIRTIO_MMIO_QUEUE_USED_HIGH as u64;
+    pub const SHM_LEN_LOW: u64 = b::VIRTIO_MMIO_SHM_LEN_LOW as u64;
+    pub const SHM_LEN_HIGH: u64 = b::VIRTIO_MMIO_SHM_LEN_HIGH as u64;
+    pub const CONFIG_GENERATION: u64 = b::VIRTIO_MMIO_CONFIG_GENERATION as u64;
+    pub const CONFIG: u64 = b::VIRTIO_MMIO_CONFIG as u64;
 }
 
 /// Interrupt state shared between the transport and whoever raises

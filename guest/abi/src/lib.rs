@@ -12,6 +12,7 @@ pub mod expect;
 pub mod generator;
 pub mod mailbox;
 pub mod placement;
+pub mod virtio;
 
 pub use placement::Placement;
 

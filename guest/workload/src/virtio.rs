@@ -14,53 +14,17 @@ use core::fmt;
 use core::ptr::{addr_of, addr_of_mut};
 use core::sync::atomic::{fence, Ordering};
 
-/// virtio-mmio register offsets (virtio 1.x, 4.2.2).
-mod reg {
-    pub const MAGIC: u64 = 0x000;
-    pub const VERSION: u64 = 0x004;
-    pub const DEVICE_ID: u64 = 0x008;
-    pub const DEVICE_FEATURES: u64 = 0x010;
-    pub const DEVICE_FEATURES_SEL: u64 = 0x014;
-    pub const DRIVER_FEATURES: u64 = 0x020;
-    pub const DRIVER_FEATURES_SEL: u64 = 0x024;
-    pub const QUEUE_SEL: u64 = 0x030;
-    pub const QUEUE_NUM_MAX: u64 = 0x034;
-    pub const QUEUE_NUM: u64 = 0x038;
-    pub const QUEUE_READY: u64 = 0x044;
-    pub const QUEUE_NOTIFY: u64 = 0x050;
-    pub const INTERRUPT_STATUS: u64 = 0x060;
-    pub const INTERRUPT_ACK: u64 = 0x064;
-    pub const STATUS: u64 = 0x070;
-    pub const QUEUE_DESC_LOW: u64 = 0x080;
-    pub const QUEUE_DESC_HIGH: u64 = 0x084;
-    pub const QUEUE_DRIVER_LOW: u64 = 0x090;
-    pub const QUEUE_DRIVER_HIGH: u64 = 0x094;
-    pub const QUEUE_DEVICE_LOW: u64 = 0x0a0;
-    pub const QUEUE_DEVICE_HIGH: u64 = 0x0a4;
-    /// virtio-blk config: `capacity` (u64, sectors) at offset 0.
-    pub const CONFIG: u64 = 0x100;
-}
+use pagefold_guest_abi::virtio::status::{
+    ACKNOWLEDGE as S_ACKNOWLEDGE, DRIVER as S_DRIVER, DRIVER_OK as S_DRIVER_OK,
+    FAILED as S_FAILED, FEATURES_OK as S_FEATURES_OK, NEEDS_RESET as S_NEEDS_RESET,
+};
+use pagefold_guest_abi::virtio::{
+    reg, BlkReqHeader as ReqHeader, AVAIL_F_NO_INTERRUPT, BLK_S_OK, BLK_T_IN, DESC_F_NEXT,
+    DESC_F_WRITE, DEVICE_ID_BLOCK, F_VERSION_1, MMIO_MAGIC, MMIO_VERSION,
+};
 
-const MMIO_MAGIC: u32 = 0x7472_6976;
-const MMIO_VERSION: u32 = 2;
-const DEVICE_ID_BLOCK: u32 = 2;
-
-const S_ACKNOWLEDGE: u32 = 1;
-const S_DRIVER: u32 = 2;
-const S_DRIVER_OK: u32 = 4;
-const S_FEATURES_OK: u32 = 8;
-const S_NEEDS_RESET: u32 = 64;
-const S_FAILED: u32 = 128;
-
-/// VIRTIO_F_VERSION_1 is feature bit 32: bit 0 of feature word 1.
-const F_VERSION_1_WORD1: u32 = 1;
-
-const DESC_F_NEXT: u16 = 1;
-const DESC_F_WRITE: u16 = 2;
-const AVAIL_F_NO_INTERRUPT: u16 = 1;
-
-const BLK_T_IN: u32 = 0;
-const BLK_S_OK: u8 = 0;
+/// VIRTIO_F_VERSION_1 in feature word 1 (bits 32..64).
+const F_VERSION_1_WORD1: u32 = 1 << (F_VERSION_1 - 32);
 
 /// Descriptors in the queue (a power of two, at most the device's maximum).
 pub const QUEUE_SIZE: u16 = 16;
@@ -99,14 +63,6 @@ struct Used {
     idx: u16,
     ring: [UsedElem; QUEUE_SIZE as usize],
     avail_event: u16,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct ReqHeader {
-    type_: u32,
-    reserved: u32,
-    sector: u64,
 }
 
 /// Everything the device reads or writes besides the data pages. `repr(C)`

@@ -28,11 +28,9 @@ pub const HIMEM_START: u64 = 0x10_0000;
 /// The MMIO hole below 4 GiB: no RAM, devices only.
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;
 pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
-/// virtio-mmio device windows: device `n` at VIRTIO_MMIO_BASE + n * VIRTIO_MMIO_SIZE.
-pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
-pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
-/// virtio-mmio device `n` uses GSI VIRTIO_IRQ_BASE + n (edge triggered).
-pub const VIRTIO_IRQ_BASE: u32 = 5;
+/// virtio-mmio device windows and their GSIs: the disks' slots, the same
+/// for both guest kinds ([`crate::disk`]).
+pub use crate::disk::{VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
 /// Highest GSI of the IOAPIC (24 pins).
 pub const MAX_GSI: u32 = 23;
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;

@@ -14,6 +14,7 @@ pub mod initrd;
 pub mod kernel;
 pub mod layout;
 pub mod pm;
+pub mod vm;
 
 use std::path::PathBuf;
 
@@ -21,30 +22,11 @@ use kvm_ioctls::VcpuFd;
 use linux_loader::cmdline::Cmdline;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
+pub use crate::disk::VirtioMmioDevice;
 pub use kernel::KernelFormat;
 use layout::{
-    CMDLINE_ADDR, CMDLINE_MAX, DEFAULT_INITRD_ADDR_MAX, MAX_GSI, VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE,
-    VIRTIO_MMIO_SIZE, ZERO_PAGE_ADDR,
+    CMDLINE_ADDR, CMDLINE_MAX, DEFAULT_INITRD_ADDR_MAX, MAX_GSI, VIRTIO_IRQ_BASE, ZERO_PAGE_ADDR,
 };
-
-/// One virtio-mmio device window and its GSI.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VirtioMmioDevice {
-    pub addr: u64,
-    pub size: u64,
-    pub irq: u32,
-}
-
-impl VirtioMmioDevice {
-    /// The standard slot `n`: window at 0xd000_0000 + n * 4 KiB, GSI 5 + n.
-    pub fn slot(n: u32) -> Self {
-        Self {
-            addr: VIRTIO_MMIO_BASE + u64::from(n) * VIRTIO_MMIO_SIZE,
-            size: VIRTIO_MMIO_SIZE,
-            irq: VIRTIO_IRQ_BASE + n,
-        }
-    }
-}
 
 /// How the guest learns about the virtio-mmio devices. Using both would
 /// make Linux probe each device twice.

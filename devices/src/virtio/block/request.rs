@@ -13,8 +13,9 @@ use std::ops::Deref;
 
 use log::debug;
 use virtio_bindings::virtio_blk::{
-    VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK, VIRTIO_BLK_S_UNSUPP,
-    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+    virtio_blk_outhdr, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
+    VIRTIO_BLK_S_UNSUPP, VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN,
+    VIRTIO_BLK_T_OUT,
 };
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Reader, Writer};
@@ -25,17 +26,17 @@ use super::disk::{Disk, SECTOR_SIZE};
 /// Bounce-buffer size for disk <-> guest copies.
 const CHUNK: usize = 64 * 1024;
 
-/// The request header the driver puts first in the chain.
-#[repr(C)]
+/// The request header the driver puts first in the chain: virtio-bindings'
+/// `virtio_blk_outhdr` (type, ioprio, sector). A newtype because reading it
+/// from guest memory needs vm-memory's `ByteValued`, which only a type of
+/// this crate may implement.
+#[repr(transparent)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RequestHeader {
-    pub request_type: u32,
-    pub reserved: u32,
-    pub sector: u64,
-}
+pub struct RequestHeader(pub virtio_blk_outhdr);
 
-// SAFETY: RequestHeader is plain old data of fixed layout (two u32 and one
-// u64, no padding); every bit pattern is a valid value.
+// SAFETY: RequestHeader is a transparent wrapper of virtio_blk_outhdr, plain
+// old data of fixed layout (two u32 and one u64, no padding, as its bindings
+// assert at compile time); every bit pattern is a valid value.
 unsafe impl ByteValued for RequestHeader {}
 
 /// Per-request limits the device advertises in its config space.
@@ -259,8 +260,8 @@ where
         .ok_or(Error::NoStatus)?;
     writer.split_at(data_len).map_err(Error::BadBuffer)?;
 
-    let header: RequestHeader = reader.read_obj().map_err(Error::ShortHeader)?;
-    match header.request_type {
+    let RequestHeader(header) = reader.read_obj().map_err(Error::ShortHeader)?;
+    match header.type_ {
         VIRTIO_BLK_T_IN => {
             let len = writer.available_bytes();
             let off = check_range(disk, header.sector, len)?;

@@ -422,3 +422,30 @@ proptest! {
         prop_assert_eq!(rig.file_bytes().len(), disk_len);
     }
 }
+
+/// The workload guest builds its requests from pagefold-guest-abi's
+/// numbers and header (virtio-bindings needs std): the same bytes this
+/// device parses with virtio-bindings' `virtio_blk_outhdr`.
+#[test]
+fn guest_abi_request_matches_virtio_bindings() {
+    use pagefold_guest_abi::virtio as abi;
+    use virtio_bindings::virtio_blk::virtio_blk_outhdr;
+    assert_eq!(abi::BLK_T_IN, VIRTIO_BLK_T_IN);
+    assert_eq!(u32::from(abi::BLK_S_OK), VIRTIO_BLK_S_OK);
+    assert_eq!(
+        std::mem::size_of::<abi::BlkReqHeader>(),
+        std::mem::size_of::<virtio_blk_outhdr>()
+    );
+    assert_eq!(
+        std::mem::offset_of!(abi::BlkReqHeader, type_),
+        std::mem::offset_of!(virtio_blk_outhdr, type_)
+    );
+    assert_eq!(
+        std::mem::offset_of!(abi::BlkReqHeader, reserved),
+        std::mem::offset_of!(virtio_blk_outhdr, ioprio)
+    );
+    assert_eq!(
+        std::mem::offset_of!(abi::BlkReqHeader, sector),
+        std::mem::offset_of!(virtio_blk_outhdr, sector)
+    );
+}

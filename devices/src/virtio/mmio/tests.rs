@@ -392,3 +392,67 @@ fn config_space_and_generation() {
     assert_eq!(r(&mut t, reg::CONFIG_GENERATION), g.wrapping_add(1));
     assert_eq!(r(&mut t, reg::INTERRUPT_STATUS), VIRTIO_MMIO_INT_CONFIG);
 }
+
+/// The workload guest's driver takes its numbers from pagefold-guest-abi
+/// (virtio-bindings needs std); they must be the ones this transport
+/// decodes, which come from virtio-bindings.
+#[test]
+fn guest_abi_table_matches_virtio_bindings() {
+    use pagefold_guest_abi::virtio as abi;
+    use virtio_bindings::virtio_ring::{
+        VRING_AVAIL_F_NO_INTERRUPT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    };
+    let regs = [
+        (abi::reg::MAGIC, reg::MAGIC),
+        (abi::reg::VERSION, reg::VERSION),
+        (abi::reg::DEVICE_ID, reg::DEVICE_ID),
+        (abi::reg::VENDOR_ID, reg::VENDOR_ID),
+        (abi::reg::DEVICE_FEATURES, reg::DEVICE_FEATURES),
+        (abi::reg::DEVICE_FEATURES_SEL, reg::DEVICE_FEATURES_SEL),
+        (abi::reg::DRIVER_FEATURES, reg::DRIVER_FEATURES),
+        (abi::reg::DRIVER_FEATURES_SEL, reg::DRIVER_FEATURES_SEL),
+        (abi::reg::QUEUE_SEL, reg::QUEUE_SEL),
+        (abi::reg::QUEUE_NUM_MAX, reg::QUEUE_NUM_MAX),
+        (abi::reg::QUEUE_NUM, reg::QUEUE_NUM),
+        (abi::reg::QUEUE_READY, reg::QUEUE_READY),
+        (abi::reg::QUEUE_NOTIFY, reg::QUEUE_NOTIFY),
+        (abi::reg::INTERRUPT_STATUS, reg::INTERRUPT_STATUS),
+        (abi::reg::INTERRUPT_ACK, reg::INTERRUPT_ACK),
+        (abi::reg::STATUS, reg::STATUS),
+        (abi::reg::QUEUE_DESC_LOW, reg::QUEUE_DESC_LOW),
+        (abi::reg::QUEUE_DESC_HIGH, reg::QUEUE_DESC_HIGH),
+        (abi::reg::QUEUE_DRIVER_LOW, reg::QUEUE_DRIVER_LOW),
+        (abi::reg::QUEUE_DRIVER_HIGH, reg::QUEUE_DRIVER_HIGH),
+        (abi::reg::QUEUE_DEVICE_LOW, reg::QUEUE_DEVICE_LOW),
+        (abi::reg::QUEUE_DEVICE_HIGH, reg::QUEUE_DEVICE_HIGH),
+        (abi::reg::SHM_LEN_LOW, reg::SHM_LEN_LOW),
+        (abi::reg::SHM_LEN_HIGH, reg::SHM_LEN_HIGH),
+        (abi::reg::CONFIG_GENERATION, reg::CONFIG_GENERATION),
+        (abi::reg::CONFIG, reg::CONFIG),
+    ];
+    for (i, (guest, device)) in regs.into_iter().enumerate() {
+        assert_eq!(guest, device, "register #{i}");
+    }
+    let status = [
+        (abi::status::ACKNOWLEDGE, VIRTIO_CONFIG_S_ACKNOWLEDGE),
+        (abi::status::DRIVER, VIRTIO_CONFIG_S_DRIVER),
+        (abi::status::DRIVER_OK, VIRTIO_CONFIG_S_DRIVER_OK),
+        (abi::status::FEATURES_OK, VIRTIO_CONFIG_S_FEATURES_OK),
+        (abi::status::NEEDS_RESET, VIRTIO_CONFIG_S_NEEDS_RESET),
+        (abi::status::FAILED, VIRTIO_CONFIG_S_FAILED),
+    ];
+    for (guest, device) in status {
+        assert_eq!(guest, device);
+    }
+    assert_eq!(abi::F_VERSION_1, VIRTIO_F_VERSION_1);
+    assert_eq!(u32::from(abi::DESC_F_NEXT), VRING_DESC_F_NEXT);
+    assert_eq!(u32::from(abi::DESC_F_WRITE), VRING_DESC_F_WRITE);
+    assert_eq!(
+        u32::from(abi::AVAIL_F_NO_INTERRUPT),
+        VRING_AVAIL_F_NO_INTERRUPT
+    );
+    assert_eq!(
+        abi::DEVICE_ID_BLOCK,
+        virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK
+    );
+}

@@ -1,6 +1,7 @@
 //! Parsing and validation of the settings types.
 
 use super::*;
+use crate::auto::AutoConfig;
 
 #[test]
 fn names_parse_print_and_refuse_alike() {
@@ -153,7 +154,7 @@ fn settings_put_over_a_base() {
             ..base
         }
     );
-    let a = s.auto_over(AutoConfig::default());
+    let a = AutoConfig::default().overlaid(&s);
     assert_eq!(a.threshold_pct, 30);
     assert_eq!(a.memory_signal, MemorySignal::Free);
     assert_eq!(
@@ -167,7 +168,7 @@ fn settings_put_over_a_base() {
         ..Default::default()
     }
     .touches_auto());
-    let shown = serde_json::to_value(DedupSettings::of_auto(&a)).unwrap();
+    let shown = serde_json::to_value(a.settings()).unwrap();
     assert_eq!(
         shown,
         serde_json::json!({"auto_threshold": 30, "max_scanning_factor": 16, "memory_signal": "free"})

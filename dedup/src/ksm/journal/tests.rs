@@ -7,30 +7,25 @@ use super::*;
 
 /// A scratch directory with a `journal/` and a fake knob tree, removed on drop.
 struct Scratch {
-    dir: PathBuf,
+    dir: tempfile::TempDir,
 }
 
 impl Scratch {
     fn new(knobs: &[(&str, &str)]) -> Self {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "pagefold-journal-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(dir.join("ksm")).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ksm")).unwrap();
         for (n, v) in knobs {
-            std::fs::write(dir.join("ksm").join(n), format!("{v}\n")).unwrap();
+            std::fs::write(dir.path().join("ksm").join(n), format!("{v}\n")).unwrap();
         }
         Self { dir }
     }
 
     fn journal(&self) -> Journal {
-        Journal::at_any_path(self.dir.join("journal"))
+        Journal::at_any_path(self.dir.path().join("journal"))
     }
 
     fn knob(&self, name: &str) -> PathBuf {
-        self.dir.join("ksm").join(name)
+        self.dir.path().join("ksm").join(name)
     }
 
     fn read(&self, name: &str) -> String {
@@ -39,12 +34,6 @@ impl Scratch {
 
     fn set(&self, name: &str, v: &str) {
         std::fs::write(self.knob(name), v).unwrap();
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -362,7 +351,7 @@ fn a_corrupt_journal_is_a_clear_error_and_is_kept_aside() {
 #[test]
 fn only_ksm_files_and_sysctls_are_recorded_by_a_default_journal() {
     let s = Scratch::new(&[("run", "0")]);
-    let j = Journal::at(s.dir.join("journal"));
+    let j = Journal::at(s.dir.path().join("journal"));
     let e = j.hold(&s.knob("run")).unwrap_err();
     assert!(matches!(e, JournalError::ForeignPath(_)), "{e}");
     let e = j.hold(Path::new("/sys/kernel/mm/ksm/../../../../etc/passwd"));
@@ -428,7 +417,7 @@ fn raises_and_restores_the_real_max_map_count() {
     let path = sysctl_path("vm.max_map_count").unwrap();
     let found = read_knob(&path).unwrap();
     let s = Scratch::new(&[]);
-    let j = Journal::at(s.dir.join("journal"));
+    let j = Journal::at(s.dir.path().join("journal"));
     let r = std::panic::catch_unwind(|| {
         let n: u64 = found.parse().unwrap();
         let g = j.raise(&path, n + 4096).unwrap();

@@ -24,19 +24,7 @@ struct Anon {
 impl Anon {
     fn new(pages: usize, byte: u8) -> Self {
         let len = pages * PAGE;
-        // SAFETY: a fresh anonymous mapping; no existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(ptr, libc::MAP_FAILED);
-        let ptr = ptr as *mut u8;
+        let ptr = crate::mm::map_anon(len).expect("mmap");
         // SAFETY: ptr..ptr+len was just mapped read-write by us.
         unsafe { std::ptr::write_bytes(ptr, byte, len) };
         Self { ptr, len }
@@ -65,8 +53,8 @@ impl Anon {
 
 impl Drop for Anon {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly what new() mapped.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+        // Exactly what new() mapped.
+        crate::mm::unmap(self.ptr, self.len);
     }
 }
 
@@ -318,8 +306,8 @@ fn rejects_bad_and_overlapping_regions() {
         let region = Anon::new(4, 0);
         let mut spec = region.spec("vm3");
         spec.host_addr += 1;
-        // SAFETY: rejected before any madvise.
         assert!(matches!(
+            // SAFETY: a misaligned range is rejected before any madvise.
             unsafe { b.register(spec) },
             Err(Error::BadRegion { .. })
         ));
@@ -328,8 +316,8 @@ fn rejects_bad_and_overlapping_regions() {
         let mut half = region.spec("vm4");
         half.host_addr += 2 * PAGE;
         half.len = 2 * PAGE;
-        // SAFETY: rejected before any madvise.
         assert!(matches!(
+            // SAFETY: the overlap is rejected before any madvise.
             unsafe { b.register(half) },
             Err(Error::Overlap { .. })
         ));

@@ -1,48 +1,36 @@
-//! The Linux side of VM creation: virtio-blk disks on virtio-mmio, the ACPI
-//! power-management port, the kernel and its boot data, and the 64-bit
-//! kernel-mode entry state of every vCPU.
+//! The Linux side of VM creation: the guest's disks (attached by
+//! [`crate::disk`], as for workload guests), the ACPI power-management port,
+//! the kernel and its boot data, and the 64-bit kernel-mode entry state of
+//! every vCPU.
 
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventOps, Events, MutEventSubscriber};
-use kvm_ioctls::{IoEventAddress, VcpuFd, VmFd};
+use kvm_ioctls::{VcpuFd, VmFd};
 use pagefold_devices::bus::Bus;
 use pagefold_devices::virtio::block::WriteHook;
-use pagefold_devices::virtio::NOTIFY_REG_OFFSET;
-use pagefold_devices::virtio::{Block, MmioNotifier, MmioTransport};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config::{DiskConfig, KernelConfig};
+use crate::config::KernelConfig;
+use crate::disk::{self, attach_disks, Subscriber};
 use crate::linux::{
     self, layout::ACPI_PM_PORT, pm::AcpiPmDevice, DeviceDiscovery, LinuxBootConfig,
-    VirtioMmioDevice,
 };
 use crate::state::{Outcome, VmShared};
 
 /// Errors of Linux VM set-up.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("disk {path}: {message}")]
-    Disk { path: String, message: String },
-    #[error("virtio-mmio device {index}: {message}")]
-    Transport { index: usize, message: String },
-    #[error("KVM {what}: {source}")]
-    Kvm {
-        what: &'static str,
-        #[source]
-        source: kvm_ioctls::Error,
-    },
+    #[error(transparent)]
+    Disk(#[from] disk::Error),
     #[error(transparent)]
     Boot(#[from] linux::Error),
     #[error("{0}")]
     Other(String),
 }
-
-/// An event-loop subscriber a VM needs (virtio notifications, PM events).
-pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
 
 /// Stops the VM when the guest writes the ACPI reset or sleep register.
 struct PmWatcher {
@@ -71,10 +59,6 @@ impl MutEventSubscriber for PmWatcher {
     }
 }
 
-fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> Error {
-    move |source| Error::Kvm { what, source }
-}
-
 fn evt() -> Result<EventFd, Error> {
     EventFd::new(libc::EFD_NONBLOCK).map_err(|e| Error::Other(format!("eventfd: {e}")))
 }
@@ -96,87 +80,6 @@ pub fn effective_cmdline(user: &str) -> String {
     } else {
         user.to_string()
     }
-}
-
-/// The virtio-blk disks of a VM, attached to its MMIO bus.
-pub struct Disks {
-    /// Where each disk's virtio-mmio window is, in disk order.
-    pub slots: Vec<VirtioMmioDevice>,
-    /// Each disk's size in 512-byte sectors.
-    pub sectors: Vec<u64>,
-    /// The queue-notification subscribers the event loop must run.
-    pub subscribers: Vec<Subscriber>,
-}
-
-impl Disks {
-    /// The MMIO windows as `(start, len)`, for page tables.
-    pub fn windows(&self) -> Vec<(u64, u64)> {
-        self.slots.iter().map(|s| (s.addr, s.size)).collect()
-    }
-}
-
-/// Attaches `disks` as virtio-blk devices on virtio-mmio: disk `n` at
-/// `VirtioMmioDevice::slot(n)`, with an irqfd for its GSI and an ioeventfd
-/// on its QueueNotify register (so a notification does not stop the vCPU;
-/// the returned subscriber runs the queue on the event loop). Linux guests
-/// and workload guests share this.
-pub fn attach_disks(
-    name: &str,
-    disks: &[DiskConfig],
-    vm_fd: &VmFd,
-    mem: &GuestMemoryMmap,
-    mmio: &mut Bus,
-    filled: Option<&WriteHook>,
-) -> Result<Disks, Error> {
-    let mut out = Disks {
-        slots: Vec::new(),
-        sectors: Vec::new(),
-        subscribers: Vec::new(),
-    };
-    for (i, disk) in disks.iter().enumerate() {
-        let slot = VirtioMmioDevice::slot(i as u32);
-        let serial = format!("{name}-vd{i}");
-        let serial = &serial[..serial.len().min(20)];
-        let mut block =
-            Block::open(&disk.path, disk.readonly, serial).map_err(|e| Error::Disk {
-                path: disk.path.display().to_string(),
-                message: e.to_string(),
-            })?;
-        if let Some(hook) = filled {
-            block.set_write_hook(hook.clone());
-        }
-        let sectors = block.nsectors();
-        let irqfd = evt()?;
-        vm_fd
-            .register_irqfd(&irqfd, slot.irq)
-            .map_err(kvm("irqfd for virtio-blk"))?;
-        let transport = MmioTransport::new(mem.clone(), Box::new(block), irqfd).map_err(|e| {
-            Error::Transport {
-                index: i,
-                message: e.to_string(),
-            }
-        })?;
-        for (q, qevt) in transport.queue_evts().iter().enumerate() {
-            vm_fd
-                .register_ioevent(
-                    qevt,
-                    &IoEventAddress::Mmio(slot.addr + NOTIFY_REG_OFFSET),
-                    q as u32,
-                )
-                .map_err(kvm("ioeventfd for virtio-blk"))?;
-        }
-        let transport = Arc::new(Mutex::new(transport));
-        mmio.insert(transport.clone(), slot.addr, slot.size)
-            .map_err(|e| Error::Other(e.to_string()))?;
-        let notifier = MmioNotifier::new(transport).map_err(|e| Error::Transport {
-            index: i,
-            message: e.to_string(),
-        })?;
-        out.subscribers.push(Arc::new(Mutex::new(notifier)));
-        out.slots.push(slot);
-        out.sectors.push(sectors);
-    }
-    Ok(out)
 }
 
 /// Sets up a Linux guest; returns the subscribers the event loop must run.

@@ -1,5 +1,10 @@
 //! Wires the built-in workload guest to a VM: turns the config into the
 //! guest's parameter block and puts the control device on the VM's ports.
+//! The guest's image is in [`image`], its CPL3 boot state in [`boot`]; its
+//! disks are attached like a Linux guest's ([`crate::disk`]).
+
+pub mod boot;
+pub mod image;
 
 use std::sync::{Arc, Mutex};
 
@@ -13,6 +18,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{fmt_size, Phase, WorkloadConfig};
 use crate::memory::MMIO_HOLE_END;
+pub use crate::seed::name_seed;
 use crate::vcpu::ControlPort;
 
 pub use pagefold_devices::workload::WorkloadControl as Control;
@@ -35,14 +41,6 @@ pub fn bytes_per_page() -> u64 {
     PAGE_SIZE + 4
 }
 
-/// A stable 64-bit seed from a VM name (FNV-1a), so a VM's private content is
-/// the same from run to run but differs between VMs.
-pub fn name_seed(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
 /// A disk as the workload guest sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GuestDisk {
@@ -53,8 +51,8 @@ pub struct GuestDisk {
 }
 
 impl GuestDisk {
-    /// The disks `linux_vm::attach_disks` attached, in order.
-    pub fn from_attached(d: &crate::linux_vm::Disks) -> Vec<GuestDisk> {
+    /// The disks `disk::attach_disks` attached, in order.
+    pub fn from_attached(d: &crate::disk::Disks) -> Vec<GuestDisk> {
         d.slots
             .iter()
             .zip(&d.sectors)
@@ -330,7 +328,8 @@ mod tests {
 
     #[test]
     fn params_with_a_disk() {
-        let img = std::env::temp_dir().join(format!("pagefold-wl-disk-{}", std::process::id()));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let img = file.path().to_path_buf();
         std::fs::write(&img, [0u8; 4096]).unwrap();
         let w = WorkloadConfig {
             shared: Some(crate::config::SizeValue::Text("16M".into())),
@@ -382,6 +381,5 @@ mod tests {
         none.phases = vec!["fill".into()];
         let p = params_with_disks(&none, "a", 0, &ram, 0x20_0000, 0, &[disk]).unwrap();
         assert_eq!((p.disk_count, p.disk_pages), (1, 0));
-        std::fs::remove_file(&img).unwrap();
     }
 }

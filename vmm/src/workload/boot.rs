@@ -198,7 +198,7 @@ pub fn setup_vcpu(vcpu: &VcpuFd, entry: u64, cr3: u64) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload_image::WORKLOAD_ELF;
+    use crate::workload::image::WORKLOAD_ELF;
 
     /// Found by the kernel_loader fuzz target: a program-header offset
     /// near `usize::MAX` overflowed `phoff + i * phentsize` (and the field

@@ -1,0 +1,424 @@
+//! The run loop of the real-Linux `build` benchmark
+//! ([`crate::build_linux`]): per run, fresh disk copies, a fresh backend
+//! and two fresh VMs; it follows both consoles for the start and result
+//! lines and measures on the host between them, as the workload form does.
+
+use std::path::Path;
+use std::time::Instant;
+
+use pagefold_dedup::auto::ScriptedSource;
+use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
+use pagefold_vmm::config::Config;
+use pagefold_vmm::runner::Runner;
+
+use crate::auto_bench::{FREE_AFTER, TOTAL};
+use crate::build_bench::{
+    end_backend, first_run_context, make_backend, npages, row, self_rusage, BuildRun, BuildSample,
+    BuildSystem,
+};
+use crate::build_linux::{
+    linux_build_cmdline, linux_build_configs, linux_vm_files, LinuxBuildOptions, LinuxBuildReport,
+    LinuxGuestInfo, LinuxVmResult, VmFiles, LINUX_BUILD_COMMAND, LINUX_BUILD_VMS,
+};
+use crate::disk_copy::copy_disk;
+use crate::error::BenchError;
+use crate::kvm_host::{host_kvm_kind, linux_guest_refusal};
+use crate::linux_console::ConsoleWatch;
+use crate::linux_result::LinuxBuildResult;
+
+fn vm_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::LinuxVm(e.to_string())
+}
+
+fn input_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::InvalidInput(e.to_string())
+}
+
+/// Runs every system `opts.runs` times (interleaved, as the workload
+/// form), holding the KSM lock; refuses at once on a host without
+/// VMX/SVM.
+pub fn run_linux_build_bench(
+    systems: &[BuildSystem],
+    opts: &LinuxBuildOptions,
+) -> Result<LinuxBuildReport, BenchError> {
+    if let Some(why) = linux_guest_refusal(host_kvm_kind(), LINUX_BUILD_COMMAND) {
+        return Err(BenchError::HostUnsupported(why));
+    }
+    if systems.is_empty() || opts.runs == 0 {
+        return Err(BenchError::NoSystems);
+    }
+    let disk_bytes = std::fs::metadata(&opts.disk)
+        .map_err(|e| input_err(format!("disk image {}: {e}", opts.disk.display())))?
+        .len();
+    let dir = opts
+        .work_dir()
+        .join(format!("pagefold-linux-build-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::Write {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    // Check the configs as the VMM will (kernel format, files, memory)
+    // before the first copy.
+    let originals: Vec<VmFiles> = linux_vm_files(&dir, "check", 0)
+        .into_iter()
+        .map(|f| VmFiles {
+            disk: opts.disk.clone(),
+            ..f
+        })
+        .collect();
+    for c in linux_build_configs(opts, &originals) {
+        c.validate().map_err(input_err)?;
+    }
+    let _lock = ksm_exclusive()?;
+    let root = Path::new(KSM_SYSFS);
+    let before = snapshot_tunables(root);
+    let mut runs: Vec<Vec<BuildRun>> = vec![Vec::new(); systems.len()];
+    let mut loads = vec![[0.0; 3]; systems.len()];
+    let mut warnings: Vec<Vec<String>> = vec![Vec::new(); systems.len()];
+    let mut results = Vec::new();
+    let mut result = Ok(());
+    'outer: for run in 0..opts.runs {
+        for (i, s) in systems.iter().enumerate() {
+            if run == 0 {
+                (loads[i], warnings[i]) = first_run_context(*s);
+            }
+            if opts.progress {
+                eprintln!("[linux build] {} run {}/{}", s.name(), run + 1, opts.runs);
+            }
+            match run_linux_once(*s, opts, &dir, run) {
+                Ok((r, vm_results)) => {
+                    if opts.progress {
+                        eprintln!(
+                            "[linux build] {} run {}: real {:.1} s, user {:.1} s, sys {:.1} s, engine {:.2} s, npages {}",
+                            s.name(), run + 1, r.real_s, r.user_s, r.sys_s, r.engine_cpu_s, r.npages
+                        );
+                    }
+                    runs[i].push(r);
+                    for (vm, result) in LINUX_BUILD_VMS.iter().zip(vm_results) {
+                        results.push(LinuxVmResult {
+                            system: s.name().into(),
+                            run: run + 1,
+                            vm: (*vm).into(),
+                            result,
+                        });
+                    }
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break 'outer;
+                }
+            }
+        }
+    }
+    let after = snapshot_tunables(root);
+    let unrestored = before
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(*v))
+        .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
+        .collect();
+    result?;
+    let reference = results.first().and_then(|r| r.result.sha256.clone());
+    let want = results.first().map_or(0, |r| r.result.checksum());
+    let rows = systems
+        .iter()
+        .zip(runs)
+        .zip(loads.into_iter().zip(warnings))
+        .map(|((s, r), (load, w))| row(s.name(), r, want, load, w))
+        .collect();
+    Ok(LinuxBuildReport {
+        guest: LinuxGuestInfo {
+            kernel: opts.kernel.display().to_string(),
+            initrd: opts.initrd.as_ref().map(|p| p.display().to_string()),
+            disk: opts.disk.display().to_string(),
+            disk_bytes,
+            memory: opts.memory.clone(),
+            vcpus: opts.vcpus,
+            cmdline: linux_build_cmdline(opts.timeout),
+            console_dir: dir.display().to_string(),
+            reference_sha256: reference,
+        },
+        rows,
+        results,
+        unrestored,
+    })
+}
+
+/// What the tick hook tracks during one run.
+#[derive(Default)]
+struct Track {
+    started: Option<(Instant, (f64, f64), f64)>,
+    done: Option<((f64, f64), f64)>,
+    trigger_s: Option<f64>,
+    samples: Vec<BuildSample>,
+    last_sample: Option<Instant>,
+    end_stats: Option<pagefold_dedup::Stats>,
+    base_cow: u64,
+    error: Option<String>,
+}
+
+fn console_error(w: &ConsoleWatch, vm: &str, what: &str) -> String {
+    format!(
+        "VM {vm}: {what} (console log {}); its last lines:\n{}",
+        w.path().display(),
+        w.tail()
+    )
+}
+
+/// One run: fresh disk copies, fresh backend, two fresh VMs, both builds.
+fn run_linux_once(
+    s: BuildSystem,
+    opts: &LinuxBuildOptions,
+    dir: &Path,
+    run: usize,
+) -> Result<(BuildRun, Vec<LinuxBuildResult>), BenchError> {
+    let files = linux_vm_files(dir, s.name(), run);
+    let remove_disks = || {
+        for f in &files {
+            let _ = std::fs::remove_file(&f.disk);
+        }
+    };
+    for f in &files {
+        let kind = copy_disk(&opts.disk, &f.disk).map_err(|source| {
+            remove_disks();
+            BenchError::Write {
+                path: f.disk.display().to_string(),
+                source,
+            }
+        })?;
+        if opts.progress {
+            eprintln!("[linux build] {} ({kind:?} copy)", f.disk.display());
+        }
+    }
+    let out = drive(s, opts, &files);
+    remove_disks();
+    out
+}
+
+fn drive(
+    s: BuildSystem,
+    opts: &LinuxBuildOptions,
+    files: &[VmFiles],
+) -> Result<(BuildRun, Vec<LinuxBuildResult>), BenchError> {
+    let (backend, script) = make_backend(s)?;
+    let cfg = Config {
+        dedup: Default::default(),
+        vms: linux_build_configs(opts, files),
+        stdin: None,
+        // Benchmarks run their VMs in-process without the VMM's filters.
+        seccomp: Some(false),
+    };
+    let mut runner = match Runner::new(backend.clone(), true) {
+        Ok(r) => r,
+        Err(err) => {
+            end_backend(s, backend.as_ref());
+            return Err(vm_err(err));
+        }
+    };
+    runner.echo = false;
+    if let Err(err) = runner.start_all(&cfg) {
+        drop(runner);
+        end_backend(s, backend.as_ref());
+        return Err(vm_err(err));
+    }
+    let mut watches: Vec<ConsoleWatch> = files
+        .iter()
+        .map(|f| ConsoleWatch::new(&f.console))
+        .collect();
+    let t_run = Instant::now();
+    let mut tr = Track::default();
+    let engine_cpu = |r: &Runner| r.dedup().map_or(0.0, |b| b.stats().cpu_seconds);
+    let report = runner.run(|r| {
+        if tr.done.is_some() || tr.error.is_some() {
+            return;
+        }
+        let fail = |tr: &mut Track, r: &mut Runner, e: String| {
+            tr.error = Some(e);
+            r.stop_all("a Linux build failed");
+        };
+        if t_run.elapsed() > opts.timeout {
+            return fail(
+                &mut tr,
+                r,
+                format!("the builds did not finish in {:?}", opts.timeout),
+            );
+        }
+        for (w, vm) in watches.iter_mut().zip(LINUX_BUILD_VMS) {
+            if let Err(e) = w.poll() {
+                return fail(&mut tr, r, format!("reading {}: {e}", w.path().display()));
+            }
+            match &w.result {
+                Some(Err(e)) => return fail(&mut tr, r, console_error(w, vm, &e.to_string())),
+                Some(Ok(res)) if res.status != 0 => {
+                    let what = format!("the build failed (status {})", res.status);
+                    return fail(&mut tr, r, console_error(w, vm, &what));
+                }
+                Some(Ok(_)) => {}
+                None if r.summary(vm).is_none() => {
+                    let what = "the VM stopped before printing its result line";
+                    return fail(&mut tr, r, console_error(w, vm, what));
+                }
+                None => {}
+            }
+        }
+        if tr.started.is_none() && watches.iter().all(|w| w.started) {
+            tr.started = Some((Instant::now(), self_rusage(), engine_cpu(r)));
+            tr.base_cow = r.dedup().map_or(0, |b| b.stats().cow_breaks);
+        }
+        let Some((t0, _, _)) = tr.started else { return };
+        if let (Some(h), None) = (&script, tr.trigger_s) {
+            if t0.elapsed() >= opts.auto_trigger_after {
+                h.set(ScriptedSource::sample(TOTAL, FREE_AFTER));
+                tr.trigger_s = Some(t0.elapsed().as_secs_f64());
+            }
+        }
+        let finished = watches.iter().all(|w| matches!(w.result, Some(Ok(_))));
+        let due = tr
+            .last_sample
+            .is_none_or(|l| l.elapsed() >= opts.sample_interval);
+        if due || finished {
+            tr.last_sample = Some(Instant::now());
+            let n = r.dedup().map_or(0, |b| npages(&b.stats()));
+            tr.samples.push(BuildSample {
+                t_s: t0.elapsed().as_secs_f64(),
+                npages: n,
+            });
+            if opts.progress && tr.samples.len() % 60 == 0 {
+                eprintln!(
+                    "[linux build {}] {:6.0} s: npages {n}",
+                    s.name(),
+                    t0.elapsed().as_secs_f64()
+                );
+            }
+        }
+        if finished {
+            let st = r.dedup().map(|b| b.stats());
+            tr.done = Some((self_rusage(), st.as_ref().map_or(0.0, |s| s.cpu_seconds)));
+            tr.end_stats = st;
+            r.stop_all("builds done");
+        }
+    });
+    drop(runner);
+    end_backend(s, backend.as_ref());
+    let report = report.map_err(vm_err)?;
+    if let Some(e) = tr.error {
+        // How each VM ended says why a guest stopped (e.g. a KVM error).
+        let ends: Vec<String> = report
+            .vms
+            .iter()
+            .map(|v| format!("{}: {}", v.name, v.outcome))
+            .collect();
+        return Err(vm_err(format!("{e}\nVMs ended: {}", ends.join("; "))));
+    }
+    let (Some((_, ru0, cpu0)), Some((ru1, cpu1))) = (tr.started, tr.done) else {
+        return Err(vm_err("the builds did not finish"));
+    };
+    let results: Vec<LinuxBuildResult> = watches
+        .into_iter()
+        .filter_map(|w| w.result.and_then(Result::ok))
+        .collect();
+    let end = tr.end_stats;
+    let final_n = end.as_ref().map_or(0, npages);
+    let t_final_npages_s = (final_n > 0)
+        .then(|| {
+            tr.samples
+                .iter()
+                .find(|x| x.npages >= final_n)
+                .map(|x| x.t_s)
+        })
+        .flatten();
+    let run = BuildRun {
+        real_s: results.iter().map(|r| r.real_s).fold(0.0, f64::max),
+        user_s: ru1.0 - ru0.0,
+        sys_s: ru1.1 - ru0.1,
+        guest_cpu_s: results.iter().map(|r| r.user_s + r.sys_s).sum::<f64>() / results.len() as f64,
+        engine_cpu_s: (cpu1 - cpu0).max(0.0),
+        npages: final_n,
+        pages_sharing: end.as_ref().map_or(0, |s| s.pages_sharing),
+        zero_pages: end.as_ref().map_or(0, |s| s.zero_pages),
+        peak_npages: tr.samples.iter().map(|x| x.npages).max().unwrap_or(0),
+        t_final_npages_s,
+        cow_breaks: end
+            .as_ref()
+            .map_or(0, |s| s.cow_breaks.saturating_sub(tr.base_cow)),
+        pages_read: 0,
+        pages_written: 0,
+        pages_reused: 0,
+        checksums: results.iter().map(LinuxBuildResult::checksum).collect(),
+        trigger_s: tr.trigger_s,
+        samples: tr.samples,
+    };
+    Ok((run, results))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    /// The run loop on real VMs, as far as a PVM host goes: both guests
+    /// stop in early boot (KVM's emulator), so the run must end with an
+    /// error that names the VM and shows its console, and remove the disk
+    /// copies. Emulated boots take minutes of CPU, so it is ignored by
+    /// default; run it with the image of scripts/guest-image.sh:
+    /// `PAGEFOLD_GUEST_DIR=DIR cargo test -p pagefold-bench --lib -- --ignored pvm_guests`
+    #[test]
+    #[ignore]
+    fn pvm_guests_stop_before_their_result_and_the_run_says_so() {
+        if host_kvm_kind() != crate::kvm_host::KvmKind::Pvm {
+            eprintln!("SKIPPED: not a PVM host");
+            return;
+        }
+        let guest =
+            PathBuf::from(std::env::var_os("PAGEFOLD_GUEST_DIR").expect("PAGEFOLD_GUEST_DIR"));
+        let work = std::env::temp_dir().join(format!("pagefold-linux-pvm-{}", std::process::id()));
+        std::fs::create_dir_all(&work).unwrap();
+        let opts = LinuxBuildOptions {
+            memory: "256M".into(),
+            vcpus: 1,
+            runs: 1,
+            timeout: Duration::from_secs(900),
+            work_dir: Some(work.clone()),
+            progress: false,
+            ..LinuxBuildOptions::new(guest.join("vmlinux"), guest.join("rootfs.ext4"))
+        };
+        let t = Instant::now();
+        let e = run_linux_once(BuildSystem::PagefoldOn, &opts, &work, 0)
+            .unwrap_err()
+            .to_string();
+        eprintln!("run ended after {:?}: {e}", t.elapsed());
+        assert!(
+            e.contains("the VM stopped before printing its result line"),
+            "{e}"
+        );
+        assert!(e.contains("VM linux-"), "{e}");
+        // The emulator's stop, as the VM's outcome.
+        assert!(e.contains("KVM internal error"), "{e}");
+        let mut shown = 0;
+        for f in linux_vm_files(&work, "pagefold-on", 0) {
+            assert!(!f.disk.exists(), "disk copy left: {}", f.disk.display());
+            let console = std::fs::read_to_string(&f.console).unwrap();
+            assert!(console.contains("Linux version"), "{console}");
+            // The failing VM's last console line is in the message.
+            let last = console.lines().last().unwrap().trim_end();
+            shown += usize::from(e.contains(last));
+        }
+        assert!(shown >= 1, "no console tail in: {e}");
+        std::fs::remove_dir_all(&work).unwrap();
+    }
+
+    #[test]
+    fn refuses_on_a_host_without_vmx_or_svm_before_touching_files() {
+        if linux_guest_refusal(host_kvm_kind(), "x").is_none() {
+            eprintln!("SKIPPED: this host has VMX/SVM; the refusal is for PVM hosts");
+            return;
+        }
+        let opts =
+            LinuxBuildOptions::new("/nonexistent/vmlinux".into(), "/nonexistent/disk".into());
+        let t = Instant::now();
+        let e = run_linux_build_bench(&[BuildSystem::Off], &opts).unwrap_err();
+        assert!(matches!(e, BenchError::HostUnsupported(_)), "{e}");
+        assert!(e.to_string().contains("VMX/SVM"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,107 @@
+//! Which kind of KVM this host has, so that a benchmark needing a running
+//! Linux guest refuses at once on a host where Linux cannot boot, instead
+//! of spending minutes in KVM's instruction emulator before failing
+//! (docs/linux-guests.md, "What works where").
+//!
+//! Detection as in docs/linux-guests.md and tests/linux_guest.rs: PVM
+//! (`kvm_pvm`, where guest kernel-mode code is emulated) shows as
+//! `/sys/module/kvm_pvm`; hardware virtualization as the `vmx` or `svm`
+//! CPU flag.
+
+use std::path::Path;
+
+/// The KVM flavour of a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvmKind {
+    /// KVM is PVM: only 64-bit CPL3 guest code runs natively.
+    Pvm,
+    /// Intel VT-x or AMD-V (the CPU flag's name).
+    Hardware(&'static str),
+    /// Neither PVM nor a vmx/svm flag (e.g. a VM without nested
+    /// virtualization): KVM, if present at all, cannot run Linux natively.
+    NoHardware,
+}
+
+/// Classifies a host from whether `kvm_pvm` is loaded and its
+/// `/proc/cpuinfo`. PVM wins: with `kvm_pvm` loaded, `/dev/kvm` is PVM.
+pub fn classify(pvm_module_loaded: bool, cpuinfo: &str) -> KvmKind {
+    if pvm_module_loaded {
+        return KvmKind::Pvm;
+    }
+    let flags = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .flat_map(|l| l.split_whitespace());
+    for f in flags {
+        match f {
+            "vmx" => return KvmKind::Hardware("vmx"),
+            "svm" => return KvmKind::Hardware("svm"),
+            _ => {}
+        }
+    }
+    KvmKind::NoHardware
+}
+
+/// This host's kind.
+pub fn host_kvm_kind() -> KvmKind {
+    classify(
+        Path::new("/sys/module/kvm_pvm").exists(),
+        &std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default(),
+    )
+}
+
+/// Why a Linux guest cannot run to user space on a host of `kind`, or
+/// None when it can. `what` names the command in the message.
+pub fn linux_guest_refusal(kind: KvmKind, what: &str) -> Option<String> {
+    let why = match kind {
+        KvmKind::Hardware(_) => return None,
+        KvmKind::Pvm => {
+            "this host's KVM is PVM (/sys/module/kvm_pvm is loaded): it runs only 64-bit \
+             user-mode (CPL3) guest code natively and emulates guest kernel code instruction \
+             by instruction, so a Linux kernel stops in early boot (KVM internal error)"
+        }
+        KvmKind::NoHardware => {
+            "this host's CPU shows neither the vmx nor the svm flag (no hardware \
+             virtualization), so KVM cannot run a Linux kernel"
+        }
+    };
+    Some(format!(
+        "{what} needs a host with hardware virtualization (VMX/SVM): {why}. \
+         See docs/linux-guests.md. The workload form (--guest workload) runs on this host."
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INTEL: &str = "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae vmx ept\n";
+    const AMD: &str = "processor\t: 0\nflags\t\t: fpu svm npt\n";
+    const NONE: &str = "processor\t: 0\nflags\t\t: fpu vme hypervisor\nvmx flags\t: ept\n";
+
+    #[test]
+    fn classifies_hosts() {
+        assert_eq!(classify(false, INTEL), KvmKind::Hardware("vmx"));
+        assert_eq!(classify(false, AMD), KvmKind::Hardware("svm"));
+        // "vmx flags" lines (the kernel's VMX feature list) are not flags.
+        assert_eq!(classify(false, NONE), KvmKind::NoHardware);
+        assert_eq!(classify(false, ""), KvmKind::NoHardware);
+        // kvm_pvm loaded: PVM whatever the flags say.
+        assert_eq!(classify(true, INTEL), KvmKind::Pvm);
+    }
+
+    #[test]
+    fn refuses_pvm_and_no_hardware_with_the_reason() {
+        assert_eq!(linux_guest_refusal(KvmKind::Hardware("vmx"), "x"), None);
+        let pvm = linux_guest_refusal(KvmKind::Pvm, "bench build --guest linux").unwrap();
+        assert!(
+            pvm.starts_with(
+                "bench build --guest linux needs a host with hardware virtualization (VMX/SVM)"
+            ),
+            "{pvm}"
+        );
+        assert!(pvm.contains("PVM") && pvm.contains("kvm_pvm"), "{pvm}");
+        let none = linux_guest_refusal(KvmKind::NoHardware, "x").unwrap();
+        assert!(none.contains("neither the vmx nor the svm flag"), "{none}");
+    }
+}

@@ -1,0 +1,130 @@
+//! Follows a Linux build guest's serial console (a file the VMM writes)
+//! for the start marker and the result line, while the VM runs.
+
+use std::collections::VecDeque;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::linux_result::{
+    parse_result_line, LinuxBuildResult, ResultLineError, RESULT_MARKER, START_MARKER,
+};
+
+/// Console lines kept for error messages.
+const TAIL_LINES: usize = 20;
+/// A console line longer than this is cut (the kernel's lines are short;
+/// a guest writing without newlines must not grow the buffer for ever).
+const MAX_LINE: usize = 4096;
+
+/// What the console said so far.
+#[derive(Debug)]
+pub struct ConsoleWatch {
+    path: PathBuf,
+    offset: u64,
+    partial: Vec<u8>,
+    tail: VecDeque<String>,
+    /// The guest printed the start marker.
+    pub started: bool,
+    /// The guest printed its result line (parsed, or why not).
+    pub result: Option<Result<LinuxBuildResult, ResultLineError>>,
+}
+
+impl ConsoleWatch {
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            offset: 0,
+            partial: Vec::new(),
+            tail: VecDeque::new(),
+            started: false,
+            result: None,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads what was written since the last call. A missing file is
+    /// nothing written yet.
+    pub fn poll(&mut self) -> std::io::Result<()> {
+        let mut f = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        f.seek(SeekFrom::Start(self.offset))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        self.offset += buf.len() as u64;
+        self.feed(&buf);
+        Ok(())
+    }
+
+    /// Takes in console bytes (split into lines at '\n').
+    pub fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if b == b'\n' {
+                let line = String::from_utf8_lossy(&self.partial).into_owned();
+                self.partial.clear();
+                self.line(line);
+            } else if self.partial.len() < MAX_LINE {
+                self.partial.push(b);
+            }
+        }
+    }
+
+    fn line(&mut self, line: String) {
+        if line.contains(START_MARKER) {
+            self.started = true;
+        }
+        // The first result line counts; the guest prints one.
+        if self.result.is_none() && line.contains(RESULT_MARKER) {
+            self.result = Some(parse_result_line(&line));
+        }
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(line.trim_end().to_string());
+    }
+
+    /// The last console lines, for error messages.
+    pub fn tail(&self) -> String {
+        self.tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follows_a_growing_console_file() {
+        let p = std::env::temp_dir().join(format!("pagefold-console-{}", std::process::id()));
+        std::fs::write(&p, "Linux version 6.1\nPAGEFOLD-BUILD-ST").unwrap();
+        let mut w = ConsoleWatch::new(&p);
+        w.poll().unwrap();
+        assert!(!w.started && w.result.is_none());
+        let mut text = std::fs::read_to_string(&p).unwrap();
+        text.push_str(
+            "ART nproc=2\r\nPAGEFOLD-BUILD-RESULT real=1 user=2 sys=3 status=1 sha256=-\n",
+        );
+        std::fs::write(&p, text).unwrap();
+        w.poll().unwrap();
+        assert!(w.started);
+        let r = w.result.clone().unwrap().unwrap();
+        assert_eq!((r.status, r.real_s), (1, 1.0));
+        assert!(w.tail().starts_with("Linux version 6.1\n"), "{}", w.tail());
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn keeps_the_first_result_and_reports_a_malformed_one() {
+        let mut w = ConsoleWatch::new(Path::new("/nonexistent/console"));
+        w.poll().unwrap();
+        w.feed(b"PAGEFOLD-BUILD-RESULT real=x\nPAGEFOLD-BUILD-RESULT real=1 user=1 sys=1 status=1 sha256=-\n");
+        assert!(matches!(
+            w.result,
+            Some(Err(ResultLineError::Malformed { key: "real", .. }))
+        ));
+    }
+}
