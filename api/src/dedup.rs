@@ -7,57 +7,32 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use pagefold_dedup::auto::{AutoError, AutoHandle};
-use pagefold_dedup::{DedupBackend, Knobs};
-use serde_json::{json, Value};
+use pagefold_dedup::DedupBackend;
 
 use crate::body;
+use crate::dedup_view::DedupView;
 use crate::error::ApiError;
 use crate::patch::DedupPatch;
+use crate::responses::{BadRequest, Conflict, Internal, NoBackend, SlowBody, TooLarge};
 use crate::router::{blocking, AppState};
-
-/// The knobs' valid ranges, for clients.
-pub fn limits() -> Value {
-    let r = |(min, max): (u64, u64)| json!({ "min": min, "max": max });
-    json!({
-        "pages_to_scan": r(Knobs::PAGES_TO_SCAN),
-        "sleep_millisecs": r(Knobs::SLEEP_MILLISECS),
-        "max_page_sharing": r(Knobs::MAX_PAGE_SHARING),
-    })
-}
 
 /// The `GET /dedup` body: every statistic, the knobs, their limits, and
 /// auto mode's status and settings when the backend has a controller.
-pub fn view(b: &dyn DedupBackend, auto: Option<&AutoHandle>) -> Result<Value, ApiError> {
-    let stats = b.stats();
-    let mut v = serde_json::to_value(&stats)
-        .map_err(|e| ApiError::Internal(format!("serializing dedup stats: {e}")))?;
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| ApiError::Internal("dedup stats are not a JSON object".into()))?;
-    if obj.get("knobs").is_none_or(Value::is_null) {
-        obj.insert("knobs".into(), json!(b.knobs()));
-    }
-    obj.insert("limits".into(), limits());
-    if let Some(a) = auto {
-        if !obj.contains_key("auto") {
-            let status = serde_json::to_value(a.status())
-                .map_err(|e| ApiError::Internal(format!("serializing auto status: {e}")))?;
-            obj.insert("auto".into(), status);
-        }
-        let c = a.config();
-        obj.insert(
-            "auto_config".into(),
-            json!({
-                "auto_threshold": c.threshold_pct,
-                "max_scanning_factor": c.max_scanning_factor,
-                "memory_signal": c.memory_signal,
-            }),
-        );
-    }
-    Ok(v)
+pub fn view(b: &dyn DedupBackend, auto: Option<&AutoHandle>) -> Result<DedupView, ApiError> {
+    Ok(DedupView::new(
+        b.stats(),
+        b.knobs(),
+        auto.map(|a| (a.status(), a.config())),
+    ))
 }
 
-pub async fn get(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// Dedup mode, knobs and every statistic, engine-wide and per VM.
+#[utoipa::path(get, path = "/dedup", operation_id = "getDedup", tag = "dedup",
+    responses(
+        (status = 200, description = "Current state.", body = DedupView),
+        (status = 404, response = NoBackend),
+    ))]
+pub async fn get(State(s): State<AppState>) -> Result<Json<DedupView>, ApiError> {
     let b = s.backend()?;
     let auto = s.handle.auto().cloned();
     Ok(Json(
@@ -65,15 +40,28 @@ pub async fn get(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
     ))
 }
 
+/// Change the mode and/or knobs. Validated as a whole before anything
+/// changes.
+#[utoipa::path(patch, path = "/dedup", operation_id = "patchDedup", tag = "dedup",
+    request_body(content = crate::schema::DedupPatchSchema, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Changed; the new state.", body = DedupView),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NoBackend),
+        (status = 408, response = SlowBody),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 500, response = Internal),
+    ))]
 pub async fn patch(
     State(s): State<AppState>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DedupView>, ApiError> {
     let b = s.backend()?;
     let auto = s.handle.auto().cloned();
     let p: DedupPatch = body::json(&headers, body, s.max_body, s.body_timeout).await?;
-    let v = blocking(move || -> Result<Value, ApiError> {
+    let v = blocking(move || -> Result<DedupView, ApiError> {
         // Check everything first, so a bad knob never leaves the mode
         // changed (or the other way round).
         let bad = |e: crate::patch::PatchError| ApiError::BadRequest(e.to_string());
