@@ -311,3 +311,13 @@ fn documented_vm_config_is_the_vmms() {
     let written = serde_json::to_value(&minimal).unwrap();
     validate(&schema, &s, &written, "VmConfig with defaults");
 }
+
+/// The documented VM name pattern is the one the VMM enforces.
+#[test]
+fn documented_vm_name_is_the_vmms() {
+    let s = spec();
+    assert_eq!(
+        s["components"]["schemas"]["VmName"]["pattern"],
+        format!("^{}$", pagefold_vmm::config::VM_NAME_PATTERN)
+    );
+}
