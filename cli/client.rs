@@ -6,12 +6,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
-use pagefold_api::client::{Client, Reply, Target};
-use pagefold_api::{patch, ListenConfig, Server};
+use pagefold_api::client::{Client, ClientError, Target};
+use pagefold_api::dedup_view::OwnerView;
+use pagefold_api::view::{EngineHealth, Health, HealthStatus};
+use pagefold_api::vms::Target as VmTarget;
+use pagefold_api::{patch, DedupView, ListenConfig, Server};
 use pagefold_vmm::config::{fmt_size, validate_vm_name, Config, VmConfig};
 use pagefold_vmm::runner::{RunReport, Runner};
-use pagefold_vmm::state::Outcome;
-use serde_json::Value;
+use pagefold_vmm::state::{Outcome, RunState};
+use pagefold_vmm::vm::VmInfo;
+use serde::Serialize;
 
 use crate::error::Error;
 use crate::output::{out, outln};
@@ -214,42 +218,31 @@ fn client(a: &ClientArgs) -> Result<Client, Error> {
     Client::new(Target::Unix(path)).map_err(|e| Error::Io(e.to_string()))
 }
 
-/// Sends a request; non-2xx answers become errors (4xx: the user's input,
-/// exit 2; else exit 3).
-fn call(c: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Reply, Error> {
-    let r = c
-        .call(method, path, body)
-        .map_err(|e| Error::Io(e.to_string()))?;
-    call_result(method, path, r)
-}
-
-/// A reply as [`call`] takes it: non-2xx answers become errors.
-fn call_result(method: &str, path: &str, r: Reply) -> Result<Reply, Error> {
-    if r.is_success() {
-        return Ok(r);
-    }
-    let msg = format!("{method} {path}: {} ({})", r.error_message(), r.status);
-    if (400..500).contains(&r.status) {
-        Err(Error::Usage(msg))
+/// A failed API call as the CLI reports it: refusals of the user's input
+/// (4xx) exit 2, anything else 3.
+fn api_err(e: ClientError) -> Error {
+    if e.is_client_fault() {
+        Error::Usage(e.to_string())
     } else {
-        Err(Error::Io(msg))
+        Error::Io(e.to_string())
     }
 }
 
-fn json(r: &Reply) -> Result<Value, Error> {
-    r.json()
-        .map_err(|e| Error::Io(format!("the API sent invalid JSON: {e}")))
+fn pretty<T: Serialize>(v: &T) -> Result<String, Error> {
+    serde_json::to_string_pretty(v).map_err(|e| Error::Io(e.to_string()))
 }
 
-fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+/// A VM's run state as the API names it.
+fn state_name(s: RunState) -> &'static str {
+    match s {
+        RunState::Running => "running",
+        RunState::Paused => "paused",
+        RunState::Stopping => "stopping",
+        RunState::Stopped => "stopped",
+    }
 }
 
-fn u(v: &Value, k: &str) -> u64 {
-    v.get(k).and_then(Value::as_u64).unwrap_or(0)
-}
-
-fn vm_table(vms: &[Value], dedup: Option<&Value>) -> String {
+fn vm_table(vms: &[VmInfo], dedup: Option<&DedupView>) -> String {
     let mut out = format!(
         "{:<16} {:<9} {:>5} {:>10} {:>9} {:<12} {:>9} {:>9} {:>7} {:>10}  {}\n",
         "VM",
@@ -265,22 +258,21 @@ fn vm_table(vms: &[Value], dedup: Option<&Value>) -> String {
         "OUTCOME"
     );
     for v in vms {
-        let name = v["name"].as_str().unwrap_or("?");
-        let owner = dedup.and_then(|d| d["per_owner"].get(name));
-        let fig = |k: &str| owner.map_or("-".to_string(), |o| u(o, k).to_string());
+        let owner = dedup.and_then(|d| d.per_owner.get(&v.name));
+        let fig = |f: fn(&OwnerView) -> u64| owner.map_or("-".to_string(), |o| f(o).to_string());
         out += &format!(
             "{:<16} {:<9} {:>5} {:>10} {:>8.1}s {:<12} {:>9} {:>9} {:>7} {:>10}  {}\n",
-            name,
-            v["state"].as_str().unwrap_or("?"),
-            u(v, "vcpus"),
-            fmt_size(u(v, "memory_bytes")),
-            v["uptime_s"].as_f64().unwrap_or(0.0),
-            v["dedup_group"].as_str().unwrap_or("-"),
-            fig("pages_tracked"),
-            fig("pages_merged"),
-            fig("zero_pages"),
-            owner.map_or("-".to_string(), |o| fmt_size(u(o, "bytes_saved"))),
-            outcome_text(&v["outcome"]),
+            v.name,
+            state_name(v.state),
+            v.vcpus,
+            fmt_size(v.memory_bytes),
+            v.uptime_s,
+            v.dedup_group.as_deref().unwrap_or("-"),
+            fig(|o| o.pages_tracked),
+            fig(|o| o.pages_merged),
+            fig(|o| o.zero_pages),
+            owner.map_or("-".to_string(), |o| fmt_size(o.bytes_saved)),
+            outcome_text(v.outcome.as_ref()),
         );
     }
     out
@@ -288,133 +280,109 @@ fn vm_table(vms: &[Value], dedup: Option<&Value>) -> String {
 
 /// A VM's outcome in a table cell: `-` while it runs, else how it ended
 /// (`exit 0`, `stopped: SIGTERM received`, `guest_error: triple fault`).
-fn outcome_text(o: &Value) -> String {
-    let Some(kind) = o["kind"].as_str() else {
+fn outcome_text(o: Option<&Outcome>) -> String {
+    let Some(o) = o else {
         return "-".into();
     };
-    if let Some(status) = o["status"].as_u64() {
-        return format!("exit {status}");
-    }
-    match o["reason"].as_str().or(o["message"].as_str()) {
-        Some(why) => format!("{kind}: {why}"),
-        None => kind.to_string(),
+    match o {
+        Outcome::GuestExit { status } => format!("exit {status}"),
+        Outcome::GuestReset => "guest_reset".into(),
+        Outcome::GuestPowerOff => "guest_power_off".into(),
+        Outcome::GuestError { message } => format!("guest_error: {message}"),
+        Outcome::VmmError { message } => format!("vmm_error: {message}"),
+        Outcome::Stopped { reason } => format!("stopped: {reason}"),
+        Outcome::Deleted => "deleted".into(),
     }
 }
 
-fn dedup_summary(d: &Value) -> String {
-    let k = &d["knobs"];
+fn dedup_summary(d: &DedupView) -> Result<String, Error> {
+    let k = &d.knobs;
     let mut s = format!(
         "dedup: backend {}, mode {}; pages_to_scan {}, sleep_millisecs {}, max_page_sharing {}\n",
-        d["backend"].as_str().unwrap_or("?"),
-        d["mode"].as_str().unwrap_or("?"),
-        u(k, "pages_to_scan"),
-        u(k, "sleep_millisecs"),
-        u(k, "max_page_sharing"),
+        d.backend, d.mode, k.pages_to_scan, k.sleep_millisecs, k.max_page_sharing,
     );
     s += &format!(
         "  pages_shared {}  pages_sharing {}  zero_pages {}  pages_unshared {}  pages_volatile {}\n",
-        u(d, "pages_shared"),
-        u(d, "pages_sharing"),
-        u(d, "zero_pages"),
-        u(d, "pages_unshared"),
-        u(d, "pages_volatile")
+        d.pages_shared, d.pages_sharing, d.zero_pages, d.pages_unshared, d.pages_volatile
     );
     s += &format!(
         "  full_scans {}  merges {}  cow_breaks {}  saved {}  metadata {}  profit {} B  engine CPU {:.2} s\n",
-        u(d, "full_scans"),
-        u(d, "merges"),
-        u(d, "cow_breaks"),
-        fmt_size(u(d, "bytes_saved")),
-        fmt_size(u(d, "metadata_bytes")),
-        d["profit_bytes"].as_i64().unwrap_or(0),
-        d["cpu_seconds"].as_f64().unwrap_or(0.0),
+        d.full_scans,
+        d.merges,
+        d.cow_breaks,
+        fmt_size(d.bytes_saved),
+        fmt_size(d.metadata_bytes),
+        d.profit_bytes,
+        d.cpu_seconds,
     );
-    if let Some(ms) = d["last_wakeup_age_ms"].as_u64().filter(|&ms| ms > 0) {
+    if d.last_wakeup_age_ms > 0 {
         s += &format!(
-            "  scanner last woke up {ms} ms ago{}\n",
-            if d["wakeup_overdue"] == true {
+            "  scanner last woke up {} ms ago{}\n",
+            d.last_wakeup_age_ms,
+            if d.wakeup_overdue {
                 " (overdue: stalled)"
             } else {
                 ""
             }
         );
     }
-    if let Some(auto) = d.get("auto").filter(|a| a.is_object()) {
-        s += &format!("  auto: {auto}\n");
+    if let Some(auto) = &d.auto {
+        let compact = serde_json::to_string(auto).map_err(|e| Error::Io(e.to_string()))?;
+        s += &format!("  auto: {compact}\n");
     }
-    s
-}
-
-/// `GET /dedup`, or `None` when the process has no dedup backend (404).
-fn get_dedup(c: &Client) -> Result<Option<Value>, Error> {
-    match c
-        .call("GET", "/dedup", None)
-        .map_err(|e| Error::Io(e.to_string()))?
-    {
-        r if r.status == 404 => Ok(None),
-        r if r.is_success() => Ok(Some(json(&r)?)),
-        r => Err(Error::Io(format!(
-            "GET /dedup: {} ({})",
-            r.error_message(),
-            r.status
-        ))),
-    }
-}
-
-/// `GET /health`. A 503 that carries a health body (the dedup engine is
-/// stalled) is an answer to show, not a failure of the command.
-fn get_health(c: &Client) -> Result<Value, Error> {
-    let r = c
-        .call("GET", "/health", None)
-        .map_err(|e| Error::Io(e.to_string()))?;
-    if r.status == 503 {
-        if let Ok(h) = r.json() {
-            if h["status"] == "stalled" {
-                return Ok(h);
-            }
-        }
-    }
-    let r = call_result("GET", "/health", r)?;
-    json(&r)
+    Ok(s)
 }
 
 /// A warning line when the health check says the dedup engine is stalled.
-fn stall_line(health: &Value) -> String {
-    if health["status"] != "stalled" {
+fn stall_line(health: &Health) -> String {
+    if health.status != HealthStatus::Stalled {
         return String::new();
     }
-    let e = &health["engine"];
-    match e["last_wakeup_age_ms"].as_u64() {
-        _ if e["responding"] == false => {
+    match &health.engine {
+        Some(e) if !e.responding => {
             "WARNING: the dedup engine is stalled: its statistics do not answer\n".into()
         }
-        Some(ms) => format!(
+        Some(EngineHealth {
+            last_wakeup_age_ms: Some(ms),
+            ..
+        }) => format!(
             "WARNING: the dedup engine is stalled: its scanner last woke up {:.1} s ago\n",
-            ms as f64 / 1000.0
+            *ms as f64 / 1000.0
         ),
-        None => "WARNING: the dedup engine is stalled\n".into(),
+        _ => "WARNING: the dedup engine is stalled\n".into(),
     }
+}
+
+/// What `pagefold status --json` prints.
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    health: &'a Health,
+    vms: &'a [VmInfo],
+    dedup: Option<&'a DedupView>,
 }
 
 /// `pagefold status`.
 pub fn status(a: StatusArgs) -> Result<i32, Error> {
     let c = client(&a.client)?;
-    let health = get_health(&c)?;
-    let vms = json(&call(&c, "GET", "/vms", None)?)?;
-    let dedup = get_dedup(&c)?;
+    let health = c.health().map_err(api_err)?;
+    let vms = c.vms().map_err(api_err)?;
+    let dedup = c.dedup().map_err(api_err)?;
     if a.json {
-        let all = serde_json::json!({"health": health, "vms": vms, "dedup": dedup});
-        outln!("{}", pretty(&all))?;
+        let all = StatusJson {
+            health: &health,
+            vms: &vms,
+            dedup: dedup.as_ref(),
+        };
+        outln!("{}", pretty(&all)?)?;
         return Ok(0);
     }
-    let list = vms.as_array().cloned().unwrap_or_default();
-    let mut text = format!("pagefold at {}: {} VM(s)\n", c.target(), list.len());
+    let mut text = format!("pagefold at {}: {} VM(s)\n", c.target(), vms.len());
     text += &stall_line(&health);
     match &dedup {
-        Some(d) => text += &dedup_summary(d),
+        Some(d) => text += &dedup_summary(d)?,
         None => text += "dedup: off (no backend)\n",
     }
-    text += &vm_table(&list, dedup.as_ref());
+    text += &vm_table(&vms, dedup.as_ref());
     out!("{text}")?;
     Ok(0)
 }
@@ -457,50 +425,38 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
             client: ca,
         } => {
             let c = client(&ca)?;
-            let vms = json(&call(&c, "GET", "/vms", None)?)?;
+            let vms = c.vms().map_err(api_err)?;
             if raw {
-                outln!("{}", pretty(&vms))?;
+                outln!("{}", pretty(&vms)?)?;
             } else {
                 // The per-VM dedup figures come from the same source as
                 // `status`'s: the backend's per-owner statistics.
-                let dedup = get_dedup(&c)?;
-                out!(
-                    "{}",
-                    vm_table(
-                        vms.as_array().map(Vec::as_slice).unwrap_or(&[]),
-                        dedup.as_ref()
-                    )
-                )?;
+                let dedup = c.dedup().map_err(api_err)?;
+                out!("{}", vm_table(&vms, dedup.as_ref()))?;
             }
         }
         VmCommand::Create { config, client: ca } => {
             let c = client(&ca)?;
             for vc in vms_from_file(&config)? {
-                let body = serde_json::to_value(&vc).map_err(|e| Error::Io(e.to_string()))?;
-                let info = json(&call(&c, "PUT", &format!("/vms/{}", vc.name), Some(&body))?)?;
-                outln!(
-                    "created {} ({})",
-                    vc.name,
-                    info["state"].as_str().unwrap_or("?")
-                )?;
+                let info = c.create_vm(&vc).map_err(api_err)?;
+                outln!("created {} ({})", vc.name, state_name(info.state))?;
             }
         }
-        VmCommand::Pause { name, client: ca } => set_state(&ca, &name, "paused")?,
-        VmCommand::Resume { name, client: ca } => set_state(&ca, &name, "running")?,
+        VmCommand::Pause { name, client: ca } => set_state(&ca, &name, VmTarget::Paused)?,
+        VmCommand::Resume { name, client: ca } => set_state(&ca, &name, VmTarget::Running)?,
         VmCommand::Delete { name, client: ca } => {
             let c = client(&ca)?;
-            call(&c, "DELETE", &format!("/vms/{name}"), None)?;
+            c.delete_vm(&name).map_err(api_err)?;
             outln!("deleted {name}")?;
         }
     }
     Ok(0)
 }
 
-fn set_state(ca: &ClientArgs, name: &str, state: &str) -> Result<(), Error> {
+fn set_state(ca: &ClientArgs, name: &str, state: VmTarget) -> Result<(), Error> {
     let c = client(ca)?;
-    let body = serde_json::json!({ "state": state });
-    let info = json(&call(&c, "PATCH", &format!("/vms/{name}"), Some(&body))?)?;
-    outln!("{name}: {}", info["state"].as_str().unwrap_or("?"))?;
+    let info = c.set_vm_state(name, state).map_err(api_err)?;
+    outln!("{name}: {}", state_name(info.state))?;
     Ok(())
 }
 
@@ -513,9 +469,8 @@ pub fn dedup(cmd: DedupCommand) -> Result<i32, Error> {
     } = cmd;
     let settings = patch::from_pairs(&settings).map_err(|e| Error::Usage(e.to_string()))?;
     let c = client(&ca)?;
-    let body = serde_json::to_value(*settings).map_err(|e| Error::Io(e.to_string()))?;
-    let d = json(&call(&c, "PATCH", "/dedup", Some(&body))?)?;
-    out!("{}", dedup_summary(&d))?;
+    let d = c.patch_dedup(&settings).map_err(api_err)?;
+    out!("{}", dedup_summary(&d)?)?;
     Ok(0)
 }
 
@@ -583,37 +538,83 @@ mod tests {
         assert_eq!(serve_exit_code(&r), 143);
     }
 
+    fn health(status: HealthStatus, responding: bool, age: Option<u64>) -> Health {
+        Health {
+            status,
+            vms: 1,
+            dedup_backend: Some("pagefold".into()),
+            engine: Some(EngineHealth {
+                backend: "pagefold".into(),
+                responding,
+                last_wakeup_age_ms: age,
+                wakeup_overdue: status == HealthStatus::Stalled,
+            }),
+        }
+    }
+
+    fn dedup_view(owners: &[(&str, OwnerView)]) -> DedupView {
+        let mut stats = pagefold_dedup::Stats::default();
+        for (name, o) in owners {
+            stats.per_owner.insert(
+                name.to_string(),
+                pagefold_dedup::backend::OwnerStats {
+                    group: o.group.clone(),
+                    pages_tracked: o.pages_tracked,
+                    pages_merged: o.pages_merged,
+                    zero_pages: o.zero_pages,
+                    bytes_saved: o.bytes_saved,
+                },
+            );
+        }
+        DedupView::new(stats, pagefold_dedup::DEFAULT_KNOBS, None)
+    }
+
     #[test]
     fn a_stalled_engine_is_called_out() {
-        let ok = serde_json::json!({"status": "ok", "engine": {"responding": true,
-            "last_wakeup_age_ms": 20, "wakeup_overdue": false}});
+        let ok = health(HealthStatus::Ok, true, Some(20));
         assert_eq!(stall_line(&ok), "");
-        let stalled = serde_json::json!({"status": "stalled", "engine": {"responding": true,
-            "last_wakeup_age_ms": 12500, "wakeup_overdue": true}});
+        let stalled = health(HealthStatus::Stalled, true, Some(12500));
         assert_eq!(
             stall_line(&stalled),
             "WARNING: the dedup engine is stalled: its scanner last woke up 12.5 s ago\n"
         );
-        let silent = serde_json::json!({"status": "stalled", "engine": {"responding": false,
-            "last_wakeup_age_ms": null, "wakeup_overdue": true}});
+        let silent = health(HealthStatus::Stalled, false, None);
         assert!(stall_line(&silent).contains("do not answer"));
-        let d =
-            serde_json::json!({"knobs": {}, "last_wakeup_age_ms": 12500, "wakeup_overdue": true});
+        let mut d = dedup_view(&[]);
+        d.last_wakeup_age_ms = 12500;
+        d.wakeup_overdue = true;
+        let text = dedup_summary(&d).unwrap();
         assert!(
-            dedup_summary(&d).contains("scanner last woke up 12500 ms ago (overdue: stalled)"),
-            "{}",
-            dedup_summary(&d)
+            text.contains("scanner last woke up 12500 ms ago (overdue: stalled)"),
+            "{text}"
         );
+    }
+
+    fn vm_info(name: &str, state: RunState, outcome: Option<Outcome>) -> VmInfo {
+        VmInfo {
+            name: name.into(),
+            state,
+            vcpus: 1,
+            memory_bytes: 67108864,
+            dedup_group: Some("g".into()),
+            outcome,
+            uptime_s: 2.5,
+        }
     }
 
     #[test]
     fn tables_show_per_vm_dedup_figures() {
-        let vms = vec![
-            serde_json::json!({"name": "vm0", "state": "paused", "vcpus": 1,
-            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g"}),
-        ];
-        let d = serde_json::json!({"per_owner": {"vm0": {"pages_tracked": 9, "pages_merged": 4,
-            "zero_pages": 1, "bytes_saved": 20480}}});
+        let vms = vec![vm_info("vm0", RunState::Paused, None)];
+        let d = dedup_view(&[(
+            "vm0",
+            OwnerView {
+                group: "g".into(),
+                pages_tracked: 9,
+                pages_merged: 4,
+                zero_pages: 1,
+                bytes_saved: 20480,
+            },
+        )]);
         let t = vm_table(&vms, Some(&d));
         let row = t.lines().nth(1).unwrap();
         for cell in ["vm0", "paused", "64 MiB", "2.5s", "g", "9", "4", "20 KiB"] {
@@ -622,12 +623,18 @@ mod tests {
         assert!(vm_table(&vms, None).lines().nth(1).unwrap().contains(" - "));
         // A finished VM shows its state and how it ended.
         let done = vec![
-            serde_json::json!({"name": "vm1", "state": "stopped", "vcpus": 1,
-            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g",
-            "outcome": {"kind": "guest_exit", "status": 3}}),
-            serde_json::json!({"name": "vm2", "state": "stopped", "vcpus": 1,
-            "memory_bytes": 67108864, "uptime_s": 2.5, "dedup_group": "g",
-            "outcome": {"kind": "guest_error", "message": "triple fault"}}),
+            vm_info(
+                "vm1",
+                RunState::Stopped,
+                Some(Outcome::GuestExit { status: 3 }),
+            ),
+            vm_info(
+                "vm2",
+                RunState::Stopped,
+                Some(Outcome::GuestError {
+                    message: "triple fault".into(),
+                }),
+            ),
         ];
         let t = vm_table(&done, None);
         let rows: Vec<&str> = t.lines().collect();
@@ -638,5 +645,34 @@ mod tests {
         );
         assert!(rows[2].ends_with("guest_error: triple fault"), "{t}");
         assert!(t.lines().nth(1).unwrap().contains("stopped"));
+    }
+
+    /// The table names outcomes as the API does (`kind`).
+    #[test]
+    fn outcome_cells_use_the_api_kinds() {
+        for o in [
+            Outcome::GuestReset,
+            Outcome::GuestPowerOff,
+            Outcome::Deleted,
+            Outcome::Stopped { reason: "x".into() },
+            Outcome::VmmError {
+                message: "x".into(),
+            },
+        ] {
+            let kind = serde_json::to_value(&o).unwrap()["kind"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            assert!(outcome_text(Some(&o)).starts_with(&kind), "{o:?}");
+        }
+        assert_eq!(outcome_text(None), "-");
+        for s in [
+            RunState::Running,
+            RunState::Paused,
+            RunState::Stopping,
+            RunState::Stopped,
+        ] {
+            assert_eq!(serde_json::to_value(s).unwrap(), state_name(s));
+        }
     }
 }

@@ -2,9 +2,13 @@
 //! sysctls), as recorded in the state journal
 //! (`pagefold_dedup::ksm::journal`, docs/global-state.md).
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use clap::{Args, Subcommand};
-use pagefold_dedup::ksm::journal::{self, Journal};
+use pagefold_dedup::ksm::journal::{self, EntryStatus, Journal};
 use pagefold_dedup::ksm::{snapshot_tunables, KSM_SYSFS};
+use serde::Serialize;
 
 use crate::error::Error;
 use crate::output::outln;
@@ -42,19 +46,35 @@ pub fn run(c: KsmCommand) -> Result<i32, Error> {
     }
 }
 
+/// What `pagefold ksm status --json` prints.
+#[derive(Serialize)]
+struct StatusJson<'a> {
+    journal: &'a Path,
+    records: &'a [EntryStatus],
+    ksm: &'a BTreeMap<String, String>,
+    sysctl: Sysctls,
+}
+
+#[derive(Serialize)]
+struct Sysctls {
+    #[serde(rename = "vm.max_map_count")]
+    max_map_count: Option<String>,
+}
+
 fn status(j: &Journal, json: bool) -> Result<i32, Error> {
     let entries = j.status().map_err(|e| Error::Io(e.to_string()))?;
-    let ksm = snapshot_tunables(std::path::Path::new(KSM_SYSFS));
+    let ksm = snapshot_tunables(Path::new(KSM_SYSFS));
     let max_map_count = journal::sysctl_path("vm.max_map_count")
         .ok()
         .and_then(|p| journal::read_knob(&p).ok());
     if json {
-        let v = serde_json::json!({
-            "journal": j.path(),
-            "records": entries,
-            "ksm": ksm,
-            "sysctl": { "vm.max_map_count": max_map_count },
-        });
+        let path = j.path();
+        let v = StatusJson {
+            journal: &path,
+            records: &entries,
+            ksm: &ksm,
+            sysctl: Sysctls { max_map_count },
+        };
         let text = serde_json::to_string_pretty(&v).map_err(|e| Error::Io(e.to_string()))?;
         outln!("{text}")?;
         return Ok(0);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes pagefold's HTTP API against api/openapi.yaml with schemathesis:
+# Fuzzes pagefold's HTTP API against api/openapi.json (the spec generated
+# from the server's code, api/src/openapi.rs) with schemathesis:
 # starts `pagefold serve` with one workload VM on a loopback TCP port, runs
 # every schemathesis check (5xx, schema conformance of status codes, headers
 # and bodies, negative data rejected, 405 on unknown methods...) for a
@@ -76,7 +77,7 @@ done
 curl -sf "$URL/health" >/dev/null
 
 status=0
-"$VENV/bin/schemathesis" run "$ROOT/api/openapi.yaml" \
+"$VENV/bin/schemathesis" run "$ROOT/api/openapi.json" \
     --url "$URL" \
     --checks all \
     --max-time "$SECONDS_BUDGET" \

@@ -22,13 +22,18 @@ fn require_curl() {
     );
 }
 
-/// `curl` over the socket; returns (status, body).
+/// `curl` over the socket to `path` under `/api/v1`; returns (status, body).
 fn curl(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    curl_at(sock, method, &format!("/api/v1{path}"), body)
+}
+
+/// `curl` over the socket to the absolute `path`; returns (status, body).
+fn curl_at(sock: &Path, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
     let mut c = Command::new("curl");
     c.args(["-s", "-m", "60", "-w", "\n%{http_code}", "--unix-socket"])
         .arg(sock)
         .args(["-X", method])
-        .arg(format!("http://localhost/api/v1{path}"));
+        .arg(format!("http://localhost{path}"));
     if body.is_some() {
         c.args([
             "-H",
@@ -178,6 +183,14 @@ fn serve_mode_vm_lifecycle_over_curl_and_cli() {
         "{metrics}"
     );
     assert!(metrics.contains("pagefold_vms 2\n"), "{metrics}");
+    // The conventional scrape path answers the same text format.
+    let (code, root) = curl_at(&sock, "GET", "/metrics", None);
+    assert_eq!(code, 200);
+    assert!(
+        root.contains("# TYPE pagefold_vm_state gauge\n")
+            && root.contains("pagefold_vm_state{vm=\"vm1\",state=\"paused\"} 1"),
+        "{root}"
+    );
     let v = curl_json(
         &sock,
         "PATCH",

@@ -1,7 +1,9 @@
 //! An HTTP/1.1 client for the API over the Unix socket (or loopback TCP),
 //! built on hyper's connection-level client: used by the CLI (blocking,
 //! one connection per command), the tests and the load generator (async,
-//! keep-alive [`Connection`]s).
+//! keep-alive [`Connection`]s). The CLI uses its typed calls
+//! ([`Client::health`], [`Client::vms`], [`Client::dedup`], ...), which
+//! answer the same types the handlers serialize.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,8 +14,16 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper_util::rt::TokioIo;
+use pagefold_dedup::DedupSettings;
+use pagefold_vmm::config::VmConfig;
+use pagefold_vmm::vm::VmInfo;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
+use crate::dedup_view::DedupView;
+use crate::view::{ErrorBody, Health};
+use crate::vms::{StatePatch, Target as VmTarget};
 use crate::PREFIX;
 
 /// Errors talking to the API.
@@ -33,6 +43,30 @@ pub enum ClientError {
     Timeout(Duration),
     #[error("client runtime: {0}")]
     Runtime(std::io::Error),
+    /// The server answered with an error status (its message).
+    #[error("{method} {path}: {message} ({status})")]
+    Status {
+        method: &'static str,
+        path: String,
+        status: u16,
+        message: String,
+    },
+    /// A success answer whose body is not the documented one.
+    #[error("{method} {path}: the API sent an unexpected body: {source}")]
+    Body {
+        method: &'static str,
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl ClientError {
+    /// True when the server refused the request as the client's fault
+    /// (4xx): bad input, no such VM, a conflict.
+    pub fn is_client_fault(&self) -> bool {
+        matches!(self, ClientError::Status { status, .. } if (400..500).contains(status))
+    }
 }
 
 /// Where the API is.
@@ -74,13 +108,15 @@ impl Reply {
 
     /// The server's `{"error": ...}` message, or the raw body.
     pub fn error_message(&self) -> String {
-        match self.json() {
-            Ok(v) => match v.get("error").and_then(Value::as_str) {
-                Some(m) => m.to_string(),
-                None => self.text(),
-            },
+        match serde_json::from_slice::<ErrorBody>(&self.body) {
+            Ok(e) => e.error,
             Err(_) => self.text(),
         }
+    }
+
+    /// The body as `T`.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.body)
     }
 }
 
@@ -118,6 +154,17 @@ impl Connection {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Reply, ClientError> {
+        self.send(method, path, body.map(|v| v.to_string().into_bytes()))
+            .await
+    }
+
+    /// Sends one request with an already encoded JSON body.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Reply, ClientError> {
         self.sender.ready().await?;
         let mut b = hyper::Request::builder()
             .method(method)
@@ -126,7 +173,7 @@ impl Connection {
         let payload = match body {
             Some(v) => {
                 b = b.header(CONTENT_TYPE, "application/json");
-                Bytes::from(v.to_string())
+                Bytes::from(v)
             }
             None => Bytes::new(),
         };
@@ -194,15 +241,121 @@ impl Client {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Reply, ClientError> {
+        self.send(method, path, body.map(|v| v.to_string().into_bytes()))
+    }
+
+    /// Sends `method` to `path` with an already encoded JSON body.
+    fn send(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Result<Reply, ClientError> {
         let full = format!("{PREFIX}{path}");
         self.rt.block_on(async {
             let work = async {
                 let mut c = Connection::open(&self.target).await?;
-                c.request(method, &full, body).await
+                c.send(method, &full, body).await
             };
             tokio::time::timeout(self.timeout, work)
                 .await
                 .map_err(|_| ClientError::Timeout(self.timeout))?
         })
     }
+}
+
+/// Typed calls: one per operation the CLI uses, each answering the body's
+/// type; an error status is [`ClientError::Status`].
+impl Client {
+    /// Sends `body` (as JSON) and checks the status.
+    fn typed(
+        &self,
+        method: &'static str,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<Reply, ClientError> {
+        let bytes = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|e| ClientError::Request(e.to_string()))?;
+        let r = self.send(method, path, bytes)?;
+        if r.is_success() {
+            Ok(r)
+        } else {
+            Err(status_error(method, path, &r))
+        }
+    }
+
+    /// `GET /health`. A 503 that carries a health body (the dedup engine
+    /// is stalled) is an answer, not an error.
+    pub fn health(&self) -> Result<Health, ClientError> {
+        let r = self.send("GET", "/health", None)?;
+        if r.status == 503 {
+            if let Ok(h) = r.decode::<Health>() {
+                return Ok(h);
+            }
+        }
+        if !r.is_success() {
+            return Err(status_error("GET", "/health", &r));
+        }
+        decode("GET", "/health", &r)
+    }
+
+    /// `GET /vms`.
+    pub fn vms(&self) -> Result<Vec<VmInfo>, ClientError> {
+        let r = self.typed("GET", "/vms", None::<&()>)?;
+        decode("GET", "/vms", &r)
+    }
+
+    /// `GET /dedup`; `None` when the process has no dedup backend (404).
+    pub fn dedup(&self) -> Result<Option<DedupView>, ClientError> {
+        let r = self.send("GET", "/dedup", None)?;
+        match r.status {
+            404 => Ok(None),
+            _ if r.is_success() => decode("GET", "/dedup", &r).map(Some),
+            _ => Err(status_error("GET", "/dedup", &r)),
+        }
+    }
+
+    /// `PATCH /dedup`: the new state.
+    pub fn patch_dedup(&self, p: &DedupSettings) -> Result<DedupView, ClientError> {
+        let r = self.typed("PATCH", "/dedup", Some(p))?;
+        decode("PATCH", "/dedup", &r)
+    }
+
+    /// `PUT /vms/{name}`: creates and starts the VM.
+    pub fn create_vm(&self, vc: &VmConfig) -> Result<VmInfo, ClientError> {
+        let path = format!("/vms/{}", vc.name);
+        let r = self.typed("PUT", &path, Some(vc))?;
+        decode("PUT", &path, &r)
+    }
+
+    /// `PATCH /vms/{name}`: pauses or resumes the VM.
+    pub fn set_vm_state(&self, name: &str, state: VmTarget) -> Result<VmInfo, ClientError> {
+        let path = format!("/vms/{name}");
+        let r = self.typed("PATCH", &path, Some(&StatePatch { state }))?;
+        decode("PATCH", &path, &r)
+    }
+
+    /// `DELETE /vms/{name}`.
+    pub fn delete_vm(&self, name: &str) -> Result<(), ClientError> {
+        self.typed("DELETE", &format!("/vms/{name}"), None::<&()>)
+            .map(drop)
+    }
+}
+
+fn status_error(method: &'static str, path: &str, r: &Reply) -> ClientError {
+    ClientError::Status {
+        method,
+        path: path.to_string(),
+        status: r.status,
+        message: r.error_message(),
+    }
+}
+
+fn decode<T: DeserializeOwned>(
+    method: &'static str,
+    path: &str,
+    r: &Reply,
+) -> Result<T, ClientError> {
+    r.decode().map_err(|source| ClientError::Body {
+        method,
+        path: path.to_string(),
+        source,
+    })
 }

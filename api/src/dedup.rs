@@ -4,62 +4,36 @@
 //! [`DedupSettings`], checked once as the CLI's `dedup set` words are (see
 //! [`crate::patch`]).
 
-use std::collections::BTreeMap;
-
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use pagefold_dedup::auto::{AutoError, AutoHandle};
-use pagefold_dedup::{DedupBackend, DedupSettings, Knobs};
-use serde::Serialize;
-use serde_json::Value;
+use pagefold_dedup::{DedupBackend, DedupSettings};
 
 use crate::body;
+use crate::dedup_view::DedupView;
 use crate::error::ApiError;
+use crate::responses::{BadRequest, Conflict, Internal, NoBackend, SlowBody, TooLarge};
 use crate::state::{blocking, AppState};
-
-/// A knob's valid range (inclusive), as `GET /dedup` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Limit {
-    pub min: u64,
-    pub max: u64,
-}
-
-/// The knobs' valid ranges, for clients, by knob name.
-pub fn limits() -> BTreeMap<&'static str, Limit> {
-    Knobs::RANGES
-        .into_iter()
-        .map(|(name, (min, max))| (name, Limit { min, max }))
-        .collect()
-}
-
-fn to_value(what: &str, v: impl Serialize) -> Result<Value, ApiError> {
-    serde_json::to_value(v).map_err(|e| ApiError::Internal(format!("serializing {what}: {e}")))
-}
 
 /// The `GET /dedup` body: every statistic, the knobs, their limits, and
 /// auto mode's status and settings when the backend has a controller.
-pub fn view(b: &dyn DedupBackend, auto: Option<&AutoHandle>) -> Result<Value, ApiError> {
-    let mut v = to_value("dedup stats", b.stats())?;
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| ApiError::Internal("dedup stats are not a JSON object".into()))?;
-    if obj.get("knobs").is_none_or(Value::is_null) {
-        obj.insert("knobs".into(), to_value("knobs", b.knobs())?);
-    }
-    obj.insert("limits".into(), to_value("limits", limits())?);
-    if let Some(a) = auto {
-        if !obj.contains_key("auto") {
-            obj.insert("auto".into(), to_value("auto status", a.status())?);
-        }
-        let settings = a.config().settings();
-        obj.insert("auto_config".into(), to_value("auto settings", settings)?);
-    }
-    Ok(v)
+pub fn view(b: &dyn DedupBackend, auto: Option<&AutoHandle>) -> Result<DedupView, ApiError> {
+    Ok(DedupView::new(
+        b.stats(),
+        b.knobs(),
+        auto.map(|a| (a.status(), a.config())),
+    ))
 }
 
-pub async fn get(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// Dedup mode, knobs and every statistic, engine-wide and per VM.
+#[utoipa::path(get, path = "/dedup", operation_id = "getDedup", tag = "dedup",
+    responses(
+        (status = 200, description = "Current state.", body = DedupView),
+        (status = 404, response = NoBackend),
+    ))]
+pub async fn get(State(s): State<AppState>) -> Result<Json<DedupView>, ApiError> {
     let b = s.backend()?;
     let auto = s.handle.auto().cloned();
     Ok(Json(
@@ -67,15 +41,28 @@ pub async fn get(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
     ))
 }
 
+/// Change the mode and/or knobs. Validated as a whole before anything
+/// changes.
+#[utoipa::path(patch, path = "/dedup", operation_id = "patchDedup", tag = "dedup",
+    request_body(content = DedupSettings, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Changed; the new state.", body = DedupView),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NoBackend),
+        (status = 408, response = SlowBody),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 500, response = Internal),
+    ))]
 pub async fn patch(
     State(s): State<AppState>,
     headers: HeaderMap,
     body: Body,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DedupView>, ApiError> {
     let b = s.backend()?;
     let auto = s.handle.auto().cloned();
     let p: DedupSettings = body::json(&headers, body, s.max_body, s.body_timeout).await?;
-    let v = blocking(move || -> Result<Value, ApiError> {
+    let v = blocking(move || -> Result<DedupView, ApiError> {
         // The one check of this input, before anything changes: a bad knob
         // never leaves the mode changed (or the other way round).
         let p = p

@@ -5,6 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use pagefold_vmm::control::RequestError;
 
+use crate::view::ErrorBody;
+
 /// Why a request failed, with the HTTP status each maps to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
@@ -79,7 +81,9 @@ impl IntoResponse for ApiError {
         if self.status().is_server_error() {
             log::warn!("API: {self}");
         }
-        let body = serde_json::json!({ "error": self.to_string() });
+        let body = ErrorBody {
+            error: self.to_string(),
+        };
         (self.status(), axum::Json(body)).into_response()
     }
 }

@@ -424,6 +424,59 @@ async fn metrics_are_prometheus_text() {
     );
 }
 
+/// `/metrics` (Prometheus' default scrape path) serves what
+/// `/api/v1/metrics` does; wrong methods there are a JSON 405 too.
+#[tokio::test]
+async fn metrics_are_also_at_the_conventional_path() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let app = app(&vmm);
+    let root = send(&app, "GET", "/metrics", None).await;
+    let api = send(&app, "GET", "/api/v1/metrics", None).await;
+    assert_eq!(root.status, StatusCode::OK);
+    assert_eq!(
+        root.headers[header::CONTENT_TYPE],
+        api.headers[header::CONTENT_TYPE]
+    );
+    let series = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| !l.starts_with("pagefold_vm_uptime_seconds"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(series(&root.text), series(&api.text));
+    assert!(root.text.contains("pagefold_vms 2\n"), "{}", root.text);
+    let post = send(&app, "POST", "/metrics", None).await;
+    assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert!(post.error().contains("not allowed"), "{}", post.error());
+}
+
+/// A scraper that asks for OpenMetrics (Prometheus does) gets it.
+#[tokio::test]
+async fn metrics_speak_openmetrics_when_asked() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let req = Request::builder()
+        .uri("/metrics")
+        .header(
+            header::ACCEPT,
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        )
+        .body(Body::empty())
+        .unwrap();
+    let resp = app(&vmm).oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers()[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text; version=1.0.0"));
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert!(
+        text.contains("# TYPE pagefold_dedup_merges counter\npagefold_dedup_merges_total "),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn unknown_routes_404_and_wrong_methods_405_as_json() {
     let vmm = FakeVmm::start(true, &["vm0"]);

@@ -2,8 +2,10 @@
 //! unknown paths and methods. Shared state is in [`crate::state`].
 
 use axum::http::{Method, Uri};
-use axum::routing::{get, put};
+use axum::routing::get;
 use axum::Router;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -17,22 +19,25 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}", uri.path()))
 }
 
-/// The whole API.
+/// Every route under [`PREFIX`], with its OpenAPI description: the one
+/// route table both the router and the spec ([`crate::openapi`]) come from.
+pub fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(crate::openapi::base())
+        .routes(routes!(system::health))
+        .routes(routes!(system::metrics))
+        .routes(routes!(system::shutdown))
+        .routes(routes!(dedup::get, dedup::patch))
+        .routes(routes!(vms::list))
+        .routes(routes!(vms::get, vms::put, vms::patch, vms::delete))
+}
+
+/// The whole API: the routes under [`PREFIX`], plus the metrics at
+/// `/metrics`, the path Prometheus scrapes by default.
 pub fn router(state: AppState) -> Router {
-    let p = |s: &str| format!("{PREFIX}{s}");
+    let (api, _) = api_routes().split_for_parts();
     Router::new()
-        .route(&p("/health"), get(system::health))
-        .route(&p("/metrics"), get(system::metrics))
-        .route(&p("/shutdown"), put(system::shutdown))
-        .route(&p("/dedup"), get(dedup::get).patch(dedup::patch))
-        .route(&p("/vms"), get(vms::list))
-        .route(
-            &p("/vms/{name}"),
-            get(vms::get)
-                .put(vms::put)
-                .patch(vms::patch)
-                .delete(vms::delete),
-        )
+        .nest(PREFIX, api.method_not_allowed_fallback(method_not_allowed))
+        .route("/metrics", get(system::metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

@@ -235,3 +235,37 @@ impl Drop for FakeVmm {
         }
     }
 }
+
+/// An auto-mode status with every field set (PSI too), so that tests see
+/// every figure: built field by field, so a field added to `AutoStatus`
+/// fails to compile here until the tests (and the view) know it.
+pub fn auto_status() -> pagefold_dedup::auto::AutoStatus {
+    pagefold_dedup::auto::AutoStatus {
+        auto_triggered: true,
+        scanning_factor: 4,
+        triggered_times: 2,
+        threshold_pct: 20,
+        max_scanning_factor: 16,
+        effective_max_scanning_factor: 8,
+        trigger_bytes: 200 << 20,
+        stop_bytes: 300 << 20,
+        total_bytes: 1 << 30,
+        free_bytes: 100 << 20,
+        available_bytes: 150 << 20,
+        memory_signal: pagefold_dedup::auto::MemorySignal::Available,
+        psi: Some(pagefold_dedup::auto::Psi {
+            some_avg10: 1.5,
+            some_avg60: 0.5,
+            full_avg10: 0.25,
+            full_avg60: 0.0,
+        }),
+        psi_pressure: false,
+        rounds: 40,
+        triggered_rounds: 12,
+        pages_to_scan: 100,
+        last_plan_pages: 400,
+        last_plan_merge: true,
+        sample_errors: 1,
+        last_error: Some("reading /proc/meminfo: interrupted".into()),
+    }
+}

@@ -10,10 +10,12 @@ use axum::Json;
 use pagefold_vmm::config::VmConfig;
 use pagefold_vmm::control::{Request, Response};
 use pagefold_vmm::vm::VmInfo;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::body;
 use crate::error::ApiError;
+use crate::responses::{BadRequest, Conflict, Internal, NotFound, SlowBody, TooLarge, Unavailable};
 use crate::state::{name, unexpected, AppState};
 
 fn vm(r: Response) -> Result<Json<VmInfo>, ApiError> {
@@ -23,10 +25,25 @@ fn vm(r: Response) -> Result<Json<VmInfo>, ApiError> {
     }
 }
 
+/// Every VM of the process.
+#[utoipa::path(get, path = "/vms", operation_id = "listVms", tag = "vms",
+    responses(
+        (status = 200, description = "The VMs.", body = Vec<crate::schema::VmInfoSchema>),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn list(State(s): State<AppState>) -> Result<Json<Vec<VmInfo>>, ApiError> {
     Ok(Json(s.vms().await?))
 }
 
+/// One VM.
+#[utoipa::path(get, path = "/vms/{name}", operation_id = "getVm", tag = "vms",
+    params(("name" = crate::schema::VmNameSchema, Path, description = "The VM's name.")),
+    responses(
+        (status = 200, description = "The VM.", body = crate::schema::VmInfoSchema),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn get(
     State(s): State<AppState>,
     p: Result<Path<String>, PathRejection>,
@@ -53,6 +70,20 @@ pub fn config_for(path_name: &str, mut v: serde_json::Value) -> Result<VmConfig,
     serde_json::from_value(v).map_err(|e| ApiError::BadRequest(format!("invalid VM config: {e}")))
 }
 
+/// Create and start a VM (same description as a `[[vm]]` table of the
+/// config file).
+#[utoipa::path(put, path = "/vms/{name}", operation_id = "createVm", tag = "vms",
+    params(("name" = crate::schema::VmNameSchema, Path, description = "The VM's name.")),
+    request_body(content = crate::schema::VmConfigSchema, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created and started.", body = crate::schema::VmInfoSchema),
+        (status = 400, response = BadRequest),
+        (status = 408, response = SlowBody),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 500, response = Internal),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn put(
     State(s): State<AppState>,
     p: Result<Path<String>, PathRejection>,
@@ -67,19 +98,35 @@ pub async fn put(
 }
 
 /// The states a client may ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(as = VmTarget)]
 #[serde(rename_all = "lowercase")]
 pub enum Target {
     Paused,
     Running,
 }
 
-#[derive(Debug, Deserialize)]
+/// The state to put the VM in.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[schema(as = VmStatePatch)]
 #[serde(deny_unknown_fields)]
 pub struct StatePatch {
     pub state: Target,
 }
 
+/// Pause or resume a VM.
+#[utoipa::path(patch, path = "/vms/{name}", operation_id = "setVmState", tag = "vms",
+    params(("name" = crate::schema::VmNameSchema, Path, description = "The VM's name.")),
+    request_body(content = StatePatch, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The VM in its new state.", body = crate::schema::VmInfoSchema),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 408, response = SlowBody),
+        (status = 409, response = Conflict),
+        (status = 413, response = TooLarge),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn patch(
     State(s): State<AppState>,
     p: Result<Path<String>, PathRejection>,
@@ -95,6 +142,15 @@ pub async fn patch(
     vm(s.call(req).await?)
 }
 
+/// Stop a VM and release its memory and dedup regions.
+#[utoipa::path(delete, path = "/vms/{name}", operation_id = "deleteVm", tag = "vms",
+    params(("name" = crate::schema::VmNameSchema, Path, description = "The VM's name.")),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 400, response = BadRequest),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    ))]
 pub async fn delete(
     State(s): State<AppState>,
     p: Result<Path<String>, PathRejection>,

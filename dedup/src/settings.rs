@@ -76,6 +76,11 @@ macro_rules! named {
 /// Run mode, as KSM's `run` plus the auto mode of the 2022 proposal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(
+    feature = "utoipa",
+    derive(utoipa::ToSchema),
+    schema(rename_all = "lowercase")
+)]
 pub enum Mode {
     /// No scanning, merged pages stay merged.
     #[default]
@@ -92,6 +97,11 @@ named!(Mode, UnknownMode, { Off => "off", On => "on", Unmerge => "unmerge", Auto
 /// Which `/proc/meminfo` figure counts as "free memory" in auto mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(
+    feature = "utoipa",
+    derive(utoipa::ToSchema),
+    schema(rename_all = "lowercase")
+)]
 pub enum MemorySignal {
     /// `MemFree`, what the 2022 proposal used (NR_FREE_PAGES). On a host that
     /// has done file I/O, page cache keeps it low although the memory is
@@ -120,9 +130,14 @@ named!(BackendKind, UnknownBackend, { Pagefold => "pagefold", Ksm => "ksm" });
 /// backend runs with. [`DedupSettings`] is the partial form that input
 /// parses into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Knobs {
+    // The schema's ranges are `RANGES` (pagefold-api's spec test checks).
+    #[cfg_attr(feature = "utoipa", schema(minimum = 1, maximum = 16777216))]
     pub pages_to_scan: u64,
+    #[cfg_attr(feature = "utoipa", schema(maximum = 60000))]
     pub sleep_millisecs: u64,
+    #[cfg_attr(feature = "utoipa", schema(minimum = 2, maximum = 65536))]
     pub max_page_sharing: u64,
 }
 
@@ -187,6 +202,7 @@ const HEADING: &str = "Deduplication";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct DedupSettings {
     /// Dedup mode (auto: merge only while host memory is short).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -198,22 +214,27 @@ pub struct DedupSettings {
     /// Pages scanned per wake-up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "clap", arg(long, value_name = "N", help_heading = HEADING))]
+    #[cfg_attr(feature = "utoipa", schema(minimum = 1, maximum = 16777216))]
     pub pages_to_scan: Option<u64>,
     /// Sleep between wake-ups, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "clap", arg(long, value_name = "MS", help_heading = HEADING))]
+    #[cfg_attr(feature = "utoipa", schema(maximum = 60000))]
     pub sleep_millisecs: Option<u64>,
     /// Most sites that may map one shared page.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "clap", arg(long, value_name = "N", help_heading = HEADING))]
+    #[cfg_attr(feature = "utoipa", schema(minimum = 2, maximum = 65536))]
     pub max_page_sharing: Option<u64>,
     /// Auto mode: merge while free memory is below this percent of RAM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "clap", arg(long, value_name = "PCT", help_heading = HEADING))]
+    #[cfg_attr(feature = "utoipa", schema(maximum = 100))]
     pub auto_threshold: Option<u64>,
     /// Auto mode: cap of the scanning factor (x pages_to_scan) while triggered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "clap", arg(long, value_name = "N", help_heading = HEADING))]
+    #[cfg_attr(feature = "utoipa", schema(minimum = 1))]
     pub max_scanning_factor: Option<u64>,
     /// Auto mode: which memory figure (MemFree or MemAvailable) is compared to the threshold.
     #[serde(default, skip_serializing_if = "Option::is_none")]

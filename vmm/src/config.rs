@@ -31,7 +31,7 @@ pub enum Error {
     Invalid(String),
 }
 
-/// The documented VM name pattern (also in api/openapi.yaml): names end up
+/// The documented VM name pattern (also in api/openapi.json): names end up
 /// in URL paths, CLI arguments, file names and metric labels, so `.`, `..`
 /// and names that look like options (`-rf`) are out.
 pub const VM_NAME_PATTERN: &str = "[A-Za-z0-9][A-Za-z0-9_.-]{0,63}";

@@ -14,7 +14,7 @@ use pagefold_dedup::{DedupBackend, RegionId, RegionSpec};
 use pagefold_devices::bus::Bus;
 use pagefold_devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use pagefold_devices::serial::{LinePrefixWriter, SerialDevice, COM1_BASE, COM1_IRQ, COM1_LEN};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -99,8 +99,9 @@ pub struct VmResources {
     pub prefix_output: bool,
 }
 
-/// A point-in-time view of a VM, for reports and the API.
-#[derive(Debug, Clone, Serialize)]
+/// A point-in-time view of a VM, for reports and the API (whose clients
+/// read it back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VmInfo {
     pub name: String,
     pub state: RunState,

@@ -142,17 +142,6 @@ impl AutoConfig {
         }
     }
 
-    /// The settings of this configuration that [`DedupSettings`] carries,
-    /// nothing else (what the API shows as `auto_config`).
-    pub fn settings(&self) -> DedupSettings {
-        DedupSettings {
-            auto_threshold: Some(self.threshold_pct),
-            max_scanning_factor: Some(self.max_scanning_factor),
-            memory_signal: Some(self.memory_signal),
-            ..DedupSettings::default()
-        }
-    }
-
     /// Checks every field. `total_bytes` and `pages_to_scan` bound
     /// `max_scanning_factor` to `1..=total RAM pages / pages_to_scan`.
     pub fn validate(&self, total_bytes: u64, pages_to_scan: u64) -> Result<(), AutoError> {

@@ -1,0 +1,204 @@
+//! Schema-only types: how the OpenAPI spec describes JSON whose Rust type
+//! lives in a crate without utoipa (the VMM's `VmConfig` and `VmInfo`; the
+//! dedup settings types derive their schemas behind pagefold-dedup's
+//! `utoipa` feature). These types never carry data; tests keep each in step
+//! with the real type (same fields, real values validate).
+
+#![allow(dead_code)]
+
+use utoipa::ToSchema;
+
+/// 1-64 characters of A-Z, a-z, 0-9, '_', '.', '-', starting with a letter
+/// or digit (so never `.`, `..` or `-x`).
+#[derive(ToSchema)]
+#[schema(as = VmName, pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+pub struct VmNameSchema(String);
+
+/// `stopped`: the VM finished (its outcome says how); it stays listed until
+/// deleted.
+#[derive(ToSchema)]
+#[schema(as = RunState)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStateSchema {
+    Running,
+    Paused,
+    Stopping,
+    Stopped,
+}
+
+#[derive(ToSchema)]
+#[schema(as = OutcomeKind)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeKindSchema {
+    GuestExit,
+    GuestReset,
+    GuestPowerOff,
+    GuestError,
+    VmmError,
+    Stopped,
+    Deleted,
+}
+
+/// Why a VM stopped (set once it is stopping): `kind`, plus `status`
+/// (guest_exit), `message` (guest_error, vmm_error) or `reason` (stopped).
+#[derive(ToSchema)]
+#[schema(as = Outcome)]
+pub struct OutcomeSchema {
+    kind: OutcomeKindSchema,
+    #[schema(nullable = false)]
+    status: Option<u32>,
+    #[schema(nullable = false)]
+    message: Option<String>,
+    #[schema(nullable = false)]
+    reason: Option<String>,
+}
+
+/// A VM as the API shows it.
+#[derive(ToSchema)]
+#[schema(as = VmInfo)]
+#[serde(deny_unknown_fields)]
+pub struct VmInfoSchema {
+    name: String,
+    state: RunStateSchema,
+    #[schema(minimum = 1, maximum = 255)]
+    vcpus: u8,
+    memory_bytes: u64,
+    /// The VM's dedup group; null when its RAM is not offered for dedup.
+    #[schema(required = true)]
+    dedup_group: Option<String>,
+    #[schema(required = true)]
+    outcome: Option<OutcomeSchema>,
+    #[schema(minimum = 0)]
+    uptime_s: f64,
+}
+
+/// A size: an integer number of MiB, or a string with a K, M, G or T suffix
+/// such as "256M", "1G". VM memory must be a whole number of MiB, at least
+/// 16 MiB; an odd number of MiB is rounded up to the next 2 MiB.
+#[derive(ToSchema)]
+#[schema(as = Size)]
+#[serde(untagged)]
+pub enum SizeSchema {
+    Mib(u64),
+    Text(String),
+}
+
+#[derive(ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SerialTarget {
+    Stdout,
+    Null,
+}
+
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SerialFile {
+    file: String,
+}
+
+/// Where serial output goes.
+#[derive(ToSchema)]
+#[schema(as = Serial)]
+#[serde(untagged)]
+pub enum SerialSchema {
+    Target(SerialTarget),
+    File(SerialFile),
+}
+
+#[derive(ToSchema)]
+#[schema(as = VmDedup)]
+#[serde(deny_unknown_fields)]
+pub struct VmDedupSchema {
+    #[schema(nullable = false, default = true)]
+    enabled: Option<bool>,
+    #[schema(min_length = 1)]
+    group: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[schema(as = Placement)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementSchema {
+    Linear,
+    Scattered,
+}
+
+#[derive(ToSchema)]
+#[schema(as = DiskConfig)]
+#[serde(deny_unknown_fields)]
+pub struct DiskSchema {
+    path: String,
+    #[schema(nullable = false)]
+    readonly: Option<bool>,
+}
+
+/// The built-in workload guest (docs/workload-guest.md).
+#[derive(ToSchema)]
+#[schema(as = WorkloadConfig)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSchema {
+    #[schema(nullable = false, default = 1)]
+    seed: Option<u64>,
+    private_seed: Option<u64>,
+    shared: Option<SizeSchema>,
+    private: Option<SizeSchema>,
+    #[schema(nullable = false, maximum = 1000)]
+    zero_permille: Option<u32>,
+    #[schema(nullable = false, maximum = 1000)]
+    dup_permille: Option<u32>,
+    #[schema(nullable = false, maximum = 1000)]
+    churn_permille: Option<u32>,
+    #[schema(nullable = false)]
+    churn_rate: Option<u32>,
+    #[schema(nullable = false)]
+    churn_ms: Option<u64>,
+    /// In order: fill, churn, verify, rewrite, disk-read, sleep:MS, wait[:MS].
+    #[schema(nullable = false)]
+    phases: Option<Vec<String>>,
+    /// Raw disk images the guest gets as virtio-blk devices.
+    #[schema(nullable = false)]
+    disks: Option<Vec<DiskSchema>>,
+    /// Disk 0 is a test image made with this seed (disk-read checks it).
+    disk_seed: Option<u64>,
+    /// Layout of the guest's pages in guest-physical memory
+    /// (docs/workload-guest.md, Placement); default linear.
+    #[schema(nullable = false)]
+    placement: Option<PlacementSchema>,
+    /// Scattered placement only; pages per extent (default 1).
+    #[schema(minimum = 1, maximum = 65536)]
+    extent_pages: Option<u32>,
+    /// Scattered placement only; seed of the permutation (default from the
+    /// VM name).
+    placement_seed: Option<u64>,
+}
+
+#[derive(ToSchema)]
+#[schema(as = KernelConfig)]
+#[serde(deny_unknown_fields)]
+pub struct KernelSchema {
+    path: String,
+    initrd: Option<String>,
+    #[schema(nullable = false)]
+    cmdline: Option<String>,
+    #[schema(nullable = false)]
+    disks: Option<Vec<DiskSchema>>,
+}
+
+/// A VM, as a `[[vm]]` table of the TOML config. `name` may be left out
+/// (the path's is used) and must equal the path's if given.
+#[derive(ToSchema)]
+#[schema(as = VmConfig)]
+#[serde(deny_unknown_fields)]
+pub struct VmConfigSchema {
+    #[schema(nullable = false)]
+    name: Option<VmNameSchema>,
+    #[schema(nullable = false, minimum = 1, maximum = 64, default = 1)]
+    vcpus: Option<u8>,
+    memory: SizeSchema,
+    #[schema(nullable = false)]
+    serial: Option<SerialSchema>,
+    #[schema(nullable = false)]
+    dedup: Option<VmDedupSchema>,
+    workload: Option<WorkloadSchema>,
+    kernel: Option<KernelSchema>,
+}
