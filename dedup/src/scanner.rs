@@ -1179,7 +1179,18 @@ impl Core {
         let h = fold(h64);
         self.cur_hi = (h64 >> 32) as u32;
         self.note_run(Some(h));
-        let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted;
+        // KSM's volatility rule: a page whose hash changed since its previous
+        // visit is not a candidate this pass. A page seen for the first time
+        // has no previous hash; it is a candidate at once (unless zero, see
+        // below), as KSM's stable-tree matches are: nothing says it is
+        // changing, and the final compare under write-protection decides
+        // every merge. Waiting a pass for it doubled the CPU and the time to
+        // merge a new VM (`cargo bench -p pagefold-dedup --bench converge`,
+        // docs/engine.md). A first-seen zero page still waits a pass: guests
+        // zero pages just before they fill them.
+        let first_sight = kind == NEW && h != self.zero_hash;
+        let unchanged =
+            (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted || first_sight;
         let group = self.regions[ri].group;
         {
             let r = &mut self.regions[ri];
