@@ -94,7 +94,7 @@ impl Server {
                 let d = self.call("GET", "/dedup", None, 200);
                 panic!(
                     "{a}/{b} (group {group}) not merged {:?} after creation: mode {} \
-                     full_scans {} last_wakeup_age_ms {} per_owner {}",
+                     full_scans {} last_wakeup_age_ms {} per_owner {}; all figures: {d}",
                     t0.elapsed(),
                     d["mode"],
                     d["full_scans"],

@@ -28,6 +28,18 @@ pub fn is_zero(page: &[u8]) -> bool {
     pre.iter().all(|&b| b == 0) && mid.iter().all(|&w| w == 0) && post.iter().all(|&b| b == 0)
 }
 
+/// Cache lines `sampled_lines_agree` compares: the first, one in the
+/// middle, the last.
+const SAMPLED_LINES: [usize; 3] = [0, PAGE_SIZE / 2, PAGE_SIZE - 64];
+
+/// True if two pages agree on a few sampled cache lines: a cheap filter
+/// before a guess that a full compare will check anyway (a page that
+/// differs from its run's next pool page usually differs in its first
+/// line). Not a proof of equality.
+pub fn sampled_lines_agree(a: &[u8], b: &[u8]) -> bool {
+    SAMPLED_LINES.iter().all(|&o| a[o..o + 64] == b[o..o + 64])
+}
+
 /// The folded hash of the zero page under `f`.
 pub fn zero_hash(f: HashFn) -> u32 {
     fold(f(&[0u8; PAGE_SIZE]))
@@ -36,6 +48,20 @@ pub fn zero_hash(f: HashFn) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampled_lines_agree_looks_at_first_middle_and_last_line() {
+        let a = vec![7u8; PAGE_SIZE];
+        let mut b = a.clone();
+        assert!(sampled_lines_agree(&a, &b));
+        b[100] = 0; // outside the sampled lines
+        assert!(sampled_lines_agree(&a, &b));
+        for o in [0, PAGE_SIZE / 2 + 63, PAGE_SIZE - 1] {
+            let mut c = a.clone();
+            c[o] = 0;
+            assert!(!sampled_lines_agree(&a, &c), "byte {o}");
+        }
+    }
 
     #[test]
     fn zero_detection() {

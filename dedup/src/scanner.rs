@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use crate::assist::{AssistConfig, Census, KsmAssist};
 use crate::backend::{Knobs, RegionId};
 use crate::fault::ProtState;
-use crate::hash::{fold, is_zero, HashFn};
+use crate::hash::{fold, is_zero, sampled_lines_agree, HashFn};
 use crate::index::{StableIndex, UnstableIndex};
 use crate::merge::{self, Ctx, MapBudget, Op, OpKind, CHUNK_PAGES};
 use crate::pagemap::{Entry, Pagemap};
@@ -1174,23 +1174,21 @@ impl Core {
                 return Some(s);
             }
         }
+        if kind == NEW && merge && !self.trusted && !region::needs_rehash(st) {
+            if let Some(s) = self.continue_run_unhashed(ri, p, prev, page, ops) {
+                return Some(s);
+            }
+        }
         self.counters.pages_hashed += 1;
         let h64 = (self.hash_fn)(page);
         let h = fold(h64);
         self.cur_hi = (h64 >> 32) as u32;
         self.note_run(Some(h));
-        // KSM's volatility rule: a page whose hash changed since its previous
-        // visit is not a candidate this pass. A page seen for the first time
-        // has no previous hash; it is a candidate at once (unless zero, see
-        // below), as KSM's stable-tree matches are: nothing says it is
-        // changing, and the final compare under write-protection decides
-        // every merge. Waiting a pass for it doubled the CPU and the time to
-        // merge a new VM (`cargo bench -p pagefold-dedup --bench converge`,
-        // docs/engine.md). A first-seen zero page still waits a pass: guests
-        // zero pages just before they fill them.
+        // KSM's volatility rule: only a page whose hash is unchanged since its
+        // previous visit is a candidate. A page seen for the first time may
+        // still join an existing pool slot at once (see `join_first_seen`).
         let first_sight = kind == NEW && h != self.zero_hash;
-        let unchanged =
-            (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted || first_sight;
+        let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted;
         let group = self.regions[ri].group;
         {
             let r = &mut self.regions[ri];
@@ -1204,9 +1202,15 @@ impl Core {
             if !unchanged {
                 r.set_volatile(p, true);
                 r.state[p] = region::with_level(r.state[p], 0);
-                return None;
+            } else {
+                r.set_volatile(p, false);
             }
-            r.set_volatile(p, false);
+        }
+        if !unchanged {
+            if first_sight && merge {
+                return self.join_first_seen(ri, p, h, prev, page, ops);
+            }
+            return None;
         }
         if !merge {
             return None;
@@ -1336,6 +1340,113 @@ impl Core {
             in_pool,
         });
         Some(s)
+    }
+
+    /// A page seen for the first time (just hashed) joins an existing pool
+    /// slot at once, if `choose` would make it a plain join (the left
+    /// neighbour's next slot, or a stable-index slot with room): a new VM
+    /// whose content the pool already holds merges in its first pass
+    /// instead of its second, and its first pass hashes each page once.
+    /// Pairs and new slots still wait for a page seen unchanged (KSM's
+    /// volatility rule): pairing pages at first sight while guests were
+    /// still filling them formed pairs in whatever order the fill fronts
+    /// met the scan, and each took a VMA (two 64 MiB workload VMs: 1,500
+    /// to 3,600 VMAs against 430, and the KSM assist engaged for a layout
+    /// that is linear). The final compare under write-protection decides
+    /// the merge; a failed one leaves the page HASHED with this hash.
+    #[allow(clippy::too_many_arguments)]
+    fn join_first_seen(
+        &mut self,
+        ri: usize,
+        p: usize,
+        h: u32,
+        prev: Option<u32>,
+        page: &[u8],
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let group = self.regions[ri].group;
+        let s = self.existing_target(h, group, prev, page)?;
+        let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
+        if !extends && self.scattered_now(group) {
+            return None;
+        }
+        self.note_planned(group, 1, u64::from(!extends));
+        let r = &mut self.regions[ri];
+        let old = r.state[p];
+        let in_pool = r.in_pool(p);
+        r.state[p] = region::with_kind(old, MERGED);
+        r.word[p] = s;
+        self.pool.add_mapper(s);
+        ops.push(Op {
+            region: ri,
+            page: p,
+            slot: s,
+            kind: OpKind::Existing,
+            hash: h,
+            old_state: old,
+            in_pool,
+        });
+        Some(s)
+    }
+
+    /// Continues a run of merges without hashing a first-seen page: when its
+    /// two left neighbours are merged onto consecutive pool slots `ps - 1`
+    /// and `ps`, the page is planned onto `ps + 1` (the slot `choose` tries
+    /// first) if that slot can take a mapper and, when already written,
+    /// agrees with the page on a few sampled cache lines. Identical guests
+    /// and page-cache extents repeat runs of content, so most of a new VM's
+    /// pages continue a run: this skips their hash (15 % of the engine's
+    /// merge CPU, `converge -- identical max`). The final compare under
+    /// write-protection decides the merge as always; a wrong guess costs
+    /// that compare, and the page keeps `REHASH` and kind NEW, so its next
+    /// visit hashes it (first sight makes it a candidate there).
+    fn continue_run_unhashed(
+        &mut self,
+        ri: usize,
+        p: usize,
+        prev: Option<u32>,
+        page: &[u8],
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let ps = prev?;
+        let r = &self.regions[ri];
+        let group = r.group;
+        if p < 2 || region::kind(r.state[p - 2]) != MERGED || r.word[p - 2].wrapping_add(1) != ps {
+            return None;
+        }
+        let s1 = ps.wrapping_add(1);
+        if s1 == 0 {
+            return None;
+        }
+        let st = self.pool.state(s1);
+        let m = self.pool.meta(s1);
+        let usable = match st {
+            SlotState::Reserved => true,
+            SlotState::Written => sampled_lines_agree(page, self.pool.page(s1)),
+            _ => false,
+        };
+        if !usable || m.group != group || (m.mappers as u64) >= self.knobs.max_page_sharing {
+            return None;
+        }
+        self.note_run(Some(m.hash));
+        self.note_planned(group, 1, 0);
+        let r = &mut self.regions[ri];
+        // Kept in `old_state`: restored with it if the merge fails.
+        let old = r.state[p] | region::REHASH;
+        let in_pool = r.in_pool(p);
+        r.state[p] = region::with_kind(old, MERGED);
+        r.word[p] = s1;
+        self.pool.add_mapper(s1);
+        ops.push(Op {
+            region: ri,
+            page: p,
+            slot: s1,
+            kind: OpKind::Existing,
+            hash: 0,
+            old_state: old,
+            in_pool,
+        });
+        Some(s1)
     }
 
     /// `choose`'s answer when it is a plain join of an existing slot, by the

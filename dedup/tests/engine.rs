@@ -393,6 +393,55 @@ fn join_without_rehash_never_merges_a_changed_page_and_rehashes_it() {
     e.shutdown();
 }
 
+/// A first-seen page whose two left neighbours merged onto consecutive
+/// slots is planned onto the next slot without hashing; a page that differs
+/// outside the sampled lines fails the final compare and keeps its content,
+/// one that differs in a sampled line is hashed as usual.
+#[test]
+fn a_run_continues_without_hashing_and_a_wrong_guess_loses_nothing() {
+    let e = engine(256);
+    let (a, b, c) = (Mem::new(16), Mem::new(16), Mem::new(16));
+    for i in 0..16 {
+        a.fill(i, 500 + i as u64);
+        b.fill(i, 500 + i as u64);
+        c.fill(i, 500 + i as u64);
+    }
+    // SAFETY: in bounds of c's page 10 and 12; no engine runs yet.
+    unsafe {
+        *c.page_ptr(10).add(100) ^= 0xff; // between sampled lines
+        *c.page_ptr(12) ^= 0xff; // in the first line
+    }
+    let (want10, want12) = (c.read(10), c.read(12));
+    let _ra = a.register(&e, "vm-a", "g");
+    let _rb = b.register(&e, "vm-b", "g");
+    e.scan_now(2);
+    assert_eq!(e.stats().pages_sharing, 16);
+    // c is new, and the pool holds its content: its first pass joins.
+    let _rc = c.register(&e, "vm-c", "g");
+    let (h0, ab0) = (e.pages_hashed(), e.abandoned());
+    e.scan_now(1);
+    // Hashed: pages 0 and 1 (no run yet), 12 (sample differs), 13 and 14
+    // (the run restarts); the other 11 continued the run unhashed, page 10
+    // wrongly (abandoned at the final compare).
+    assert_eq!(e.pages_hashed() - h0, 5);
+    assert_eq!(e.abandoned() - ab0, 1);
+    assert_eq!(e.stats().pages_sharing, 16 + 14, "{:?}", e.stats());
+    assert_eq!(c.read(10), want10);
+    assert_eq!(c.read(12), want12);
+    for i in (0..16).filter(|&i| i != 10 && i != 12) {
+        assert_eq!(c.read(i), pattern(500 + i as u64), "page {i}");
+    }
+    e.check_consistency().unwrap();
+    // The wrong guess is hashed at its next visit (unique: not merged).
+    let h1 = e.pages_hashed();
+    e.scan_now(1);
+    assert!(e.pages_hashed() > h1);
+    assert_eq!(e.stats().pages_sharing, 30);
+    assert_eq!(c.read(10), want10);
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
+
 /// Soak finding (2026-11-30): a region registered while the unstable index
 /// still held pages of a removed region that sat after an older one made the
 /// index's grow read past the end of that older region (`then_some` evaluated
