@@ -2,7 +2,7 @@
 //! `cargo run -p pagefold-api --example openapi > api/openapi.json`.
 
 fn main() {
-    match pagefold_api::openapi::json() {
+    match pagefold_api::spec::json() {
         Ok(y) => print!("{y}"),
         Err(e) => {
             eprintln!("{e}");

@@ -29,6 +29,7 @@ pub mod router;
 pub mod schema;
 pub mod server;
 pub mod socket;
+pub mod spec;
 pub mod state;
 pub mod system;
 pub mod view;

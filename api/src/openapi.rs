@@ -1,19 +1,14 @@
-//! The OpenAPI description of the API, generated from the handlers' and
-//! bodies' annotations (utoipa) by the same route table that builds the
-//! router ([`crate::router::api_routes`]), so a route cannot be served and
-//! left undocumented or the other way round. `api/openapi.json` is this
-//! spec, committed for tools that want a file (scripts/api-fuzz.sh,
-//! clients); a test fails when the two differ.
+//! The frame of the OpenAPI description (info, servers, shared responses).
+//! The route table ([`crate::router::api_routes`]) adds the paths from the
+//! handlers' annotations (utoipa), and [`crate::spec`] takes the whole spec
+//! from it, so a route cannot be served and left undocumented or the other
+//! way round.
 
 use utoipa::OpenApi;
 
 use crate::responses::{
     BadRequest, Conflict, Internal, NoBackend, NotFound, SlowBody, TooLarge, Unavailable,
 };
-
-/// How to bring `api/openapi.json` up to date.
-pub const REGENERATE: &str =
-    "cargo run -p pagefold-api --example openapi > api/openapi.json (or UPDATE_OPENAPI=1 cargo test -p pagefold-api openapi)";
 
 /// What the derived paths do not say: the API as a whole.
 #[derive(OpenApi)]
@@ -44,21 +39,4 @@ struct ApiDoc;
 /// the paths and their schemas.
 pub fn base() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
-}
-
-/// The whole spec.
-pub fn spec() -> utoipa::openapi::OpenApi {
-    crate::router::api_routes().split_for_parts().1
-}
-
-/// The spec could not be written out.
-#[derive(Debug, thiserror::Error)]
-#[error("writing the OpenAPI spec as JSON: {0}")]
-pub struct SpecError(#[from] serde_json::Error);
-
-/// The spec as committed in `api/openapi.json`: pretty JSON, ending in a
-/// newline. JSON rather than YAML: YAML 1.1 readers (PyYAML, so
-/// schemathesis) take the unquoted mode names `off` and `on` for booleans.
-pub fn json() -> Result<String, SpecError> {
-    Ok(spec().to_pretty_json()? + "\n")
 }

@@ -26,7 +26,7 @@ fn spec() -> Value {
 /// The committed spec is the generated one; `UPDATE_OPENAPI=1` rewrites it.
 #[test]
 fn committed_openapi_is_generated() {
-    let generated = crate::openapi::json().unwrap();
+    let generated = crate::spec::json().unwrap();
     if std::env::var_os("UPDATE_OPENAPI").is_some_and(|v| v == "1") {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
         std::fs::write(path, &generated).unwrap();
@@ -35,7 +35,7 @@ fn committed_openapi_is_generated() {
     assert!(
         generated == COMMITTED,
         "api/openapi.json is not the spec the code generates; regenerate it: {}",
-        crate::openapi::REGENERATE
+        crate::spec::REGENERATE
     );
 }
 
