@@ -481,8 +481,8 @@ mod tests {
 
     #[test]
     fn vm_files_parse_in_all_forms() {
-        let d = std::env::temp_dir().join(format!("pf-cli-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
         let many = d.join("many.toml");
         std::fs::write(
             &many,
@@ -504,7 +504,6 @@ mod tests {
         let bad = d.join("bad.toml");
         std::fs::write(&bad, "nme = 1\n").unwrap();
         assert!(matches!(vms_from_file(&bad), Err(Error::Usage(_))));
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]

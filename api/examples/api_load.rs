@@ -168,8 +168,11 @@ fn main() {
     );
     let clients: usize = args.get(2).map_or(100, |s| s.parse().unwrap());
     let seconds: u64 = args.get(3).map_or(30, |s| s.parse().unwrap());
-    let dir = std::env::temp_dir().join(format!("pagefold-api-load-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new()
+        .prefix("pagefold-api-load-")
+        .tempdir()
+        .unwrap();
+    let dir = tmp.path().to_path_buf();
 
     // Baseline: the same VMs, no API clients.
     let mut base = start(&bin, &dir, "base");
@@ -239,5 +242,4 @@ fn main() {
         churn_rate(&loaded.json)
     );
     let _ = (&mut base, &mut loaded);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -23,8 +23,6 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::seed::SeedReport;
-
 /// Width of the picture (pixels; SVG user units).
 pub const WIDTH: u32 = 960;
 /// Height of one panel.
@@ -374,37 +372,6 @@ pub fn png_path(svg_path: &str) -> String {
         Some(stem) => format!("{stem}.png"),
         None => format!("{svg_path}.png"),
     }
-}
-
-/// `pages_sharing + zero_pages` over time, one panel per shape, one line
-/// per system.
-pub fn seed_chart(report: &SeedReport) -> Chart {
-    let mut shapes: Vec<_> = report.series.iter().map(|s| s.shape).collect();
-    shapes.sort_by_key(|c| c.to_string());
-    shapes.dedup();
-    let panels: Vec<Panel> = shapes
-        .iter()
-        .map(|&shape| Panel {
-            title: format!("ksm-seed, {shape}: pages_sharing + zero_pages over time"),
-            x_label: "time since merging was switched on (s, log scale)".into(),
-            y_label: "pages_sharing + zero_pages".into(),
-            log_x: true,
-            lines: report
-                .series
-                .iter()
-                .filter(|s| s.shape == shape)
-                .map(|s| Line {
-                    name: s.system.clone(),
-                    points: s
-                        .samples
-                        .iter()
-                        .map(|p| (p.t_s, (p.pages_sharing + p.zero_pages) as f64))
-                        .collect(),
-                })
-                .collect(),
-        })
-        .collect();
-    Chart::new(panels)
 }
 
 #[cfg(test)]

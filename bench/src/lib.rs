@@ -60,7 +60,7 @@ pub use build_linux_report::{
 pub use build_linux_run::run_linux_build_bench;
 pub use build_report::{build_chart, build_json, build_markdown, build_table};
 pub use chart::{
-    nice_step, png_path, seed_chart, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
+    nice_step, png_path, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
 };
 pub use disk_copy::{copy_disk, CopyKind};
 pub use error::BenchError;
@@ -75,10 +75,12 @@ pub use pagefold_guest_abi::build::TreeSpec;
 pub use ratio::{fmt_ratio, ratio, Goal};
 pub use region::{Region, Shape, PAGE, SCATTERED_REGION_BYTES, SCATTERED_SEED, SEED_REGION_BYTES};
 pub use report::{
-    cpu_vs_ksm_max, fill_pct_of_ksm, rows_json, seed_goals, seed_markdown, speedup_vs_ksm_default,
+    cpu_vs_ksm_max, rows_json, seed_chart, seed_goals, seed_markdown, speedup_vs_ksm_default,
     table, write_file,
 };
-pub use seed::{run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series};
+pub use seed::{
+    fill_pct_of_ksm, run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series,
+};
 pub use settle::{Sample, Settled, Settler};
 pub use system::{
     all_systems, engine_factory, ksm_systems, select_systems, BackendFactory, System,

@@ -4,9 +4,10 @@
 
 use std::fmt::Write as _;
 
+use crate::chart::{Chart, Line, Panel};
 use crate::error::BenchError;
 use crate::ratio::{fmt_ratio, ratio, Goal};
-use crate::seed::{SeedReport, SeedRow};
+use crate::seed::{saved, SeedReport, SeedRow};
 use crate::target::Case;
 
 fn find<'a>(rows: &'a [SeedRow], system: &str, case: Case) -> Option<&'a SeedRow> {
@@ -16,38 +17,6 @@ fn find<'a>(rows: &'a [SeedRow], system: &str, case: Case) -> Option<&'a SeedRow
 fn num(v: Option<f64>, prec: usize) -> String {
     v.map(|v| format!("{v:.prec$}"))
         .unwrap_or_else(|| "-".into())
-}
-
-/// Pages a run freed: merged duplicates plus zero pages.
-fn saved(r: &SeedRow) -> u64 {
-    r.pages_sharing + r.zero_pages
-}
-
-/// Is `name` one of the kernel-KSM systems?
-fn is_ksm(name: &str) -> bool {
-    name.starts_with("ksm-")
-}
-
-/// Fills every row's `pct_of_ksm_saving`: its saving as % of the largest
-/// saving a kernel-KSM system reached in the same case. KSM at any effort
-/// ends at the same saving when it converges; the largest is what KSM
-/// showed it can do, also when one KSM setting timed out.
-pub fn fill_pct_of_ksm(rows: &mut [SeedRow]) {
-    let best: Vec<(Case, u64)> = rows
-        .iter()
-        .filter(|r| is_ksm(&r.system))
-        .map(|r| (r.shape, saved(r)))
-        .collect();
-    for r in rows.iter_mut() {
-        let ksm = best
-            .iter()
-            .filter(|(c, _)| *c == r.shape)
-            .map(|&(_, s)| s)
-            .max();
-        r.pct_of_ksm_saving = ksm
-            .filter(|&k| k > 0)
-            .map(|k| saved(r) as f64 * 100.0 / k as f64);
-    }
 }
 
 fn opt_u64(v: Option<u64>) -> String {
@@ -260,6 +229,37 @@ pub fn write_file(path: &str, text: &str) -> Result<(), BenchError> {
     })
 }
 
+/// `pages_sharing + zero_pages` over time, one panel per shape, one line
+/// per system.
+pub fn seed_chart(report: &SeedReport) -> Chart {
+    let mut shapes: Vec<_> = report.series.iter().map(|s| s.shape).collect();
+    shapes.sort_by_key(|c| c.to_string());
+    shapes.dedup();
+    let panels: Vec<Panel> = shapes
+        .iter()
+        .map(|&shape| Panel {
+            title: format!("ksm-seed, {shape}: pages_sharing + zero_pages over time"),
+            x_label: "time since merging was switched on (s, log scale)".into(),
+            y_label: "pages_sharing + zero_pages".into(),
+            log_x: true,
+            lines: report
+                .series
+                .iter()
+                .filter(|s| s.shape == shape)
+                .map(|s| Line {
+                    name: s.system.clone(),
+                    points: s
+                        .samples
+                        .iter()
+                        .map(|p| (p.t_s, (p.pages_sharing + p.zero_pages) as f64))
+                        .collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    Chart::new(panels)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,7 +379,7 @@ mod tests {
         km.vmas = Some(45);
         km.possible_saving = Some(131072);
         let mut rows = vec![row("ksm-default", SCATTERED, 150.0, 6.0, 131000), km, pm];
-        fill_pct_of_ksm(&mut rows);
+        crate::seed::fill_pct_of_ksm(&mut rows);
         SeedReport {
             rows,
             series: vec![],
@@ -433,7 +433,7 @@ mod tests {
     #[test]
     fn no_ksm_row_no_percentage() {
         let mut rows = vec![row("pagefold-max", FULL, 1.0, 0.2, 100)];
-        fill_pct_of_ksm(&mut rows);
+        crate::seed::fill_pct_of_ksm(&mut rows);
         assert_eq!(rows[0].pct_of_ksm_saving, None);
     }
 
