@@ -31,6 +31,9 @@ use crate::PAGE_SIZE;
 /// Most pages protected at once: bounds how long a writer waits (~50 us).
 pub const CHUNK_PAGES: usize = 64;
 
+/// `exec_chunk`'s mark for a window page without an op.
+const NO_OP: u8 = u8::MAX;
+
 /// Errors of the merge path (all are handled by abandoning the chunk).
 #[derive(Debug, thiserror::Error)]
 pub enum MergeError {
@@ -114,6 +117,28 @@ impl<'a> Busy<'a> {
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
+        let all = if self.n == 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.n) - 1
+        };
+        // One ioctl (one TLB flush) for the whole range when pages were
+        // remapped between original ones: the remapped pages are pool
+        // mappings registered again (step 5) and carry no write-protection,
+        // so clearing it there changes nothing. Per-run unprotects cost a
+        // flush each, which on a host whose IPIs trap (nested, PVM) is most
+        // of the engine's CPU. If the range has an unregistered VMA (a
+        // failed re-register), this fails and the runs are done one by one.
+        if self.original != 0
+            && self.original != all
+            && self
+                .ctx
+                .uffd
+                .unprotect(self.addr, self.n * PAGE_SIZE)
+                .is_ok()
+        {
+            self.original = 0;
+        }
         let mut i = 0;
         while i < self.n {
             if self.original & (1 << i) == 0 {
@@ -147,11 +172,23 @@ pub struct ChunkResult {
     pub done: u64,
     /// Bit i: for a `New` op, the slot was written (usable by others).
     pub written: u64,
+    /// The window could not be write-protected, so nothing was done (e.g.
+    /// a VMA in it is not registered): the caller may retry its ops in
+    /// windows without gaps.
+    pub protect_failed: bool,
 }
 
-/// Executes `ops` (consecutive pages of the region at `base`, in order).
+/// Executes `ops`: pages of the region at `base` in ascending order, all
+/// within one window of at most [`CHUNK_PAGES`] pages (gaps allowed).
 /// `continues_left`: the page before `ops[0]` maps slot `ops[0].slot - 1`
 /// (the first run then extends that VMA instead of creating one).
+///
+/// The whole window is write-protected, checked and released with one
+/// ioctl each, gap pages included (a guest write there waits for the
+/// window like one to an op's page): scattered merges then cost one
+/// protect, one pagemap read, one register and one unprotect per window
+/// instead of per page; each protect and unprotect is a TLB flush of every
+/// CPU running the VM.
 pub fn exec_chunk(
     ctx: &Ctx<'_>,
     pool: &mut Pool,
@@ -161,15 +198,24 @@ pub fn exec_chunk(
     budget: &mut MapBudget,
 ) -> ChunkResult {
     let mut res = ChunkResult::default();
-    let n = ops.len();
-    if n == 0 {
+    let Some(last) = ops.last() else {
         return res;
+    };
+    let first = ops[0].page;
+    let n = last.page - first + 1;
+    debug_assert!(n <= CHUNK_PAGES);
+    // at[o]: index in `ops` of the op at window offset o.
+    let mut at = [NO_OP; CHUNK_PAGES];
+    for (k, op) in ops.iter().enumerate() {
+        at[op.page - first] = k as u8;
     }
-    let addr0 = base + ops[0].page * PAGE_SIZE;
+    let op_at = |o: usize| &ops[at[o] as usize];
+    let addr0 = base + first * PAGE_SIZE;
     let mut busy = match Busy::protect(ctx, addr0, n) {
         Ok(b) => b,
         Err(e) => {
             log::debug!("pagefold: protect failed, chunk abandoned: {e}");
+            res.protect_failed = true;
             return res;
         }
     };
@@ -177,14 +223,18 @@ pub fn exec_chunk(
     if ctx.pagemap.read(addr0, &mut pm[..n]).is_err() {
         return res;
     }
-    // Steps 2-3: verify protection, final compare.
-    let mut ok = 0u64;
-    for (i, op) in ops.iter().enumerate() {
-        let e = pm[i];
+    // Steps 2-3: verify protection, final compare. Masks by window offset.
+    let (mut ok, mut written, mut done) = (0u64, 0u64, 0u64);
+    for (o, &k) in at[..n].iter().enumerate() {
+        if k == NO_OP {
+            continue;
+        }
+        let op = &ops[k as usize];
+        let e = pm[o];
         if !(e.present() && e.uffd_wp() && !e.file()) {
             continue;
         }
-        let addr = addr0 + i * PAGE_SIZE;
+        let addr = addr0 + o * PAGE_SIZE;
         // SAFETY: the page is mapped (register contract) and write-protected,
         // so no one writes it while we read it.
         let page = unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) };
@@ -193,7 +243,7 @@ pub fn exec_chunk(
                 if pool.state(op.slot) == SlotState::Reserved {
                     // SAFETY: `page` is a readable, protected page.
                     unsafe { pool.write(op.slot, page.as_ptr()) };
-                    res.written |= 1 << i;
+                    written |= 1 << o;
                     true
                 } else {
                     false
@@ -205,10 +255,10 @@ pub fn exec_chunk(
             OpKind::Zero => is_zero(page),
         };
         if good {
-            ok |= 1 << i;
+            ok |= 1 << o;
         }
     }
-    // Step 4: remap runs / drop zero runs.
+    // Step 4: remap runs / drop zero runs (runs of adjacent op pages).
     #[derive(PartialEq, Eq, Clone, Copy)]
     enum Class {
         Pool,
@@ -229,12 +279,12 @@ pub fn exec_chunk(
             continue;
         }
         let s = i;
-        let c = class(&ops[i]);
+        let c = class(op_at(i));
         i += 1;
         while i < n
             && ok & (1 << i) != 0
-            && class(&ops[i]) == c
-            && (c != Class::Pool || ops[i].slot == ops[i - 1].slot + 1)
+            && class(op_at(i)) == c
+            && (c != Class::Pool || op_at(i).slot == op_at(i - 1).slot + 1)
         {
             i += 1;
         }
@@ -246,7 +296,7 @@ pub fn exec_chunk(
         let (a, l) = (addr0 + s * PAGE_SIZE, (i - s) * PAGE_SIZE);
         if c == Class::ZeroDontneed {
             match mm::madvise(a, l, libc::MADV_DONTNEED) {
-                Ok(()) => res.done |= run_mask,
+                Ok(()) => done |= run_mask,
                 Err(e) => log::warn!("pagefold: zero-page drop: {e}"),
             }
             continue;
@@ -257,13 +307,13 @@ pub fn exec_chunk(
             continue;
         }
         let r = if c == Class::Pool {
-            mm::map_pool_fixed(a, l, pool.raw_fd(), ops[s].slot as u64 * PAGE_SIZE as u64)
+            mm::map_pool_fixed(a, l, pool.raw_fd(), op_at(s).slot as u64 * PAGE_SIZE as u64)
         } else {
             mm::map_anon_fixed(a, l)
         };
         match r {
             Ok(()) => {
-                res.done |= run_mask;
+                done |= run_mask;
                 busy.original &= !run_mask;
                 remapped = true;
                 if !extends {
@@ -280,6 +330,15 @@ pub fn exec_chunk(
                 log::debug!("pagefold: merge mmap failed: {e}");
                 stop_mapping = true;
             }
+        }
+    }
+    for (k, op) in ops.iter().enumerate() {
+        let bit = 1u64 << (op.page - first);
+        if done & bit != 0 {
+            res.done |= 1 << k;
+        }
+        if written & bit != 0 {
+            res.written |= 1 << k;
         }
     }
     // Step 5: the new VMAs are not registered; registering the whole range

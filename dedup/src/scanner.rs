@@ -1368,6 +1368,8 @@ impl Core {
         let s = self.existing_target(h, group, prev, page)?;
         let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
         if !extends && self.scattered_now(group) {
+            // As in `choose`: a page with a known partner that KSM can take.
+            self.pass_groups.entry(group).or_default().deferred += 1;
             return None;
         }
         self.note_planned(group, 1, u64::from(!extends));
@@ -1684,55 +1686,88 @@ impl Core {
             let s = i;
             let phase = ops[i].kind == OpKind::New;
             i += 1;
+            // One window: same phase and region, within CHUNK_PAGES pages
+            // (gaps allowed, see `merge::exec_chunk`).
             while i < ops.len()
-                && i - s < CHUNK_PAGES
                 && (ops[i].kind == OpKind::New) == phase
                 && ops[i].region == ops[s].region
-                && ops[i].page == ops[i - 1].page + 1
+                && ops[i].page - ops[s].page < CHUNK_PAGES
             {
                 i += 1;
             }
             let chunk = &ops[s..i];
-            let r = &self.regions[chunk[0].region];
-            let first = chunk[0];
-            let continues_left = first.kind != OpKind::Zero
-                && first.page > 0
-                && region::kind(r.state[first.page - 1]) == MERGED
-                && r.word[first.page - 1].wrapping_add(1) == first.slot
-                // A left neighbour still waiting in phase 1 is not mapped yet.
-                && !(phase
-                    && ops[phase1..]
-                        .binary_search_by_key(&(first.region, first.page - 1), |o| (o.region, o.page))
-                        .is_ok());
-            let base = r.addr;
-            let res = {
-                let ctx = Ctx {
-                    uffd: &self.uffd,
-                    prot: &self.prot,
-                    pagemap: &self.pagemap,
-                };
-                merge::exec_chunk(
-                    &ctx,
-                    &mut self.pool,
-                    base,
-                    chunk,
-                    continues_left,
-                    &mut self.map_budget,
-                )
-            };
-            for (k, op) in chunk.iter().enumerate() {
-                let done = res.done & (1 << k) != 0;
-                if op.kind == OpKind::New {
-                    new_slots.push(op.slot);
-                    if res.written & (1 << k) == 0 {
-                        self.pool.fail(op.slot);
+            let gaps = chunk[chunk.len() - 1].page - chunk[0].page + 1 != chunk.len();
+            let res = self.exec_window(chunk, &ops[phase1..], phase);
+            if res.protect_failed && gaps {
+                // Not protectable as a whole (a VMA in a gap is not
+                // registered): each gapless part on its own.
+                let mut j = 0;
+                while j < chunk.len() {
+                    let t = j;
+                    j += 1;
+                    while j < chunk.len() && chunk[j].page == chunk[j - 1].page + 1 {
+                        j += 1;
                     }
+                    let part = &chunk[t..j];
+                    let res = self.exec_window(part, &ops[phase1..], phase);
+                    self.commit_window(part, res, &mut new_slots, freed);
                 }
-                self.commit(op, done, freed);
+            } else {
+                self.commit_window(chunk, res, &mut new_slots, freed);
             }
         }
         // A created slot nobody ended up mapping is freed.
         freed.extend(new_slots);
+    }
+
+    /// Runs one window of ops (`merge::exec_chunk`). `joins`: the phase-1
+    /// ops, sorted by (region, page); `phase`: this window creates slots.
+    fn exec_window(&mut self, chunk: &[Op], joins: &[Op], phase: bool) -> merge::ChunkResult {
+        let r = &self.regions[chunk[0].region];
+        let first = chunk[0];
+        let continues_left = first.kind != OpKind::Zero
+            && first.page > 0
+            && region::kind(r.state[first.page - 1]) == MERGED
+            && r.word[first.page - 1].wrapping_add(1) == first.slot
+            // A left neighbour still waiting in phase 1 is not mapped yet.
+            && !(phase
+                && joins
+                    .binary_search_by_key(&(first.region, first.page - 1), |o| (o.region, o.page))
+                    .is_ok());
+        let base = r.addr;
+        let ctx = Ctx {
+            uffd: &self.uffd,
+            prot: &self.prot,
+            pagemap: &self.pagemap,
+        };
+        merge::exec_chunk(
+            &ctx,
+            &mut self.pool,
+            base,
+            chunk,
+            continues_left,
+            &mut self.map_budget,
+        )
+    }
+
+    /// Commits a window's ops from its result.
+    fn commit_window(
+        &mut self,
+        chunk: &[Op],
+        res: merge::ChunkResult,
+        new_slots: &mut Vec<u32>,
+        freed: &mut Vec<u32>,
+    ) {
+        for (k, op) in chunk.iter().enumerate() {
+            let done = res.done & (1 << k) != 0;
+            if op.kind == OpKind::New {
+                new_slots.push(op.slot);
+                if res.written & (1 << k) == 0 {
+                    self.pool.fail(op.slot);
+                }
+            }
+            self.commit(op, done, freed);
+        }
     }
 
     fn commit(&mut self, op: &Op, done: bool, freed: &mut Vec<u32>) {
