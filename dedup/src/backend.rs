@@ -152,6 +152,12 @@ pub trait DedupBackend: Send + Sync {
     /// non-blocking; the default ignores it (kernel KSM cannot use it).
     fn hint(&self, _host_addr: usize, _len: usize) {}
 
+    /// Gives the backend a way to park the threads that run guest code in
+    /// region `id` around a batch of merges (`None` takes it back; the VMM
+    /// does so before those threads are joined). See [`crate::quiesce`].
+    /// The default ignores it (kernel KSM's flushes are its own).
+    fn set_quiesce(&self, _id: RegionId, _q: Option<std::sync::Arc<dyn crate::quiesce::Quiesce>>) {}
+
     /// Applies checked settings: the knobs given, then the mode, if given
     /// (a bad knob never leaves the mode changed). Returns the knobs now
     /// in force. Auto-mode settings are the auto controller's (see

@@ -632,6 +632,18 @@ impl DedupBackend for Engine {
         self.shared.cv.notify_all();
     }
 
+    fn set_quiesce(&self, id: RegionId, q: Option<Arc<dyn crate::quiesce::Quiesce>>) {
+        let mut core = lock(&self.shared.core);
+        match q {
+            Some(q) if core.regions.iter().any(|r| r.id == id) => {
+                core.quiescers.insert(id, q);
+            }
+            _ => {
+                core.quiescers.remove(&id);
+            }
+        }
+    }
+
     fn apply(&self, settings: &CheckedSettings) -> backend::Result<Knobs> {
         let mut c = lock(&self.shared.ctl);
         c.knobs = settings.knobs_over(c.knobs);

@@ -23,6 +23,7 @@ pub mod merge;
 pub mod mm;
 pub mod pagemap;
 pub mod pool;
+pub mod quiesce;
 pub mod region;
 pub mod scanner;
 pub mod stats;

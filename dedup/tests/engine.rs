@@ -442,6 +442,68 @@ fn a_run_continues_without_hashing_and_a_wrong_guess_loses_nothing() {
     e.shutdown();
 }
 
+/// A region's quiescer is requested and released around every batch of
+/// merges (and only then), and not any more once it is taken back.
+#[test]
+fn merge_batches_park_the_regions_quiescers() {
+    use pagefold_dedup::quiesce::Quiesce;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[derive(Default)]
+    struct Q {
+        requests: AtomicUsize,
+        releases: AtomicUsize,
+        held: AtomicUsize,
+    }
+    impl Quiesce for Q {
+        fn request(&self) {
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            self.held.fetch_add(1, Ordering::SeqCst);
+        }
+        fn stopped(&self) -> bool {
+            true
+        }
+        fn release(&self) {
+            self.releases.fetch_add(1, Ordering::SeqCst);
+            self.held.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let e = engine(256);
+    let (a, b) = (Mem::new(32), Mem::new(32));
+    for i in 0..32 {
+        a.fill(i, 700 + i as u64);
+        b.fill(i, 700 + i as u64);
+    }
+    let ra = a.register(&e, "vm-a", "g");
+    let _rb = b.register(&e, "vm-b", "g");
+    let q = Arc::new(Q::default());
+    e.set_quiesce(ra, Some(q.clone()));
+    e.scan_now(1);
+    // The first pass only hashes: nothing to execute, nothing parked.
+    assert_eq!(q.requests.load(Ordering::SeqCst), 0);
+    e.scan_now(1);
+    assert_eq!(e.stats().pages_sharing, 32);
+    let n = q.requests.load(Ordering::SeqCst);
+    assert!(n >= 1, "the merge batch parked the VM");
+    assert_eq!(q.releases.load(Ordering::SeqCst), n);
+    assert_eq!(q.held.load(Ordering::SeqCst), 0);
+    // Taken back: later merges leave it alone.
+    e.set_quiesce(ra, None);
+    for i in 0..32 {
+        a.fill(i, 900 + i as u64);
+        b.fill(i, 900 + i as u64);
+    }
+    e.scan_now(3);
+    assert!(e.stats().merges > 64, "{:?}", e.stats());
+    assert_eq!(q.requests.load(Ordering::SeqCst), n);
+    for i in 0..32 {
+        assert_eq!(a.read(i), pattern(900 + i as u64));
+    }
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
+
 /// Soak finding (2026-11-30): a region registered while the unstable index
 /// still held pages of a removed region that sat after an older one made the
 /// index's grow read past the end of that older region (`then_some` evaluated

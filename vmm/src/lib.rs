@@ -7,6 +7,7 @@ pub mod dedup;
 pub mod disk;
 pub mod linux;
 pub mod memory;
+pub mod quiesce;
 pub mod runner;
 pub mod seccomp;
 pub mod seed;

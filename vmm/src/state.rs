@@ -91,6 +91,11 @@ pub struct VmShared {
     parked: AtomicUsize,
     /// vCPU threads that have not exited yet.
     live_vcpus: AtomicUsize,
+    /// Outstanding requests to park the vCPUs without pausing the VM (the
+    /// dedup engine's merge batches, `crate::quiesce`).
+    holds: AtomicUsize,
+    /// vCPU threads inside KVM_RUN (running guest code) right now.
+    in_guest: AtomicUsize,
 }
 
 impl VmShared {
@@ -102,6 +107,8 @@ impl VmShared {
             exit_evt: EventFd::new(libc::EFD_NONBLOCK)?,
             parked: AtomicUsize::new(0),
             live_vcpus: AtomicUsize::new(0),
+            holds: AtomicUsize::new(0),
+            in_guest: AtomicUsize::new(0),
         })
     }
 
@@ -160,15 +167,52 @@ impl VmShared {
         let mut g = self.lock();
         loop {
             match g.0 {
-                RunState::Running => return true,
+                RunState::Running if self.holds.load(Ordering::SeqCst) == 0 => return true,
                 RunState::Stopping | RunState::Stopped => return false,
-                RunState::Paused => {
+                RunState::Running | RunState::Paused => {
                     self.parked.fetch_add(1, Ordering::SeqCst);
                     g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
                     self.parked.fetch_sub(1, Ordering::SeqCst);
                 }
             }
         }
+    }
+
+    /// A vCPU thread is about to enter KVM_RUN; false (and it must go back
+    /// to its checkpoint) if a hold came in since that checkpoint. With
+    /// [`VmShared::hold`]'s order (hold, then read `in_guest`) either the
+    /// holder sees this thread in the guest or this thread sees the hold.
+    pub fn enter_guest(&self) -> bool {
+        self.in_guest.fetch_add(1, Ordering::SeqCst);
+        if self.holds.load(Ordering::SeqCst) > 0 {
+            self.in_guest.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// The vCPU thread left KVM_RUN.
+    pub fn leave_guest(&self) {
+        self.in_guest.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Asks the vCPUs to park at their next checkpoint without pausing the
+    /// VM (its state stays `running`); undone by [`VmShared::unhold`].
+    pub fn hold(&self) {
+        self.holds.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Undoes one [`VmShared::hold`]; the vCPUs run again when none is left.
+    pub fn unhold(&self) {
+        let g = self.lock();
+        self.holds.fetch_sub(1, Ordering::SeqCst);
+        drop(g);
+        self.cv.notify_all();
+    }
+
+    /// True while no vCPU thread runs guest code.
+    pub fn out_of_guest(&self) -> bool {
+        self.in_guest.load(Ordering::SeqCst) == 0
     }
 
     pub fn vcpu_started(&self) {
@@ -245,5 +289,40 @@ mod tests {
         assert!(!t.join().unwrap());
         assert!(Outcome::GuestPowerOff.is_success());
         assert!(!Outcome::GuestExit { status: 1 }.is_success());
+    }
+
+    #[test]
+    fn a_hold_parks_vcpus_without_pausing_and_blocks_guest_entry() {
+        let s = Arc::new(VmShared::new("t").unwrap());
+        assert!(s.enter_guest());
+        assert!(!s.out_of_guest());
+        s.hold();
+        // A thread already inside KVM_RUN is seen; one entering backs off.
+        assert!(!s.out_of_guest());
+        s.leave_guest();
+        assert!(s.out_of_guest());
+        assert!(!s.enter_guest());
+        assert!(s.out_of_guest());
+        assert_eq!(s.state(), RunState::Running);
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || s2.vcpu_checkpoint());
+        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        s.hold();
+        s.unhold();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(s.parked_vcpus(), 1, "still held once");
+        s.unhold();
+        assert!(t.join().unwrap());
+        assert!(s.enter_guest());
+        // A stop releases a held vCPU too.
+        s.leave_guest();
+        s.hold();
+        let s3 = s.clone();
+        let t = std::thread::spawn(move || s3.vcpu_checkpoint());
+        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        s.request_stop(Outcome::Stopped {
+            reason: "test".into(),
+        });
+        assert!(!t.join().unwrap());
     }
 }

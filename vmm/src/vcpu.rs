@@ -176,7 +176,12 @@ const INTERNAL_ERROR: &str = "KVM internal error (KVM_EXIT_INTERNAL_ERROR): KVM 
 /// trouble: every failure becomes the VM's outcome.
 fn run_loop(mut vcpu: VcpuFd, ctx: ExitContext) {
     while ctx.shared.vcpu_checkpoint() {
-        let next = match vcpu.run() {
+        if !ctx.shared.enter_guest() {
+            continue;
+        }
+        let run = vcpu.run();
+        ctx.shared.leave_guest();
+        let next = match run {
             Ok(exit) => handle_exit(&ctx, exit),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Next::Continue,
             Err(e) => Next::Stop(Outcome::VmmError {

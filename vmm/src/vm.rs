@@ -19,6 +19,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{SerialOutput, VmConfig};
+use crate::quiesce::VcpuQuiescer;
 use crate::state::{Outcome, RunState, VmShared};
 use crate::vcpu::{self, ExitContext};
 use crate::workload::{self, boot};
@@ -127,6 +128,8 @@ pub struct Vm {
     threads: Vec<JoinHandle<()>>,
     regions: Vec<RegionId>,
     dedup: Option<Arc<dyn DedupBackend>>,
+    /// Given to the dedup backend for its regions once the vCPUs run.
+    quiescer: Option<Arc<VcpuQuiescer>>,
     workload: Option<Arc<workload::Control>>,
     workload_params: Option<pagefold_guest_abi::WorkloadParams>,
     serial: Arc<Mutex<SerialDevice>>,
@@ -278,6 +281,7 @@ impl Vm {
             shared: shared.clone(),
             threads: Vec::new(),
             regions: Vec::new(),
+            quiescer: None,
             dedup: res.dedup.clone(),
             workload,
             workload_params,
@@ -358,6 +362,16 @@ impl Vm {
             let t = vcpu::spawn(format!("{}-vcpu{i}", self.config.name), v, ctx.clone())?;
             self.threads.push(t);
         }
+        if let Some(d) = self.dedup.as_ref().filter(|_| !self.regions.is_empty()) {
+            let q = Arc::new(VcpuQuiescer::new(
+                self.shared.clone(),
+                self.threads.iter().map(|t| t.as_pthread_t()).collect(),
+            ));
+            for &id in &self.regions {
+                d.set_quiesce(id, Some(q.clone()));
+            }
+            self.quiescer = Some(q);
+        }
         Ok(())
     }
 
@@ -408,6 +422,13 @@ impl Vm {
         if !self.finished {
             self.finished = true;
             self.shared.request_stop(why);
+            // The engine kicks these threads no more before they are joined.
+            if let (Some(d), Some(q)) = (&self.dedup, self.quiescer.take()) {
+                for &id in &self.regions {
+                    d.set_quiesce(id, None);
+                }
+                q.forget_threads();
+            }
             if let Some(w) = &self.workload {
                 w.stop();
             }
