@@ -1257,19 +1257,7 @@ impl Core {
         let mut plan =
             |core: &mut Core, r: usize, pg: usize, slot: u32, kind: OpKind, hash: u32| {
                 let old = core.regions[r].state[pg];
-                core.pool.add_mapper(slot);
-                let in_pool = core.regions[r].in_pool(pg);
-                ops.push(Op {
-                    region: r,
-                    page: pg,
-                    slot,
-                    kind,
-                    hash,
-                    old_state: old,
-                    in_pool,
-                });
-                core.regions[r].state[pg] = region::with_kind(old, MERGED);
-                core.regions[r].word[pg] = slot;
+                core.plan(r, pg, slot, kind, hash, old, ops);
             };
         let extends = |s: u32| prev.is_some_and(|x| x.wrapping_add(1) == s);
         match target {
@@ -1346,22 +1334,9 @@ impl Core {
             (self.run_hash, self.run_len) = run;
             return None;
         };
-        let r = &mut self.regions[ri];
         // Kept in `old_state`: restored with it if the merge fails.
-        let old = r.state[p] | region::REHASH;
-        let in_pool = r.in_pool(p);
-        r.state[p] = region::with_kind(old, MERGED);
-        r.word[p] = s;
-        self.pool.add_mapper(s);
-        ops.push(Op {
-            region: ri,
-            page: p,
-            slot: s,
-            kind: OpKind::Existing,
-            hash: h,
-            old_state: old,
-            in_pool,
-        });
+        let old = self.regions[ri].state[p] | region::REHASH;
+        self.plan(ri, p, s, OpKind::Existing, h, old, ops);
         Some(s)
     }
 
@@ -1396,21 +1371,8 @@ impl Core {
             return None;
         }
         self.note_planned(group, 1, u64::from(!extends));
-        let r = &mut self.regions[ri];
-        let old = r.state[p];
-        let in_pool = r.in_pool(p);
-        r.state[p] = region::with_kind(old, MERGED);
-        r.word[p] = s;
-        self.pool.add_mapper(s);
-        ops.push(Op {
-            region: ri,
-            page: p,
-            slot: s,
-            kind: OpKind::Existing,
-            hash: h,
-            old_state: old,
-            in_pool,
-        });
+        let old = self.regions[ri].state[p];
+        self.plan(ri, p, s, OpKind::Existing, h, old, ops);
         Some(s)
     }
 
@@ -1443,35 +1405,57 @@ impl Core {
         if s1 == 0 {
             return None;
         }
-        let st = self.pool.state(s1);
-        let m = self.pool.meta(s1);
-        let usable = match st {
-            SlotState::Reserved => true,
-            SlotState::Written => sampled_lines_agree(page, self.pool.page(s1)),
-            _ => false,
-        };
-        if !usable || m.group != group || (m.mappers as u64) >= self.knobs.max_page_sharing {
+        if !self.has_room(s1, group)
+            || (self.pool.state(s1) == SlotState::Written
+                && !sampled_lines_agree(page, self.pool.page(s1)))
+        {
             return None;
         }
-        self.note_run(Some(m.hash));
+        self.note_run(Some(self.pool.meta(s1).hash));
         self.note_planned(group, 1, 0);
-        let r = &mut self.regions[ri];
         // Kept in `old_state`: restored with it if the merge fails.
-        let old = r.state[p] | region::REHASH;
-        let in_pool = r.in_pool(p);
-        r.state[p] = region::with_kind(old, MERGED);
-        r.word[p] = s1;
-        self.pool.add_mapper(s1);
+        let old = self.regions[ri].state[p] | region::REHASH;
+        self.plan(ri, p, s1, OpKind::Existing, 0, old, ops);
+        Some(s1)
+    }
+
+    /// Plans page `p` of region `ri` onto `slot`: the op to execute, a pool
+    /// reference taken, and the page provisionally MERGED (`commit` puts
+    /// `old_state` back if the merge fails).
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        &mut self,
+        ri: usize,
+        p: usize,
+        slot: u32,
+        kind: OpKind,
+        hash: u32,
+        old_state: u8,
+        ops: &mut Vec<Op>,
+    ) {
+        self.pool.add_mapper(slot);
+        let r = &mut self.regions[ri];
         ops.push(Op {
             region: ri,
             page: p,
-            slot: s1,
-            kind: OpKind::Existing,
-            hash: 0,
-            old_state: old,
-            in_pool,
+            slot,
+            kind,
+            hash,
+            old_state,
+            in_pool: r.in_pool(p),
         });
-        Some(s1)
+        r.state[p] = region::with_kind(old_state, MERGED);
+        r.word[p] = slot;
+    }
+
+    /// Slot `s` can take one more mapper from `group`: reserved or written,
+    /// the group's, below `max_page_sharing`.
+    fn has_room(&self, s: u32, group: u32) -> bool {
+        let st = self.pool.state(s);
+        let m = self.pool.meta(s);
+        (st == SlotState::Reserved || st == SlotState::Written)
+            && m.group == group
+            && (m.mappers as u64) < self.knobs.max_page_sharing
     }
 
     /// `choose`'s answer when it is a plain join of an existing slot, by the
@@ -1479,11 +1463,8 @@ impl Core {
     fn existing_target(&self, h: u32, group: u32, prev: Option<u32>, page: &[u8]) -> Option<u32> {
         let joinable = |s: u32| {
             let st = self.pool.state(s);
-            let m = self.pool.meta(s);
-            (st == SlotState::Reserved || st == SlotState::Written)
-                && m.hash == h
-                && m.group == group
-                && (m.mappers as u64) < self.knobs.max_page_sharing
+            self.has_room(s, group)
+                && self.pool.meta(s).hash == h
                 && (self.strong_hash || st == SlotState::Reserved || self.pool.page(s) == page)
         };
         if let Some(ps) = prev {
@@ -1550,10 +1531,8 @@ impl Core {
     fn usable(&self, s: u32, h: u32, group: u32, page: &[u8]) -> bool {
         let st = self.pool.state(s);
         let m = self.pool.meta(s);
-        (st == SlotState::Reserved || st == SlotState::Written)
+        self.has_room(s, group)
             && m.hash == h
-            && m.group == group
-            && (m.mappers as u64) < self.knobs.max_page_sharing
             && if self.strong_hash {
                 m.hash_hi == self.cur_hi
             } else {
