@@ -87,6 +87,15 @@ pub struct MapBudget {
     pub limited: bool,
 }
 
+/// The mask of bits `0..n` (`n` <= 64).
+fn low_bits(n: usize) -> u64 {
+    if n == 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
 /// A busy (write-protected) range; `Drop` releases it whatever happened.
 struct Busy<'a> {
     ctx: &'a Ctx<'a>,
@@ -103,7 +112,7 @@ impl<'a> Busy<'a> {
             ctx,
             addr,
             n,
-            original: if n == 64 { u64::MAX } else { (1u64 << n) - 1 },
+            original: low_bits(n),
         };
         {
             let mut p = ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
@@ -117,11 +126,7 @@ impl<'a> Busy<'a> {
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        let all = if self.n == 64 {
-            u64::MAX
-        } else {
-            (1u64 << self.n) - 1
-        };
+        let all = low_bits(self.n);
         // One ioctl (one TLB flush) for the whole range when pages were
         // remapped between original ones: the remapped pages are pool
         // mappings registered again (step 5) and carry no write-protection,
@@ -288,11 +293,7 @@ pub fn exec_chunk(
         {
             i += 1;
         }
-        let run_mask = if i - s == 64 {
-            u64::MAX
-        } else {
-            ((1u64 << (i - s)) - 1) << s
-        };
+        let run_mask = low_bits(i - s) << s;
         let (a, l) = (addr0 + s * PAGE_SIZE, (i - s) * PAGE_SIZE);
         if c == Class::ZeroDontneed {
             match mm::madvise(a, l, libc::MADV_DONTNEED) {
