@@ -256,6 +256,15 @@ impl VmShared {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::thread::JoinHandle;
+
+    /// A thread at its vCPU checkpoint, once it has parked there.
+    fn parked_vcpu(s: &Arc<VmShared>) -> JoinHandle<bool> {
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || s2.vcpu_checkpoint());
+        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        t
+    }
 
     #[test]
     fn first_stop_reason_wins() {
@@ -274,15 +283,11 @@ mod tests {
     fn pause_parks_and_stop_releases_vcpus() {
         let s = Arc::new(VmShared::new("t").unwrap());
         assert!(s.pause());
-        let s2 = s.clone();
-        let t = std::thread::spawn(move || s2.vcpu_checkpoint());
-        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        let t = parked_vcpu(&s);
         assert!(s.resume());
         assert!(t.join().unwrap());
         assert!(s.pause());
-        let s3 = s.clone();
-        let t = std::thread::spawn(move || s3.vcpu_checkpoint());
-        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        let t = parked_vcpu(&s);
         s.request_stop(Outcome::Stopped {
             reason: "test".into(),
         });
@@ -304,9 +309,7 @@ mod tests {
         assert!(!s.enter_guest());
         assert!(s.out_of_guest());
         assert_eq!(s.state(), RunState::Running);
-        let s2 = s.clone();
-        let t = std::thread::spawn(move || s2.vcpu_checkpoint());
-        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        let t = parked_vcpu(&s);
         s.hold();
         s.unhold();
         std::thread::sleep(Duration::from_millis(20));
@@ -317,9 +320,7 @@ mod tests {
         // A stop releases a held vCPU too.
         s.leave_guest();
         s.hold();
-        let s3 = s.clone();
-        let t = std::thread::spawn(move || s3.vcpu_checkpoint());
-        assert!(s.wait_until(Duration::from_secs(5), || {}, || s.parked_vcpus() == 1));
+        let t = parked_vcpu(&s);
         s.request_stop(Outcome::Stopped {
             reason: "test".into(),
         });
