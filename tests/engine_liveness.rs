@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{pagefold, require_kvm, TempDir};
-use pagefold_api::client::{Client, Target};
+use common::{api_client, pagefold, require_kvm, TempDir};
+use pagefold_api::client::Client;
 use serde_json::{json, Value};
 
 /// How long a new identical pair may take to show its first merges.
@@ -31,15 +31,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn pagefold serve");
-        let client = Client::new(Target::Unix(sock.to_path_buf())).unwrap();
-        let start = Instant::now();
-        while !(sock.exists() && client.call("GET", "/health", None).is_ok()) {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "API never came up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let client = api_client(sock);
         Server { child, client }
     }
 

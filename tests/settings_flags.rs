@@ -7,10 +7,9 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{pagefold, run, text, wait_bounded, TempDir};
-use pagefold_api::client::{Client, Target};
+use common::{api_client, pagefold, run, text, wait_bounded, TempDir};
 use serde_json::{json, Value};
 
 #[test]
@@ -73,15 +72,7 @@ fn serve_takes_the_auto_flags() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn pagefold serve");
-    let client = Client::new(Target::Unix(sock.clone())).unwrap();
-    let start = Instant::now();
-    while !(sock.exists() && client.call("GET", "/health", None).is_ok()) {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "API never came up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let client = api_client(&sock);
     let d: Value = client.call("GET", "/dedup", None).unwrap().json().unwrap();
     let r = client.call("PUT", "/shutdown", None).unwrap();
     assert_eq!(r.status, 202, "{}", r.text());

@@ -8,6 +8,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// A client of the API served on `sock`, once `GET /health` answers there
+/// (fails after 20 s).
+pub fn api_client(sock: &Path) -> pagefold_api::client::Client {
+    use pagefold_api::client::{Client, Target};
+    let client = Client::new(Target::Unix(sock.to_path_buf())).unwrap();
+    let start = Instant::now();
+    while !(sock.exists() && client.call("GET", "/health", None).is_ok()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "API never came up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    client
+}
+
 /// Fails (never skips) when KVM is unusable: these tests exist to boot VMs.
 pub fn require_kvm() {
     if let Err(e) = std::fs::OpenOptions::new()
