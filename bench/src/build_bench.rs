@@ -533,17 +533,87 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
     }
 }
 
-/// What the tick hook tracks during one run.
+/// What the tick hook tracks during one run (both build-benchmark forms).
 #[derive(Default)]
-struct Track {
-    started: Option<(Instant, (f64, f64), f64)>,
-    done: Option<(Instant, (f64, f64), f64)>,
-    trigger_s: Option<f64>,
-    samples: Vec<BuildSample>,
-    last_sample: Option<Instant>,
-    end_stats: Option<pagefold_dedup::Stats>,
-    base_cow: u64,
-    error: Option<String>,
+pub(crate) struct Track {
+    /// When the builds started, this process's (user, sys) CPU and the
+    /// engine's CPU then.
+    pub(crate) started: Option<(Instant, (f64, f64), f64)>,
+    /// The same CPU figures when the builds ended.
+    pub(crate) done: Option<((f64, f64), f64)>,
+    pub(crate) trigger_s: Option<f64>,
+    pub(crate) samples: Vec<BuildSample>,
+    pub(crate) last_sample: Option<Instant>,
+    pub(crate) end_stats: Option<pagefold_dedup::Stats>,
+    pub(crate) base_cow: u64,
+    pub(crate) error: Option<String>,
+}
+
+impl Track {
+    /// The builds start now.
+    pub(crate) fn start(&mut self, r: &Runner) {
+        let st = r.dedup().map(|b| b.stats());
+        let cpu = st.as_ref().map_or(0.0, |s| s.cpu_seconds);
+        self.started = Some((Instant::now(), self_rusage(), cpu));
+        self.base_cow = st.map_or(0, |s| s.cow_breaks);
+    }
+
+    /// The builds are over: takes the end figures and stops the VMs.
+    pub(crate) fn finish(&mut self, r: &mut Runner) {
+        let st = r.dedup().map(|b| b.stats());
+        self.done = Some((self_rusage(), st.as_ref().map_or(0.0, |s| s.cpu_seconds)));
+        self.end_stats = st;
+        r.stop_all("builds done");
+    }
+
+    /// Both the start and the end of the builds were seen.
+    pub(crate) fn finished(&self) -> bool {
+        self.started.is_some() && self.done.is_some()
+    }
+
+    /// The run's figures from this trace (CPU, npages over the builds) and
+    /// from the guests (`real_s`, `guest_cpu_s`, `checksums`); the page
+    /// counts of the built-in guest's report are left at 0. None unless
+    /// [`Track::finished`].
+    pub(crate) fn into_run(
+        self,
+        real_s: f64,
+        guest_cpu_s: f64,
+        checksums: Vec<u64>,
+    ) -> Option<BuildRun> {
+        let ((_, ru0, cpu0), (ru1, cpu1)) = (self.started?, self.done?);
+        let end = self.end_stats;
+        let final_n = end.as_ref().map_or(0, npages);
+        let t_final_npages_s = (final_n > 0)
+            .then(|| {
+                self.samples
+                    .iter()
+                    .find(|x| x.npages >= final_n)
+                    .map(|x| x.t_s)
+            })
+            .flatten();
+        Some(BuildRun {
+            real_s,
+            user_s: ru1.0 - ru0.0,
+            sys_s: ru1.1 - ru0.1,
+            guest_cpu_s,
+            engine_cpu_s: (cpu1 - cpu0).max(0.0),
+            npages: final_n,
+            pages_sharing: end.as_ref().map_or(0, |s| s.pages_sharing),
+            zero_pages: end.as_ref().map_or(0, |s| s.zero_pages),
+            peak_npages: self.samples.iter().map(|x| x.npages).max().unwrap_or(0),
+            t_final_npages_s,
+            cow_breaks: end
+                .as_ref()
+                .map_or(0, |s| s.cow_breaks.saturating_sub(self.base_cow)),
+            pages_read: 0,
+            pages_written: 0,
+            pages_reused: 0,
+            checksums,
+            trigger_s: self.trigger_s,
+            samples: self.samples,
+        })
+    }
 }
 
 pub(crate) fn npages(st: &pagefold_dedup::Stats) -> u64 {
@@ -594,7 +664,6 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
     let names: Vec<String> = cfg.vms.iter().map(|v| v.name.clone()).collect();
     let t_run = Instant::now();
     let mut tr = Track::default();
-    let engine_cpu = |r: &Runner| r.dedup().map_or(0.0, |b| b.stats().cpu_seconds);
     let report = runner.run(|r| {
         if tr.done.is_some() || tr.error.is_some() {
             return;
@@ -615,8 +684,7 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
             return;
         }
         if tr.started.is_none() && phases_done(1) {
-            tr.started = Some((Instant::now(), self_rusage(), engine_cpu(r)));
-            tr.base_cow = r.dedup().map_or(0, |b| b.stats().cow_breaks);
+            tr.start(r);
         }
         let Some((t0, _, _)) = tr.started else { return };
         if let (Some(h), None) = (&script, tr.trigger_s) {
@@ -667,14 +735,7 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
             }
         }
         if finished {
-            let st = r.dedup().map(|b| b.stats());
-            tr.done = Some((
-                Instant::now(),
-                self_rusage(),
-                st.as_ref().map_or(0.0, |s| s.cpu_seconds),
-            ));
-            tr.end_stats = st;
-            r.stop_all("builds done");
+            tr.finish(r);
         }
     });
     drop(runner);
@@ -683,10 +744,9 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
     if let Some(e) = tr.error {
         return Err(vm_err(e));
     }
-    let (Some((t0, ru0, cpu0)), Some((_, ru1, cpu1))) = (tr.started, tr.done) else {
+    if !tr.finished() {
         return Err(vm_err("the builds did not finish"));
-    };
-    let _ = t0;
+    }
     let mut real_s = 0.0f64;
     let mut guest_cpu = 0.0;
     let mut checksums = Vec::new();
@@ -710,37 +770,11 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
         written = b.report.pages_written;
         reused = b.report.pages_reused;
     }
-    let end = tr.end_stats;
-    let final_n = end.as_ref().map_or(0, npages);
-    let t_final_npages_s = (final_n > 0)
-        .then(|| {
-            tr.samples
-                .iter()
-                .find(|x| x.npages >= final_n)
-                .map(|x| x.t_s)
-        })
-        .flatten();
-    Ok(BuildRun {
-        real_s,
-        user_s: ru1.0 - ru0.0,
-        sys_s: ru1.1 - ru0.1,
-        guest_cpu_s: guest_cpu,
-        engine_cpu_s: (cpu1 - cpu0).max(0.0),
-        npages: final_n,
-        pages_sharing: end.as_ref().map_or(0, |s| s.pages_sharing),
-        zero_pages: end.as_ref().map_or(0, |s| s.zero_pages),
-        peak_npages: tr.samples.iter().map(|x| x.npages).max().unwrap_or(0),
-        t_final_npages_s,
-        cow_breaks: end
-            .as_ref()
-            .map_or(0, |s| s.cow_breaks.saturating_sub(tr.base_cow)),
-        pages_read: read,
-        pages_written: written,
-        pages_reused: reused,
-        checksums,
-        trigger_s: tr.trigger_s,
-        samples: tr.samples,
-    })
+    let mut run = tr
+        .into_run(real_s, guest_cpu, checksums)
+        .ok_or_else(|| vm_err("the builds did not finish"))?;
+    (run.pages_read, run.pages_written, run.pages_reused) = (read, written, reused);
+    Ok(run)
 }
 
 /// A system's load average and warnings, taken before its first run (both

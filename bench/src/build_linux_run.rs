@@ -13,8 +13,8 @@ use pagefold_vmm::runner::Runner;
 
 use crate::auto_bench::{FREE_AFTER, TOTAL};
 use crate::build_bench::{
-    end_backend, first_run_context, make_backend, npages, row, self_rusage, BuildRun, BuildSample,
-    BuildSystem,
+    end_backend, first_run_context, make_backend, npages, row, BuildRun, BuildSample, BuildSystem,
+    Track,
 };
 use crate::build_linux::{
     linux_build_cmdline, linux_build_configs, linux_vm_files, LinuxBuildOptions, LinuxBuildReport,
@@ -143,19 +143,6 @@ pub fn run_linux_build_bench(
     })
 }
 
-/// What the tick hook tracks during one run.
-#[derive(Default)]
-struct Track {
-    started: Option<(Instant, (f64, f64), f64)>,
-    done: Option<((f64, f64), f64)>,
-    trigger_s: Option<f64>,
-    samples: Vec<BuildSample>,
-    last_sample: Option<Instant>,
-    end_stats: Option<pagefold_dedup::Stats>,
-    base_cow: u64,
-    error: Option<String>,
-}
-
 fn console_error(w: &ConsoleWatch, vm: &str, what: &str) -> String {
     format!(
         "VM {vm}: {what} (console log {}); its last lines:\n{}",
@@ -226,7 +213,6 @@ fn drive(
         .collect();
     let t_run = Instant::now();
     let mut tr = Track::default();
-    let engine_cpu = |r: &Runner| r.dedup().map_or(0.0, |b| b.stats().cpu_seconds);
     let report = runner.run(|r| {
         if tr.done.is_some() || tr.error.is_some() {
             return;
@@ -261,8 +247,7 @@ fn drive(
             }
         }
         if tr.started.is_none() && watches.iter().all(|w| w.started) {
-            tr.started = Some((Instant::now(), self_rusage(), engine_cpu(r)));
-            tr.base_cow = r.dedup().map_or(0, |b| b.stats().cow_breaks);
+            tr.start(r);
         }
         let Some((t0, _, _)) = tr.started else { return };
         if let (Some(h), None) = (&script, tr.trigger_s) {
@@ -291,10 +276,7 @@ fn drive(
             }
         }
         if finished {
-            let st = r.dedup().map(|b| b.stats());
-            tr.done = Some((self_rusage(), st.as_ref().map_or(0.0, |s| s.cpu_seconds)));
-            tr.end_stats = st;
-            r.stop_all("builds done");
+            tr.finish(r);
         }
     });
     drop(runner);
@@ -309,44 +291,20 @@ fn drive(
             .collect();
         return Err(vm_err(format!("{e}\nVMs ended: {}", ends.join("; "))));
     }
-    let (Some((_, ru0, cpu0)), Some((ru1, cpu1))) = (tr.started, tr.done) else {
+    if !tr.finished() {
         return Err(vm_err("the builds did not finish"));
-    };
+    }
     let results: Vec<LinuxBuildResult> = watches
         .into_iter()
         .filter_map(|w| w.result.and_then(Result::ok))
         .collect();
-    let end = tr.end_stats;
-    let final_n = end.as_ref().map_or(0, npages);
-    let t_final_npages_s = (final_n > 0)
-        .then(|| {
-            tr.samples
-                .iter()
-                .find(|x| x.npages >= final_n)
-                .map(|x| x.t_s)
-        })
-        .flatten();
-    let run = BuildRun {
-        real_s: results.iter().map(|r| r.real_s).fold(0.0, f64::max),
-        user_s: ru1.0 - ru0.0,
-        sys_s: ru1.1 - ru0.1,
-        guest_cpu_s: results.iter().map(|r| r.user_s + r.sys_s).sum::<f64>() / results.len() as f64,
-        engine_cpu_s: (cpu1 - cpu0).max(0.0),
-        npages: final_n,
-        pages_sharing: end.as_ref().map_or(0, |s| s.pages_sharing),
-        zero_pages: end.as_ref().map_or(0, |s| s.zero_pages),
-        peak_npages: tr.samples.iter().map(|x| x.npages).max().unwrap_or(0),
-        t_final_npages_s,
-        cow_breaks: end
-            .as_ref()
-            .map_or(0, |s| s.cow_breaks.saturating_sub(tr.base_cow)),
-        pages_read: 0,
-        pages_written: 0,
-        pages_reused: 0,
-        checksums: results.iter().map(LinuxBuildResult::checksum).collect(),
-        trigger_s: tr.trigger_s,
-        samples: tr.samples,
-    };
+    let real_s = results.iter().map(|r| r.real_s).fold(0.0, f64::max);
+    let guest_cpu_s =
+        results.iter().map(|r| r.user_s + r.sys_s).sum::<f64>() / results.len() as f64;
+    let checksums = results.iter().map(LinuxBuildResult::checksum).collect();
+    let run = tr
+        .into_run(real_s, guest_cpu_s, checksums)
+        .ok_or_else(|| vm_err("the builds did not finish"))?;
     Ok((run, results))
 }
 
