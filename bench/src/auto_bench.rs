@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagefold_dedup::auto::{AutoConfig, AutoController, MemorySource, ScriptedSource};
-use pagefold_dedup::ksm::{
-    ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmBackend, KsmOptions, KSM_SYSFS,
-};
+use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KsmBackend, KsmOptions, KSM_SYSFS};
 use pagefold_dedup::{DedupBackend, DedupSettings, Engine, Mode, DEFAULT_KNOBS};
 use serde::Serialize;
 
@@ -323,14 +321,7 @@ pub fn run_auto(
     let measured = measure(&*backend, system, opts, &script, possible);
     let detached = attached.detach(&*backend);
     if system.kernel_ksm {
-        let t = Instant::now();
-        while self_ksm_stat()
-            .and_then(|s| s.merging_pages)
-            .is_some_and(|m| m > 0)
-            && t.elapsed() < Duration::from_secs(30)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::host::wait_ksm_released();
     }
     let off = backend.set_mode(Mode::Off).map_err(&e);
     backend.shutdown();

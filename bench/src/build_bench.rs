@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagefold_dedup::auto::{AutoController, ScriptHandle, ScriptedSource};
-use pagefold_dedup::ksm::{ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmBackend, KSM_SYSFS};
+use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KsmBackend, KSM_SYSFS};
 use pagefold_dedup::{DedupBackend, DedupSettings, Engine, EngineConfig, Mode, DEFAULT_KNOBS};
 use pagefold_guest_abi::build::{
     area_pages, area_sharing, expected, image_bytes, tree_pages, TreeSpec,
@@ -625,14 +625,7 @@ pub(crate) fn npages(st: &pagefold_dedup::Stats) -> u64 {
 /// nothing; then turns the backend off.
 pub(crate) fn end_backend(s: BuildSystem, backend: Option<&Arc<dyn DedupBackend>>) {
     if s.kernel_ksm() {
-        let t = Instant::now();
-        while self_ksm_stat()
-            .and_then(|s| s.merging_pages)
-            .is_some_and(|m| m > 0)
-            && t.elapsed() < Duration::from_secs(30)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::host::wait_ksm_released();
     }
     if let Some(b) = backend {
         let _ = b.set_mode(Mode::Off);

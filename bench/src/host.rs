@@ -2,6 +2,9 @@
 //! (the machine is shared with builds), other KSM users, real free memory.
 //! The `/proc` files are read with the procfs crate.
 
+use std::time::{Duration, Instant};
+
+use pagefold_dedup::ksm::self_ksm_stat;
 use procfs::{Current, LoadAverage, Meminfo};
 
 /// `/proc/loadavg`'s 1, 5 and 15 minute averages (zeros if unreadable).
@@ -42,6 +45,21 @@ pub fn other_ksm_users() -> Vec<String> {
             })
         })
         .collect()
+}
+
+/// Waits (at most 30 s) until ksmd no longer counts pages of this process
+/// (`merging_pages` in /proc/self/ksm_stat): after a kernel-KSM run's memory
+/// is gone, ksmd drops the stale rmap items on its next pass, and the next
+/// run's counters must not start from them.
+pub fn wait_ksm_released() {
+    let t = Instant::now();
+    while self_ksm_stat()
+        .and_then(|s| s.merging_pages)
+        .is_some_and(|m| m > 0)
+        && t.elapsed() < Duration::from_secs(30)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]

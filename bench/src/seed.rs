@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pagefold_dedup::ksm::{
-    count_ksm_pages, ksm_exclusive, self_ksm_stat, snapshot_tunables, KSM_SYSFS,
-};
+use pagefold_dedup::ksm::{count_ksm_pages, ksm_exclusive, snapshot_tunables, KSM_SYSFS};
 use pagefold_dedup::{mm, DedupBackend, Mode};
 use serde::Serialize;
 
@@ -438,14 +436,7 @@ fn sample_until_settled(
 fn teardown(backend: &dyn DedupBackend, system: &System) -> Result<(), BenchError> {
     let err = backend_err(system);
     if system.kernel_ksm {
-        let t = Instant::now();
-        while self_ksm_stat()
-            .and_then(|s| s.merging_pages)
-            .is_some_and(|m| m > 0)
-            && t.elapsed() < Duration::from_secs(30)
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::host::wait_ksm_released();
     }
     let r = backend.set_mode(Mode::Off).map_err(&err);
     backend.shutdown();
