@@ -252,12 +252,7 @@ pub fn run_auto_all(systems: &[AutoSystem], opts: &AutoOptions) -> Result<AutoRe
             }
         }
     }
-    let after = snapshot_tunables(root);
-    let unrestored = before
-        .iter()
-        .filter(|(k, v)| after.get(*k) != Some(*v))
-        .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
-        .collect();
+    let unrestored = crate::host::unrestored_tunables(root, &before);
     result?;
     let threshold_pct = bench_auto_config().threshold_pct;
     Ok(AutoReport {

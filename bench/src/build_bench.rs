@@ -394,12 +394,7 @@ pub fn run_build_bench(
         }
     }
     let _ = std::fs::remove_file(&image);
-    let after = snapshot_tunables(root);
-    let unrestored = before
-        .iter()
-        .filter(|(k, v)| after.get(*k) != Some(*v))
-        .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
-        .collect();
+    let unrestored = crate::host::unrestored_tunables(root, &before);
     result?;
     let rows = systems
         .iter()

@@ -110,12 +110,7 @@ pub fn run_linux_build_bench(
             }
         }
     }
-    let after = snapshot_tunables(root);
-    let unrestored = before
-        .iter()
-        .filter(|(k, v)| after.get(*k) != Some(*v))
-        .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
-        .collect();
+    let unrestored = crate::host::unrestored_tunables(root, &before);
     result?;
     let reference = results.first().and_then(|r| r.result.sha256.clone());
     let want = results.first().map_or(0, |r| r.result.checksum());

@@ -2,9 +2,11 @@
 //! (the machine is shared with builds), other KSM users, real free memory.
 //! The `/proc` files are read with the procfs crate.
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pagefold_dedup::ksm::self_ksm_stat;
+use pagefold_dedup::ksm::{self_ksm_stat, snapshot_tunables};
 use procfs::{Current, LoadAverage, Meminfo};
 
 /// `/proc/loadavg`'s 1, 5 and 15 minute averages (zeros if unreadable).
@@ -60,6 +62,18 @@ pub fn wait_ksm_released() {
     {
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The KSM tunables under `root` that are no longer what `before` (a
+/// [`snapshot_tunables`] taken before a benchmark) recorded, one line each
+/// ("name: was .., now ..").
+pub fn unrestored_tunables(root: &Path, before: &BTreeMap<String, String>) -> Vec<String> {
+    let after = snapshot_tunables(root);
+    before
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(*v))
+        .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -191,12 +191,7 @@ pub fn run_ksm_seed(systems: &[System], opts: &SeedOptions) -> Result<SeedReport
             }
         }
     }
-    let after = snapshot_tunables(root);
-    let unrestored: Vec<String> = before
-        .iter()
-        .filter(|(k, v)| after.get(*k) != Some(*v))
-        .map(|(k, v)| format!("{k}: was {v:?}, now {:?}", after.get(k)))
-        .collect();
+    let unrestored = crate::host::unrestored_tunables(root, &before);
     if !unrestored.is_empty() {
         log::error!("KSM tunables not restored: {}", unrestored.join("; "));
     }
