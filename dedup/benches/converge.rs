@@ -219,7 +219,7 @@ fn main() {
                     .unwrap_or_default()
             };
             eprintln!(
-                "t={:5.1}s sharing {:6} (ksm {:6}) scans {:3} cpu {:.2} (ksmd {:.2}) vmas {:5} | ksm run {} pts {} sleep {} full_scans {} sharing {} unshared {} {}",
+                "t={:5.1}s sharing {:6} (ksm {:6}) scans {:3} cpu {:.2} (ksmd {:.2}) vmas {:5} (process {:5}) | ksm run {} pts {} sleep {} full_scans {} sharing {} unshared {} {}",
                 t0.elapsed().as_secs_f64(),
                 s.pages_sharing,
                 s.ksm_pages_sharing,
@@ -227,6 +227,7 @@ fn main() {
                 s.cpu_seconds - cpu0,
                 s.ksm_cpu_seconds,
                 s.vmas_created,
+                pagefold_dedup::mm::vma_count().unwrap_or(0),
                 ksm("run"),
                 ksm("pages_to_scan"),
                 ksm("sleep_millisecs"),

@@ -98,7 +98,9 @@ pub struct AssistConfig {
     pub mode: AssistMode,
     /// New VMAs the engine's merges created in one group during one pass
     /// before the layout is judged (at least this many, and at least the
-    /// group's pages / `flip_group_den` when that is non-zero)...
+    /// group's pages / `flip_group_den` when that is non-zero, but never
+    /// more than `vm.max_map_count` / [`JUDGE_MAP_DEN`]: see
+    /// [`AssistConfig::judge_at`])...
     pub flip_vmas: u64,
     pub flip_group_den: u64,
     /// ...scattered: fewer than this many merged pages per new VMA.
@@ -112,6 +114,26 @@ pub struct AssistConfig {
     /// it the assist takes the lock itself, non-blocking, and stays off if
     /// anyone else (another process, or another test in this one) has it.
     pub lock_held: bool,
+}
+
+/// A group's layout is judged by the time its new VMAs in a pass reach this
+/// fraction of `vm.max_map_count`, however large the group: the limit is
+/// the process's, so a threshold that grows with the group (2 x 2 GiB:
+/// 65,536 new VMAs at 1/16 of its pages) would never be reached before the
+/// VMA budget ran out, and the engine's own merges, each a pool mapping
+/// plus a split of the guest mapping, would take the whole budget first.
+pub const JUDGE_MAP_DEN: u64 = 16;
+
+impl AssistConfig {
+    /// New VMAs in one pass after which a group of `group_pages` pages is
+    /// judged, in a process limited to `max_map_count` VMAs.
+    pub fn judge_at(&self, group_pages: u64, max_map_count: u64) -> u64 {
+        let by_group = group_pages
+            .checked_div(self.flip_group_den)
+            .unwrap_or(0)
+            .min(max_map_count / JUDGE_MAP_DEN);
+        self.flip_vmas.max(by_group)
+    }
 }
 
 impl Default for AssistConfig {
@@ -458,6 +480,26 @@ mod tests {
         assert!((r1.2 - (0.5 + 3.0 * (2.0 / 3.0))).abs() < 1e-9);
         let r2 = c.per_region.iter().find(|r| r.0 == 2).unwrap();
         assert_eq!((r2.1, r2.2), (1, 0.5));
+    }
+
+    #[test]
+    fn a_large_group_is_judged_within_a_sixteenth_of_the_map_limit() {
+        let c = AssistConfig::default();
+        // 2 x 64 MiB: the fixed minimum.
+        assert_eq!(c.judge_at(2 * 16_384, 65_530), 4096);
+        // 2 x 512 MiB: 1/16 of the group's pages would be 16,384.
+        assert_eq!(c.judge_at(2 * 131_072, 65_530), 4096);
+        // 2 x 2 GiB: 65,536, more than the whole budget, before the cap.
+        assert_eq!(c.judge_at(2 * 524_288, 65_530), 4096);
+        // A raised limit lets large groups keep more of their merges.
+        assert_eq!(c.judge_at(2 * 524_288, 1 << 20), 65_536);
+        assert_eq!(c.judge_at(2 * 524_288, 1 << 18), 16_384);
+        let no_den = AssistConfig {
+            flip_vmas: 256,
+            flip_group_den: 0,
+            ..c
+        };
+        assert_eq!(no_den.judge_at(1 << 30, 65_530), 256);
     }
 
     #[test]

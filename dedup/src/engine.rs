@@ -263,7 +263,7 @@ impl Engine {
             cfg.stripe_pages,
         )?;
         let mut core = core;
-        core.assist = crate::assist::KsmAssist::new(cfg.assist);
+        core.set_assist(cfg.assist);
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(stats::build(&core)),
             core: Mutex::new(core),

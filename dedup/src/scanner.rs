@@ -443,10 +443,7 @@ impl Core {
             .filter(|r| r.group == group)
             .map(|r| r.npages as u64)
             .sum();
-        if pages
-            .checked_div(cfg.flip_group_den)
-            .is_some_and(|min| g.new_vmas < min)
-        {
+        if g.new_vmas < cfg.judge_at(pages, self.max_map_count) {
             return false;
         }
         g.merged < cfg.flip_run_pages.saturating_mul(g.new_vmas)
@@ -648,6 +645,16 @@ impl Core {
         }
         self.unstable.reset(0);
         left
+    }
+
+    /// Installs the KSM assist's configuration. The VMA budget depends on it
+    /// (with KSM to take over, the engine keeps to half of the process's
+    /// limit), so the budget is recomputed at once: a budget left from
+    /// before would hold until the next maps read, 10 s later, and let the
+    /// engine's first pass of a large scattered group fill the whole limit.
+    pub fn set_assist(&mut self, cfg: AssistConfig) {
+        self.assist = KsmAssist::new(cfg);
+        self.refresh_map_count(true);
     }
 
     /// Re-reads the VMA count: at most every 10 s unless `force` or the

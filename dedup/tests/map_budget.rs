@@ -1,0 +1,66 @@
+//! The VMA budget with the KSM assist enabled: the engine's own merges
+//! stay within half of `vm.max_map_count` from its first pass on, the rest
+//! being kernel KSM's to take. A scattered group too large for the budget
+//! is merged with the layout judgement switched off (and no hand-over), so
+//! only the budget stands between the engine and the process limit. Its own
+//! test binary: it counts the process's VMAs.
+
+mod common;
+
+use common::*;
+use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfig, Knobs, Mode};
+
+/// Pairs: enough for 4 x 20,000 VMAs (a pool mapping and a split of the
+/// guest mapping per page, in each region), beyond half the default limit.
+const N: usize = 20_000;
+
+#[test]
+fn with_the_assist_enabled_the_engine_keeps_to_half_the_map_limit() {
+    let max = pagefold_dedup::mm::max_map_count();
+    assert!(
+        (N as u64) * 4 > max / 2,
+        "vm.max_map_count {max} too large for this test's {N} pairs"
+    );
+    let (a, b) = (Mem::new(N), Mem::new(N));
+    // B holds A's pages in a scattered order (a stride coprime with N).
+    for i in 0..N {
+        a.fill(i, i as u64 + 1);
+        b.fill((i * 7919) % N, i as u64 + 1);
+    }
+    let e = Engine::new(EngineConfig {
+        knobs: Knobs {
+            pages_to_scan: 20_000,
+            sleep_millisecs: 0,
+            max_page_sharing: 256,
+        },
+        assist: AssistConfig {
+            mode: AssistMode::Auto,
+            // Never judged scattered and never handed over: KSM is not
+            // touched, the budget alone limits the engine.
+            flip_vmas: u64::MAX,
+            flip_deferred: u64::MAX,
+            ..AssistConfig::default()
+        },
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    let vmas0 = pagefold_dedup::mm::vma_count().unwrap();
+    e.set_mode(Mode::On).unwrap();
+    e.scan_now(4);
+    let s = e.stats();
+    let vmas = pagefold_dedup::mm::vma_count().unwrap();
+    assert!(s.pages_sharing > 1000, "the engine merged little: {s:?}");
+    assert!(s.map_count_limited, "the budget never held: {s:?}");
+    assert!(
+        vmas <= max / 2,
+        "VMAs {vmas0} -> {vmas}, more than half of vm.max_map_count {max}: {s:?}"
+    );
+    assert_eq!(s.ksm_pages_sharing, 0, "{s:?}");
+    for i in 0..N {
+        assert_eq!(a.read(i), pattern(i as u64 + 1), "A page {i}");
+        assert_eq!(b.read((i * 7919) % N), pattern(i as u64 + 1), "B page");
+    }
+    e.shutdown();
+}
