@@ -253,7 +253,7 @@ impl Engine {
         let uffd = Arc::new(Uffd::new()?);
         let prot = Arc::new(Mutex::new(ProtState::default()));
         let pool = Pool::new(cfg.pool_max_bytes)?;
-        let core = Core::new(
+        let mut core = Core::new(
             pool,
             uffd.clone(),
             prot.clone(),
@@ -262,7 +262,6 @@ impl Engine {
             cfg.hash_override.is_none(),
             cfg.stripe_pages,
         )?;
-        let mut core = core;
         core.set_assist(cfg.assist);
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(stats::build(&core)),

@@ -647,14 +647,15 @@ impl Core {
         left
     }
 
-    /// Installs the KSM assist's configuration. The VMA budget depends on it
-    /// (with KSM to take over, the engine keeps to half of the process's
-    /// limit), so the budget is recomputed at once: a budget left from
-    /// before would hold until the next maps read, 10 s later, and let the
+    /// Installs the KSM assist's configuration, before any merge. The VMA
+    /// budget depends on it (with KSM to take over, the engine keeps to half
+    /// of the process's limit), so the budget is recomputed at once from
+    /// `new`'s maps read (nothing has used it since): a budget left from
+    /// before would hold until the next read, 10 s later, and let the
     /// engine's first pass of a large scattered group fill the whole limit.
-    pub fn set_assist(&mut self, cfg: AssistConfig) {
+    pub(crate) fn set_assist(&mut self, cfg: AssistConfig) {
         self.assist = KsmAssist::new(cfg);
-        self.refresh_map_count(true);
+        self.set_budget();
     }
 
     /// Re-reads the VMA count: at most every 10 s unless `force` or the
@@ -687,6 +688,11 @@ impl Core {
         }
         self.max_map_count = crate::mm::max_map_count();
         self.map_headroom = self.max_map_count.saturating_sub(self.map_vmas);
+        self.set_budget();
+    }
+
+    /// The VMA budget from the last maps read and the reserve.
+    fn set_budget(&mut self) {
         // Keep 1/16 of the limit for everything else in the process; with
         // KSM to take over scattered merges, the engine keeps to half of it.
         let reserve = if self.assist.enabled() {
