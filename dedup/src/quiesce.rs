@@ -41,8 +41,8 @@ pub struct Parked {
 impl Parked {
     /// Requests every quiescer in `all` (each once) and waits, up to
     /// [`PARK_DEADLINE`], until all have stopped.
-    pub fn park(all: &[Arc<dyn Quiesce>]) -> Parked {
-        let mut held: Vec<Arc<dyn Quiesce>> = Vec::with_capacity(all.len());
+    pub fn park<'a>(all: impl IntoIterator<Item = &'a Arc<dyn Quiesce>>) -> Parked {
+        let mut held: Vec<Arc<dyn Quiesce>> = Vec::new();
         for q in all {
             if !held.iter().any(|h| Arc::ptr_eq(h, q)) {
                 q.request();

@@ -1695,7 +1695,7 @@ impl Core {
         let _parked = (self.quiesce_min_ops > 0
             && ops.len() >= self.quiesce_min_ops
             && !self.quiescers.is_empty())
-        .then(|| Parked::park(&self.quiescers.values().cloned().collect::<Vec<_>>()));
+        .then(|| Parked::park(self.quiescers.values()));
         ops.sort_by_key(|o| (o.kind != OpKind::New, o.region, o.page));
         let mut new_slots: Vec<u32> = Vec::new();
         // Ops after this index join slots (phase 1), sorted by (region, page).
