@@ -14,10 +14,8 @@ fn two_regions_same_group_reach_exact_sharing() {
     let e = engine(256);
     let pm = Pagemap::open().unwrap();
     let (a, b) = (Mem::new(64), Mem::new(64));
-    for i in 0..64 {
-        a.fill(i, 1000 + i as u64);
-        b.fill(i, 1000 + i as u64);
-    }
+    a.fill_from(1000);
+    b.fill_from(1000);
     let _ra = a.register(&e, "vm-a", "g");
     let _rb = b.register(&e, "vm-b", "g");
     e.scan_now(2);
@@ -344,9 +342,9 @@ fn bad_registrations_are_rejected() {
 fn join_without_rehash_never_merges_a_changed_page_and_rehashes_it() {
     let e = engine(256);
     let (a, b, c) = (Mem::new(8), Mem::new(8), Mem::new(8));
+    a.fill_from(500);
+    b.fill_from(500);
     for i in 0..8 {
-        a.fill(i, 500 + i as u64);
-        b.fill(i, 500 + i as u64);
         c.fill(i, 0);
     }
     let _ra = a.register(&e, "vm-a", "g");
@@ -401,10 +399,8 @@ fn join_without_rehash_never_merges_a_changed_page_and_rehashes_it() {
 fn a_run_continues_without_hashing_and_a_wrong_guess_loses_nothing() {
     let e = engine(256);
     let (a, b, c) = (Mem::new(16), Mem::new(16), Mem::new(16));
-    for i in 0..16 {
-        a.fill(i, 500 + i as u64);
-        b.fill(i, 500 + i as u64);
-        c.fill(i, 500 + i as u64);
+    for m in [&a, &b, &c] {
+        m.fill_from(500);
     }
     // SAFETY: in bounds of c's page 10 and 12; no engine runs yet.
     unsafe {
@@ -471,10 +467,8 @@ fn merge_batches_park_the_regions_quiescers() {
     }
     let e = engine(256);
     let (a, b) = (Mem::new(32), Mem::new(32));
-    for i in 0..32 {
-        a.fill(i, 700 + i as u64);
-        b.fill(i, 700 + i as u64);
-    }
+    a.fill_from(700);
+    b.fill_from(700);
     let ra = a.register(&e, "vm-a", "g");
     let _rb = b.register(&e, "vm-b", "g");
     let q = Arc::new(Q::default());
@@ -490,10 +484,8 @@ fn merge_batches_park_the_regions_quiescers() {
     assert_eq!(q.held.load(Ordering::SeqCst), 0);
     // Taken back: later merges leave it alone.
     e.set_quiesce(ra, None);
-    for i in 0..32 {
-        a.fill(i, 900 + i as u64);
-        b.fill(i, 900 + i as u64);
-    }
+    a.fill_from(900);
+    b.fill_from(900);
     e.scan_now(3);
     assert!(e.stats().merges > 64, "{:?}", e.stats());
     assert_eq!(q.requests.load(Ordering::SeqCst), n);
@@ -521,15 +513,9 @@ fn register_after_removing_a_region_mid_pass() {
     })
     .unwrap();
     let (a, b, d) = (Mem::new(16), Mem::new(64), Mem::new(1024));
-    for i in 0..16 {
-        a.fill(i, 10_000 + i as u64);
-    }
-    for i in 0..64 {
-        b.fill(i, 20_000 + i as u64);
-    }
-    for i in 0..1024 {
-        d.fill(i, 30_000 + i as u64);
-    }
+    a.fill_from(10_000);
+    b.fill_from(20_000);
+    d.fill_from(30_000);
     let _ra = a.register(&e, "a", "g");
     let rb = b.register(&e, "b", "g");
     let _rd = d.register(&e, "d", "g");

@@ -36,6 +36,14 @@ impl Mem {
         unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.page_ptr(i), PS) };
     }
 
+    /// Fills every page i with the pattern of `base + i` (distinct pages;
+    /// two regions filled from one base are identical page by page).
+    pub fn fill_from(&self, base: u64) {
+        for i in 0..self.pages {
+            self.fill(i, base + i as u64);
+        }
+    }
+
     pub fn read(&self, i: usize) -> Vec<u8> {
         let mut v = vec![0u8; PS];
         // SAFETY: page i is inside our mapping.
