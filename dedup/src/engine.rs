@@ -564,7 +564,10 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     1
                 };
                 let sleep = effective_sleep(sh, &knobs, mode, idle);
-                if rep.spent == 0 {
+                if rep.census_pending {
+                    // The rest of a census pass, soon (see CENSUS_SLICE).
+                    sleep.min(IDLE_FLOOR)
+                } else if rep.spent == 0 {
                     // Nothing of the engine's to visit (every region is
                     // KSM's between censuses): no spinning at sleep 0.
                     sleep.max(IDLE_FLOOR)

@@ -45,6 +45,10 @@ pub const SPAN_PAGES: usize = 4096;
 /// Visit units: a hashed page costs `HASH_COST`, a pagemap-only visit 1
 /// (a wake-up of N page visits has N x `HASH_COST` units to spend).
 const HASH_COST: u64 = 4;
+/// Longest a batch walks KSM's regions for the census (the core lock is
+/// held meanwhile): a census of 2 x 2 GiB takes ~150 ms, so it is done in
+/// slices, on consecutive wake-ups (see [`BatchReport::census_pending`]).
+const CENSUS_SLICE: Duration = Duration::from_millis(20);
 /// Default longest stripe of identical pool pages a same-content run maps.
 pub const DEFAULT_STRIPE: u32 = 64;
 /// Kernel memory per VMA we create (vm_area_struct, anon_vma_chain, maple
@@ -97,6 +101,9 @@ pub struct BatchReport {
     /// Pages hashed for the first time (new to the engine): a region that
     /// just arrived, or memory a guest just touched.
     pub fresh: u64,
+    /// A census pass over KSM's regions stopped at its time slice: the
+    /// next wake-up should come soon, whatever the idle back-off says.
+    pub census_pending: bool,
 }
 
 /// The region index and page of page id `gid` (regions are sorted by
@@ -219,6 +226,8 @@ pub struct Core {
     /// census pass cost in all.
     census_spans: Duration,
     census_cost: Duration,
+    /// Time spent on assisted census spans in the current batch.
+    census_slice: Duration,
     /// Counters at the last per-region recount (see `end_pass`).
     recount_key: (u64, u64, u64, u64),
     /// Set while visiting hinted pages: they were just filled by a device,
@@ -292,6 +301,7 @@ impl Core {
             headroom_at_check: i64::MIN,
             census_spans: Duration::ZERO,
             census_cost: Duration::ZERO,
+            census_slice: Duration::ZERO,
             recount_key: (u64::MAX, 0, 0, 0),
             trusted: false,
             hint_index: HashMap::new(),
@@ -722,6 +732,7 @@ impl Core {
         let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let units0 = visit_units;
+        self.census_slice = Duration::ZERO;
         if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
             self.unstable.reset(self.tracked_pages() as usize);
         }
@@ -734,9 +745,11 @@ impl Core {
             // Read pagemap only for pages this wake-up can visit: every visit
             // costs at least one visit unit, so a small wake-up (auto mode's
             // untriggered rounds scan ~5 pages) must not pay for a whole span.
-            let n = (self.regions[ri].npages - start)
-                .min(SPAN_PAGES)
-                .min(usize::try_from(visit_units).unwrap_or(usize::MAX).max(1));
+            // (KSM's regions are not paced by visits: whole spans.)
+            let mut n = (self.regions[ri].npages - start).min(SPAN_PAGES);
+            if !self.regions[ri].assisted {
+                n = n.min(usize::try_from(visit_units).unwrap_or(usize::MAX).max(1));
+            }
             let used = self.scan_span(ri, start, n, &mut visit_units, merge);
             self.cursor_page += used;
             if self.cursor_page >= self.regions[ri].npages {
@@ -748,6 +761,10 @@ impl Core {
                     rep.pass_completed = true;
                     break;
                 }
+            }
+            if self.census_slice >= CENSUS_SLICE {
+                rep.census_pending = true;
+                break;
             }
         }
         rep.merges = self.counters.merges + self.counters.zero_merges - before;
@@ -956,11 +973,20 @@ impl Core {
             // census passes (pagemap walks of 100k+ VMAs are not free).
             return n;
         }
-        let timed = self.regions[ri].assisted.then(Instant::now);
-        let used = self.scan_span_inner(ri, start, n, visit_units, merge);
-        if let Some(t) = timed {
-            self.census_spans += t.elapsed();
+        if !self.regions[ri].assisted {
+            return self.scan_span_inner(ri, start, n, visit_units, merge);
         }
+        // A census span is a pagemap read and a frame list, not a scan: it
+        // is paced by time (`CENSUS_SLICE` per batch, a pass every second
+        // or two), not by `pages_to_scan`. Charged by visit units, a census
+        // of 2 x 512 MiB at an idle engine's 1 s wake-ups took 18 s, and
+        // the sharing KSM had reached went unreported all that while.
+        let t = Instant::now();
+        let mut units = n as u64 * HASH_COST;
+        let used = self.scan_span_inner(ri, start, n, &mut units, merge);
+        let spent = t.elapsed();
+        self.census_spans += spent;
+        self.census_slice += spent;
         used
     }
 

@@ -29,10 +29,14 @@ fn permutation(n: usize, mut x: u64) -> Vec<usize> {
 }
 
 fn engine(assist: AssistMode, lock_held: bool) -> Engine {
+    engine_at(assist, lock_held, 4096, 5)
+}
+
+fn engine_at(assist: AssistMode, lock_held: bool, pages_to_scan: u64, sleep_ms: u64) -> Engine {
     Engine::new(EngineConfig {
         knobs: Knobs {
-            pages_to_scan: 4096,
-            sleep_millisecs: 5,
+            pages_to_scan,
+            sleep_millisecs: sleep_ms,
             max_page_sharing: 256,
         },
         assist: AssistConfig {
@@ -145,6 +149,61 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
         "KSM knobs not restored"
     );
     e.shutdown();
+}
+
+/// Waits until the engine reports `want` pages sharing; returns how long
+/// that took, or None after `limit`.
+fn wait_sharing(e: &Engine, want: u64, limit: Duration) -> Option<Duration> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if e.stats().pages_sharing == want {
+            return Some(t.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn the_census_keeps_up_with_ksm_while_the_engine_idles() {
+    // A slow engine (64 pages a wake-up) that has backed off to 1 s
+    // wake-ups: the census of KSM's 12,000 pages must still come within
+    // seconds of a change. Paced like a scan (256 pagemap visits a
+    // wake-up) it took ~47 wake-ups, i.e. most of a minute, and every
+    // figure KSM reached in between went unreported.
+    let _ksm = ksm::ksm_exclusive().unwrap();
+    let root = std::path::Path::new(KSM_SYSFS);
+    let before = ksm::snapshot_tunables(root);
+    let (a, b, perm) = scattered_pair();
+    let e = engine_at(AssistMode::Auto, true, 64, 20);
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    e.set_mode(Mode::On).unwrap();
+    let first = wait_sharing(&e, N as u64, Duration::from_secs(90));
+    let s = e.stats();
+    assert!(first.is_some(), "not converged: {s:?}");
+    assert!(s.ksm_assist.starts_with("engaged: group g"), "{s:?}");
+    // Let KSM find nothing more for a while and the engine back off.
+    std::thread::sleep(Duration::from_secs(6));
+    // A guest write to a KSM-merged page of A: the pair no longer shares.
+    let pm = Pagemap::open().unwrap();
+    let k = (0..N)
+        .find(|&i| !a.entry(&pm, i).file() && a.pfn(&pm, i) == b.pfn(&pm, perm[i]))
+        .expect("a pair KSM merged");
+    a.fill(k, 777_777);
+    let lag = wait_sharing(&e, N as u64 - 1, Duration::from_secs(60));
+    let s = e.stats();
+    assert!(
+        lag.is_some_and(|d| d < Duration::from_secs(8)),
+        "a KSM copy-on-write break took {lag:?} to show: {s:?}"
+    );
+    assert_eq!(b.read(perm[k]), pattern(k as u64 + 1));
+    e.shutdown();
+    assert_eq!(
+        ksm::snapshot_tunables(root),
+        before,
+        "KSM knobs not restored"
+    );
 }
 
 #[test]
