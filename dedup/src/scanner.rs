@@ -889,10 +889,16 @@ impl Core {
             // not idle, keep the census on time.
             self.pass_progress += 1;
         }
-        // Every second while KSM works for us, every 2 s once it idles,
-        // and no more often than 20x the last census pass took (<= 5 %).
-        let every = Duration::from_secs(if self.assist.ksm_busy() { 1 } else { 2 })
-            .max(self.census_cost * 20);
+        // Every second while KSM works for us, at most 5 % of a core (20x
+        // the last census pass's time apart); every 2 s once it idles, at
+        // most 0.5 % (200x apart: 2 x 512 MiB take ~36 ms, so ~7 s apart,
+        // and an idle engine with KSM's regions costs about what idle KSM
+        // at its defaults does).
+        let every = if self.assist.ksm_busy() {
+            Duration::from_secs(1).max(self.census_cost * 20)
+        } else {
+            Duration::from_secs(2).max(self.census_cost * 200)
+        };
         self.census_due = self.census_at.is_none_or(|t| t.elapsed() >= every);
         if self.pass_progress == 0 {
             self.idle_passes = self.idle_passes.saturating_add(1);
