@@ -370,6 +370,15 @@ impl KsmAssist {
         }
     }
 
+    /// KSM has finished a full scan since the engine last counted a pass
+    /// (i.e. since the last census); unlike
+    /// [`KsmAssist::ksm_scanned_since_last_look`], only looks.
+    pub fn ksm_scan_uncounted(&self) -> bool {
+        self.engaged
+            .as_ref()
+            .is_some_and(|e| e.running && e.last_full_scans != e.counted_scans)
+    }
+
     /// KSM is scanning for us and has not yet had two full scans in a row
     /// without new merges (it may still be between checksum and merge).
     pub fn ksm_busy(&self) -> bool {

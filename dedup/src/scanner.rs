@@ -106,6 +106,25 @@ pub struct BatchReport {
     pub census_pending: bool,
 }
 
+/// How long after the last census the next one is due, given what the last
+/// one cost. When KSM has finished a full scan since (what it merged in it
+/// is counted at once: the figure a converging group settles on), at most
+/// 5 % of a core (20x the cost apart, and 1 s); in between, while KSM
+/// works, at most 2 % (50x apart: progress shows); once it idles, every
+/// 2 s at most 0.5 % (200x apart: 2 x 512 MiB take ~36 ms, so ~7 s apart,
+/// and the engine's share of an idle assisted group then costs about what
+/// idle KSM at its defaults does).
+fn census_interval(cost: Duration, ksm_scanned: bool, ksm_busy: bool) -> Duration {
+    let floor = Duration::from_secs(1).max(cost * 20);
+    if ksm_scanned {
+        floor
+    } else if ksm_busy {
+        floor.max(cost * 50)
+    } else {
+        Duration::from_secs(2).max(cost * 200)
+    }
+}
+
 /// The region index and page of page id `gid` (regions are sorted by
 /// `gid_base`); None for an id past its region's end (a removed region's).
 fn locate_in(regions: &[Region], gid: u32) -> Option<(usize, usize)> {
@@ -889,16 +908,11 @@ impl Core {
             // not idle, keep the census on time.
             self.pass_progress += 1;
         }
-        // Every second while KSM works for us, at most 5 % of a core (20x
-        // the last census pass's time apart); every 2 s once it idles, at
-        // most 0.5 % (200x apart: 2 x 512 MiB take ~36 ms, so ~7 s apart,
-        // and an idle engine with KSM's regions costs about what idle KSM
-        // at its defaults does).
-        let every = if self.assist.ksm_busy() {
-            Duration::from_secs(1).max(self.census_cost * 20)
-        } else {
-            Duration::from_secs(2).max(self.census_cost * 200)
-        };
+        let every = census_interval(
+            self.census_cost,
+            self.assist.ksm_scan_uncounted(),
+            self.assist.ksm_busy(),
+        );
         self.census_due = self.census_at.is_none_or(|t| t.elapsed() >= every);
         if self.pass_progress == 0 {
             self.idle_passes = self.idle_passes.saturating_add(1);
@@ -1925,5 +1939,32 @@ impl Core {
         let t = self.tracked_pages().max(1);
         let fixed = (self.scratch.capacity() * 8) as u64;
         (self.metadata_bytes() - fixed) as f64 / t as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn census_pace_keeps_each_state_within_its_share_of_a_core() {
+        let ms = Duration::from_millis;
+        // Cheap censuses: the time floors rule.
+        assert_eq!(census_interval(ms(2), true, true), ms(1000));
+        assert_eq!(census_interval(ms(2), false, true), ms(1000));
+        assert_eq!(census_interval(ms(2), false, false), ms(2000));
+        // 2 x 2 GiB (~150 ms a census): 5 %, 2 %, 0.5 % of a core.
+        let c = ms(150);
+        for (scanned, busy, share) in [
+            (true, true, 0.05),
+            (false, true, 0.02),
+            (false, false, 0.005),
+        ] {
+            let every = census_interval(c, scanned, busy);
+            let got = c.as_secs_f64() / every.as_secs_f64();
+            assert!((got - share).abs() < 1e-9, "{scanned} {busy}: {got}");
+        }
+        // A finished KSM scan is counted sooner than anything else.
+        assert!(census_interval(c, true, false) < census_interval(c, false, true));
     }
 }
