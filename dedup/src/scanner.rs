@@ -630,9 +630,16 @@ impl Core {
                 i += 1;
             }
             let addr = self.regions[ri].page_addr(s);
+            let r = &self.regions[ri];
+            let slots: Vec<Option<*const u8>> = (s..i)
+                .map(|p| {
+                    (region::kind(r.state[p]) == MERGED)
+                        .then(|| self.pool.page_ptr(r.word[p]) as *const u8)
+                })
+                .collect();
             let ok = {
                 let ctx = self.ctx();
-                merge::unmerge_chunk(&ctx, addr, i - s)
+                merge::unmerge_chunk(&ctx, addr, i - s, &slots)
             };
             match ok {
                 Ok(true) => {

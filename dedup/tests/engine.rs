@@ -103,6 +103,57 @@ fn unmerge_returns_private_pages_with_contents_intact() {
 }
 
 #[test]
+fn unmerge_copies_each_page_from_where_its_content_is() {
+    // Merged pages in three states when the unmerge comes, with no scan in
+    // between to notice: never touched since the merge (not mapped in: read
+    // from the pool slot), read since (the pool page mapped in), and
+    // written since (a private copy-on-write page the engine still thinks
+    // merged: its own content, not the slot's, must survive).
+    let e = engine(256);
+    let pm = Pagemap::open().unwrap();
+    let a = Mem::new(192);
+    for i in 0..192 {
+        a.fill(i, 1 + (i as u64 % 3));
+    }
+    a.register(&e, "a", "g");
+    e.scan_now(2);
+    assert!(e.stats().pages_sharing > 150, "{:?}", e.stats());
+    let mut want: Vec<Vec<u8>> = (0..192).map(|i| pattern(1 + (i as u64 % 3))).collect();
+    let (mut untouched, mut read, mut written) = (0, 0, 0);
+    for (i, w) in want.iter_mut().enumerate() {
+        let en = a.entry(&pm, i);
+        if en.present() && !en.file() {
+            continue; // a page kept private (a stripe's own)
+        }
+        match i % 3 {
+            0 => untouched += 1,
+            1 => {
+                let _ = a.read(i);
+                read += 1;
+            }
+            _ => {
+                a.fill(i, 500 + i as u64);
+                *w = pattern(500 + i as u64);
+                written += 1;
+            }
+        }
+    }
+    assert!(
+        untouched > 30 && read > 30 && written > 30,
+        "{untouched} {read} {written}"
+    );
+    e.set_mode(Mode::Unmerge).unwrap();
+    assert!(e.wait_mode(Mode::Off, Duration::from_secs(20)));
+    assert_eq!(e.stats().pool_pages, 0);
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(&a.read(i), w, "page {i}");
+        let en = a.entry(&pm, i);
+        assert!(en.present() && !en.file(), "page {i} not private: {en:?}");
+    }
+    e.check_consistency().unwrap();
+}
+
+#[test]
 fn max_page_sharing_is_respected() {
     let e = engine(10);
     let pm = Pagemap::open().unwrap();

@@ -7,7 +7,8 @@
 //! A second run uses a deliberately weak hash so that most hash matches are
 //! collisions only the full compare can reject. A third hands the scattered
 //! group to kernel KSM mid-run (the KSM assist), so engine merges, KSM
-//! merges, the hand-over and the unmerge all meet the writers.
+//! merges, the hand-over and the unmerge all meet the writers. In the
+//! first two, the last round unmerges everything while the writers write.
 
 mod common;
 
@@ -64,6 +65,7 @@ fn run(
     pages_per: usize,
     seed: u64,
     assist: AssistConfig,
+    unmerge_under_writes: bool,
 ) {
     let e = Arc::new(
         Engine::new(EngineConfig {
@@ -205,6 +207,18 @@ fn run(
 
     let mut total_writes_seen = 0;
     for round in 0..rounds {
+        if unmerge_under_writes && round + 1 == rounds {
+            // The last round unmerges while the writers keep writing: every
+            // chunk is copied and remapped under their feet, merged pages
+            // never touched since their merge (not mapped in) included.
+            e.set_mode(Mode::Unmerge).unwrap();
+            assert!(
+                e.wait_mode(Mode::Off, Duration::from_secs(30)),
+                "unmerge under writes did not finish: {:?}",
+                e.stats()
+            );
+            assert_eq!(e.stats().pool_pages, 0, "pool pages left by the unmerge");
+        }
         std::thread::sleep(Duration::from_millis(round_ms));
         pause.store(true, Ordering::Release);
         barrier.wait();
@@ -254,9 +268,15 @@ fn run(
     assert!(s.merges > 100, "the engine hardly merged: {s:?}");
     assert_eq!(stray, 0, "write-protection left behind");
     if assist.mode == AssistMode::Auto {
+        // Both groups get their duplicates at unrelated addresses (g1
+        // across two regions, g2 within one), and the assist takes the
+        // first group that needs it: which one crosses first depends on
+        // the pass timing (seen: g2 once in five runs with the other
+        // torture tests loading the machine).
         assert!(
-            s.ksm_assist.starts_with("engaged: group g1"),
-            "the scattered group was never handed to KSM: {:?}",
+            s.ksm_assist.starts_with("engaged: group g1")
+                || s.ksm_assist.starts_with("engaged: group g2"),
+            "no scattered group was handed to KSM: {:?}",
             s.ksm_assist
         );
         // Under this churn KSM (which wants two equal checksums) merges
@@ -313,7 +333,15 @@ fn run(
 #[test]
 fn torture_xxh3() {
     let t = Instant::now();
-    run(None, 20, 600, 1024, 0x1234_5678, AssistConfig::default());
+    run(
+        None,
+        20,
+        600,
+        1024,
+        0x1234_5678,
+        AssistConfig::default(),
+        true,
+    );
     eprintln!("torture_xxh3 took {:?}", t.elapsed());
 }
 
@@ -328,6 +356,7 @@ fn torture_weak_hash_collisions() {
         512,
         0xfeed_beef,
         AssistConfig::default(),
+        true,
     );
     eprintln!("torture_weak_hash took {:?}", t.elapsed());
 }
@@ -355,6 +384,9 @@ fn torture_ksm_assist() {
             lock_held: true, // this test holds ksm_exclusive()
             ..AssistConfig::default()
         },
+        // Its checks after the rounds need the group still KSM's; its
+        // unmerge (KSM's pages back first) runs after the writers stop.
+        false,
     );
     assert_eq!(
         pagefold_dedup::ksm::snapshot_tunables(root),
