@@ -539,13 +539,21 @@ fn scanner_loop(sh: &Arc<Shared>) {
                 let (rep, idle) = {
                     let mut core = lock(&sh.core);
                     core.knobs = knobs;
+                    let mut hinted = BatchReport::default();
                     if plan.merge && !hints.is_empty() {
                         // Device-filled pages first, with their own budget.
-                        core.run_hints(&mut hints, plan.pages_to_visit.max(HINT_PAGES_PER_WAKEUP));
+                        hinted = core
+                            .run_hints(&mut hints, plan.pages_to_visit.max(HINT_PAGES_PER_WAKEUP));
                     } else {
                         hints.clear();
                     }
-                    let rep = core.run_batch(plan.pages_to_visit.max(1), plan.merge);
+                    let mut rep = core.run_batch(plan.pages_to_visit.max(1), plan.merge);
+                    // Merges the hints brought pay off like the scan's: left
+                    // out, the scan behind them found little and slowed down
+                    // (two-VM build: 7,457 pages merged at the end with
+                    // hints against 7,642 without).
+                    rep.merges += hinted.merges;
+                    rep.fresh += hinted.fresh;
                     core.assist
                         .drive(plan.merge, plan.pages_to_visit, knobs.sleep_millisecs);
                     sh.publish(&core);

@@ -261,6 +261,10 @@ pub struct Core {
     /// Merges made on hinted visits and the sum of their delays (seconds).
     pub hint_merges: u64,
     pub hint_delay_sum: f64,
+    /// While visiting hinted ranges: the merge ops planned so far, executed
+    /// once at the end of the visit (one vCPU park for all ranges of a
+    /// wake-up instead of one per range).
+    deferred: Option<Vec<Op>>,
 }
 
 impl Core {
@@ -327,6 +331,7 @@ impl Core {
             hint_fifo: std::collections::VecDeque::new(),
             hint_merges: 0,
             hint_delay_sum: 0.0,
+            deferred: None,
         };
         c.refresh_map_count(true);
         Ok(c)
@@ -807,9 +812,22 @@ impl Core {
     /// visits, from the front of `hints`; what the visits did not reach is
     /// left in `hints` (the rest of a range included). Ranges outside the
     /// regions (or in KSM's) are dropped.
-    pub fn run_hints(&mut self, hints: &mut Vec<Hint>, pages_to_visit: u64) {
+    ///
+    /// Returns what the visit did (merges and first-time hashes), which
+    /// counts towards the wake-up's pace like the scan's own.
+    pub fn run_hints(&mut self, hints: &mut Vec<Hint>, pages_to_visit: u64) -> BatchReport {
+        let before = self.counters.merges + self.counters.zero_merges;
+        let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let mut done = 0;
+        // The merges of every range are planned first and executed together
+        // (`deferred`): each batch parks the VMs' vCPUs, and a wake-up's
+        // hints are many small ranges (one per virtio request). Executed one
+        // range at a time, the two-VM build spent more engine CPU with hints
+        // than without (0.73 vs 0.58 s) and merged fewer pages.
+        self.deferred = Some(Vec::new());
+        // (region, first page, end, planned ops, hint time) per range.
+        let mut visited: Vec<(usize, usize, usize, usize, Instant)> = Vec::new();
         while done < hints.len() && visit_units > 0 {
             let h = hints[done];
             let Some(ri) = self.regions.iter().position(|r| r.contains(h.addr)) else {
@@ -824,7 +842,15 @@ impl Core {
             let first = (h.addr - r.addr) / crate::PAGE_SIZE;
             let end = (h.addr.saturating_add(h.len).min(r.addr + r.len()) - r.addr)
                 .div_ceil(crate::PAGE_SIZE);
-            let before = self.counters.merges + self.counters.zero_merges;
+            if visited
+                .iter()
+                .any(|v| v.0 == ri && v.1 < end && first < v.2)
+            {
+                // A page read again in this wake-up: what is planned for it
+                // runs first, so the page is seen as it then is.
+                self.flush_hint_ops(&mut visited);
+            }
+            let planned = self.deferred.as_ref().map_or(0, Vec::len);
             let mut p = first;
             self.trusted = true;
             while p < end && visit_units > 0 {
@@ -832,9 +858,8 @@ impl Core {
                 p += self.scan_span(ri, p, n, &mut visit_units, true);
             }
             self.trusted = false;
-            let merged = self.counters.merges + self.counters.zero_merges - before;
-            self.hint_merges += merged;
-            self.hint_delay_sum += merged as f64 * h.at.elapsed().as_secs_f64();
+            let planned = self.deferred.as_ref().map_or(0, Vec::len) - planned;
+            visited.push((ri, first, p, planned, h.at));
             if p < end {
                 let addr = self.regions[ri].page_addr(p);
                 hints[done].len = h.addr + h.len - addr;
@@ -843,7 +868,45 @@ impl Core {
             }
             done += 1;
         }
+        self.flush_hint_ops(&mut visited);
+        self.deferred = None;
         hints.drain(..done);
+        BatchReport {
+            merges: self.counters.merges + self.counters.zero_merges - before,
+            fresh: self.fresh_hashed - fresh_before,
+            ..BatchReport::default()
+        }
+    }
+
+    /// Executes the merges planned by hint visits so far, counts them (and
+    /// their delay since the device filled the pages: the ranges' planned
+    /// ops weigh their ages), and judges the groups for the KSM assist.
+    fn flush_hint_ops(&mut self, visited: &mut Vec<(usize, usize, usize, usize, Instant)>) {
+        let ops = self.deferred.replace(Vec::new()).unwrap_or_default();
+        let before = self.counters.merges + self.counters.zero_merges;
+        if !ops.is_empty() {
+            let mut freed = Vec::new();
+            self.execute(ops, &mut freed);
+            self.release_slots(&freed);
+        }
+        let merged = self.counters.merges + self.counters.zero_merges - before;
+        let planned: usize = visited.iter().map(|v| v.3).sum();
+        if merged > 0 && planned > 0 {
+            let age: f64 = visited
+                .iter()
+                .map(|v| v.3 as f64 * v.4.elapsed().as_secs_f64())
+                .sum::<f64>()
+                / planned as f64;
+            self.hint_merges += merged;
+            self.hint_delay_sum += merged as f64 * age;
+        }
+        let mut groups: Vec<u32> = visited.iter().map(|v| self.regions[v.0].group).collect();
+        groups.sort_unstable();
+        groups.dedup();
+        for g in groups {
+            self.maybe_assist(g);
+        }
+        visited.clear();
     }
 
     /// Remembers a hinted page that found no partner.
@@ -1118,6 +1181,13 @@ impl Core {
             prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
         }
         self.scratch = entries;
+        if let Some(d) = self.deferred.as_mut() {
+            // A hint visit: executed (and the group judged for the KSM
+            // assist, which must not meet planned ops) at its end.
+            d.append(&mut ops);
+            self.release_slots(&freed);
+            return used;
+        }
         if !ops.is_empty() {
             self.execute(ops, &mut freed);
         }

@@ -154,3 +154,70 @@ fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
     core.unregister(core.regions[0].id, true).unwrap();
     core.check_consistency().unwrap();
 }
+
+/// Two hinted ranges of one wake-up overlap (a page read twice): the
+/// merges a wake-up's hints plan are executed together at its end, so the
+/// second visit would meet the first one's merges still planned, and would
+/// take them for copy-on-write breaks. The overlap runs what is planned
+/// first.
+#[test]
+fn overlapping_hints_in_one_wake_up_keep_exact_refcounts() {
+    use pagefold_dedup::fault::ProtState;
+    use pagefold_dedup::pool::Pool;
+    use pagefold_dedup::scanner::{Core, Hint, DEFAULT_STRIPE};
+    use pagefold_dedup::uffd::Uffd;
+    use std::sync::{Arc, Mutex};
+
+    let m = Mem::new(256);
+    for i in 0..256 {
+        m.fill(i, 9000 + (i as u64 % 128));
+    }
+    let mut core = Core::new(
+        Pool::new(1 << 30).unwrap(),
+        Arc::new(Uffd::new().unwrap()),
+        Arc::new(Mutex::new(ProtState::default())),
+        Knobs {
+            pages_to_scan: 1 << 20,
+            sleep_millisecs: 0,
+            max_page_sharing: 256,
+        },
+        pagefold_dedup::hash::xxh3,
+        true,
+        DEFAULT_STRIPE,
+    )
+    .unwrap();
+    core.register(m.addr, 256 * PS, "a".into(), "g".into())
+        .unwrap();
+    // Pass 1 hashes everything.
+    assert!(core.run_batch(1 << 20, true).pass_completed);
+    let now = Instant::now();
+    // The first copy's read, the second copy's, then part of it again.
+    let mut hints = vec![
+        Hint {
+            addr: m.addr,
+            len: 64 * PS,
+            at: now,
+        },
+        Hint {
+            addr: m.addr + 128 * PS,
+            len: 64 * PS,
+            at: now,
+        },
+        Hint {
+            addr: m.addr + 150 * PS,
+            len: 20 * PS,
+            at: now,
+        },
+    ];
+    let rep = core.run_hints(&mut hints, 1 << 20);
+    assert!(hints.is_empty());
+    assert!(rep.merges >= 64, "{rep:?}");
+    core.check_consistency().unwrap();
+    let pm = Pagemap::open().unwrap();
+    for i in 128..192 {
+        assert_eq!(m.pfn(&pm, i), m.pfn(&pm, i - 128), "page {i} not merged");
+        assert_eq!(m.read(i), pattern(9000 + (i as u64 % 128)));
+    }
+    core.unregister(core.regions[0].id, true).unwrap();
+    core.check_consistency().unwrap();
+}
