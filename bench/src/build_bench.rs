@@ -197,6 +197,10 @@ pub struct BuildRow {
     pub engine_cpu_stdev_s: f64,
     pub npages_mean: f64,
     pub npages_stdev: f64,
+    /// Pages merged over the build, in page-seconds (the area under the
+    /// npages curve, [`npages_area`]), mean over runs: what merging earlier
+    /// (I/O hints) gains, which the end-of-build npages does not show.
+    pub npages_area_mean: f64,
     pub peak_saving_mean_bytes: f64,
     pub cow_breaks_mean: f64,
     pub t_final_npages_s: Option<f64>,
@@ -418,6 +422,15 @@ pub fn run_build_bench(
     })
 }
 
+/// The area under a run's npages curve in page-seconds: each sample's
+/// npages held until the next sample (the samples end with the build).
+pub(crate) fn npages_area(samples: &[BuildSample]) -> f64 {
+    samples
+        .windows(2)
+        .map(|w| (w[1].t_s - w[0].t_s).max(0.0) * w[0].npages as f64)
+        .sum()
+}
+
 /// Mean and stdev of `runs` for one system; checksums agree when every
 /// run's two VMs reported `want`.
 pub(crate) fn row(
@@ -436,6 +449,7 @@ pub(crate) fn row(
     let (guest_cpu_mean_s, _) = col(|r| r.guest_cpu_s);
     let (engine_cpu_mean_s, engine_cpu_stdev_s) = col(|r| r.engine_cpu_s);
     let (npages_mean, npages_stdev) = col(|r| r.npages as f64);
+    let (npages_area_mean, _) = col(|r| npages_area(&r.samples));
     let (peak, _) = col(|r| (r.peak_npages * PAGE as u64) as f64);
     let (cow_breaks_mean, _) = col(|r| r.cow_breaks as f64);
     let finals: Vec<f64> = runs.iter().filter_map(|r| r.t_final_npages_s).collect();
@@ -457,6 +471,7 @@ pub(crate) fn row(
         engine_cpu_stdev_s,
         npages_mean,
         npages_stdev,
+        npages_area_mean,
         peak_saving_mean_bytes: peak,
         cow_breaks_mean,
         t_final_npages_s,
@@ -792,6 +807,20 @@ mod tests {
     }
 
     #[test]
+    fn npages_area_holds_each_sample_until_the_next() {
+        let s = |t_s: f64, npages: u64| BuildSample { t_s, npages };
+        assert_eq!(npages_area(&[]), 0.0);
+        assert_eq!(npages_area(&[s(0.0, 5)]), 0.0);
+        // 10 pages for 1 s, 30 for 0.5 s; the last sample ends the build.
+        let a = npages_area(&[s(0.0, 10), s(1.0, 30), s(1.5, 99)]);
+        assert!((a - 25.0).abs() < 1e-9, "{a}");
+        // Merging the same pages sooner gives the larger area.
+        let late = npages_area(&[s(0.0, 0), s(1.0, 100), s(2.0, 100)]);
+        let early = npages_area(&[s(0.0, 100), s(1.0, 100), s(2.0, 100)]);
+        assert!(early > late);
+    }
+
+    #[test]
     fn selects_build_systems_in_run_order() {
         let all = select_build_systems(&[]).unwrap();
         let names: Vec<_> = all.iter().map(|s| s.name()).collect();
@@ -885,6 +914,7 @@ mod tests {
             "engine_cpu_mean_s",
             "npages_mean",
             "npages_stdev",
+            "npages_area_mean",
             "t_final_npages_s",
             "checksums_agree",
         ] {

@@ -22,6 +22,7 @@ fn cells(r: &BuildRow) -> Vec<String> {
         format!("{:.2} ± {:.2}", r.sys_mean_s, r.sys_stdev_s),
         format!("{:.3} ± {:.3}", r.engine_cpu_mean_s, r.engine_cpu_stdev_s),
         format!("{:.0} ± {:.0}", r.npages_mean, r.npages_stdev),
+        format!("{:.0}", r.npages_area_mean),
         format!("{:.1}", r.peak_saving_mean_bytes / MIB),
         format!("{:.0}", r.cow_breaks_mean),
         r.t_final_npages_s.map_or("-".into(), |t| format!("{t:.2}")),
@@ -29,7 +30,7 @@ fn cells(r: &BuildRow) -> Vec<String> {
     ]
 }
 
-const HEADERS: [&str; 11] = [
+const HEADERS: [&str; 12] = [
     "system",
     "runs",
     "real (s)",
@@ -37,6 +38,7 @@ const HEADERS: [&str; 11] = [
     "sys (s)",
     "engine cpu (s)",
     "npages",
+    "npages area (page s)",
     "peak saving (MiB)",
     "COW breaks",
     "t final npages (s)",
@@ -135,6 +137,7 @@ pub(crate) struct JsonRow<'a> {
     engine_cpu_stdev_s: f64,
     npages_mean: f64,
     npages_stdev: f64,
+    npages_area_mean: f64,
     peak_saving_mean_bytes: f64,
     cow_breaks_mean: f64,
     t_final_npages_s: Option<f64>,
@@ -170,6 +173,7 @@ pub(crate) fn json_rows(rows: &[BuildRow]) -> Vec<JsonRow<'_>> {
             engine_cpu_stdev_s: x.engine_cpu_stdev_s,
             npages_mean: x.npages_mean,
             npages_stdev: x.npages_stdev,
+            npages_area_mean: x.npages_area_mean,
             peak_saving_mean_bytes: x.peak_saving_mean_bytes,
             cow_breaks_mean: x.cow_breaks_mean,
             t_final_npages_s: x.t_final_npages_s,
