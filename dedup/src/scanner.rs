@@ -125,6 +125,18 @@ fn census_interval(cost: Duration, ksm_scanned: bool, ksm_busy: bool) -> Duratio
     }
 }
 
+/// A hinted range visited in this wake-up, its merges maybe still planned.
+struct HintVisit {
+    region: usize,
+    /// Pages `first..end` of the region were visited.
+    first: usize,
+    end: usize,
+    /// Merge ops the visit planned.
+    planned: usize,
+    /// When the device filled the range.
+    at: Instant,
+}
+
 /// The region index and page of page id `gid` (regions are sorted by
 /// `gid_base`); None for an id past its region's end (a removed region's).
 fn locate_in(regions: &[Region], gid: u32) -> Option<(usize, usize)> {
@@ -759,7 +771,7 @@ impl Core {
             return rep;
         }
         self.refresh_map_count(false);
-        let before = self.counters.merges + self.counters.zero_merges;
+        let before = self.merges_done();
         let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let units0 = visit_units;
@@ -798,7 +810,7 @@ impl Core {
                 break;
             }
         }
-        rep.merges = self.counters.merges + self.counters.zero_merges - before;
+        rep.merges = self.merges_done() - before;
         rep.spent = units0 - visit_units;
         rep.fresh = self.fresh_hashed - fresh_before;
         if rep.merges > 0 {
@@ -816,7 +828,7 @@ impl Core {
     /// Returns what the visit did (merges and first-time hashes), which
     /// counts towards the wake-up's pace like the scan's own.
     pub fn run_hints(&mut self, hints: &mut Vec<Hint>, pages_to_visit: u64) -> BatchReport {
-        let before = self.counters.merges + self.counters.zero_merges;
+        let before = self.merges_done();
         let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let mut done = 0;
@@ -826,8 +838,7 @@ impl Core {
         // range at a time, the two-VM build spent more engine CPU with hints
         // than without (0.73 vs 0.58 s) and merged fewer pages.
         self.deferred = Some(Vec::new());
-        // (region, first page, end, planned ops, hint time) per range.
-        let mut visited: Vec<(usize, usize, usize, usize, Instant)> = Vec::new();
+        let mut visited: Vec<HintVisit> = Vec::new();
         while done < hints.len() && visit_units > 0 {
             let h = hints[done];
             let Some(ri) = self.regions.iter().position(|r| r.contains(h.addr)) else {
@@ -844,7 +855,7 @@ impl Core {
                 .div_ceil(crate::PAGE_SIZE);
             if visited
                 .iter()
-                .any(|v| v.0 == ri && v.1 < end && first < v.2)
+                .any(|v| v.region == ri && v.first < end && first < v.end)
             {
                 // A page read again in this wake-up: what is planned for it
                 // runs first, so the page is seen as it then is.
@@ -859,7 +870,13 @@ impl Core {
             }
             self.trusted = false;
             let planned = self.deferred.as_ref().map_or(0, Vec::len) - planned;
-            visited.push((ri, first, p, planned, h.at));
+            visited.push(HintVisit {
+                region: ri,
+                first,
+                end: p,
+                planned,
+                at: h.at,
+            });
             if p < end {
                 let addr = self.regions[ri].page_addr(p);
                 hints[done].len = h.addr + h.len - addr;
@@ -872,35 +889,43 @@ impl Core {
         self.deferred = None;
         hints.drain(..done);
         BatchReport {
-            merges: self.counters.merges + self.counters.zero_merges - before,
+            merges: self.merges_done() - before,
             fresh: self.fresh_hashed - fresh_before,
             ..BatchReport::default()
         }
     }
 
+    /// Merges made so far, zero-page drops included (what a batch reports).
+    fn merges_done(&self) -> u64 {
+        self.counters.merges + self.counters.zero_merges
+    }
+
     /// Executes the merges planned by hint visits so far, counts them (and
     /// their delay since the device filled the pages: the ranges' planned
     /// ops weigh their ages), and judges the groups for the KSM assist.
-    fn flush_hint_ops(&mut self, visited: &mut Vec<(usize, usize, usize, usize, Instant)>) {
+    fn flush_hint_ops(&mut self, visited: &mut Vec<HintVisit>) {
         let ops = self.deferred.replace(Vec::new()).unwrap_or_default();
-        let before = self.counters.merges + self.counters.zero_merges;
+        let before = self.merges_done();
         if !ops.is_empty() {
             let mut freed = Vec::new();
             self.execute(ops, &mut freed);
             self.release_slots(&freed);
         }
-        let merged = self.counters.merges + self.counters.zero_merges - before;
-        let planned: usize = visited.iter().map(|v| v.3).sum();
+        let merged = self.merges_done() - before;
+        let planned: usize = visited.iter().map(|v| v.planned).sum();
         if merged > 0 && planned > 0 {
             let age: f64 = visited
                 .iter()
-                .map(|v| v.3 as f64 * v.4.elapsed().as_secs_f64())
+                .map(|v| v.planned as f64 * v.at.elapsed().as_secs_f64())
                 .sum::<f64>()
                 / planned as f64;
             self.hint_merges += merged;
             self.hint_delay_sum += merged as f64 * age;
         }
-        let mut groups: Vec<u32> = visited.iter().map(|v| self.regions[v.0].group).collect();
+        let mut groups: Vec<u32> = visited
+            .iter()
+            .map(|v| self.regions[v.region].group)
+            .collect();
         groups.sort_unstable();
         groups.dedup();
         for g in groups {
@@ -1181,18 +1206,16 @@ impl Core {
             prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
         }
         self.scratch = entries;
+        // A hint visit executes its ops (and judges the group for the KSM
+        // assist, which must not meet planned ops) at its end.
+        let deferring = self.deferred.is_some();
         if let Some(d) = self.deferred.as_mut() {
-            // A hint visit: executed (and the group judged for the KSM
-            // assist, which must not meet planned ops) at its end.
             d.append(&mut ops);
-            self.release_slots(&freed);
-            return used;
-        }
-        if !ops.is_empty() {
+        } else if !ops.is_empty() {
             self.execute(ops, &mut freed);
         }
         self.release_slots(&freed);
-        if merge {
+        if merge && !deferring {
             let group = self.regions[ri].group;
             self.maybe_assist(group);
         }
