@@ -110,12 +110,9 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
     assert!(vmas < vmas0 + 600, "VMAs {vmas0} -> {vmas}");
     // Figures: every pair saves one page (engine pool pages + KSM frames),
     // once the next census (at most every few seconds) has counted them.
-    let t = Instant::now();
-    let mut s = e.stats();
-    while s.pages_sharing != N as u64 && t.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(100));
-        s = e.stats();
-    }
+    let counted = wait_sharing(&e, N as u64, Duration::from_secs(30));
+    let s = e.stats();
+    assert!(counted.is_some(), "{s:?}");
     assert_eq!(s.pages_sharing, N as u64, "{s:?}");
     assert!(
         s.ksm_pages_sharing > 0 && s.ksm_pages_sharing < N as u64,

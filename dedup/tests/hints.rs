@@ -100,25 +100,15 @@ fn hints_outside_regions_or_while_off_are_harmless() {
     e.shutdown();
 }
 
-/// A hinted page pairs, later in the same pass, with a page *before* it in
-/// the region: the regular span plans both, and must not take the hinted
-/// page's provisional merge for a copy-on-write break when it reaches it
-/// (that dropped its pool reference twice: the soak's mapper-count
-/// underflow at VM deletion).
-#[test]
-fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
+/// A scanner core (no engine thread: the test drives it) over all 256 pages
+/// of `m`, registered as owner "a" in group "g".
+fn core_over(m: &Mem) -> pagefold_dedup::scanner::Core {
     use pagefold_dedup::fault::ProtState;
     use pagefold_dedup::pool::Pool;
-    use pagefold_dedup::scanner::{Core, Hint, DEFAULT_STRIPE};
+    use pagefold_dedup::scanner::{Core, DEFAULT_STRIPE};
     use pagefold_dedup::uffd::Uffd;
     use std::sync::{Arc, Mutex};
 
-    let m = Mem::new(256);
-    for i in 0..256 {
-        m.fill(i, 5000 + i as u64);
-    }
-    m.fill(10, 42);
-    m.fill(100, 42);
     let mut core = Core::new(
         Pool::new(1 << 30).unwrap(),
         Arc::new(Uffd::new().unwrap()),
@@ -133,8 +123,28 @@ fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
         DEFAULT_STRIPE,
     )
     .unwrap();
+    assert_eq!(m.pages, 256);
     core.register(m.addr, 256 * PS, "a".into(), "g".into())
         .unwrap();
+    core
+}
+
+/// A hinted page pairs, later in the same pass, with a page *before* it in
+/// the region: the regular span plans both, and must not take the hinted
+/// page's provisional merge for a copy-on-write break when it reaches it
+/// (that dropped its pool reference twice: the soak's mapper-count
+/// underflow at VM deletion).
+#[test]
+fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
+    use pagefold_dedup::scanner::Hint;
+
+    let m = Mem::new(256);
+    for i in 0..256 {
+        m.fill(i, 5000 + i as u64);
+    }
+    m.fill(10, 42);
+    m.fill(100, 42);
+    let mut core = core_over(&m);
     // Pass 1 hashes everything (no page is a candidate yet).
     assert!(core.run_batch(1 << 20, true).pass_completed);
     // A device refills page 100 (same content): hinted first, no partner
@@ -162,32 +172,13 @@ fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
 /// first.
 #[test]
 fn overlapping_hints_in_one_wake_up_keep_exact_refcounts() {
-    use pagefold_dedup::fault::ProtState;
-    use pagefold_dedup::pool::Pool;
-    use pagefold_dedup::scanner::{Core, Hint, DEFAULT_STRIPE};
-    use pagefold_dedup::uffd::Uffd;
-    use std::sync::{Arc, Mutex};
+    use pagefold_dedup::scanner::Hint;
 
     let m = Mem::new(256);
     for i in 0..256 {
         m.fill(i, 9000 + (i as u64 % 128));
     }
-    let mut core = Core::new(
-        Pool::new(1 << 30).unwrap(),
-        Arc::new(Uffd::new().unwrap()),
-        Arc::new(Mutex::new(ProtState::default())),
-        Knobs {
-            pages_to_scan: 1 << 20,
-            sleep_millisecs: 0,
-            max_page_sharing: 256,
-        },
-        pagefold_dedup::hash::xxh3,
-        true,
-        DEFAULT_STRIPE,
-    )
-    .unwrap();
-    core.register(m.addr, 256 * PS, "a".into(), "g".into())
-        .unwrap();
+    let mut core = core_over(&m);
     // Pass 1 hashes everything.
     assert!(core.run_batch(1 << 20, true).pass_completed);
     let now = Instant::now();
