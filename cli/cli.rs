@@ -208,6 +208,10 @@ pub struct DedupArgs {
     /// Do not feed virtio-blk reads to the engine as I/O hints.
     #[arg(long, help_heading = "Deduplication")]
     pub no_io_hints: bool,
+    /// Do not read KVM's dirty log of guest RAM (every visit then reads
+    /// pagemap).
+    #[arg(long, help_heading = "Deduplication")]
+    pub no_write_log: bool,
 }
 
 fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
@@ -254,6 +258,9 @@ impl DedupArgs {
         }
         if self.no_io_hints {
             d.io_hints = false;
+        }
+        if self.no_write_log {
+            d.write_log = false;
         }
         Ok(())
     }

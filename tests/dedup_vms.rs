@@ -60,6 +60,13 @@ fn same_seed_in_one_group_merges_exactly() {
     merges_exactly("");
 }
 
+/// As [`same_seed_in_one_group_merges_exactly`], with the engine reading
+/// pagemap for every visit instead of KVM's dirty log (`write_log = false`).
+#[test]
+fn same_seed_merges_exactly_without_the_write_log() {
+    merges_exactly_with("", "write_log = false");
+}
+
 /// As [`same_seed_in_one_group_merges_exactly`], with each VM's pages
 /// scattered one by one by its own permutation: identical content at
 /// unrelated guest-physical addresses.
@@ -77,9 +84,16 @@ fn scattered_extents_merge_exactly() {
 /// The exact-sharing oracle for two same-seed VMs in one group, whose
 /// `[vm.workload]` tables get `workload` (e.g. a placement).
 fn merges_exactly(workload: &str) {
+    merges_exactly_with(workload, "");
+}
+
+/// [`merges_exactly`] with `extra_dedup` in the `[dedup]` table. With the
+/// write log on (the default), the engine must have used KVM's dirty log.
+fn merges_exactly_with(workload: &str, extra_dedup: &str) {
+    let logged = !extra_dedup.contains("write_log = false");
     let mut r = start(&two_vms(
         "on",
-        MAX,
+        &format!("{MAX}\n{extra_dedup}"),
         ("g", "g"),
         r#""fill", "wait", "verify""#,
         workload,
@@ -173,6 +187,14 @@ fn merges_exactly(workload: &str) {
         s.per_owner.get("a").is_some_and(|o| o.pages_merged > 0),
         "{s:?}"
     );
+    // Settling took passes over pages nobody wrote: the dirty log answered
+    // those visits (or, without it, none was answered).
+    if logged {
+        assert!(s.write_logged_regions >= 2, "{s:?}");
+        assert!(s.clean_visits > 0, "{s:?}");
+    } else {
+        assert_eq!((s.write_logged_regions, s.clean_visits), (0, 0), "{s:?}");
+    }
     finish_ok(r);
 }
 
@@ -281,6 +303,7 @@ fn churn_under_merging(workload: &str) {
     wait_phases(&mut r, 5, T);
     let s = stats(&r);
     assert!(s.merges > 0, "the engine merged nothing: {s:?}");
+    assert!(s.write_logged_regions >= 2, "{s:?}");
     finish_ok(r);
     // finish_ok checked three verify phases per VM with zero mismatches.
 }

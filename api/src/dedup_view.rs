@@ -71,6 +71,12 @@ pub struct DedupView {
     /// Mean delay from a hint (the device fill) to the merge it enabled.
     #[schema(minimum = 0)]
     pub hint_merge_delay_ms: f64,
+    /// Regions whose guest writes the engine reads from KVM's dirty log.
+    #[serde(default)]
+    pub write_logged_regions: u64,
+    /// Due page visits the dirty log answered (no pagemap read, no hash).
+    #[serde(default)]
+    pub clean_visits: u64,
     /// Per-VM figures, by VM name.
     pub per_owner: BTreeMap<String, OwnerView>,
     /// Auto mode's controller status (when the backend has one).
@@ -295,6 +301,8 @@ impl DedupView {
             hints_dropped: stats.hints_dropped,
             hint_merges: stats.hint_merges,
             hint_merge_delay_ms: stats.hint_merge_delay_ms,
+            write_logged_regions: stats.write_logged_regions,
+            clean_visits: stats.clean_visits,
             per_owner: stats
                 .per_owner
                 .iter()

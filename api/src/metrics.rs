@@ -228,6 +228,8 @@ fn figures(v: &DedupView) -> Vec<(String, Num)> {
     add("hints_dropped", v.hints_dropped.into());
     add("hint_merges", v.hint_merges.into());
     add("hint_merge_delay_ms", v.hint_merge_delay_ms.into());
+    add("write_logged_regions", v.write_logged_regions.into());
+    add("clean_visits", v.clean_visits.into());
     add("knobs.pages_to_scan", v.knobs.pages_to_scan.into());
     add("knobs.sleep_millisecs", v.knobs.sleep_millisecs.into());
     add("knobs.max_page_sharing", v.knobs.max_page_sharing.into());

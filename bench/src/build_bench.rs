@@ -30,10 +30,11 @@ use crate::region::PAGE;
 use crate::system::KSM_DEFAULT_KNOBS;
 
 /// Names accepted by [`select_build_systems`], in run order.
-pub const BUILD_SYSTEM_NAMES: [&str; 6] = [
+pub const BUILD_SYSTEM_NAMES: [&str; 7] = [
     "off",
     "pagefold-on",
     "pagefold-on-nohints",
+    "pagefold-on-nolog",
     "pagefold-auto",
     "ksm-default",
     "ksm-10000",
@@ -56,6 +57,9 @@ pub enum BuildSystem {
     PagefoldOn,
     /// The same without I/O hints (virtio-blk reads not fed to the engine).
     PagefoldOnNoHints,
+    /// The same without the write log (KVM's dirty log not read: every
+    /// visit reads pagemap, as before the log).
+    PagefoldOnNoLog,
     /// pagefold's engine with the auto controller on a scripted memory
     /// source, which crosses the threshold during the build.
     PagefoldAuto,
@@ -69,6 +73,7 @@ impl BuildSystem {
             Self::Off => "off",
             Self::PagefoldOn => "pagefold-on",
             Self::PagefoldOnNoHints => "pagefold-on-nohints",
+            Self::PagefoldOnNoLog => "pagefold-on-nolog",
             Self::PagefoldAuto => "pagefold-auto",
             Self::Ksm(n, _) => n,
         }
@@ -94,6 +99,7 @@ pub fn select_build_systems(names: &[String]) -> Result<Vec<BuildSystem>, BenchE
         BuildSystem::Off,
         BuildSystem::PagefoldOn,
         BuildSystem::PagefoldOnNoHints,
+        BuildSystem::PagefoldOnNoLog,
         BuildSystem::PagefoldAuto,
         BuildSystem::Ksm("ksm-default", KSM_DEFAULT_KNOBS),
         BuildSystem::Ksm("ksm-10000", KSM_10000_KNOBS),
@@ -493,10 +499,15 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
     };
     match s {
         BuildSystem::Off => Ok((None, None)),
-        BuildSystem::PagefoldOn | BuildSystem::PagefoldOnNoHints | BuildSystem::PagefoldAuto => {
-            // The engine as the VMM runs it (KSM assist auto, I/O hints).
+        BuildSystem::PagefoldOn
+        | BuildSystem::PagefoldOnNoHints
+        | BuildSystem::PagefoldOnNoLog
+        | BuildSystem::PagefoldAuto => {
+            // The engine as the VMM runs it (KSM assist auto, I/O hints,
+            // write log).
             let engine = Engine::new(EngineConfig {
                 io_hints: s != BuildSystem::PagefoldOnNoHints,
+                write_log: s != BuildSystem::PagefoldOnNoLog,
                 ..EngineConfig::vmm_default()
             })
             .map_err(pagefold_dedup::Error::from)
@@ -898,8 +909,8 @@ mod tests {
         }
         let off = &r.rows[0];
         assert_eq!((off.npages_mean, off.engine_cpu_mean_s), (0.0, 0.0));
-        for on in &r.rows[1..3] {
-            // pagefold-on and pagefold-on-nohints both merge.
+        for on in &r.rows[1..4] {
+            // pagefold-on, pagefold-on-nohints and -nolog all merge.
             assert!(on.peak_saving_mean_bytes > 0.0, "{on:?}");
         }
         let json = crate::build_json(&r).unwrap();

@@ -115,6 +115,13 @@ pub struct Stats {
     pub hint_merges: u64,
     #[serde(default)]
     pub hint_merge_delay_ms: f64,
+    /// Regions whose guest writes the engine reads from a write log (KVM's
+    /// dirty log), and the due visits the log answered without a pagemap
+    /// read or a hash.
+    #[serde(default)]
+    pub write_logged_regions: u64,
+    #[serde(default)]
+    pub clean_visits: u64,
     pub per_owner: BTreeMap<String, OwnerStats>,
 }
 
@@ -157,6 +164,23 @@ pub trait DedupBackend: Send + Sync {
     /// does so before those threads are joined). See [`crate::quiesce`].
     /// The default ignores it (kernel KSM's flushes are its own).
     fn set_quiesce(&self, _id: RegionId, _q: Option<std::sync::Arc<dyn crate::quiesce::Quiesce>>) {}
+
+    /// Does this backend use write logs ([`DedupBackend::set_write_log`])?
+    /// A VMM turns its dirty log on only for backends that read it (the
+    /// log costs the guest a write fault per page per collection).
+    fn wants_write_log(&self) -> bool {
+        false
+    }
+
+    /// Gives the backend region `id`'s write log: the pages the guest wrote
+    /// since the previous collection (`None` takes it back; the VMM does so
+    /// before the VM goes). See [`crate::writelog`]. The default ignores it.
+    fn set_write_log(
+        &self,
+        _id: RegionId,
+        _log: Option<std::sync::Arc<dyn crate::writelog::WriteLog>>,
+    ) {
+    }
 
     /// Applies checked settings: the knobs given, then the mode, if given
     /// (a bad knob never leaves the mode changed). Returns the knobs now

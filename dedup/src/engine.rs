@@ -129,6 +129,9 @@ pub struct EngineConfig {
     /// Use I/O hints (`DedupBackend::hint`); off, they are counted and
     /// ignored (the benchmark's no-hints baseline).
     pub io_hints: bool,
+    /// Use write logs (`DedupBackend::set_write_log`): the VMM then turns
+    /// KVM's dirty log on for the guests' RAM.
+    pub write_log: bool,
     /// Run by each engine thread before anything else.
     pub thread_init: Option<ThreadInit>,
 }
@@ -161,6 +164,7 @@ impl Default for EngineConfig {
             hash_override: None,
             assist: AssistConfig::default(),
             io_hints: true,
+            write_log: true,
             thread_init: None,
         }
     }
@@ -215,6 +219,7 @@ struct Shared {
     max_backoff: u64,
     boost_max: u64,
     io_hints: bool,
+    write_log: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -291,6 +296,7 @@ impl Engine {
             max_backoff: cfg.max_backoff_millis,
             boost_max: cfg.boost_max.max(1),
             io_hints: cfg.io_hints,
+            write_log: cfg.write_log,
         });
         let mut threads = Vec::new();
         {
@@ -456,6 +462,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
     let mut unmerge_tries = 0;
     // Mode on's factor of `pages_to_scan` (see `EngineConfig::boost_max`).
     let mut boost = 1u64;
+    let mut hints_dropped_seen = 0u64;
     loop {
         let (mode, knobs, gen, reset) = {
             let mut c = lock(&sh.ctl);
@@ -535,16 +542,26 @@ fn scanner_loop(sh: &Arc<Shared>) {
                         merge: true,
                     }
                 };
-                let mut hints = std::mem::take(&mut lock(&sh.hints).queue);
+                let (mut hints, dropped) = {
+                    let mut h = lock(&sh.hints);
+                    (std::mem::take(&mut h.queue), h.dropped)
+                };
                 let (rep, idle) = {
                     let mut core = lock(&sh.core);
                     core.knobs = knobs;
+                    if dropped != hints_dropped_seen {
+                        // Device writes whose ranges are lost: every
+                        // logged page gets a full look.
+                        hints_dropped_seen = dropped;
+                        core.mark_all_written();
+                    }
                     let mut hinted = BatchReport::default();
                     if plan.merge && !hints.is_empty() {
                         // Device-filled pages first, with their own budget.
                         hinted = core
                             .run_hints(&mut hints, plan.pages_to_visit.max(HINT_PAGES_PER_WAKEUP));
                     } else {
+                        core.mark_written(&hints);
                         hints.clear();
                     }
                     let mut rep = core.run_batch(plan.pages_to_visit.max(1), plan.merge);
@@ -640,6 +657,17 @@ impl DedupBackend for Engine {
         let mut c = lock(&self.shared.ctl);
         c.generation += 1;
         self.shared.cv.notify_all();
+    }
+
+    fn wants_write_log(&self) -> bool {
+        self.shared.write_log
+    }
+
+    fn set_write_log(&self, id: RegionId, log: Option<Arc<dyn crate::writelog::WriteLog>>) {
+        if !self.shared.write_log && log.is_some() {
+            return;
+        }
+        lock(&self.shared.core).set_write_log(id, log);
     }
 
     fn set_quiesce(&self, id: RegionId, q: Option<Arc<dyn crate::quiesce::Quiesce>>) {

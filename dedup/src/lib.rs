@@ -29,6 +29,7 @@ pub mod scanner;
 pub mod stats;
 pub mod thread_init;
 pub mod uffd;
+pub mod writelog;
 
 pub use assist::{AssistConfig, AssistMode};
 pub use backend::{DedupBackend, Error, RegionId, RegionSpec, Stats};
@@ -38,6 +39,7 @@ pub use settings::{
     BackendKind, CheckedSettings, DedupSettings, Knobs, MemorySignal, Mode, SettingsError,
 };
 pub use thread_init::{DedupThread, ThreadInit};
+pub use writelog::{WriteLog, WriteLogError};
 pub mod auto;
 pub mod ksm;
 

@@ -117,6 +117,9 @@ pub struct Region {
     /// the pages that saves (sum of 1 - 1/k), per pass (`assist::Census`).
     pub ksm_merged: u64,
     pub ksm_saved: f64,
+    /// Pages written since the engine last examined them, when the VMM
+    /// gave a write log for the region (`crate::writelog`).
+    pub written: Option<crate::writelog::Written>,
 }
 
 impl Region {
@@ -161,6 +164,7 @@ impl Region {
             assisted: false,
             ksm_merged: 0,
             ksm_saved: 0.0,
+            written: None,
         })
     }
 

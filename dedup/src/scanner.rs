@@ -39,6 +39,7 @@ use crate::pool::{Pool, SlotState};
 use crate::quiesce::{Parked, Quiesce};
 use crate::region::{self, Region, HASHED, MAX_LEVEL, MERGED, NEW, ZERO};
 use crate::uffd::Uffd;
+use crate::writelog::{WriteLog, Written, VERIFY_PASSES};
 
 /// Pages per pagemap read.
 pub const SPAN_PAGES: usize = 4096;
@@ -89,6 +90,8 @@ pub struct Counters {
     pub cow_breaks: u64,
     pub abandoned: u64,
     pub pages_hashed: u64,
+    /// Due visits that the write log answered: no pagemap read, no hash.
+    pub clean_visits: u64,
 }
 
 /// What one wake-up did.
@@ -771,6 +774,7 @@ impl Core {
             return rep;
         }
         self.refresh_map_count(false);
+        self.collect_write_logs();
         let before = self.merges_done();
         let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
@@ -853,6 +857,11 @@ impl Core {
             let first = (h.addr - r.addr) / crate::PAGE_SIZE;
             let end = (h.addr.saturating_add(h.len).min(r.addr + r.len()) - r.addr)
                 .div_ceil(crate::PAGE_SIZE);
+            // The device wrote them (KVM's log sees guest writes only): if
+            // this visit does not reach them all, the scan's will.
+            if let Some(w) = self.regions[ri].written.as_mut() {
+                w.mark(first, end);
+            }
             if visited
                 .iter()
                 .any(|v| v.region == ri && v.first < end && first < v.end)
@@ -963,6 +972,82 @@ impl Core {
             // SAFETY: registered regions are mapped.
             && unsafe { rg.page(pp) } == page;
         ok.then_some(gid)
+    }
+
+    /// Gives region `id` a write log (`None` takes it away). Every page
+    /// starts as written: the first visits examine them in full.
+    pub fn set_write_log(&mut self, id: RegionId, log: Option<Arc<dyn WriteLog>>) {
+        if let Some(r) = self.regions.iter_mut().find(|r| r.id == id) {
+            r.written = log.map(|l| Written::new(l, r.npages));
+        }
+    }
+
+    /// Marks host ranges written by a device (hints the engine did not
+    /// visit: dropped, or received while not merging).
+    pub fn mark_written(&mut self, hints: &[Hint]) {
+        for h in hints {
+            if let Some(r) = self.regions.iter_mut().find(|r| r.contains(h.addr)) {
+                let first = (h.addr - r.addr) / crate::PAGE_SIZE;
+                let end = (h.addr.saturating_add(h.len).min(r.addr + r.len()) - r.addr)
+                    .div_ceil(crate::PAGE_SIZE);
+                if let Some(w) = r.written.as_mut() {
+                    w.mark(first, end);
+                }
+            }
+        }
+    }
+
+    /// Marks every page of every logged region written (device writes
+    /// whose ranges were lost).
+    pub fn mark_all_written(&mut self) {
+        for r in &mut self.regions {
+            if let Some(w) = r.written.as_mut() {
+                w.mark_all();
+            }
+        }
+    }
+
+    /// Adds what each region's write log recorded since the last wake-up;
+    /// a log that fails is dropped (the region is then read in full).
+    fn collect_write_logs(&mut self) {
+        for r in &mut self.regions {
+            if let Some(w) = r.written.as_mut() {
+                if let Err(e) = w.collect() {
+                    log::warn!(
+                        "pagefold: {} ({:?}): {e}; reading pagemap instead",
+                        r.owner,
+                        r.id
+                    );
+                    r.written = None;
+                }
+            }
+        }
+    }
+
+    /// Does region `ri`'s write log say page `p` needs a full look (written
+    /// since it was last examined, or its periodic check is due)? False
+    /// without a log (the smart-scan schedule alone decides then).
+    fn log_marks(&self, ri: usize, p: usize) -> bool {
+        self.regions[ri]
+            .written
+            .as_ref()
+            .is_some_and(|w| w.get(p) || (self.counters.passes + p as u64) % VERIFY_PASSES == 0)
+    }
+
+    /// Can the write log answer this due visit of page `p` (kind MERGED,
+    /// ZERO or HASHED without `REHASH`) without pagemap or hashing?
+    fn log_clean(&self, ri: usize, p: usize, st: u8) -> bool {
+        let r = &self.regions[ri];
+        r.written.is_some()
+            && !self.trusted
+            && !r.assisted
+            && !self.log_marks(ri, p)
+            && match region::kind(st) {
+                MERGED | ZERO => true,
+                HASHED => !region::needs_rehash(st),
+                // Level > 0: found absent at its last visit (`visit`).
+                _ => region::level(st) > 0 && !region::needs_rehash(st),
+            }
     }
 
     /// Runs whole passes synchronously (tests, benchmarks).
@@ -1150,11 +1235,16 @@ impl Core {
                         self.note_run(Some(self.pool.meta(s).hash));
                         continue;
                     }
-                    if e.present() && !e.file() {
-                        // Copy-on-write broke the share.
+                    // Not written since it was merged or last checked
+                    // (`log_clean`): still merged, its entry was not read.
+                    let clean = self.log_clean(ri, p, st);
+                    if !clean && e.present() && !e.file() {
+                        // Copy-on-write broke the share: hashed at the next
+                        // visit (level 0).
                         let r = &mut self.regions[ri];
                         let s = r.word[p];
                         r.set_kind(p, NEW);
+                        r.state[p] = region::with_level(r.state[p], 0);
                         if self.pool.remove_mapper(s) == 0 {
                             freed.push(s);
                         }
@@ -1167,6 +1257,7 @@ impl Core {
                             prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
                         }
                     } else {
+                        self.counters.clean_visits += u64::from(clean);
                         let r = &mut self.regions[ri];
                         let s = r.word[p];
                         r.state[p] = region::with_level(st, region::level(st) + 1);
@@ -1179,8 +1270,12 @@ impl Core {
                     *visit_units -= 1;
                     prev = None;
                     self.note_run(None);
-                    if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
-                        self.regions[ri].set_kind(p, NEW);
+                    if self.log_clean(ri, p, st) {
+                        self.counters.clean_visits += 1;
+                    } else if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
+                        let r = &mut self.regions[ri];
+                        r.set_kind(p, NEW);
+                        r.state[p] = region::with_level(r.state[p], 0);
                         self.counters.cow_breaks += 1;
                     }
                     continue;
@@ -1204,6 +1299,13 @@ impl Core {
                 continue;
             }
             prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
+        }
+        // Every page visited here that its write log marked was examined
+        // (marked pages are due and not `log_clean`): its mark is spent.
+        if let Some(w) = self.regions[ri].written.as_mut() {
+            for p in start..start + used {
+                w.clear(p);
+            }
         }
         self.scratch = entries;
         // A hint visit executes its ops (and judges the group for the KSM
@@ -1231,6 +1333,7 @@ impl Core {
     fn visit_due(&self, ri: usize, p: usize, st: u8) -> bool {
         !matches!(region::kind(st), HASHED | NEW)
             || self.trusted
+            || self.log_marks(ri, p)
             || region::due(
                 self.counters.passes,
                 region::level(st),
@@ -1249,6 +1352,7 @@ impl Core {
     fn merged_due(&self, ri: usize, p: usize, st: u8) -> bool {
         self.trusted
             || self.regions[ri].assisted
+            || self.log_marks(ri, p)
             || region::due(
                 self.counters.passes,
                 region::level(st),
@@ -1277,11 +1381,14 @@ impl Core {
         let needed = |i: usize| {
             let p = start + i;
             let st = r.state[p];
-            match region::kind(st) {
+            let due = match region::kind(st) {
                 MERGED => self.merged_due(ri, p, st),
                 HASHED | NEW => self.visit_due(ri, p, st),
                 _ => true,
-            }
+            };
+            // A page nobody wrote since it was last examined: the visit
+            // knows its entry (see `log_clean`).
+            due && !self.log_clean(ri, p, st)
         };
         let n = out.len();
         let mut i = 0;
@@ -1333,6 +1440,27 @@ impl Core {
             *visit_units -= 1;
             self.note_run((kind == HASHED).then(|| self.regions[ri].word[p]));
             return None;
+        }
+        let mut e = e;
+        let clean = self.log_clean(ri, p, st);
+        if clean && kind == NEW {
+            // Found absent (or the zero page) when last examined and not
+            // written since: still so. Its entry was not read (`Entry(0)`
+            // below: absent).
+            self.counters.clean_visits += 1;
+        }
+        if clean && kind == HASHED {
+            if let Some(planned) = self.visit_clean(ri, p, st, prev, visit_units, merge, ops) {
+                return planned;
+            }
+            // A pair or a new slot needs a fresh hash: read the entry the
+            // span skipped, and visit in full.
+            let mut one = [Entry(0)];
+            if let Err(err) = self.pagemap.read(self.regions[ri].page_addr(p), &mut one) {
+                log::warn!("pagefold: {err}");
+                return None;
+            }
+            e = one[0];
         }
         if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
             *visit_units -= 1;
@@ -1460,6 +1588,74 @@ impl Core {
                 None
             }
         }
+    }
+
+    /// A due visit of a HASHED page that nobody wrote since its last hash
+    /// (its write log says so): its stored hash is its hash now, so it is
+    /// "unchanged since the previous scan" without hashing or a pagemap
+    /// read. Takes what `visit` would with that hash when no fresh hash is
+    /// needed: a plain join of an existing slot (`join_unhashed`), or no
+    /// partner at all (into the unstable index, a level up). Returns None
+    /// when `choose` might pair it, grow a stripe or find a stable slot
+    /// `join_unhashed` would not take: those file a slot under the hash,
+    /// which must then be fresh, so the caller visits in full.
+    #[allow(clippy::too_many_arguments)]
+    fn visit_clean(
+        &mut self,
+        ri: usize,
+        p: usize,
+        st: u8,
+        prev: Option<u32>,
+        visit_units: &mut u64,
+        merge: bool,
+        ops: &mut Vec<Op>,
+    ) -> Option<Option<u32>> {
+        let h = self.regions[ri].word[p];
+        if merge && h == self.zero_hash {
+            return None;
+        }
+        if !merge {
+            // Checksum-only round: nothing to learn from hashing it.
+            *visit_units -= 1;
+            self.counters.clean_visits += 1;
+            self.regions[ri].set_volatile(p, false);
+            self.note_run(Some(h));
+            return Some(None);
+        }
+        // SAFETY: the region is registered, hence mapped (register contract),
+        // and stays so while we hold the core (unregister needs it).
+        let page = unsafe { self.regions[ri].page_detached(p) };
+        if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
+            *visit_units -= 1;
+            self.counters.clean_visits += 1;
+            return Some(Some(s));
+        }
+        let group = self.regions[ri].group;
+        let grows_stripe = prev.is_some_and(|ps| {
+            let m = self.pool.meta(ps);
+            let s1 = ps.wrapping_add(1);
+            s1 != 0 && self.pool.is_free(s1) && m.hash == h && m.group == group
+        });
+        if grows_stripe
+            || !self.stable.get(group, h).is_empty()
+            || self.unstable_partner(ri, p, h, group, page).is_some()
+            || self.hinted_partner(ri, p, h, group, page).is_some()
+        {
+            return None;
+        }
+        *visit_units -= 1;
+        self.counters.clean_visits += 1;
+        self.note_run(Some(h));
+        let r = &mut self.regions[ri];
+        r.set_volatile(p, false);
+        let lvl = region::level(st);
+        if lvl == 0 {
+            self.pass_progress += 1;
+        }
+        r.state[p] = region::with_level(r.state[p], (lvl + 1).min(MAX_LEVEL));
+        let gid = r.gid_base + p as u32;
+        let _ = self.unstable.insert(h, gid);
+        Some(None)
     }
 
     /// Joins an existing pool slot without hashing the page: its stored hash

@@ -115,6 +115,8 @@ pub fn build(core: &Core) -> Stats {
             .status(core.assist.group().and_then(|g| core.group_name(g))),
         ksm_pages_sharing: ksm.sharing,
         ksm_cpu_seconds: core.assist.cpu_seconds(),
+        write_logged_regions: core.regions.iter().filter(|r| r.written.is_some()).count() as u64,
+        clean_visits: core.counters.clean_visits,
         hint_merges: core.hint_merges,
         hint_merge_delay_ms: if core.hint_merges > 0 {
             core.hint_delay_sum * 1e3 / core.hint_merges as f64

@@ -446,6 +446,10 @@ pub struct DedupConfig {
     /// (default true).
     #[serde(default = "yes")]
     pub io_hints: bool,
+    /// pagefold engine only: read KVM's dirty log of guest RAM, so pages
+    /// the guest did not write are not read again (default true).
+    #[serde(default = "yes")]
+    pub write_log: bool,
 }
 
 fn default_ksm_assist() -> pagefold_dedup::AssistMode {
@@ -459,6 +463,7 @@ impl Default for DedupConfig {
             settings: CheckedSettings::default(),
             ksm_assist: default_ksm_assist(),
             io_hints: true,
+            write_log: true,
         }
     }
 }
@@ -890,7 +895,7 @@ mod tests {
             "[dedup]\nbackend = \"ksm\"\nmode = \"auto\"\npages_to_scan = 500\n\
              sleep_millisecs = 0\nmax_page_sharing = 64\nauto_threshold = 30\n\
              max_scanning_factor = 4\nmemory_signal = \"free\"\nksm_assist = \"off\"\n\
-             io_hints = false\n",
+             io_hints = false\nwrite_log = false\n",
         )
         .unwrap();
         let d = &c.dedup;
@@ -908,6 +913,7 @@ mod tests {
         assert_eq!(s.memory_signal, Some(pagefold_dedup::MemorySignal::Free));
         assert_eq!(d.ksm_assist, pagefold_dedup::AssistMode::Off);
         assert!(!d.io_hints);
+        assert!(!d.write_log);
         let empty = parse("").unwrap().dedup;
         assert_eq!(empty, DedupConfig::default());
         assert_eq!(empty.mode(), Mode::Off);

@@ -93,6 +93,7 @@ pub fn create_backend_with_source(
                     ..Default::default()
                 },
                 io_hints: d.io_hints,
+                write_log: d.write_log,
                 thread_init: thread_init(),
                 ..EngineConfig::default()
             })

@@ -4,6 +4,7 @@
 pub mod config;
 pub mod control;
 pub mod dedup;
+pub mod dirty_log;
 pub mod disk;
 pub mod linux;
 pub mod memory;

@@ -462,7 +462,8 @@ const FILES: &[i64] = &[
 /// The engine's scanner: [`FILES`] (the KSM assist's knobs through the
 /// journal and its `flock`, /proc, pagemap, kpageflags), `madvise` (in
 /// [`COMMON`]: the assist's `MADV_MERGEABLE`/`MADV_UNMERGEABLE`), the pool
-/// memfd and its hole punching, userfaultfd ioctls (type 0xAA).
+/// memfd and its hole punching, userfaultfd ioctls (type 0xAA), and
+/// `KVM_GET_DIRTY_LOG` (the write log; no other KVM ioctl).
 const ENGINE: &[i64] = &[libc::SYS_memfd_create, libc::SYS_fallocate];
 
 /// The userfaultfd handler: reads and polls its uffd and stop eventfd.
@@ -590,6 +591,9 @@ fn main_ioctls() -> Vec<SeccompRule> {
     r
 }
 
+/// `KVM_GET_DIRTY_LOG`: `_IOW(KVMIO, 0x42, struct kvm_dirty_log)` (16 bytes).
+const KVM_GET_DIRTY_LOG: u64 = 0x4010_ae42;
+
 /// KVM's ioctl type.
 const KVMIO: u64 = 0xAE;
 /// userfaultfd's ioctl type.
@@ -634,7 +638,13 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
         ThreadKind::Vcpu => {
             m.insert(libc::SYS_ioctl, ioctl_type(KVMIO));
         }
-        ThreadKind::Engine | ThreadKind::Fault => {
+        ThreadKind::Engine => {
+            // The write log: KVM's dirty log of guest RAM (`crate::dirty_log`).
+            let mut r = ioctl_type(UFFDIO);
+            r.extend(ioctl_requests(&[KVM_GET_DIRTY_LOG]));
+            m.insert(libc::SYS_ioctl, r);
+        }
+        ThreadKind::Fault => {
             m.insert(libc::SYS_ioctl, ioctl_type(UFFDIO));
         }
         ThreadKind::Api => {
@@ -749,6 +759,15 @@ mod tests {
             }
         }
         assert!(!rules(ThreadKind::Vcpu).contains_key(&libc::SYS_openat));
+    }
+
+    #[test]
+    fn the_engine_reads_the_dirty_log_and_no_other_kvm_ioctl() {
+        let engine = &rules(ThreadKind::Engine)[&libc::SYS_ioctl];
+        assert!(engine.contains(&ioctl_requests(&[KVM_GET_DIRTY_LOG])[0]));
+        assert!(!engine.contains(&ioctl_type(KVMIO)[0]));
+        let fault = &rules(ThreadKind::Fault)[&libc::SYS_ioctl];
+        assert!(!fault.contains(&ioctl_requests(&[KVM_GET_DIRTY_LOG])[0]));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{SerialOutput, VmConfig};
+use crate::dirty_log::KvmDirtyLog;
 use crate::quiesce::VcpuQuiescer;
 use crate::state::{Outcome, RunState, VmShared};
 use crate::vcpu::{self, ExitContext};
@@ -139,7 +140,9 @@ pub struct Vm {
     started: Instant,
     finished: bool,
     mem: GuestMemoryMmap,
-    vm_fd: VmFd,
+    vm_fd: Arc<VmFd>,
+    /// Guest RAM's memslots log dirty pages for the dedup engine.
+    dirty_logged: bool,
 }
 
 fn setup<T>(what: &'static str, r: Result<T, kvm_ioctls::Error>) -> Result<T, Error> {
@@ -161,10 +164,19 @@ impl Vm {
         setup("PIT", vm_fd.create_pit2(pit))?;
 
         let mem = memory::create(config.memory_bytes())?;
+        // The dedup engine reads KVM's dirty log of guest RAM (see
+        // `crate::dirty_log`): logging starts with the memslot, so the
+        // engine's first collection covers every write the guest made.
+        let dirty_logged =
+            config.dedup.enabled && res.dedup.as_ref().is_some_and(|d| d.wants_write_log());
         for (slot, region) in mem.iter().enumerate() {
             let r = kvm_userspace_memory_region {
                 slot: slot as u32,
-                flags: 0,
+                flags: if dirty_logged {
+                    kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES
+                } else {
+                    0
+                },
                 guest_phys_addr: region.start_addr().0,
                 memory_size: region.len(),
                 userspace_addr: region.as_ptr() as u64,
@@ -298,7 +310,8 @@ impl Vm {
             started: Instant::now(),
             finished: false,
             mem,
-            vm_fd,
+            vm_fd: Arc::new(vm_fd),
+            dirty_logged,
         };
         vm.register_dedup()?;
         Ok(vm)
@@ -335,7 +348,7 @@ impl Vm {
         if !self.config.dedup.enabled {
             return Ok(());
         }
-        for region in self.mem.iter() {
+        for (slot, region) in self.mem.iter().enumerate() {
             let spec = RegionSpec {
                 host_addr: region.as_ptr() as usize,
                 len: region.len() as usize,
@@ -346,6 +359,10 @@ impl Vm {
             // `self.mem`; `Drop`/`finish` unregister it before it is unmapped.
             let id = unsafe { dedup.register(spec) }.map_err(Error::Dedup)?;
             self.regions.push(id);
+            if self.dirty_logged {
+                let log = KvmDirtyLog::new(self.vm_fd.clone(), slot as u32, region.len() as usize);
+                dedup.set_write_log(id, Some(Arc::new(log)));
+            }
         }
         Ok(())
     }
@@ -428,6 +445,11 @@ impl Vm {
                     d.set_quiesce(id, None);
                 }
                 q.forget_threads();
+            }
+            if let Some(d) = self.dedup.as_ref().filter(|_| self.dirty_logged) {
+                for &id in &self.regions {
+                    d.set_write_log(id, None);
+                }
             }
             if let Some(w) = &self.workload {
                 w.stop();

@@ -345,6 +345,8 @@ impl DedupBackend for KsmBackend {
             hints_dropped: 0,
             hint_merges: 0,
             hint_merge_delay_ms: 0.0,
+            write_logged_regions: 0,
+            clean_visits: 0,
             per_owner: self.per_owner(&st, proc),
         }
     }

@@ -1,0 +1,148 @@
+//! Write logs: which pages of a region were written since the engine last
+//! looked at them.
+//!
+//! A VMM knows what its guests write: KVM's dirty log records every guest
+//! write to a memslot (exactly, on this host too: ../docs/engine.md), and
+//! the VMM's own devices report what they fill (I/O hints). A page nobody
+//! wrote since its last visit needs neither a pagemap read nor a new hash:
+//! a merged page is still merged, a hashed page still has its hash, and
+//! that hash is "unchanged since the previous scan" without being computed
+//! again. A written page is visited at the next pass whatever its
+//! smart-scan level, so a page rewritten late is not left waiting 8 passes.
+//!
+//! The log only steers the scan. Every merge still compares the page under
+//! write-protection, so a write the log missed (a device write without a
+//! hint) can cost a merge, never a guest's data; and every page is still
+//! examined in full once every [`VERIFY_PASSES`] passes, which bounds how
+//! long such a miss can leave the figures wrong.
+
+use std::sync::Arc;
+
+/// Errors of a write log.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteLogError {
+    /// The log could not be read (e.g. the VM is gone): the engine stops
+    /// using it and falls back to reading pagemap for every visit.
+    #[error("reading the write log: {0}")]
+    Read(String),
+}
+
+/// A source of "pages written since the previous call" for one region
+/// (the VMM's KVM dirty log of the memslot that maps it).
+pub trait WriteLog: Send + Sync {
+    /// ORs into `bits` (bit `i` of word `i / 64` = page `i` of the region)
+    /// every page written since the previous call, and restarts the log.
+    /// The first call reports every page written since the log started,
+    /// which must be no later than the region's registration.
+    fn collect(&self, bits: &mut [u64]) -> Result<(), WriteLogError>;
+}
+
+/// Every page is examined in full (pagemap, hash) at least once in this
+/// many passes, written or not: the safety net for writes no log saw.
+pub const VERIFY_PASSES: u64 = 64;
+
+/// A region's log and the pages written since the engine last examined
+/// them.
+pub struct Written {
+    log: Arc<dyn WriteLog>,
+    bits: Vec<u64>,
+    npages: usize,
+}
+
+impl std::fmt::Debug for Written {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Written")
+            .field(
+                "pages_marked",
+                &self.bits.iter().map(|w| w.count_ones()).sum::<u32>(),
+            )
+            .finish()
+    }
+}
+
+impl Written {
+    /// Tracks a region of `npages` pages with `log`; every page starts as
+    /// written (nothing is known about what happened before).
+    pub fn new(log: Arc<dyn WriteLog>, npages: usize) -> Self {
+        let mut bits = vec![u64::MAX; npages.div_ceil(64)];
+        if npages % 64 != 0 {
+            if let Some(last) = bits.last_mut() {
+                *last = (1u64 << (npages % 64)) - 1;
+            }
+        }
+        Written { log, bits, npages }
+    }
+
+    /// Adds what the log recorded since the previous call.
+    pub fn collect(&mut self) -> Result<(), WriteLogError> {
+        self.log.collect(&mut self.bits)
+    }
+
+    /// Was page `p` written since the engine last examined it?
+    pub fn get(&self, p: usize) -> bool {
+        self.bits[p / 64] & (1 << (p % 64)) != 0
+    }
+
+    /// The engine examined page `p` (read its pagemap entry, hashed it).
+    pub fn clear(&mut self, p: usize) {
+        self.bits[p / 64] &= !(1 << (p % 64));
+    }
+
+    /// Marks pages `first..end` written (a device wrote them).
+    pub fn mark(&mut self, first: usize, end: usize) {
+        let end = end.min(self.npages);
+        for p in first..end {
+            self.bits[p / 64] |= 1 << (p % 64);
+        }
+    }
+
+    /// Marks every page written.
+    pub fn mark_all(&mut self) {
+        self.mark(0, self.npages);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A log fed by the test's own writes.
+    #[derive(Default)]
+    struct Recorded(Mutex<Vec<usize>>);
+
+    impl WriteLog for Recorded {
+        fn collect(&self, bits: &mut [u64]) -> Result<(), WriteLogError> {
+            for p in self.0.lock().unwrap().drain(..) {
+                bits[p / 64] |= 1 << (p % 64);
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn pages_start_written_and_stay_clean_until_the_log_says_otherwise() {
+        let log = Arc::new(Recorded::default());
+        let mut w = Written::new(log.clone(), 70);
+        assert!((0..70).all(|p| w.get(p)));
+        // Bits past the region's end are never set.
+        assert_eq!(w.bits[1], (1 << 6) - 1);
+        for p in 0..70 {
+            w.clear(p);
+        }
+        w.collect().unwrap();
+        assert!((0..70).all(|p| !w.get(p)));
+        log.0.lock().unwrap().extend([3, 64, 69]);
+        w.collect().unwrap();
+        let marked: Vec<usize> = (0..70).filter(|&p| w.get(p)).collect();
+        assert_eq!(marked, vec![3, 64, 69]);
+        // Collecting again adds nothing new and keeps what is marked.
+        w.collect().unwrap();
+        assert_eq!((0..70).filter(|&p| w.get(p)).count(), 3);
+        w.mark(10, 12);
+        assert!(w.get(10) && w.get(11) && !w.get(12));
+        w.mark_all();
+        assert!((0..70).all(|p| w.get(p)));
+        assert_eq!(w.bits[1], (1 << 6) - 1);
+    }
+}

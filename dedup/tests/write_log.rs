@@ -1,0 +1,161 @@
+//! Write logs (`pagefold_dedup::writelog`): a page nobody wrote since its
+//! last visit is neither hashed nor read from pagemap again; a logged write
+//! to a merged page is noticed at the next pass; a write the log missed
+//! (a device's) is found by the periodic full check, and no write is lost
+//! either way.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use pagefold_dedup::scanner::Core;
+use pagefold_dedup::writelog::VERIFY_PASSES;
+use pagefold_dedup::{Knobs, RegionId, WriteLog, WriteLogError};
+
+const N: usize = 256;
+
+/// The test's own writes, recorded after each is made (as KVM's dirty log
+/// records a guest's).
+#[derive(Default)]
+struct Recorded(Mutex<Vec<usize>>);
+
+impl WriteLog for Recorded {
+    fn collect(&self, bits: &mut [u64]) -> Result<(), WriteLogError> {
+        for p in self.0.lock().unwrap().drain(..) {
+            bits[p / 64] |= 1 << (p % 64);
+        }
+        Ok(())
+    }
+}
+
+/// A scanner core (the test drives its passes) over `a` and `b`, both in
+/// group "g"; with `logs`, each region gets a write log.
+fn core_over(a: &Mem, b: &Mem, logs: Option<(&Arc<Recorded>, &Arc<Recorded>)>) -> Core {
+    use pagefold_dedup::fault::ProtState;
+    use pagefold_dedup::pool::Pool;
+    use pagefold_dedup::scanner::DEFAULT_STRIPE;
+    use pagefold_dedup::uffd::Uffd;
+
+    let mut core = Core::new(
+        Pool::new(1 << 30).unwrap(),
+        Arc::new(Uffd::new().unwrap()),
+        Arc::new(Mutex::new(ProtState::default())),
+        Knobs {
+            pages_to_scan: 1 << 20,
+            sleep_millisecs: 0,
+            max_page_sharing: 256,
+        },
+        pagefold_dedup::hash::xxh3,
+        true,
+        DEFAULT_STRIPE,
+    )
+    .unwrap();
+    let ids: Vec<RegionId> = [a, b]
+        .iter()
+        .zip(["a", "b"])
+        .map(|(m, o)| {
+            core.register(m.addr, m.pages * PS, o.into(), "g".into())
+                .unwrap()
+        })
+        .collect();
+    if let Some((la, lb)) = logs {
+        core.set_write_log(ids[0], Some(la.clone()));
+        core.set_write_log(ids[1], Some(lb.clone()));
+    }
+    core
+}
+
+/// Pages hashed over `passes` passes of a settled pair of regions whose
+/// pages are all distinct.
+fn hashes_while_settled(logged: bool) -> (u64, u64) {
+    let (a, b) = (Mem::new(N), Mem::new(N));
+    a.fill_from(1_000);
+    b.fill_from(5_000);
+    let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
+    let mut core = core_over(&a, &b, logged.then_some((&la, &lb)));
+    core.run_passes(4);
+    let (h0, c0) = (core.counters.pages_hashed, core.counters.clean_visits);
+    core.run_passes(16);
+    (
+        core.counters.pages_hashed - h0,
+        core.counters.clean_visits - c0,
+    )
+}
+
+#[test]
+fn pages_nobody_wrote_are_not_hashed_again() {
+    let (with_log, clean) = hashes_while_settled(true);
+    let (without, no_clean) = hashes_while_settled(false);
+    // Without a log, unique pages climb to smart-scan level 3 and are hashed
+    // once every 8 passes: 16 passes hash each page about twice.
+    assert!(without >= N as u64 * 2 * 16 / 8 / 2, "{without}");
+    assert_eq!(no_clean, 0);
+    // With it, only the periodic check hashes them: each page once in
+    // VERIFY_PASSES passes.
+    let verify = (2 * N as u64 * 16).div_ceil(VERIFY_PASSES);
+    assert!(
+        with_log <= verify + 8,
+        "{with_log} hashed, check allows {verify}"
+    );
+    assert!(with_log * 4 < without, "{with_log} vs {without}");
+    assert!(clean > 0, "no visit was answered by the log");
+}
+
+#[test]
+fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
+    let (a, b) = (Mem::new(N), Mem::new(N));
+    a.fill_from(1_000);
+    b.fill_from(1_000);
+    let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
+    let mut core = core_over(&a, &b, Some((&la, &lb)));
+    core.run_passes(3);
+    let merged = |c: &Core| c.regions.iter().map(|r| r.merged).sum::<u64>();
+    assert_eq!(merged(&core), 2 * N as u64, "identical regions not merged");
+    let breaks = core.counters.cow_breaks;
+
+    // A logged user-mode write to a merged page: copy-on-write, noticed at
+    // the next pass whatever the page's smart-scan level.
+    core.run_passes(8); // every merged page climbs to the top level
+    b.fill(6, 77);
+    lb.0.lock().unwrap().push(6);
+    core.run_passes(1);
+    assert_eq!(core.counters.cow_breaks, breaks + 1);
+    assert_eq!(b.read(6), pattern(77));
+
+    // A kernel-mode write the log does not see (a device's): the share
+    // stays counted until the periodic check, then it is noticed.
+    let fd = {
+        // SAFETY: plain syscalls on our own memfd.
+        let fd = unsafe { libc::memfd_create(c"write-log-src".as_ptr(), 0) };
+        assert!(fd >= 0);
+        let p = pattern(88);
+        // SAFETY: `p` is a page-sized buffer.
+        let n = unsafe { libc::pwrite(fd, p.as_ptr() as *const libc::c_void, PS, 0) };
+        assert_eq!(n, PS as isize);
+        fd
+    };
+    // SAFETY: page 9 of `a` is ours; pread writes PS bytes into it.
+    let n = unsafe { libc::pread(fd, a.page_ptr(9) as *mut libc::c_void, PS, 0) };
+    assert_eq!(n, PS as isize);
+    // SAFETY: our fd.
+    unsafe { libc::close(fd) };
+    assert_eq!(a.read(9), pattern(88), "the device's write landed");
+    let mut passes = 0;
+    while core.counters.cow_breaks == breaks + 1 && passes <= VERIFY_PASSES {
+        core.run_passes(1);
+        passes += 1;
+    }
+    assert_eq!(
+        core.counters.cow_breaks,
+        breaks + 2,
+        "an unlogged copy-on-write was not noticed in {passes} passes"
+    );
+    core.check_consistency().unwrap();
+    // Every other page is still merged, with the contents it had.
+    assert_eq!(merged(&core), 2 * N as u64 - 2);
+    for i in (0..N).filter(|&i| i != 6 && i != 9) {
+        assert_eq!(a.read(i), pattern(1_000 + i as u64), "a[{i}]");
+        assert_eq!(b.read(i), pattern(1_000 + i as u64), "b[{i}]");
+    }
+}
