@@ -280,7 +280,15 @@ pub struct Core {
     /// once at the end of the visit (one vCPU park for all ranges of a
     /// wake-up instead of one per range).
     deferred: Option<Vec<Op>>,
+    /// Page ids whose hash changed at their last visit in a logged region:
+    /// looked at again at the next wake-up (`run_rechecks`), not the next
+    /// pass.
+    recheck: Vec<u32>,
 }
+
+/// Most pages queued for a second look (`Core::recheck`); more wait for
+/// the next pass as without a write log.
+const RECHECK_CAP: usize = 1 << 16;
 
 impl Core {
     /// A core with no regions.
@@ -347,6 +355,7 @@ impl Core {
             hint_merges: 0,
             hint_delay_sum: 0.0,
             deferred: None,
+            recheck: Vec::new(),
         };
         c.refresh_map_count(true);
         Ok(c)
@@ -775,6 +784,9 @@ impl Core {
         }
         self.refresh_map_count(false);
         self.collect_write_logs();
+        if merge {
+            self.run_rechecks();
+        }
         let before = self.merges_done();
         let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
@@ -1048,6 +1060,55 @@ impl Core {
                 // Level > 0: found absent at its last visit (`visit`).
                 _ => region::level(st) > 0 && !region::needs_rehash(st),
             }
+    }
+
+    /// Gives the pages queued in `recheck` their second look now: a page
+    /// whose content had changed when it was last hashed waits, under
+    /// KSM's volatility rule, until a later visit finds it unchanged, which
+    /// the scan brings a whole pass later. With a write log the engine knows
+    /// at the next wake-up whether anyone wrote it since: if not, it is
+    /// visited now as unchanged (`visit_clean`, or in full when it may
+    /// pair), so content a guest has just written merges within two
+    /// wake-ups. Written pages are left to the scan (due at its next pass).
+    /// The merges run as one batch before the scan's (no provisional merge
+    /// state is left for a span to meet).
+    fn run_rechecks(&mut self) {
+        if self.recheck.is_empty() {
+            return;
+        }
+        let queue = std::mem::take(&mut self.recheck);
+        let run = (self.run_hash, self.run_len);
+        let mut ops: Vec<Op> = Vec::new();
+        let mut units = u64::MAX;
+        let mut groups: Vec<u32> = Vec::new();
+        for gid in queue {
+            let Some((ri, p)) = self.locate(gid) else {
+                continue;
+            };
+            let r = &self.regions[ri];
+            let st = r.state[p];
+            // Planned as a partner by an earlier recheck (MERGED now),
+            // hashed since, or written since: nothing to do here.
+            if r.assisted || region::kind(st) != HASHED || !self.log_clean(ri, p, st) {
+                continue;
+            }
+            let prev = (p > 0 && region::kind(r.state[p - 1]) == MERGED).then(|| r.word[p - 1]);
+            let group = r.group;
+            self.note_run(None);
+            self.visit(ri, p, Entry(0), st, prev, &mut units, true, &mut ops);
+            if !groups.contains(&group) {
+                groups.push(group);
+            }
+        }
+        (self.run_hash, self.run_len) = run;
+        if !ops.is_empty() {
+            let mut freed = Vec::new();
+            self.execute(ops, &mut freed);
+            self.release_slots(&freed);
+        }
+        for g in groups {
+            self.maybe_assist(g);
+        }
     }
 
     /// Runs whole passes synchronously (tests, benchmarks).
@@ -1517,6 +1578,15 @@ impl Core {
             }
         }
         if !unchanged {
+            if merge
+                && !self.trusted
+                && self.regions[ri].written.is_some()
+                && self.recheck.len() < RECHECK_CAP
+            {
+                // Its second look (KSM's rule) can come at the next wake-up:
+                // the write log tells whether it changed since.
+                self.recheck.push(self.regions[ri].gid_base + p as u32);
+            }
             if first_sight && merge {
                 return self.join_first_seen(ri, p, h, prev, page, ops);
             }

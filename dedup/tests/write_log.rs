@@ -159,3 +159,44 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
         assert_eq!(b.read(i), pattern(1_000 + i as u64), "b[{i}]");
     }
 }
+
+/// Identical content written into a page of each region (both writes
+/// logged): the pass that hashes them finds them changed (KSM's rule: not
+/// candidates yet); with a write log their second look comes at the next
+/// wake-up, however small its budget, not a pass later.
+#[test]
+fn content_written_merges_at_the_next_wake_up() {
+    let merged_after = |logged: bool| {
+        let (a, b) = (Mem::new(N), Mem::new(N));
+        a.fill_from(1_000);
+        b.fill_from(5_000);
+        let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
+        let mut core = core_over(&a, &b, logged.then_some((&la, &lb)));
+        core.run_passes(3);
+        let merged = |c: &Core| c.regions.iter().map(|r| r.merged).sum::<u64>();
+        assert_eq!(merged(&core), 0);
+        a.fill(200, 9_999);
+        b.fill(17, 9_999);
+        la.0.lock().unwrap().push(200);
+        lb.0.lock().unwrap().push(17);
+        // The pass that sees the writes (logged pages are due at once).
+        core.run_passes(1);
+        let before = merged(&core);
+        // One wake-up visiting a single page of the scan.
+        core.run_batch(1, true);
+        core.check_consistency().unwrap();
+        assert_eq!(a.read(200), pattern(9_999));
+        assert_eq!(b.read(17), pattern(9_999));
+        (before, merged(&core))
+    };
+    assert_eq!(
+        merged_after(true),
+        (0, 2),
+        "logged: merged at the next wake-up"
+    );
+    assert_eq!(
+        merged_after(false).1,
+        0,
+        "without a log it waits for a pass"
+    );
+}
