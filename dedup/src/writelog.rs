@@ -41,6 +41,11 @@ pub trait WriteLog: Send + Sync {
 /// many passes, written or not: the safety net for writes no log saw.
 pub const VERIFY_PASSES: u64 = 64;
 
+/// The periodic check takes pages in blocks of this many (2 MiB), a block
+/// in every `VERIFY_PASSES` per pass: one pagemap read per block. One page
+/// in every 64, spread evenly, cost a pagemap read each.
+pub const VERIFY_BLOCK: usize = 512;
+
 /// A region's log and the pages written since the engine last examined
 /// them.
 pub struct Written {
