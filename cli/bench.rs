@@ -175,6 +175,10 @@ pub struct BuildArgs {
     /// 10800 with --guest linux).
     #[arg(long)]
     pub timeout_secs: Option<u64>,
+    /// Host CPUs the VMs' vCPUs run on, e.g. 0 (default: any): leaves the
+    /// other CPUs to the merger, as on a host with CPUs to spare.
+    #[arg(long, value_delimiter = ',')]
+    pub vcpu_cpus: Option<Vec<usize>>,
     /// workload (default) or linux.
     #[arg(long, value_enum, default_value = "workload")]
     pub guest: GuestArg,
@@ -317,8 +321,13 @@ fn build(a: BuildArgs) -> Result<i32, Error> {
         runs: a.runs,
         auto_trigger_fraction: a.auto_trigger,
         timeout: Duration::from_secs(a.timeout_secs.unwrap_or(300)),
+        vcpu_affinity: a.vcpu_cpus.clone(),
         ..pagefold_bench::BuildOptions::default()
     };
+    if let Some(cpus) = &opts.vcpu_affinity {
+        pagefold_vmm::affinity::check(cpus)
+            .map_err(|e| Error::Usage(format!("--vcpu-cpus: {e}")))?;
+    }
     let report = pagefold_bench::run_build_bench(&systems, &opts).map_err(bench_err)?;
     print!("{}", build_table(&report));
     let json = build_json(&report).map_err(bench_err)?;

@@ -88,7 +88,7 @@ pub struct DemoArgs {
 #[derive(Args, Debug)]
 pub struct RunArgs {
     /// TOML file describing the VMs (see examples/); excludes the per-VM flags.
-    #[arg(long, short = 'c', conflicts_with_all = ["name", "vcpus", "memory", "kernel", "seed", "shared", "private", "phases", "placement", "extent_pages", "placement_seed"])]
+    #[arg(long, short = 'c', conflicts_with_all = ["name", "vcpus", "memory", "kernel", "seed", "shared", "private", "phases", "placement", "extent_pages", "placement_seed", "vcpu_affinity"])]
     pub config: Option<PathBuf>,
 
     /// VM name (used in output prefixes, stats and the API).
@@ -97,6 +97,9 @@ pub struct RunArgs {
     /// Number of vCPUs.
     #[arg(long)]
     pub vcpus: Option<u8>,
+    /// Host CPUs the vCPU threads may run on, e.g. 0,1 (default: any).
+    #[arg(long, value_delimiter = ',')]
+    pub vcpu_affinity: Option<Vec<usize>>,
     /// Guest RAM, e.g. 256M or 1G (a bare number means MiB); at least 16 MiB, a
     /// whole number of MiB, rounded up to the next 2 MiB.
     #[arg(long)]
@@ -338,6 +341,7 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
                     },
                     workload,
                     kernel,
+                    vcpu_affinity: a.vcpu_affinity.clone(),
                 }],
             }
         }

@@ -486,3 +486,37 @@ fn a_crashing_guest_does_not_take_down_the_other_vm() {
         );
     }
 }
+
+/// `vcpu_affinity` keeps a VM's vCPU threads on the host CPUs given (the
+/// rest of the process is not restricted).
+#[test]
+fn vcpu_threads_run_on_the_cpus_given() {
+    let allowed = pagefold_vmm::affinity::allowed_cpus().unwrap();
+    let cpu = *allowed.last().unwrap();
+    let mut r = common::dedup::start(&format!(
+        "[[vm]]\nname = \"pinned\"\nmemory = \"32M\"\nserial = \"null\"\n\
+         vcpu_affinity = [{cpu}]\n[vm.workload]\nshared = \"4M\"\nprivate = \"4M\"\n\
+         phases = [\"fill\", \"wait\", \"verify\"]\n"
+    ));
+    common::dedup::wait_phases(&mut r, 1, LIMIT);
+    let thread_cpus = |name: &str| -> Option<String> {
+        for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+            let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if comm.trim() == name {
+                let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+                return status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                    .map(|v| v.trim().to_string());
+            }
+        }
+        None
+    };
+    assert_eq!(thread_cpus("pinned-vcpu0"), Some(cpu.to_string()));
+    assert_eq!(
+        pagefold_vmm::affinity::allowed_cpus().unwrap(),
+        allowed,
+        "the test thread's own CPUs changed"
+    );
+    common::dedup::finish_ok(r);
+}

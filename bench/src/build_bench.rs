@@ -123,6 +123,11 @@ pub struct BuildOptions {
     /// Where the tree image is written (removed afterwards).
     pub image_dir: PathBuf,
     pub progress: bool,
+    /// Host CPUs for the VMs' vCPU threads (`vcpu_affinity`); None: any.
+    /// The reference host had CPUs to spare for the merger; on a host
+    /// whose CPUs the builds fill, keeping the guests off one CPU leaves
+    /// it to the merger, as there.
+    pub vcpu_affinity: Option<Vec<usize>>,
 }
 
 impl Default for BuildOptions {
@@ -139,6 +144,7 @@ impl Default for BuildOptions {
             timeout: Duration::from_secs(300),
             image_dir: std::env::temp_dir(),
             progress: true,
+            vcpu_affinity: None,
         }
     }
 }
@@ -296,6 +302,7 @@ pub fn build_configs(image: &Path, tree: &TreeSpec) -> Vec<VmConfig> {
                 ..WorkloadConfig::default()
             }),
             kernel: None,
+            vcpu_affinity: None,
         })
         .collect()
 }
@@ -657,9 +664,13 @@ pub(crate) fn end_backend(s: BuildSystem, backend: Option<&Arc<dyn DedupBackend>
 /// One run: fresh backend, two fresh VMs, both builds, figures.
 fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRun, BenchError> {
     let (backend, script) = make_backend(s)?;
+    let mut vms = build_configs(image, &opts.tree);
+    for vm in &mut vms {
+        vm.vcpu_affinity.clone_from(&opts.vcpu_affinity);
+    }
     let cfg = Config {
         dedup: Default::default(),
-        vms: build_configs(image, &opts.tree),
+        vms,
         stdin: None,
         // Benchmarks run their VMs in-process without the VMM's filters.
         seccomp: Some(false),

@@ -139,6 +139,7 @@ pub fn linux_build_configs(opts: &LinuxBuildOptions, files: &[VmFiles]) -> Vec<V
                     readonly: false,
                 }],
             }),
+            vcpu_affinity: None,
         })
         .collect()
 }

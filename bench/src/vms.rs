@@ -183,6 +183,7 @@ impl VmOptions {
                     ..WorkloadConfig::default()
                 }),
                 kernel: None,
+                vcpu_affinity: None,
             })
             .collect()
     }

@@ -419,6 +419,10 @@ pub struct VmConfig {
     /// A Linux kernel instead of the workload guest.
     #[serde(default)]
     pub kernel: Option<KernelConfig>,
+    /// Host CPUs the VM's vCPU threads may run on (all of them on any of
+    /// these, as `taskset`); default: wherever the process may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vcpu_affinity: Option<Vec<usize>>,
 }
 
 fn one() -> u8 {
@@ -587,6 +591,9 @@ impl VmConfig {
             if g.is_empty() {
                 return Err(self.err("dedup.group must not be empty"));
             }
+        }
+        if let Some(cpus) = &self.vcpu_affinity {
+            crate::affinity::check(cpus).map_err(|e| self.err(e.to_string()))?;
         }
         match (&self.workload, &self.kernel) {
             (Some(_), Some(_)) => {
@@ -970,6 +977,14 @@ mod tests {
         bad(
             "[[vm]]\nname = \"a\"\nmemory = 64\nvcpus = 0\n",
             "valid range 1..=64",
+        );
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = 64\nvcpu_affinity = []\n",
+            "vcpu_affinity is empty",
+        );
+        bad(
+            "[[vm]]\nname = \"a\"\nmemory = 64\nvcpu_affinity = [1023]\n",
+            "host CPU 1023 is not available",
         );
         bad("[[vm]]\nname = \"a b\"\nmemory = 64\n", "name must be");
         bad(

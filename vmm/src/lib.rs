@@ -1,6 +1,7 @@
 //! pagefold's VMM: KVM VMs with guest RAM, vCPUs, devices, and the dedup
 //! engine attached to guest memory.
 
+pub mod affinity;
 pub mod config;
 pub mod control;
 pub mod dedup;

@@ -212,11 +212,25 @@ fn run_loop(mut vcpu: VcpuFd, ctx: ExitContext) {
 }
 
 /// Spawns a thread running `vcpu`.
-pub fn spawn(name: String, vcpu: VcpuFd, ctx: ExitContext) -> Result<JoinHandle<()>, Error> {
+pub fn spawn(
+    name: String,
+    vcpu: VcpuFd,
+    ctx: ExitContext,
+    affinity: Option<Vec<usize>>,
+) -> Result<JoinHandle<()>, Error> {
     let shared = ctx.shared.clone();
     shared.vcpu_started();
     let r = std::thread::Builder::new().name(name).spawn(move || {
         let shared = ctx.shared.clone();
+        if let Some(cpus) = affinity {
+            if let Err(e) = crate::affinity::pin_current_thread(&cpus) {
+                shared.request_stop(Outcome::VmmError {
+                    message: format!("vCPU affinity: {e}"),
+                });
+                shared.vcpu_exited();
+                return;
+            }
+        }
         if let Err(e) = crate::seccomp::install(crate::seccomp::ThreadKind::Vcpu) {
             shared.request_stop(Outcome::VmmError {
                 message: e.to_string(),

@@ -376,7 +376,12 @@ impl Vm {
             .ok_or_else(|| Error::Stopping(self.config.name.clone()))?;
         self.started = Instant::now();
         for (i, v) in self.vcpus.drain(..).enumerate() {
-            let t = vcpu::spawn(format!("{}-vcpu{i}", self.config.name), v, ctx.clone())?;
+            let t = vcpu::spawn(
+                format!("{}-vcpu{i}", self.config.name),
+                v,
+                ctx.clone(),
+                self.config.vcpu_affinity.clone(),
+            )?;
             self.threads.push(t);
         }
         if let Some(d) = self.dedup.as_ref().filter(|_| !self.regions.is_empty()) {
