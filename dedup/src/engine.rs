@@ -202,8 +202,15 @@ const HINT_PAGES_PER_WAKEUP: u64 = 4096;
 #[derive(Default)]
 struct Hints {
     queue: Vec<Hint>,
+    /// With hints off: the ranges devices wrote, only to be marked written
+    /// in the regions' write logs (KVM does not log device writes), not
+    /// visited first.
+    written: Vec<Hint>,
     received: u64,
     dropped: u64,
+    /// A device-written range was neither queued nor kept for the write
+    /// log since the last wake-up: every logged page needs a full look.
+    lost: bool,
 }
 
 struct Shared {
@@ -462,7 +469,6 @@ fn scanner_loop(sh: &Arc<Shared>) {
     let mut unmerge_tries = 0;
     // Mode on's factor of `pages_to_scan` (see `EngineConfig::boost_max`).
     let mut boost = 1u64;
-    let mut hints_dropped_seen = 0u64;
     loop {
         let (mode, knobs, gen, reset) = {
             let mut c = lock(&sh.ctl);
@@ -542,19 +548,23 @@ fn scanner_loop(sh: &Arc<Shared>) {
                         merge: true,
                     }
                 };
-                let (mut hints, dropped) = {
+                let (mut hints, written, lost) = {
                     let mut h = lock(&sh.hints);
-                    (std::mem::take(&mut h.queue), h.dropped)
+                    (
+                        std::mem::take(&mut h.queue),
+                        std::mem::take(&mut h.written),
+                        std::mem::take(&mut h.lost),
+                    )
                 };
                 let (rep, idle) = {
                     let mut core = lock(&sh.core);
                     core.knobs = knobs;
-                    if dropped != hints_dropped_seen {
+                    if lost {
                         // Device writes whose ranges are lost: every
                         // logged page gets a full look.
-                        hints_dropped_seen = dropped;
                         core.mark_all_written();
                     }
+                    core.mark_written(&written);
                     let mut hinted = BatchReport::default();
                     if plan.merge && !hints.is_empty() {
                         // Device-filled pages first, with their own budget.
@@ -637,8 +647,24 @@ impl DedupBackend for Engine {
         {
             let mut h = lock(&self.shared.hints);
             h.received += 1;
-            if !self.shared.io_hints || h.queue.len() >= HINT_QUEUE_CAP {
+            if !self.shared.io_hints {
+                // Ignored as a hint; still a device write the write log
+                // must know of.
                 h.dropped += 1;
+                if self.shared.write_log && h.written.len() < HINT_QUEUE_CAP {
+                    h.written.push(Hint {
+                        addr: host_addr,
+                        len,
+                        at: Instant::now(),
+                    });
+                } else {
+                    h.lost = true;
+                }
+                return;
+            }
+            if h.queue.len() >= HINT_QUEUE_CAP {
+                h.dropped += 1;
+                h.lost = true;
                 return;
             }
             // Coalesce with the previous range (a multi-segment read).

@@ -200,3 +200,85 @@ fn content_written_merges_at_the_next_wake_up() {
         "without a log it waits for a pass"
     );
 }
+
+/// With I/O hints off, a device's reported write still reaches the write
+/// log (KVM does not log it): the copy-on-write it caused is noticed at the
+/// next pass, not at the periodic check. Unreported, it is not noticed in
+/// the same time (the page written lies in the block whose periodic check
+/// is furthest away).
+#[test]
+fn a_device_write_reported_with_hints_off_is_seen_at_the_next_pass() {
+    use pagefold_dedup::writelog::{VERIFY_BLOCK, VERIFY_PASSES};
+    use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Mode};
+    use std::time::{Duration, Instant};
+
+    const M: usize = 8 * VERIFY_BLOCK;
+    let noticed_within = |report: bool, limit: Duration| -> bool {
+        let (a, b) = (Mem::new(M), Mem::new(M));
+        a.fill_from(1_000);
+        b.fill_from(1_000);
+        // A pass over 2 x 4096 pages at 64 (x4 clean visits) per 20 ms
+        // wake-up: ~0.6 s, so `limit` is a handful of passes.
+        let e = Engine::new(EngineConfig {
+            knobs: Knobs {
+                pages_to_scan: 64,
+                sleep_millisecs: 20,
+                max_page_sharing: 256,
+            },
+            adaptive: false,
+            boost_max: 1,
+            io_hints: false,
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
+        let ia = a.register(&e, "a", "g");
+        let ib = b.register(&e, "b", "g");
+        e.set_write_log(ia, Some(la.clone()));
+        e.set_write_log(ib, Some(lb.clone()));
+        e.set_mode(Mode::On).unwrap();
+        let t = Instant::now();
+        while e.stats().pages_sharing < M as u64 {
+            assert!(t.elapsed() < Duration::from_secs(60), "{:?}", e.stats());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let before = e.stats();
+        // The block whose periodic check (pass + block = 0 mod 64) is
+        // furthest from the current pass.
+        let passes = before.full_scans;
+        let block = (0..8u64)
+            .max_by_key(|k| (2 * VERIFY_PASSES - (passes + k) % VERIFY_PASSES) % VERIFY_PASSES)
+            .unwrap() as usize;
+        let page = block * VERIFY_BLOCK + 5;
+        // The device writes it (kernel-mode, as virtio-blk's pread).
+        // SAFETY: plain syscalls on our own memfd; the page is ours.
+        unsafe {
+            let fd = libc::memfd_create(c"device".as_ptr(), 0);
+            assert!(fd >= 0);
+            let p = pattern(4_242);
+            assert_eq!(libc::pwrite(fd, p.as_ptr().cast(), PS, 0), PS as isize);
+            assert_eq!(libc::pread(fd, b.page_ptr(page).cast(), PS, 0), PS as isize);
+            libc::close(fd);
+        }
+        if report {
+            e.hint(b.addr + page * PS, PS);
+        }
+        let t = Instant::now();
+        let mut seen = false;
+        while t.elapsed() < limit && !seen {
+            std::thread::sleep(Duration::from_millis(20));
+            seen = e.stats().cow_breaks > before.cow_breaks;
+        }
+        let s = e.stats();
+        assert!(
+            s.full_scans < passes + 32,
+            "the test assumes a handful of passes: {s:?}"
+        );
+        assert_eq!(b.read(page), pattern(4_242));
+        e.check_consistency().unwrap();
+        e.shutdown();
+        seen
+    };
+    assert!(noticed_within(true, Duration::from_secs(3)));
+    assert!(!noticed_within(false, Duration::from_secs(3)));
+}
