@@ -1361,8 +1361,11 @@ impl Core {
             prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
         }
         // Every page visited here that its write log marked was examined
-        // (marked pages are due and not `log_clean`): its mark is spent.
-        if let Some(w) = self.regions[ri].written.as_mut() {
+        // (marked pages are due and not `log_clean`): its mark is spent. A
+        // census span of KSM's region examines no content: its marks stay
+        // for when the engine takes the region back.
+        let census = self.regions[ri].assisted;
+        if let Some(w) = self.regions[ri].written.as_mut().filter(|_| !census) {
             for p in start..start + used {
                 w.clear(p);
             }
