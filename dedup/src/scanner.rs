@@ -1652,14 +1652,7 @@ impl Core {
                 Some(s)
             }
             None => {
-                let r = &mut self.regions[ri];
-                let lvl = region::level(st);
-                if lvl == 0 {
-                    self.pass_progress += 1;
-                }
-                r.state[p] = region::with_level(r.state[p], (lvl + 1).min(MAX_LEVEL));
-                let gid = r.gid_base + p as u32;
-                let _ = self.unstable.insert(h, gid);
+                let gid = self.file_unique(ri, p, st, h);
                 if self.trusted {
                     self.remember_hinted(group, h, gid);
                 }
@@ -1724,8 +1717,17 @@ impl Core {
         *visit_units -= 1;
         self.counters.clean_visits += 1;
         self.note_run(Some(h));
+        self.regions[ri].set_volatile(p, false);
+        self.file_unique(ri, p, st, h);
+        Some(None)
+    }
+
+    /// A candidate page with no partner this time (state `st` before the
+    /// visit, content hash `h`): into the unstable index, a smart-scan
+    /// level up (leaving level 0 counts as pass progress: the page just
+    /// became stable). Returns its page id.
+    fn file_unique(&mut self, ri: usize, p: usize, st: u8, h: u32) -> u32 {
         let r = &mut self.regions[ri];
-        r.set_volatile(p, false);
         let lvl = region::level(st);
         if lvl == 0 {
             self.pass_progress += 1;
@@ -1733,7 +1735,7 @@ impl Core {
         r.state[p] = region::with_level(r.state[p], (lvl + 1).min(MAX_LEVEL));
         let gid = r.gid_base + p as u32;
         let _ = self.unstable.insert(h, gid);
-        Some(None)
+        gid
     }
 
     /// Joins an existing pool slot without hashing the page: its stored hash

@@ -103,26 +103,7 @@ fn hints_outside_regions_or_while_off_are_harmless() {
 /// A scanner core (no engine thread: the test drives it) over all 256 pages
 /// of `m`, registered as owner "a" in group "g".
 fn core_over(m: &Mem) -> pagefold_dedup::scanner::Core {
-    use pagefold_dedup::fault::ProtState;
-    use pagefold_dedup::pool::Pool;
-    use pagefold_dedup::scanner::{Core, DEFAULT_STRIPE};
-    use pagefold_dedup::uffd::Uffd;
-    use std::sync::{Arc, Mutex};
-
-    let mut core = Core::new(
-        Pool::new(1 << 30).unwrap(),
-        Arc::new(Uffd::new().unwrap()),
-        Arc::new(Mutex::new(ProtState::default())),
-        Knobs {
-            pages_to_scan: 1 << 20,
-            sleep_millisecs: 0,
-            max_page_sharing: 256,
-        },
-        pagefold_dedup::hash::xxh3,
-        true,
-        DEFAULT_STRIPE,
-    )
-    .unwrap();
+    let mut core = driven_core();
     assert_eq!(m.pages, 256);
     core.register(m.addr, 256 * PS, "a".into(), "g".into())
         .unwrap();

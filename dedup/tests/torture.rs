@@ -29,17 +29,7 @@ type WriteLog = std::sync::Mutex<Vec<(usize, Vec<u8>)>>;
 /// record each user-mode write after making it. Kernel-mode writes (the
 /// `pread`s, a device's I/O) are left out on purpose: KVM does not log a
 /// device's writes, and a write the log misses must cost merges only.
-#[derive(Default)]
-struct UserWrites(std::sync::Mutex<Vec<usize>>);
-
-impl pagefold_dedup::WriteLog for UserWrites {
-    fn collect(&self, bits: &mut [u64]) -> Result<(), pagefold_dedup::WriteLogError> {
-        for p in self.0.lock().unwrap().drain(..) {
-            bits[p / 64] |= 1 << (p % 64);
-        }
-        Ok(())
-    }
-}
+use pagefold_dedup::writelog::RecordedWrites as UserWrites;
 
 /// One torture run's shape.
 struct Cfg {
@@ -239,11 +229,7 @@ fn run(cfg: Cfg) {
                     }
                 };
                 if user_write {
-                    logs[g / world.pages_per]
-                        .0
-                        .lock()
-                        .unwrap()
-                        .push(g % world.pages_per);
+                    logs[g / world.pages_per].record(g % world.pages_per);
                 }
                 shadows[w].lock().unwrap().push((g, new));
                 writes += 1;

@@ -6,51 +6,20 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use common::*;
 use pagefold_dedup::scanner::Core;
+use pagefold_dedup::writelog::RecordedWrites as Recorded;
 use pagefold_dedup::writelog::VERIFY_PASSES;
-use pagefold_dedup::{Knobs, RegionId, WriteLog, WriteLogError};
+use pagefold_dedup::{Knobs, RegionId};
 
 const N: usize = 256;
-
-/// The test's own writes, recorded after each is made (as KVM's dirty log
-/// records a guest's).
-#[derive(Default)]
-struct Recorded(Mutex<Vec<usize>>);
-
-impl WriteLog for Recorded {
-    fn collect(&self, bits: &mut [u64]) -> Result<(), WriteLogError> {
-        for p in self.0.lock().unwrap().drain(..) {
-            bits[p / 64] |= 1 << (p % 64);
-        }
-        Ok(())
-    }
-}
 
 /// A scanner core (the test drives its passes) over `a` and `b`, both in
 /// group "g"; with `logs`, each region gets a write log.
 fn core_over(a: &Mem, b: &Mem, logs: Option<(&Arc<Recorded>, &Arc<Recorded>)>) -> Core {
-    use pagefold_dedup::fault::ProtState;
-    use pagefold_dedup::pool::Pool;
-    use pagefold_dedup::scanner::DEFAULT_STRIPE;
-    use pagefold_dedup::uffd::Uffd;
-
-    let mut core = Core::new(
-        Pool::new(1 << 30).unwrap(),
-        Arc::new(Uffd::new().unwrap()),
-        Arc::new(Mutex::new(ProtState::default())),
-        Knobs {
-            pages_to_scan: 1 << 20,
-            sleep_millisecs: 0,
-            max_page_sharing: 256,
-        },
-        pagefold_dedup::hash::xxh3,
-        true,
-        DEFAULT_STRIPE,
-    )
-    .unwrap();
+    let mut core = driven_core();
     let ids: Vec<RegionId> = [a, b]
         .iter()
         .zip(["a", "b"])
@@ -118,7 +87,7 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     // the next pass whatever the page's smart-scan level.
     core.run_passes(8); // every merged page climbs to the top level
     b.fill(6, 77);
-    lb.0.lock().unwrap().push(6);
+    lb.record(6);
     core.run_passes(1);
     assert_eq!(core.counters.cow_breaks, breaks + 1);
     assert_eq!(b.read(6), pattern(77));
@@ -177,8 +146,8 @@ fn content_written_merges_at_the_next_wake_up() {
         assert_eq!(merged(&core), 0);
         a.fill(200, 9_999);
         b.fill(17, 9_999);
-        la.0.lock().unwrap().push(200);
-        lb.0.lock().unwrap().push(17);
+        la.record(200);
+        lb.record(17);
         // The pass that sees the writes (logged pages are due at once).
         core.run_passes(1);
         let before = merged(&core);
