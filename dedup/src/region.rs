@@ -188,6 +188,15 @@ impl Region {
         addr >= self.addr && addr < self.addr + self.len()
     }
 
+    /// Pages `first..end` of this region that host range `addr..+len`
+    /// touches (`addr` inside the region; the end clipped to it).
+    pub fn pages_of(&self, addr: usize, len: usize) -> (usize, usize) {
+        let first = (addr - self.addr) / PAGE_SIZE;
+        let end =
+            (addr.saturating_add(len).min(self.addr + self.len()) - self.addr).div_ceil(PAGE_SIZE);
+        (first, end)
+    }
+
     /// True if page `i` lies in a pool VMA.
     pub fn in_pool(&self, i: usize) -> bool {
         self.in_pool[i / 64] & (1 << (i % 64)) != 0

@@ -866,9 +866,7 @@ impl Core {
                 done += 1;
                 continue;
             }
-            let first = (h.addr - r.addr) / crate::PAGE_SIZE;
-            let end = (h.addr.saturating_add(h.len).min(r.addr + r.len()) - r.addr)
-                .div_ceil(crate::PAGE_SIZE);
+            let (first, end) = r.pages_of(h.addr, h.len);
             // The device wrote them (KVM's log sees guest writes only): if
             // this visit does not reach them all, the scan's will.
             if let Some(w) = self.regions[ri].written.as_mut() {
@@ -927,11 +925,7 @@ impl Core {
     fn flush_hint_ops(&mut self, visited: &mut Vec<HintVisit>) {
         let ops = self.deferred.replace(Vec::new()).unwrap_or_default();
         let before = self.merges_done();
-        if !ops.is_empty() {
-            let mut freed = Vec::new();
-            self.execute(ops, &mut freed);
-            self.release_slots(&freed);
-        }
+        self.execute_planned(ops);
         let merged = self.merges_done() - before;
         let planned: usize = visited.iter().map(|v| v.planned).sum();
         if merged > 0 && planned > 0 {
@@ -943,15 +937,11 @@ impl Core {
             self.hint_merges += merged;
             self.hint_delay_sum += merged as f64 * age;
         }
-        let mut groups: Vec<u32> = visited
+        let groups = visited
             .iter()
             .map(|v| self.regions[v.region].group)
             .collect();
-        groups.sort_unstable();
-        groups.dedup();
-        for g in groups {
-            self.maybe_assist(g);
-        }
+        self.judge_groups(groups);
         visited.clear();
     }
 
@@ -999,9 +989,7 @@ impl Core {
     pub fn mark_written(&mut self, hints: &[Hint]) {
         for h in hints {
             if let Some(r) = self.regions.iter_mut().find(|r| r.contains(h.addr)) {
-                let first = (h.addr - r.addr) / crate::PAGE_SIZE;
-                let end = (h.addr.saturating_add(h.len).min(r.addr + r.len()) - r.addr)
-                    .div_ceil(crate::PAGE_SIZE);
+                let (first, end) = r.pages_of(h.addr, h.len);
                 if let Some(w) = r.written.as_mut() {
                     w.mark(first, end);
                 }
@@ -1092,19 +1080,30 @@ impl Core {
                 continue;
             }
             let prev = (p > 0 && region::kind(r.state[p - 1]) == MERGED).then(|| r.word[p - 1]);
-            let group = r.group;
+            groups.push(r.group);
             self.note_run(None);
             self.visit(ri, p, Entry(0), st, prev, &mut units, true, &mut ops);
-            if !groups.contains(&group) {
-                groups.push(group);
-            }
         }
         (self.run_hash, self.run_len) = run;
+        self.execute_planned(ops);
+        self.judge_groups(groups);
+    }
+
+    /// Executes merge ops planned outside a scan span (hint visits,
+    /// rechecks) and frees the slots that ended up unused.
+    fn execute_planned(&mut self, ops: Vec<Op>) {
         if !ops.is_empty() {
             let mut freed = Vec::new();
             self.execute(ops, &mut freed);
             self.release_slots(&freed);
         }
+    }
+
+    /// Judges each group visited for the KSM assist, once, after its
+    /// planned merges ran (`maybe_assist` must not meet planned ops).
+    fn judge_groups(&mut self, mut groups: Vec<u32>) {
+        groups.sort_unstable();
+        groups.dedup();
         for g in groups {
             self.maybe_assist(g);
         }
@@ -1685,41 +1684,39 @@ impl Core {
         if merge && h == self.zero_hash {
             return None;
         }
-        if !merge {
+        let planned = if !merge {
             // Checksum-only round: nothing to learn from hashing it.
-            *visit_units -= 1;
-            self.counters.clean_visits += 1;
             self.regions[ri].set_volatile(p, false);
             self.note_run(Some(h));
-            return Some(None);
-        }
-        // SAFETY: the region is registered, hence mapped (register contract),
-        // and stays so while we hold the core (unregister needs it).
-        let page = unsafe { self.regions[ri].page_detached(p) };
-        if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
-            *visit_units -= 1;
-            self.counters.clean_visits += 1;
-            return Some(Some(s));
-        }
-        let group = self.regions[ri].group;
-        let grows_stripe = prev.is_some_and(|ps| {
-            let m = self.pool.meta(ps);
-            let s1 = ps.wrapping_add(1);
-            s1 != 0 && self.pool.is_free(s1) && m.hash == h && m.group == group
-        });
-        if grows_stripe
-            || !self.stable.get(group, h).is_empty()
-            || self.unstable_partner(ri, p, h, group, page).is_some()
-            || self.hinted_partner(ri, p, h, group, page).is_some()
-        {
-            return None;
-        }
+            None
+        } else {
+            // SAFETY: the region is registered, hence mapped (register
+            // contract), and stays so while we hold the core (unregister
+            // needs it).
+            let page = unsafe { self.regions[ri].page_detached(p) };
+            if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
+                Some(s)
+            } else {
+                let group = self.regions[ri].group;
+                // Any stripe `choose` might grow (whatever its length: the
+                // check is conservative), a stable slot, a partner: a fresh
+                // hash decides.
+                if prev.is_some_and(|ps| self.stripe_continues(ps, h, group))
+                    || !self.stable.get(group, h).is_empty()
+                    || self.unstable_partner(ri, p, h, group, page).is_some()
+                    || self.hinted_partner(ri, p, h, group, page).is_some()
+                {
+                    return None;
+                }
+                self.note_run(Some(h));
+                self.regions[ri].set_volatile(p, false);
+                self.file_unique(ri, p, st, h);
+                None
+            }
+        };
         *visit_units -= 1;
         self.counters.clean_visits += 1;
-        self.note_run(Some(h));
-        self.regions[ri].set_volatile(p, false);
-        self.file_unique(ri, p, st, h);
-        Some(None)
+        Some(planned)
     }
 
     /// A candidate page with no partner this time (state `st` before the
@@ -1908,10 +1905,7 @@ impl Core {
                 if joinable(s1) {
                     return Some(s1);
                 }
-                let pm = self.pool.meta(ps);
-                if self.pool.is_free(s1)
-                    && pm.hash == h
-                    && pm.group == group
+                if self.stripe_continues(ps, h, group)
                     && self.stripe_len(ps, h, group) < self.wanted_stripe()
                 {
                     // `choose` grows the stripe: a new slot needs a fresh hash.
@@ -1975,6 +1969,15 @@ impl Core {
             }
     }
 
+    /// Could the stripe ending at slot `ps` grow by a slot for content `h`
+    /// of `group`: the next slot is free and `ps` holds that content
+    /// (`choose` then also wants the stripe shorter than `wanted_stripe`).
+    fn stripe_continues(&self, ps: u32, h: u32, group: u32) -> bool {
+        let s1 = ps.wrapping_add(1);
+        let pm = self.pool.meta(ps);
+        s1 != 0 && self.pool.is_free(s1) && pm.hash == h && pm.group == group
+    }
+
     /// Length of the same-content stripe (slots with room) ending at `s`.
     fn stripe_len(&self, s: u32, h: u32, group: u32) -> u32 {
         let mut n = 1;
@@ -2014,10 +2017,7 @@ impl Core {
                 if self.usable(s1, h, group, page) {
                     return Some(Target::Existing(s1));
                 }
-                let pm = self.pool.meta(ps);
-                if self.pool.is_free(s1)
-                    && pm.hash == h
-                    && pm.group == group
+                if self.stripe_continues(ps, h, group)
                     && self.stripe_len(ps, h, group) < self.wanted_stripe()
                 {
                     // Same content as the left neighbour: grow its stripe so

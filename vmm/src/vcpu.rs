@@ -222,19 +222,16 @@ pub fn spawn(
     shared.vcpu_started();
     let r = std::thread::Builder::new().name(name).spawn(move || {
         let shared = ctx.shared.clone();
-        if let Some(cpus) = affinity {
-            if let Err(e) = crate::affinity::pin_current_thread(&cpus) {
-                shared.request_stop(Outcome::VmmError {
-                    message: format!("vCPU affinity: {e}"),
-                });
-                shared.vcpu_exited();
-                return;
+        // The thread's own set-up: its CPUs, then its filter.
+        let set_up = || -> Result<(), String> {
+            if let Some(cpus) = &affinity {
+                crate::affinity::pin_current_thread(cpus)
+                    .map_err(|e| format!("vCPU affinity: {e}"))?;
             }
-        }
-        if let Err(e) = crate::seccomp::install(crate::seccomp::ThreadKind::Vcpu) {
-            shared.request_stop(Outcome::VmmError {
-                message: e.to_string(),
-            });
+            crate::seccomp::install(crate::seccomp::ThreadKind::Vcpu).map_err(|e| e.to_string())
+        };
+        if let Err(message) = set_up() {
+            shared.request_stop(Outcome::VmmError { message });
             shared.vcpu_exited();
             return;
         }
