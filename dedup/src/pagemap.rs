@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::PAGE_SIZE;
 
@@ -58,13 +59,24 @@ impl Entry {
 #[derive(Debug)]
 pub struct Pagemap {
     file: File,
+    /// `pread`s made: each walks every VMA it covers, which made pagemap
+    /// a large part of the engine's CPU on scattered layouts.
+    reads: AtomicU64,
 }
 
 impl Pagemap {
     /// Opens `/proc/self/pagemap`.
     pub fn open() -> Result<Self, PagemapError> {
         let file = File::open("/proc/self/pagemap").map_err(PagemapError::Open)?;
-        Ok(Pagemap { file })
+        Ok(Pagemap {
+            file,
+            reads: AtomicU64::new(0),
+        })
+    }
+
+    /// Reads made so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 
     /// Fills `out` with the entries of `out.len()` pages starting at `addr`.
@@ -75,6 +87,7 @@ impl Pagemap {
         // slice as bytes is sound; the slice outlives this call.
         let buf = unsafe { std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut u8, nbytes) };
         let off = (addr / PAGE_SIZE) as u64 * 8;
+        self.reads.fetch_add(1, Ordering::Relaxed);
         self.file
             .read_exact_at(buf, off)
             .map_err(|source| PagemapError::Read { addr, source })

@@ -76,6 +76,10 @@ pub const VERIFY_BLOCK: usize = 512;
 pub struct Written {
     log: Arc<dyn WriteLog>,
     bits: Vec<u64>,
+    /// Pages marked for want of knowledge rather than for a recorded write
+    /// (a new log, device ranges that were lost): such a page may never
+    /// have been touched, so nothing about its mapping can be presumed.
+    unknown: Vec<u64>,
     npages: usize,
 }
 
@@ -100,7 +104,13 @@ impl Written {
                 *last = (1u64 << (npages % 64)) - 1;
             }
         }
-        Written { log, bits, npages }
+        let unknown = bits.clone();
+        Written {
+            log,
+            bits,
+            unknown,
+            npages,
+        }
     }
 
     /// Adds what the log recorded since the previous call.
@@ -113,9 +123,19 @@ impl Written {
         self.bits[p / 64] & (1 << (p % 64)) != 0
     }
 
+    /// Was page `p` seen written (by its log, or a device's report) since
+    /// the engine last examined it, as opposed to marked for want of
+    /// knowledge? A written page is mapped: a write maps a private page,
+    /// and nothing but the engine takes one away from guest RAM.
+    pub fn recorded(&self, p: usize) -> bool {
+        let bit = 1 << (p % 64);
+        self.bits[p / 64] & bit != 0 && self.unknown[p / 64] & bit == 0
+    }
+
     /// The engine examined page `p` (read its pagemap entry, hashed it).
     pub fn clear(&mut self, p: usize) {
         self.bits[p / 64] &= !(1 << (p % 64));
+        self.unknown[p / 64] &= !(1 << (p % 64));
     }
 
     /// Marks pages `first..end` written (a device wrote them).
@@ -126,9 +146,11 @@ impl Written {
         }
     }
 
-    /// Marks every page written.
+    /// Marks every page written, none of them as a recorded write (what
+    /// was lost may be anywhere, including memory never touched).
     pub fn mark_all(&mut self) {
         self.mark(0, self.npages);
+        self.unknown.copy_from_slice(&self.bits);
     }
 }
 
@@ -140,7 +162,7 @@ mod tests {
     fn pages_start_written_and_stay_clean_until_the_log_says_otherwise() {
         let log = Arc::new(RecordedWrites::default());
         let mut w = Written::new(log.clone(), 70);
-        assert!((0..70).all(|p| w.get(p)));
+        assert!((0..70).all(|p| w.get(p) && !w.recorded(p)));
         // Bits past the region's end are never set.
         assert_eq!(w.bits[1], (1 << 6) - 1);
         for p in 0..70 {
@@ -156,13 +178,22 @@ mod tests {
         w.collect().unwrap();
         let marked: Vec<usize> = (0..70).filter(|&p| w.get(p)).collect();
         assert_eq!(marked, vec![3, 64, 69]);
+        assert!([3, 64, 69].iter().all(|&p| w.recorded(p)));
         // Collecting again adds nothing new and keeps what is marked.
         w.collect().unwrap();
         assert_eq!((0..70).filter(|&p| w.get(p)).count(), 3);
         w.mark(10, 12);
         assert!(w.get(10) && w.get(11) && !w.get(12));
+        assert!(w.recorded(10) && w.recorded(11) && !w.recorded(12));
         w.mark_all();
-        assert!((0..70).all(|p| w.get(p)));
+        assert!((0..70).all(|p| w.get(p) && !w.recorded(p)));
+        // Examining a page forgets both kinds of mark; a later recorded
+        // write is a recorded write again.
+        w.clear(3);
+        assert!(!w.get(3) && !w.recorded(3));
+        log.record(3);
+        w.collect().unwrap();
+        assert!(w.recorded(3));
         assert_eq!(w.bits[1], (1 << 6) - 1);
     }
 }
