@@ -91,6 +91,12 @@ impl StableIndex {
             .unwrap_or(&[])
     }
 
+    /// Forgets every slot.
+    pub fn clear(&mut self) {
+        self.map = HashMap::default();
+        self.entries = 0;
+    }
+
     /// Number of (slot) entries.
     pub fn len(&self) -> usize {
         self.entries

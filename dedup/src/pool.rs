@@ -386,6 +386,31 @@ impl Pool {
         Ok(())
     }
 
+    /// Frees every slot at once when nothing maps any (the engine's own
+    /// count, as for [`Pool::release`]): one truncate instead of a hole
+    /// punch per slot. Deleting the last of two VMs that shared 7.7k pages
+    /// made 7.7k punches of ~25 us each on the VMM's thread. Returns false
+    /// (nothing changed) if a page is still counted as mapped or a slot
+    /// is reserved for a merge in flight.
+    pub fn release_all(&mut self) -> bool {
+        if self.mappers != 0 || self.state.contains(&SlotState::Reserved) {
+            return false;
+        }
+        if self.file_pages > 0 {
+            // SAFETY: ftruncate on our memfd; nothing maps a slot.
+            if unsafe { libc::ftruncate(self.fd.as_raw_fd(), 0) } != 0 {
+                return false;
+            }
+        }
+        self.file_pages = 0;
+        self.meta = Vec::new();
+        self.state = Vec::new();
+        self.alloc = SlotAlloc::default();
+        self.live = 0;
+        self.shared = 0;
+        true
+    }
+
     /// Shrinks the file to nothing once every slot is free.
     pub fn trim_if_empty(&mut self) {
         if self.alloc.in_use() == 0 && self.file_pages > 0 {
@@ -485,5 +510,36 @@ mod tests {
         assert!(p.is_free(s));
         p.trim_if_empty();
         assert_eq!(p.slots_in_use(), 0);
+    }
+
+    #[test]
+    fn release_all_only_when_nothing_is_mapped_or_reserved() {
+        let mut p = Pool::new(1 << 30).unwrap();
+        let src = [9u8; PAGE_SIZE];
+        let a = p.reserve(None, 1, 0, 0).unwrap();
+        // SAFETY: src is a page-sized buffer.
+        unsafe { p.write(a, src.as_ptr()) };
+        p.add_mapper(a);
+        assert!(!p.release_all(), "slot a is mapped");
+        p.remove_mapper(a);
+        let b = p.reserve(None, 2, 0, 0).unwrap();
+        assert!(!p.release_all(), "slot b is reserved");
+        p.fail(b);
+        assert!(p.release_all());
+        assert_eq!(p.slots_in_use(), 0);
+        assert!(p.is_free(a) && p.is_free(b));
+        // The file is empty, and grows again for the next slot.
+        // SAFETY: fstat on our memfd into a zeroed struct.
+        let size = |p: &Pool| unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            assert_eq!(libc::fstat(p.raw_fd(), &mut st), 0);
+            st.st_size
+        };
+        assert_eq!(size(&p), 0);
+        let c = p.reserve(None, 3, 0, 0).unwrap();
+        // SAFETY: src is a page-sized buffer.
+        unsafe { p.write(c, src.as_ptr()) };
+        assert_eq!(p.page(c)[0], 9);
+        assert!(size(&p) > 0);
     }
 }

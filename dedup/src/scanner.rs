@@ -570,16 +570,16 @@ impl Core {
                 "could not take the region back from KSM".into(),
             ));
         }
+        let mut freed = Vec::new();
         if unmerge {
             // Retry a few times: a page that cannot be protected right now
             // (e.g. a concurrent discard) is rare and transient.
             for _ in 0..3 {
-                if self.unmerge_region(ri) == 0 {
+                if self.unmerge_region(ri, &mut freed) == 0 {
                     break;
                 }
             }
         }
-        let mut freed = Vec::new();
         {
             let r = &mut self.regions[ri];
             for i in 0..r.npages {
@@ -604,7 +604,7 @@ impl Core {
                 p.regions.swap_remove(pos);
             }
         }
-        self.release_slots(&freed);
+        self.release_unmapped(&freed);
         self.release_assist_if_unused();
         if ri < self.cursor_region {
             self.cursor_region -= 1;
@@ -634,6 +634,20 @@ impl Core {
         }
     }
 
+    /// [`Core::release_slots`] for slots freed in bulk (a region leaving,
+    /// an unmerge): when no page maps any slot any more, every slot goes
+    /// in one truncate (`Pool::release_all`), not a hole punch each.
+    fn release_unmapped(&mut self, freed: &[u32]) {
+        if freed.is_empty() {
+            return;
+        }
+        if self.pool.release_all() {
+            self.stable.clear();
+        } else {
+            self.release_slots(freed);
+        }
+    }
+
     fn ctx(&self) -> Ctx<'_> {
         Ctx {
             uffd: &self.uffd,
@@ -644,8 +658,11 @@ impl Core {
 
     /// Gives every page of region `ri` that lies in a pool VMA (merged, or
     /// merged and copied-on-write since) a private anonymous mapping again;
-    /// returns the pages left in pool VMAs.
-    pub fn unmerge_region(&mut self, ri: usize) -> u64 {
+    /// returns the pages left in pool VMAs. Slots nothing maps any more are
+    /// added to `freed`, for the caller to release (`release_unmapped`):
+    /// they stay in the stable index until then, which is safe because
+    /// nothing merges while the core is held here.
+    pub fn unmerge_region(&mut self, ri: usize, freed: &mut Vec<u32>) -> u64 {
         let npages = self.regions[ri].npages;
         let mut left = 0;
         let mut i = 0;
@@ -676,7 +693,6 @@ impl Core {
             };
             match ok {
                 Ok(true) => {
-                    let mut freed = Vec::new();
                     for p in s..i {
                         let r = &mut self.regions[ri];
                         r.set_in_pool(p, false);
@@ -689,7 +705,6 @@ impl Core {
                             freed.push(slot);
                         }
                     }
-                    self.release_slots(&freed);
                 }
                 Ok(false) => left += (i - s) as u64,
                 Err(e) => {
@@ -706,9 +721,11 @@ impl Core {
         // KSM first: no engine protection may meet a KSM merge.
         self.end_assist();
         let mut left = 0;
+        let mut freed = Vec::new();
         for ri in 0..self.regions.len() {
-            left += self.unmerge_region(ri);
+            left += self.unmerge_region(ri, &mut freed);
         }
+        self.release_unmapped(&freed);
         if left == 0 {
             self.pool.trim_if_empty();
         }
