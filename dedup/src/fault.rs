@@ -27,6 +27,11 @@ pub struct ProtState {
     pub busy: Vec<(usize, usize)>,
     /// `(start, end)` of registered regions.
     pub regions: Vec<(usize, usize)>,
+    /// Faults the handler left to the merger because their page was busy.
+    /// A merge that saw this count unchanged from its protect to its end
+    /// has no writer of its own to wake: any later message for its range
+    /// finds the range no longer busy, and the handler wakes that writer.
+    pub deferred: u64,
 }
 
 impl ProtState {
@@ -125,9 +130,10 @@ pub fn run(
                 continue;
             }
             let page = m.address as usize & !(PAGE_SIZE - 1);
-            let p = prot.lock().unwrap_or_else(|e| e.into_inner());
+            let mut p = prot.lock().unwrap_or_else(|e| e.into_inner());
             if p.busy_contains(page) {
                 // The merger wakes this range when it is done (merge-races 2).
+                p.deferred += 1;
                 counters.in_merge.fetch_add(1, Ordering::Relaxed);
             } else if p.region_contains(page) {
                 let still_protected = pagemap

@@ -13,7 +13,10 @@
 //!    for zero pages; `ENOMEM` (map count) abandons the rest (merge-races 10);
 //! 5. re-register the new VMAs with the uffd (MAP_FIXED VMAs are not);
 //! 6. always, even on error or panic ([`Busy`]'s `Drop`): unprotect the
-//!    pages still on their original mapping, wake the whole range, unmark it.
+//!    pages still on their original mapping, unmark the range, and wake it
+//!    if the fault handler left a writer to us meanwhile
+//!    ([`ProtState::deferred`]; otherwise the handler wakes any writer
+//!    whose message it reads later).
 //!
 //! A blocked writer wakes up to a fresh private mapping of the pool page and
 //! the kernel copies it on write: its write lands (merge-races 2).
@@ -103,6 +106,35 @@ struct Busy<'a> {
     n: usize,
     /// Bit i set: page i is still on its original mapping (to unprotect).
     original: u64,
+    /// `ProtState::deferred` when the range became busy.
+    deferred_at: u64,
+}
+
+/// Marks `addr..end` busy; returns `ProtState::deferred` at that moment.
+fn mark_busy(prot: &Mutex<ProtState>, addr: usize, end: usize) -> u64 {
+    let mut p = prot.lock().unwrap_or_else(|e| e.into_inner());
+    p.busy.push((addr, end));
+    p.deferred
+}
+
+/// Unmarks `addr..end` and wakes its writers if the fault handler left one
+/// to us while it was busy. Without a deferred fault there is no writer to
+/// wake: a writer whose message the handler reads after the unmark is woken
+/// by the handler (the page is not busy, and no longer protected). The
+/// wake was one ioctl per merge window, nearly always for nobody.
+fn unmark_busy(ctx: &Ctx<'_>, addr: usize, end: usize, deferred_at: u64) {
+    let deferred = {
+        let mut p = ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pos) = p.busy.iter().position(|&r| r == (addr, end)) {
+            p.busy.swap_remove(pos);
+        }
+        p.deferred != deferred_at
+    };
+    if deferred {
+        if let Err(e) = ctx.uffd.wake(addr, end - addr) {
+            log::warn!("pagefold: wake after merge: {e}");
+        }
+    }
 }
 
 impl<'a> Busy<'a> {
@@ -113,11 +145,8 @@ impl<'a> Busy<'a> {
             addr,
             n,
             original: low_bits(n),
+            deferred_at: mark_busy(ctx.prot, addr, addr + n * PAGE_SIZE),
         };
-        {
-            let mut p = ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
-            p.busy.push((addr, addr + n * PAGE_SIZE));
-        }
         // On error `busy` drops: unprotect + wake + unmark.
         ctx.uffd.protect(addr, n * PAGE_SIZE)?;
         Ok(busy)
@@ -159,14 +188,12 @@ impl Drop for Busy<'_> {
                 log::warn!("pagefold: unprotect after merge: {e}");
             }
         }
-        if let Err(e) = self.ctx.uffd.wake(self.addr, self.n * PAGE_SIZE) {
-            log::warn!("pagefold: wake after merge: {e}");
-        }
-        let mut p = self.ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
-        let end = self.addr + self.n * PAGE_SIZE;
-        if let Some(pos) = p.busy.iter().position(|&r| r == (self.addr, end)) {
-            p.busy.swap_remove(pos);
-        }
+        unmark_busy(
+            self.ctx,
+            self.addr,
+            self.addr + self.n * PAGE_SIZE,
+            self.deferred_at,
+        );
     }
 }
 
@@ -439,6 +466,8 @@ struct RangeBusy<'a> {
     len: usize,
     /// The range now holds a fresh mapping with no protection to remove.
     replaced: bool,
+    /// `ProtState::deferred` when the range became busy.
+    deferred_at: u64,
 }
 
 impl<'a> RangeBusy<'a> {
@@ -448,11 +477,8 @@ impl<'a> RangeBusy<'a> {
             addr,
             len,
             replaced: false,
+            deferred_at: mark_busy(ctx.prot, addr, addr + len),
         };
-        {
-            let mut p = ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
-            p.busy.push((addr, addr + len));
-        }
         // On error `busy` drops: unprotect + wake + unmark.
         ctx.uffd.protect(addr, len)?;
         Ok(busy)
@@ -466,13 +492,6 @@ impl Drop for RangeBusy<'_> {
                 log::warn!("pagefold: unprotect after unmerge: {e}");
             }
         }
-        if let Err(e) = self.ctx.uffd.wake(self.addr, self.len) {
-            log::warn!("pagefold: wake after unmerge: {e}");
-        }
-        let mut p = self.ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
-        let end = self.addr + self.len;
-        if let Some(pos) = p.busy.iter().position(|&r| r == (self.addr, end)) {
-            p.busy.swap_remove(pos);
-        }
+        unmark_busy(self.ctx, self.addr, self.addr + self.len, self.deferred_at);
     }
 }

@@ -303,6 +303,9 @@ fn run(cfg: Cfg) {
         assert!(s.clean_visits > 0, "the write log answered no visit: {s:?}");
     }
     assert_eq!(stray, 0, "write-protection left behind");
+    // Writers did block in merges, and every one was woken (they all
+    // finished): the merger wakes only after such a deferred fault.
+    assert!(in_merge > 0, "no write met a merge in flight");
     if assist.mode == AssistMode::Auto {
         // Both groups get their duplicates at unrelated addresses (g1
         // across two regions, g2 within one), and the assist takes the
