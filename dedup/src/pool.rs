@@ -308,9 +308,26 @@ impl Pool {
             SlotState::Reserved,
             "pool slot {s} written twice"
         );
-        // SAFETY: src readable per contract; the slot is inside the file and
-        // not yet mapped by anyone (Reserved), so writing it is invisible.
-        unsafe { std::ptr::copy_nonoverlapping(src, self.page_ptr(s), PAGE_SIZE) };
+        // Written through the file, not the view: a store through the view
+        // takes a page fault that allocates and zeroes a shmem page before
+        // the copy (13 % of the engine's CPU while two guests built), and
+        // leaves a view mapping that every later hole punch must zap. A
+        // full-page write allocates the page without zeroing it.
+        // SAFETY: src is readable for a page (contract); pwrite reads it.
+        let n = unsafe {
+            libc::pwrite(
+                self.fd.as_raw_fd(),
+                src.cast(),
+                PAGE_SIZE,
+                (s as usize * PAGE_SIZE) as libc::off_t,
+            )
+        };
+        if n != PAGE_SIZE as isize {
+            // SAFETY: src readable per contract; the slot is inside the file
+            // and not yet mapped by anyone (Reserved), so writing it is
+            // invisible.
+            unsafe { std::ptr::copy_nonoverlapping(src, self.page_ptr(s), PAGE_SIZE) };
+        }
         self.state[s as usize] = SlotState::Written;
     }
 
