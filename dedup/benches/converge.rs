@@ -15,6 +15,11 @@
 //! or `... -- [identical|distinct] passes [passes]` (per-pass CPU on the
 //! calling thread).
 //!
+//! `... -- teardown [pages]`: two regions holding the same `pages`
+//! (default 65536) distinct pages at the same offsets, merged at max
+//! effort, then unregistered one after the other: how long each
+//! unregister takes (the second frees every pool slot).
+//!
 //! Converged = `pages_sharing` reached the value it then kept for 3 more
 //! full scans (the baseline's definition); reported time and CPU are at the
 //! first moment that value was reached.
@@ -49,6 +54,63 @@ fn region(shape: &str) -> usize {
         }
     }
     base as usize
+}
+
+/// Times the unregistering of two merged regions (see the module doc).
+fn teardown(n: usize) {
+    let fill = || {
+        let p = anon(n);
+        for i in 0..n {
+            for w in 0..PS / 8 {
+                let word = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64;
+                // SAFETY: inside the mapping.
+                unsafe { *p.add(i * PS / 8 + w) = word };
+            }
+        }
+        p as usize
+    };
+    let e = Engine::new(EngineConfig {
+        knobs: Knobs {
+            pages_to_scan: 10000,
+            sleep_millisecs: 0,
+            max_page_sharing: 256,
+        },
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let ids: Vec<_> = [fill(), fill()]
+        .into_iter()
+        .enumerate()
+        .map(|(k, addr)| {
+            // SAFETY: the mapping stays until the process exits.
+            unsafe {
+                e.register(RegionSpec {
+                    host_addr: addr,
+                    len: n * PS,
+                    owner: format!("r{k}"),
+                    group: "g".into(),
+                })
+                .unwrap()
+            }
+        })
+        .collect();
+    e.set_mode(Mode::On).unwrap();
+    let t = Instant::now();
+    while e.stats().pages_sharing < n as u64 {
+        assert!(t.elapsed() < Duration::from_secs(120), "{:?}", e.stats());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    e.set_mode(Mode::Off).unwrap();
+    for (k, id) in ids.into_iter().enumerate() {
+        let t = Instant::now();
+        // SAFETY: the region's memory is not used again.
+        unsafe { e.unregister_unmapping(id).unwrap() };
+        println!(
+            "teardown {n} shared pages: unregister {} {:.1} ms",
+            if k == 0 { "first" } else { "last " },
+            t.elapsed().as_secs_f64() * 1e3
+        );
+    }
 }
 
 /// Two regions: A with `n` distinct pages, B with A's pages in a seeded
@@ -90,6 +152,10 @@ fn main() {
         .unwrap_or("default")
         .to_string();
     let steady: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(10);
+    if shape == "teardown" {
+        teardown(args.get(2).and_then(|s| s.parse().ok()).unwrap_or(65_536));
+        return;
+    }
     let knobs = if preset == "max" {
         Knobs {
             pages_to_scan: 10000,
