@@ -249,6 +249,8 @@ pub struct Core {
     pub assist: KsmAssist,
     /// This pass's merges per group.
     pass_groups: HashMap<u32, GroupPass>,
+    /// `pass_groups` of the last completed pass.
+    last_pass_groups: HashMap<u32, GroupPass>,
     /// (PFN, region `gid_base`) of present anonymous pages of assisted
     /// regions seen this pass; counted at the pass end.
     census_pages: Vec<(u64, u32)>,
@@ -344,6 +346,7 @@ impl Core {
             cur_hi: 0,
             assist: KsmAssist::new(AssistConfig::default()),
             pass_groups: HashMap::new(),
+            last_pass_groups: HashMap::new(),
             census_pages: Vec::new(),
             census: Census::default(),
             census_due: true,
@@ -486,6 +489,14 @@ impl Core {
         let g = self.pass_groups.entry(group).or_default();
         g.merged += pages;
         g.new_vmas += new_vmas;
+    }
+
+    /// Does `group` merge scattered pages (at least one new VMA per two
+    /// pages merged, over at least 16 merges in this pass or the last)?
+    fn merges_scattered(&self, group: u32) -> bool {
+        let scattered = |g: &GroupPass| g.merged >= 16 && g.new_vmas * 2 >= g.merged;
+        self.pass_groups.get(&group).is_some_and(scattered)
+            || self.last_pass_groups.get(&group).is_some_and(scattered)
     }
 
     /// The group's merges this pass are scattered (many new VMAs, few pages
@@ -1184,7 +1195,7 @@ impl Core {
             self.idle_passes = 0;
         }
         self.pass_progress = 0;
-        self.pass_groups.clear();
+        self.last_pass_groups = std::mem::take(&mut self.pass_groups);
         self.unstable.reset(self.tracked_pages() as usize);
         // Per-region savings and VMA estimate (O(pages), once per pass in
         // which merges, copy-on-write breaks or registrations happened:
@@ -1629,18 +1640,24 @@ impl Core {
         }
         if !unchanged {
             if merge
-                && !first_sight
+                && (!first_sight || self.merges_scattered(group))
                 && !self.trusted
                 && self.regions[ri].written.is_some()
                 && self.recheck.len() < RECHECK_CAP
             {
                 // Its second look (KSM's rule) can come at the next wake-up:
-                // the write log tells whether it changed since. Not for a
-                // page seen for the first time: pairing those a wake-up
-                // after first sight paired two filling guests' pages in the
-                // order their fill fronts met the scan, a VMA each (two
-                // 512 MiB VMs, `bench ksm-seed --vms-only`: 11,783 VMAs
-                // against 618, and 4x the time to converge).
+                // the write log tells whether it changed since. For a page
+                // seen for the first time only where the group's merges
+                // are scattered anyway: pairing first-sight pages a wake-up
+                // later paired two filling guests' pages in the order
+                // their fill fronts met the scan, a VMA each where the
+                // scan's order would have made runs (two 512 MiB VMs,
+                // `bench ksm-seed --vms-only`: 11,783 VMAs against 618, and
+                // 4x the time to converge). Where every merge is a VMA of
+                // its own whatever the order (guests that place pages as
+                // real ones do), it only brings the merge a pass sooner:
+                // the pages a build writes last waited for that pass while
+                // the build ended.
                 self.recheck.push(self.regions[ri].gid_base + p as u32);
             }
             if first_sight && merge {

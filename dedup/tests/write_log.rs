@@ -324,3 +324,43 @@ fn a_written_page_dropped_before_its_visit_stays_correct() {
         assert_eq!(b.read(i), pattern(5_000 + i as u64), "b[{i}]");
     }
 }
+
+/// A page written for the first time (never hashed before) gets its second
+/// look at the next wake-up where the group's merges are scattered (each a
+/// VMA of its own whatever the order); where they make runs it waits for
+/// the scan's next pass, so that two guests filling memory still pair in
+/// runs.
+#[test]
+fn first_written_pages_merge_at_the_next_wake_up_where_merges_are_scattered() {
+    let merged_after = |scattered: bool| {
+        let (a, b) = (Mem::new(N), Mem::new(N));
+        // Pages 0..128 hold content both regions have: at the same
+        // offsets, or b's page 37 * i % 128 holds a's page i. The rest is
+        // never touched.
+        for i in 0..128 {
+            let j = if scattered { (37 * i) % 128 } else { i };
+            a.fill(i, 1_000 + i as u64);
+            b.fill(j, 1_000 + i as u64);
+        }
+        let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
+        let mut core = core_over(&a, &b, Some((&la, &lb)));
+        core.run_passes(2);
+        let merged = |c: &Core| c.regions.iter().map(|r| r.merged).sum::<u64>();
+        assert_eq!(merged(&core), 256, "shared content not merged");
+        a.fill(200, 9_999);
+        b.fill(170, 9_999);
+        la.record(200);
+        lb.record(170);
+        // The pass that sees the writes hashes both pages for the first
+        // time.
+        core.run_passes(1);
+        let before = merged(&core);
+        core.run_batch(1, true);
+        core.check_consistency().unwrap();
+        assert_eq!(a.read(200), pattern(9_999));
+        assert_eq!(b.read(170), pattern(9_999));
+        (before, merged(&core))
+    };
+    assert_eq!(merged_after(true), (256, 258), "scattered: next wake-up");
+    assert_eq!(merged_after(false), (256, 256), "runs: the next pass");
+}
