@@ -79,7 +79,6 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
     let mut core = core_over(&a, &b, Some((&la, &lb)));
     core.run_passes(3);
-    let merged = |c: &Core| c.regions.iter().map(|r| r.merged).sum::<u64>();
     assert_eq!(merged(&core), 2 * N as u64, "identical regions not merged");
     let breaks = core.counters.cow_breaks;
 
@@ -129,6 +128,34 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     }
 }
 
+/// Pages merged in `core`'s regions.
+fn merged(core: &Core) -> u64 {
+    core.regions.iter().map(|r| r.merged).sum()
+}
+
+/// Writes the same new content into one page of each region and records
+/// the writes in their logs (which `core` may or may not read), runs the
+/// pass that sees them (logged pages are due at once), then one wake-up
+/// visiting a single page of the scan. Returns the pages merged before
+/// and after that wake-up.
+fn write_pair_then_wake_up(
+    core: &mut Core,
+    (a, la, pa): (&Mem, &Recorded, usize),
+    (b, lb, pb): (&Mem, &Recorded, usize),
+) -> (u64, u64) {
+    a.fill(pa, 9_999);
+    b.fill(pb, 9_999);
+    la.record(pa);
+    lb.record(pb);
+    core.run_passes(1);
+    let before = merged(core);
+    core.run_batch(1, true);
+    core.check_consistency().unwrap();
+    assert_eq!(a.read(pa), pattern(9_999));
+    assert_eq!(b.read(pb), pattern(9_999));
+    (before, merged(core))
+}
+
 /// Identical content written into a page of each region (both writes
 /// logged): the pass that hashes them finds them changed (KSM's rule: not
 /// candidates yet); with a write log their second look comes at the next
@@ -142,21 +169,8 @@ fn content_written_merges_at_the_next_wake_up() {
         let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
         let mut core = core_over(&a, &b, logged.then_some((&la, &lb)));
         core.run_passes(3);
-        let merged = |c: &Core| c.regions.iter().map(|r| r.merged).sum::<u64>();
         assert_eq!(merged(&core), 0);
-        a.fill(200, 9_999);
-        b.fill(17, 9_999);
-        la.record(200);
-        lb.record(17);
-        // The pass that sees the writes (logged pages are due at once).
-        core.run_passes(1);
-        let before = merged(&core);
-        // One wake-up visiting a single page of the scan.
-        core.run_batch(1, true);
-        core.check_consistency().unwrap();
-        assert_eq!(a.read(200), pattern(9_999));
-        assert_eq!(b.read(17), pattern(9_999));
-        (before, merged(&core))
+        write_pair_then_wake_up(&mut core, (&a, &la, 200), (&b, &lb, 17))
     };
     assert_eq!(
         merged_after(true),
@@ -345,21 +359,10 @@ fn first_written_pages_merge_at_the_next_wake_up_where_merges_are_scattered() {
         let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
         let mut core = core_over(&a, &b, Some((&la, &lb)));
         core.run_passes(2);
-        let merged = |c: &Core| c.regions.iter().map(|r| r.merged).sum::<u64>();
         assert_eq!(merged(&core), 256, "shared content not merged");
-        a.fill(200, 9_999);
-        b.fill(170, 9_999);
-        la.record(200);
-        lb.record(170);
         // The pass that sees the writes hashes both pages for the first
         // time.
-        core.run_passes(1);
-        let before = merged(&core);
-        core.run_batch(1, true);
-        core.check_consistency().unwrap();
-        assert_eq!(a.read(200), pattern(9_999));
-        assert_eq!(b.read(170), pattern(9_999));
-        (before, merged(&core))
+        write_pair_then_wake_up(&mut core, (&a, &la, 200), (&b, &lb, 170))
     };
     assert_eq!(merged_after(true), (256, 258), "scattered: next wake-up");
     assert_eq!(merged_after(false), (256, 256), "runs: the next pass");
