@@ -138,6 +138,25 @@ impl Written {
         self.unknown[p / 64] &= !(1 << (p % 64));
     }
 
+    /// The engine examined pages `first..end`: [`Written::clear`] for each,
+    /// a word at a time.
+    pub fn clear_range(&mut self, first: usize, end: usize) {
+        let end = end.min(self.npages);
+        let mut p = first;
+        while p < end {
+            let (w, b) = (p / 64, p % 64);
+            let n = (64 - b).min(end - p);
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << b
+            };
+            self.bits[w] &= !mask;
+            self.unknown[w] &= !mask;
+            p += n;
+        }
+    }
+
     /// Marks pages `first..end` written (a device wrote them).
     pub fn mark(&mut self, first: usize, end: usize) {
         let end = end.min(self.npages);
@@ -165,9 +184,9 @@ mod tests {
         assert!((0..70).all(|p| w.get(p) && !w.recorded(p)));
         // Bits past the region's end are never set.
         assert_eq!(w.bits[1], (1 << 6) - 1);
-        for p in 0..70 {
-            w.clear(p);
-        }
+        w.clear_range(0, 3);
+        assert!((0..3).all(|p| !w.get(p)) && w.get(3));
+        w.clear_range(3, 70);
         w.collect().unwrap();
         assert!((0..70).all(|p| !w.get(p)));
         for p in [3, 64, 69] {
@@ -195,5 +214,9 @@ mod tests {
         w.collect().unwrap();
         assert!(w.recorded(3));
         assert_eq!(w.bits[1], (1 << 6) - 1);
+        // A range across a word boundary clears exactly its pages.
+        w.clear_range(60, 66);
+        let left: Vec<usize> = (55..70).filter(|&p| w.get(p)).collect();
+        assert_eq!(left, [55, 56, 57, 58, 59, 66, 67, 68, 69]);
     }
 }
