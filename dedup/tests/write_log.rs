@@ -35,15 +35,34 @@ fn core_over(a: &Mem, b: &Mem, logs: Option<(&Arc<Recorded>, &Arc<Recorded>)>) -
     core
 }
 
+/// Two regions of `N` pages filled from `from_a` and `from_b` (equal
+/// values: the same content at the same offsets).
+fn filled(from_a: u64, from_b: u64) -> (Mem, Mem) {
+    let (a, b) = (Mem::new(N), Mem::new(N));
+    a.fill_from(from_a);
+    b.fill_from(from_b);
+    (a, b)
+}
+
+/// Write logs for `a` and `b` (read by the core only when `logged`), and a
+/// core over both that has run `passes` passes.
+fn logged_core(
+    a: &Mem,
+    b: &Mem,
+    logged: bool,
+    passes: u64,
+) -> (Arc<Recorded>, Arc<Recorded>, Core) {
+    let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
+    let mut core = core_over(a, b, logged.then_some((&la, &lb)));
+    core.run_passes(passes);
+    (la, lb, core)
+}
+
 /// Pages hashed over `passes` passes of a settled pair of regions whose
 /// pages are all distinct.
 fn hashes_while_settled(logged: bool) -> (u64, u64) {
-    let (a, b) = (Mem::new(N), Mem::new(N));
-    a.fill_from(1_000);
-    b.fill_from(5_000);
-    let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
-    let mut core = core_over(&a, &b, logged.then_some((&la, &lb)));
-    core.run_passes(4);
+    let (a, b) = filled(1_000, 5_000);
+    let (_, _, mut core) = logged_core(&a, &b, logged, 4);
     let (h0, c0) = (core.counters.pages_hashed, core.counters.clean_visits);
     core.run_passes(16);
     (
@@ -73,12 +92,8 @@ fn pages_nobody_wrote_are_not_hashed_again() {
 
 #[test]
 fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
-    let (a, b) = (Mem::new(N), Mem::new(N));
-    a.fill_from(1_000);
-    b.fill_from(1_000);
-    let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
-    let mut core = core_over(&a, &b, Some((&la, &lb)));
-    core.run_passes(3);
+    let (a, b) = filled(1_000, 1_000);
+    let (_, lb, mut core) = logged_core(&a, &b, true, 3);
     assert_eq!(merged(&core), 2 * N as u64, "identical regions not merged");
     let breaks = core.counters.cow_breaks;
 
@@ -163,12 +178,8 @@ fn write_pair_then_wake_up(
 #[test]
 fn content_written_merges_at_the_next_wake_up() {
     let merged_after = |logged: bool| {
-        let (a, b) = (Mem::new(N), Mem::new(N));
-        a.fill_from(1_000);
-        b.fill_from(5_000);
-        let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
-        let mut core = core_over(&a, &b, logged.then_some((&la, &lb)));
-        core.run_passes(3);
+        let (a, b) = filled(1_000, 5_000);
+        let (la, lb, mut core) = logged_core(&a, &b, logged, 3);
         assert_eq!(merged(&core), 0);
         write_pair_then_wake_up(&mut core, (&a, &la, 200), (&b, &lb, 17))
     };
@@ -273,12 +284,8 @@ fn a_device_write_reported_with_hints_off_is_seen_at_the_next_pass() {
 /// and is still read first.
 #[test]
 fn written_pages_are_hashed_without_a_pagemap_read() {
-    let (a, b) = (Mem::new(N), Mem::new(N));
-    a.fill_from(1_000);
-    b.fill_from(5_000);
-    let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
-    let mut core = core_over(&a, &b, Some((&la, &lb)));
-    core.run_passes(4);
+    let (a, b) = filled(1_000, 5_000);
+    let (la, _, mut core) = logged_core(&a, &b, true, 4);
     // Every 16th page of `a` rewritten with new distinct content: too far
     // apart for one read to bridge them.
     let written: Vec<usize> = (0..N).step_by(16).collect();
@@ -314,12 +321,8 @@ fn written_pages_are_hashed_without_a_pagemap_read() {
 /// is the guest's.
 #[test]
 fn a_written_page_dropped_before_its_visit_stays_correct() {
-    let (a, b) = (Mem::new(N), Mem::new(N));
-    a.fill_from(1_000);
-    b.fill_from(5_000);
-    let (la, lb) = (Arc::new(Recorded::default()), Arc::new(Recorded::default()));
-    let mut core = core_over(&a, &b, Some((&la, &lb)));
-    core.run_passes(4);
+    let (a, b) = filled(1_000, 5_000);
+    let (la, _, mut core) = logged_core(&a, &b, true, 4);
     a.fill(40, 7);
     la.record(40);
     // SAFETY: pages 40.. of `a` are ours; dropping one is what a balloon
