@@ -419,13 +419,18 @@ impl Pool {
                 return false;
             }
         }
+        self.forget_slots();
+        true
+    }
+
+    /// The bookkeeping of an empty pool, once its file is truncated.
+    fn forget_slots(&mut self) {
         self.file_pages = 0;
         self.meta = Vec::new();
         self.state = Vec::new();
         self.alloc = SlotAlloc::default();
         self.live = 0;
         self.shared = 0;
-        true
     }
 
     /// Shrinks the file to nothing once every slot is free.
@@ -433,10 +438,9 @@ impl Pool {
         if self.alloc.in_use() == 0 && self.file_pages > 0 {
             // SAFETY: ftruncate on our memfd; no slot is in use.
             unsafe { libc::ftruncate(self.fd.as_raw_fd(), 0) };
-            self.file_pages = 0;
-            self.meta = Vec::new();
-            self.state = Vec::new();
-            self.alloc = SlotAlloc::default();
+            // No slot in use: none has a mapper, so `live` and `shared`
+            // are already 0.
+            self.forget_slots();
         }
     }
 

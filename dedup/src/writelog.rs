@@ -132,36 +132,19 @@ impl Written {
         self.bits[p / 64] & bit != 0 && self.unknown[p / 64] & bit == 0
     }
 
-    /// The engine examined page `p` (read its pagemap entry, hashed it).
-    pub fn clear(&mut self, p: usize) {
-        self.bits[p / 64] &= !(1 << (p % 64));
-        self.unknown[p / 64] &= !(1 << (p % 64));
-    }
-
-    /// The engine examined pages `first..end`: [`Written::clear`] for each,
-    /// a word at a time.
+    /// The engine examined pages `first..end` (read their pagemap entries,
+    /// hashed them): neither kind of mark is left on them.
     pub fn clear_range(&mut self, first: usize, end: usize) {
-        let end = end.min(self.npages);
-        let mut p = first;
-        while p < end {
-            let (w, b) = (p / 64, p % 64);
-            let n = (64 - b).min(end - p);
-            let mask = if n == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << n) - 1) << b
-            };
+        for (w, mask) in word_masks(first, end.min(self.npages)) {
             self.bits[w] &= !mask;
             self.unknown[w] &= !mask;
-            p += n;
         }
     }
 
     /// Marks pages `first..end` written (a device wrote them).
     pub fn mark(&mut self, first: usize, end: usize) {
-        let end = end.min(self.npages);
-        for p in first..end {
-            self.bits[p / 64] |= 1 << (p % 64);
+        for (w, mask) in word_masks(first, end.min(self.npages)) {
+            self.bits[w] |= mask;
         }
     }
 
@@ -171,6 +154,26 @@ impl Written {
         self.mark(0, self.npages);
         self.unknown.copy_from_slice(&self.bits);
     }
+}
+
+/// The bitmap words that pages `first..end` fall in, each with the mask
+/// of those pages' bits.
+fn word_masks(first: usize, end: usize) -> impl Iterator<Item = (usize, u64)> {
+    let mut p = first;
+    std::iter::from_fn(move || {
+        if p >= end {
+            return None;
+        }
+        let (w, b) = (p / 64, p % 64);
+        let n = (64 - b).min(end - p);
+        let mask = if n == 64 {
+            u64::MAX
+        } else {
+            ((1u64 << n) - 1) << b
+        };
+        p += n;
+        Some((w, mask))
+    })
 }
 
 #[cfg(test)]
@@ -208,7 +211,7 @@ mod tests {
         assert!((0..70).all(|p| w.get(p) && !w.recorded(p)));
         // Examining a page forgets both kinds of mark; a later recorded
         // write is a recorded write again.
-        w.clear(3);
+        w.clear_range(3, 4);
         assert!(!w.get(3) && !w.recorded(3));
         log.record(3);
         w.collect().unwrap();
