@@ -50,10 +50,13 @@ const HASH_COST: u64 = 4;
 /// held meanwhile): a census of 2 x 2 GiB takes ~150 ms, so it is done in
 /// slices, on consecutive wake-ups (see [`BatchReport::census_pending`]).
 const CENSUS_SLICE: Duration = Duration::from_millis(20);
-/// `read_needed`'s verdict on a span's page, in pagemap entry bits 58 and
-/// 59, which the kernel leaves zero: not due on this pass, or due.
+/// `read_needed`'s verdict on a span's page, in pagemap entry bits 58-60,
+/// which the kernel leaves zero: not due on this pass, or due; a due page
+/// may also be `CLEAN` (`Core::log_clean`: its write log answers the
+/// visit).
 const NOT_DUE: u64 = 1 << 58;
 const DUE: u64 = 1 << 59;
+const CLEAN: u64 = 1 << 60;
 
 /// How many pages ahead the scan loop prefetches a merged page's slot
 /// metadata (`Pool::prefetch_meta`).
@@ -1343,7 +1346,7 @@ impl Core {
                     }
                     // Not written since it was merged or last checked
                     // (`log_clean`): still merged, its entry was not read.
-                    let clean = self.log_clean(ri, p, st);
+                    let clean = e.0 & CLEAN != 0;
                     if !clean && e.present() && !e.file() {
                         // Copy-on-write broke the share: hashed at the next
                         // visit (level 0).
@@ -1376,7 +1379,7 @@ impl Core {
                     *visit_units -= 1;
                     prev = None;
                     self.note_run(None);
-                    if self.log_clean(ri, p, st) {
+                    if e.0 & CLEAN != 0 {
                         self.counters.clean_visits += 1;
                     } else if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
                         let r = &mut self.regions[ri];
@@ -1493,7 +1496,9 @@ impl Core {
         // span's loop and `visit` take the verdict from the entry's marker
         // instead of judging again (twice, with the checks of the log,
         // it was a sixth of the engine's CPU over two building guests).
-        let (mut read, mut not_due) = ([0u64; SPAN_PAGES / 64], [0u64; SPAN_PAGES / 64]);
+        let mut read = [0u64; SPAN_PAGES / 64];
+        let mut not_due = [0u64; SPAN_PAGES / 64];
+        let mut clean = [0u64; SPAN_PAGES / 64];
         for (i, e) in out.iter_mut().enumerate() {
             let p = start + i;
             let st = r.state[p];
@@ -1521,7 +1526,8 @@ impl Core {
             } else if self.log_clean(ri, p, st) {
                 // Nobody wrote it since it was last examined: the visit
                 // knows its entry (see `log_clean`).
-                Entry(DUE)
+                clean[i / 64] |= 1 << (i % 64);
+                Entry(DUE | CLEAN)
             } else {
                 read[i / 64] |= 1 << (i % 64);
                 Entry(DUE)
@@ -1552,7 +1558,13 @@ impl Core {
                 .read(r.page_addr(start + i), &mut out[i..end])?;
             // The read replaced the verdicts of the pages it covered.
             for (k, e) in out[i..end].iter_mut().enumerate() {
-                e.0 |= if bit(&not_due, i + k) { NOT_DUE } else { DUE };
+                e.0 |= if bit(&not_due, i + k) {
+                    NOT_DUE
+                } else if bit(&clean, i + k) {
+                    DUE | CLEAN
+                } else {
+                    DUE
+                };
             }
             i = end;
         }
@@ -1573,9 +1585,10 @@ impl Core {
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let kind = region::kind(st);
-        // A span's entry carries `read_needed`'s verdict; other callers
-        // (rechecks, settled visits) judge here.
-        let due = e.0 & NOT_DUE == 0 && (e.0 & DUE != 0 || self.visit_due(ri, p, st));
+        // A span's entry carries `read_needed`'s verdict; for other callers
+        // (rechecks) it is judged here.
+        let judged = e.0 & DUE != 0;
+        let due = e.0 & NOT_DUE == 0 && (judged || self.visit_due(ri, p, st));
         if !due {
             // Smart scan, pass-aligned (see `region::due`): identical pages
             // are hashed on the same passes, so they always meet. Its
@@ -1585,7 +1598,11 @@ impl Core {
             return None;
         }
         let mut e = e;
-        let clean = self.log_clean(ri, p, st);
+        let clean = if judged {
+            e.0 & CLEAN != 0
+        } else {
+            self.log_clean(ri, p, st)
+        };
         if clean && kind == NEW {
             // Found absent (or the zero page) when last examined and not
             // written since: still so. Its entry was not read (`Entry(0)`
