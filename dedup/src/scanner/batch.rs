@@ -1,0 +1,208 @@
+//! One wake-up's scan (`run_batch`), whole passes, the end of a pass, and the
+//! second looks at pages written last wake-up (`run_rechecks`).
+
+use super::*;
+
+impl Core {
+    /// Runs one wake-up over at most `pages_to_visit` page visits; `merge`
+    /// false means checksum only (auto mode's idle rounds).
+    pub fn run_batch(&mut self, pages_to_visit: u64, merge: bool) -> BatchReport {
+        let mut rep = BatchReport::default();
+        if self.regions.is_empty() {
+            return rep;
+        }
+        self.refresh_map_count(false);
+        self.collect_write_logs();
+        if merge {
+            self.run_rechecks();
+        }
+        let before = self.merges_done();
+        let fresh_before = self.fresh_hashed;
+        let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
+        let units0 = visit_units;
+        self.census_slice = Duration::ZERO;
+        if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
+            self.unstable.reset(self.tracked_pages() as usize);
+        }
+        while visit_units > 0 {
+            if self.cursor_region >= self.regions.len() {
+                self.cursor_region = 0;
+                self.cursor_page = 0;
+            }
+            let (ri, start) = (self.cursor_region, self.cursor_page);
+            // Read pagemap only for pages this wake-up can visit: every visit
+            // costs at least one visit unit, so a small wake-up (auto mode's
+            // untriggered rounds scan ~5 pages) must not pay for a whole span.
+            // (KSM's regions are not paced by visits: whole spans.)
+            let mut n = (self.regions[ri].npages - start).min(SPAN_PAGES);
+            if !self.regions[ri].assisted {
+                n = n.min(usize::try_from(visit_units).unwrap_or(usize::MAX).max(1));
+            }
+            let used = self.scan_span(ri, start, n, &mut visit_units, merge);
+            self.cursor_page += used;
+            if self.cursor_page >= self.regions[ri].npages {
+                self.cursor_region += 1;
+                self.cursor_page = 0;
+                if self.cursor_region >= self.regions.len() {
+                    self.cursor_region = 0;
+                    self.end_pass();
+                    rep.pass_completed = true;
+                    break;
+                }
+            }
+            if self.census_slice >= CENSUS_SLICE {
+                rep.census_pending = true;
+                break;
+            }
+        }
+        rep.merges = self.merges_done() - before;
+        rep.spent = units0 - visit_units;
+        rep.fresh = self.fresh_hashed - fresh_before;
+        if rep.merges > 0 {
+            self.idle_passes = 0;
+        }
+        self.map_limited = self.map_budget.limited;
+        rep
+    }
+
+    /// Merges made so far, zero-page drops included (what a batch reports).
+    pub(super) fn merges_done(&self) -> u64 {
+        self.counters.merges + self.counters.zero_merges
+    }
+
+    /// Runs whole passes synchronously (tests, benchmarks).
+    pub fn run_passes(&mut self, passes: u64) {
+        for _ in 0..passes {
+            if self.regions.is_empty() {
+                return;
+            }
+            while !self.run_batch(1 << 30, true).pass_completed {}
+        }
+    }
+
+    pub(super) fn end_pass(&mut self) {
+        self.counters.passes += 1;
+        // While KSM assists, a pass counts when it took a census after KSM
+        // finished a full scan (so the figure it reports includes that scan).
+        if self.assist.group().is_none()
+            || (self.census_due && self.assist.ksm_scanned_since_last_look())
+        {
+            self.counters.full_scans += 1;
+        }
+        // KSM merging in assisted regions is progress too: keep the pace
+        // (and the census fresh) while it works.
+        let ksm_before = self.census.sharing;
+        if self.census_due {
+            let t = Instant::now();
+            self.count_census();
+            // The census pass cost (pagemap walks over the assisted
+            // regions' VMAs, the sort): keep it under ~2 % of a core.
+            self.census_cost = std::mem::take(&mut self.census_spans) + t.elapsed();
+            self.census_at = Some(Instant::now());
+            if self.census.sharing != ksm_before {
+                self.pass_progress += 1;
+            }
+        }
+        if self.assist.ksm_busy() {
+            // KSM works for us (maybe between its checksum and merge scans):
+            // not idle, keep the census on time.
+            self.pass_progress += 1;
+        }
+        let every = census_interval(
+            self.census_cost,
+            self.assist.ksm_scan_uncounted(),
+            self.assist.ksm_busy(),
+        );
+        self.census_due = self.census_at.is_none_or(|t| t.elapsed() >= every);
+        if self.pass_progress == 0 {
+            self.idle_passes = self.idle_passes.saturating_add(1);
+        } else {
+            self.idle_passes = 0;
+        }
+        self.pass_progress = 0;
+        self.last_pass_groups = std::mem::take(&mut self.pass_groups);
+        self.unstable.reset(self.tracked_pages() as usize);
+        // Per-region savings and VMA estimate (O(pages), once per pass in
+        // which merges, copy-on-write breaks or registrations happened:
+        // passes over KSM-assisted regions come every wake-up).
+        let key = (
+            self.counters.merges,
+            self.counters.cow_breaks,
+            self.regions.len() as u64,
+            self.next_region_id,
+        );
+        let recount = key != self.recount_key;
+        self.recount_key = key;
+        for r in self.regions.iter_mut().filter(|_| recount) {
+            let mut saved = 0.0;
+            let mut vmas = 0;
+            let mut prev: Option<u32> = None;
+            for i in 0..r.npages {
+                if region::kind(r.state[i]) == MERGED {
+                    let s = r.word[i];
+                    let m = self.pool.meta(s).mappers.max(1);
+                    saved += 1.0 - 1.0 / m as f64;
+                    if prev != Some(s.wrapping_sub(1)) {
+                        vmas += 1;
+                    }
+                    prev = Some(s);
+                } else {
+                    prev = None;
+                }
+            }
+            r.saved_pages = saved;
+            r.vmas = vmas;
+        }
+        self.refresh_map_count(false);
+    }
+
+    /// Gives the pages queued in `recheck` their second look now: a page
+    /// whose content had changed when it was last hashed waits, under
+    /// KSM's volatility rule, until a later visit finds it unchanged, which
+    /// the scan brings a whole pass later. With a write log the engine knows
+    /// at the next wake-up whether anyone wrote it since: if not, it is
+    /// visited now as unchanged (`visit_clean`, or in full when it may
+    /// pair), so content a guest has just written merges within two
+    /// wake-ups. Written pages are left to the scan (due at its next pass).
+    /// The merges run as one batch before the scan's (no provisional merge
+    /// state is left for a span to meet).
+    pub(super) fn run_rechecks(&mut self) {
+        if self.recheck.is_empty() {
+            return;
+        }
+        let queue = std::mem::take(&mut self.recheck);
+        let run = (self.run_hash, self.run_len);
+        let mut ops: Vec<Op> = Vec::new();
+        let mut units = u64::MAX;
+        let mut groups: Vec<u32> = Vec::new();
+        for gid in queue {
+            let Some((ri, p)) = self.locate(gid) else {
+                continue;
+            };
+            let r = &self.regions[ri];
+            let st = r.state[p];
+            // Planned as a partner by an earlier recheck (MERGED now),
+            // hashed since, or written since: nothing to do here.
+            if r.assisted || region::kind(st) != HASHED || !self.log_clean(ri, p, st) {
+                continue;
+            }
+            let prev = (p > 0 && region::kind(r.state[p - 1]) == MERGED).then(|| r.word[p - 1]);
+            groups.push(r.group);
+            self.note_run(None);
+            self.visit(ri, p, Entry(0), st, prev, &mut units, true, &mut ops);
+        }
+        (self.run_hash, self.run_len) = run;
+        self.execute_planned(ops);
+        self.judge_groups(groups);
+    }
+
+    /// Executes merge ops planned outside a scan span (hint visits,
+    /// rechecks) and frees the slots that ended up unused.
+    pub(super) fn execute_planned(&mut self, ops: Vec<Op>) {
+        if !ops.is_empty() {
+            let mut freed = Vec::new();
+            self.execute(ops, &mut freed);
+            self.release_slots(&freed);
+        }
+    }
+}

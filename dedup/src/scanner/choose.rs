@@ -1,0 +1,273 @@
+//! Where a page merges: the left neighbour's next slot, a stripe, the stable
+//! index, or an unstable partner; and planning the op.
+
+use super::*;
+
+impl Core {
+    /// Plans page `p` of region `ri` onto `slot`: the op to execute, a pool
+    /// reference taken, and the page provisionally MERGED (`commit` puts
+    /// `old_state` back if the merge fails).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn plan(
+        &mut self,
+        ri: usize,
+        p: usize,
+        slot: u32,
+        kind: OpKind,
+        hash: u32,
+        old_state: u8,
+        ops: &mut Vec<Op>,
+    ) {
+        self.pool.add_mapper(slot);
+        let r = &mut self.regions[ri];
+        ops.push(Op {
+            region: ri,
+            page: p,
+            slot,
+            kind,
+            hash,
+            old_state,
+            in_pool: r.in_pool(p),
+        });
+        r.state[p] = region::with_kind(old_state, MERGED);
+        r.word[p] = slot;
+    }
+
+    /// Slot `s` can take one more mapper from `group`: reserved or written,
+    /// the group's, below `max_page_sharing`.
+    pub(super) fn has_room(&self, s: u32, group: u32) -> bool {
+        let st = self.pool.state(s);
+        let m = self.pool.meta(s);
+        (st == SlotState::Reserved || st == SlotState::Written)
+            && m.group == group
+            && (m.mappers as u64) < self.knobs.max_page_sharing
+    }
+
+    /// `choose`'s answer when it is a plain join of an existing slot, by the
+    /// stored hash only (no 64-bit check: the final compare decides).
+    pub(super) fn existing_target(
+        &self,
+        h: u32,
+        group: u32,
+        prev: Option<u32>,
+        page: &[u8],
+    ) -> Option<u32> {
+        let joinable = |s: u32| {
+            let st = self.pool.state(s);
+            self.has_room(s, group)
+                && self.pool.meta(s).hash == h
+                && (self.strong_hash || st == SlotState::Reserved || self.pool.page(s) == page)
+        };
+        if let Some(ps) = prev {
+            let s1 = ps.wrapping_add(1);
+            if s1 != 0 {
+                if joinable(s1) {
+                    return Some(s1);
+                }
+                if self.stripe_continues(ps, h, group)
+                    && self.stripe_len(ps, h, group) < self.wanted_stripe()
+                {
+                    // `choose` grows the stripe: a new slot needs a fresh hash.
+                    return None;
+                }
+            }
+        }
+        if self.map_budget.limited {
+            return None;
+        }
+        let mut fallback = None;
+        for &s in self.stable.get(group, h).iter().take(512) {
+            if !joinable(s) {
+                continue;
+            }
+            if joinable(s.wrapping_add(1)) {
+                return Some(s);
+            }
+            fallback.get_or_insert(s);
+        }
+        fallback
+    }
+
+    pub(super) fn note_run(&mut self, content: Option<u32>) {
+        match content {
+            Some(c) if self.run_len > 0 && c == self.run_hash => {
+                self.run_len = self.run_len.saturating_add(1)
+            }
+            Some(c) => {
+                self.run_hash = c;
+                self.run_len = 1;
+            }
+            None => self.run_len = 0,
+        }
+    }
+
+    /// Stripe length worth having for a same-content run of the current
+    /// length r: a stripe of L pool pages turns the run into r/L VMAs. Pure
+    /// memory would favour L = sqrt(r/8) (4 KiB per pool page vs ~512 B per
+    /// VMA and split), but every VMA also costs a ~15 us mmap and one of
+    /// only 65530 map slots, so L = sqrt(r): a run of 16 pages gets 4 pool
+    /// pages, 4096 pages get 64. Under map-count pressure: the full stripe.
+    pub(super) fn wanted_stripe(&self) -> u32 {
+        if self.map_budget.headroom < (self.max_map_count / 4) as i64 {
+            return self.stripe_max;
+        }
+        let l = (self.run_len as f64).sqrt() as u32;
+        l.clamp(1, self.stripe_max)
+    }
+
+    /// Is slot `s` usable for a page with hash `h` in `group`?
+    pub(super) fn usable(&self, s: u32, h: u32, group: u32, page: &[u8]) -> bool {
+        let st = self.pool.state(s);
+        let m = self.pool.meta(s);
+        self.has_room(s, group)
+            && m.hash == h
+            && if self.strong_hash {
+                m.hash_hi == self.cur_hi
+            } else {
+                st == SlotState::Reserved || self.pool.page(s) == page
+            }
+    }
+
+    /// Could the stripe ending at slot `ps` grow by a slot for content `h`
+    /// of `group`: the next slot is free and `ps` holds that content
+    /// (`choose` then also wants the stripe shorter than `wanted_stripe`).
+    pub(super) fn stripe_continues(&self, ps: u32, h: u32, group: u32) -> bool {
+        let s1 = ps.wrapping_add(1);
+        let pm = self.pool.meta(ps);
+        s1 != 0 && self.pool.is_free(s1) && pm.hash == h && pm.group == group
+    }
+
+    /// Length of the same-content stripe (slots with room) ending at `s`.
+    pub(super) fn stripe_len(&self, s: u32, h: u32, group: u32) -> u32 {
+        let mut n = 1;
+        let mut x = s;
+        while x > 0 && n < self.stripe_max {
+            let m = self.pool.meta(x - 1);
+            let st = self.pool.state(x - 1);
+            // Full slots (max_page_sharing) end the stripe: a new stripe may
+            // start right after a full one and must be able to grow.
+            if m.hash != h
+                || m.group != group
+                || st == SlotState::Free
+                || st == SlotState::Failed
+                || m.mappers as u64 >= self.knobs.max_page_sharing
+            {
+                break;
+            }
+            n += 1;
+            x -= 1;
+        }
+        n
+    }
+
+    pub(super) fn choose(
+        &mut self,
+        ri: usize,
+        p: usize,
+        h: u32,
+        group: u32,
+        prev: Option<u32>,
+        page: &[u8],
+    ) -> Option<Target> {
+        // 1. Continue the left neighbour's run: no new VMA.
+        if let Some(ps) = prev {
+            let s1 = ps.wrapping_add(1);
+            if s1 != 0 {
+                if self.usable(s1, h, group, page) {
+                    return Some(Target::Existing(s1));
+                }
+                if self.stripe_continues(ps, h, group)
+                    && self.stripe_len(ps, h, group) < self.wanted_stripe()
+                {
+                    // Same content as the left neighbour: grow its stripe so
+                    // the run stays one VMA.
+                    if let Ok(s) = self.pool.reserve(Some(s1), h, self.cur_hi, group) {
+                        return Some(Target::New(s));
+                    }
+                }
+            }
+        }
+        if self.map_budget.limited || self.scattered_now(group) {
+            // Out of map-count headroom, or the group's merges look
+            // scattered and KSM is about to take them: only run-extending
+            // merges. A page
+            // with a known partner is counted: KSM can take those.
+            if !self.stable.get(group, h).is_empty()
+                || self.unstable_partner(ri, p, h, group, page).is_some()
+            {
+                self.pass_groups.entry(group).or_default().deferred += 1;
+            }
+            return None;
+        }
+        // 2. Stable index: a slot with room, preferably one whose successor
+        //    has room too (the run then continues along the stripe instead
+        //    of costing a VMA per page); lowest first.
+        let mut fallback = None;
+        for &s in self.stable.get(group, h).iter().take(512) {
+            if !self.usable(s, h, group, page) {
+                continue;
+            }
+            if self.usable(s.wrapping_add(1), h, group, page) {
+                return Some(Target::Existing(s));
+            }
+            fallback.get_or_insert(s);
+        }
+        if let Some(s) = fallback {
+            return Some(Target::Existing(s));
+        }
+        // 3. Unstable index: a page seen earlier this pass.
+        let found = self
+            .unstable_partner(ri, p, h, group, page)
+            .or_else(|| self.hinted_partner(ri, p, h, group, page));
+        let (cr, cp) = self.locate(found?)?;
+        if cr == ri && cp > p {
+            // The partner lies ahead in this region: it may be visited later
+            // in this very span (hinted pages are visited out of cursor
+            // order), where its provisional MERGED state would meet a
+            // pagemap entry read before the merge and be taken for a
+            // copy-on-write break (its pool reference dropped twice: the
+            // soak's mapper-count underflow). It pairs with this page when
+            // its own visit comes.
+            return None;
+        }
+        let hint = prev
+            .map(|x| x.wrapping_add(1))
+            .filter(|&x| self.pool.is_free(x))
+            .or_else(|| {
+                (cp > 0 && region::kind(self.regions[cr].state[cp - 1]) == MERGED)
+                    .then(|| self.regions[cr].word[cp - 1].wrapping_add(1))
+                    .filter(|&x| self.pool.is_free(x))
+            });
+        let s = self.pool.reserve(hint, h, self.cur_hi, group).ok()?;
+        Some(Target::Pair(s, cr, cp))
+    }
+
+    /// A page seen earlier this pass (unstable index) with this content.
+    pub(super) fn unstable_partner(
+        &self,
+        ri: usize,
+        p: usize,
+        h: u32,
+        group: u32,
+        page: &[u8],
+    ) -> Option<u32> {
+        let me = self.regions[ri].gid_base + p as u32;
+        let regions = &self.regions;
+        let locate = |gid: u32| locate_in(regions, gid);
+        let key_of = |gid: u32| -> Option<u32> {
+            let (r, pp) = locate(gid)?;
+            let rg = &regions[r];
+            let s = rg.state[pp];
+            (gid != me && region::kind(s) == HASHED && !region::is_volatile(s) && rg.group == group)
+                .then_some(rg.word[pp])
+        };
+        self.unstable.find(h, key_of, |gid| {
+            let Some((r, pp)) = locate(gid) else {
+                return false;
+            };
+            // SAFETY: registered regions are mapped.
+            let other = unsafe { regions[r].page(pp) };
+            other == page
+        })
+    }
+}

@@ -1,0 +1,140 @@
+//! Executing a span's planned merges window by window (`merge::exec_chunk`)
+//! and committing the results.
+
+use super::*;
+
+impl Core {
+    /// Executes the planned ops: slot creators first, then joiners.
+    pub(super) fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
+        let _parked = (self.quiesce_min_ops > 0
+            && ops.len() >= self.quiesce_min_ops
+            && !self.quiescers.is_empty())
+        .then(|| Parked::park(self.quiescers.values()));
+        ops.sort_by_key(|o| (o.kind != OpKind::New, o.region, o.page));
+        let mut new_slots: Vec<u32> = Vec::new();
+        // Ops after this index join slots (phase 1), sorted by (region, page).
+        let phase1 = ops.partition_point(|o| o.kind == OpKind::New);
+        let mut i = 0;
+        while i < ops.len() {
+            let s = i;
+            let phase = ops[i].kind == OpKind::New;
+            i += 1;
+            // One window: same phase and region, within CHUNK_PAGES pages
+            // (gaps allowed, see `merge::exec_chunk`).
+            while i < ops.len()
+                && (ops[i].kind == OpKind::New) == phase
+                && ops[i].region == ops[s].region
+                && ops[i].page - ops[s].page < CHUNK_PAGES
+            {
+                i += 1;
+            }
+            let chunk = &ops[s..i];
+            let gaps = chunk[chunk.len() - 1].page - chunk[0].page + 1 != chunk.len();
+            let res = self.exec_window(chunk, &ops[phase1..], phase);
+            if res.protect_failed && gaps {
+                // Not protectable as a whole (a VMA in a gap is not
+                // registered): each gapless part on its own.
+                let mut j = 0;
+                while j < chunk.len() {
+                    let t = j;
+                    j += 1;
+                    while j < chunk.len() && chunk[j].page == chunk[j - 1].page + 1 {
+                        j += 1;
+                    }
+                    let part = &chunk[t..j];
+                    let res = self.exec_window(part, &ops[phase1..], phase);
+                    self.commit_window(part, res, &mut new_slots, freed);
+                }
+            } else {
+                self.commit_window(chunk, res, &mut new_slots, freed);
+            }
+        }
+        // A created slot nobody ended up mapping is freed.
+        freed.extend(new_slots);
+    }
+
+    /// Runs one window of ops (`merge::exec_chunk`). `joins`: the phase-1
+    /// ops, sorted by (region, page); `phase`: this window creates slots.
+    pub(super) fn exec_window(
+        &mut self,
+        chunk: &[Op],
+        joins: &[Op],
+        phase: bool,
+    ) -> merge::ChunkResult {
+        let r = &self.regions[chunk[0].region];
+        let first = chunk[0];
+        let continues_left = first.kind != OpKind::Zero
+            && first.page > 0
+            && region::kind(r.state[first.page - 1]) == MERGED
+            && r.word[first.page - 1].wrapping_add(1) == first.slot
+            // A left neighbour still waiting in phase 1 is not mapped yet.
+            && !(phase
+                && joins
+                    .binary_search_by_key(&(first.region, first.page - 1), |o| (o.region, o.page))
+                    .is_ok());
+        let base = r.addr;
+        let ctx = Ctx {
+            uffd: &self.uffd,
+            prot: &self.prot,
+            pagemap: &self.pagemap,
+        };
+        merge::exec_chunk(
+            &ctx,
+            &mut self.pool,
+            base,
+            chunk,
+            continues_left,
+            &mut self.map_budget,
+        )
+    }
+
+    /// Commits a window's ops from its result.
+    pub(super) fn commit_window(
+        &mut self,
+        chunk: &[Op],
+        res: merge::ChunkResult,
+        new_slots: &mut Vec<u32>,
+        freed: &mut Vec<u32>,
+    ) {
+        for (k, op) in chunk.iter().enumerate() {
+            let done = res.done & (1 << k) != 0;
+            if op.kind == OpKind::New {
+                new_slots.push(op.slot);
+                if res.written & (1 << k) == 0 {
+                    self.pool.fail(op.slot);
+                }
+            }
+            self.commit(op, done, freed);
+        }
+    }
+
+    pub(super) fn commit(&mut self, op: &Op, done: bool, freed: &mut Vec<u32>) {
+        let r = &mut self.regions[op.region];
+        r.state[op.page] = op.old_state;
+        if done {
+            match op.kind {
+                OpKind::Zero => {
+                    r.set_kind(op.page, ZERO);
+                    r.set_in_pool(op.page, false);
+                    self.counters.zero_merges += 1;
+                }
+                _ => {
+                    r.set_in_pool(op.page, true);
+                    r.set_kind(op.page, MERGED);
+                    // Checked for copy-on-write every pass at first.
+                    r.state[op.page] = region::with_level(r.state[op.page], 0);
+                    r.word[op.page] = op.slot;
+                    self.counters.merges += 1;
+                }
+            }
+            self.pass_progress += 1;
+        } else {
+            r.word[op.page] = op.hash;
+            r.state[op.page] = region::with_level(op.old_state, 0);
+            self.counters.abandoned += 1;
+            if op.kind != OpKind::Zero && self.pool.remove_mapper(op.slot) == 0 {
+                freed.push(op.slot);
+            }
+        }
+    }
+}

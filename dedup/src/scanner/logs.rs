@@ -1,0 +1,78 @@
+//! Write logs: which pages guests wrote since the scan last looked.
+
+use super::*;
+
+impl Core {
+    /// Gives region `id` a write log (`None` takes it away). Every page
+    /// starts as written: the first visits examine them in full.
+    pub fn set_write_log(&mut self, id: RegionId, log: Option<Arc<dyn WriteLog>>) {
+        if let Some(r) = self.regions.iter_mut().find(|r| r.id == id) {
+            r.written = log.map(|l| Written::new(l, r.npages));
+        }
+    }
+
+    /// Marks host ranges written by a device (hints the engine did not
+    /// visit: dropped, or received while not merging).
+    pub fn mark_written(&mut self, hints: &[Hint]) {
+        for h in hints {
+            if let Some(r) = self.regions.iter_mut().find(|r| r.contains(h.addr)) {
+                let (first, end) = r.pages_of(h.addr, h.len);
+                if let Some(w) = r.written.as_mut() {
+                    w.mark(first, end);
+                }
+            }
+        }
+    }
+
+    /// Marks every page of every logged region written (device writes
+    /// whose ranges were lost).
+    pub fn mark_all_written(&mut self) {
+        for r in &mut self.regions {
+            if let Some(w) = r.written.as_mut() {
+                w.mark_all();
+            }
+        }
+    }
+
+    /// Adds what each region's write log recorded since the last wake-up;
+    /// a log that fails is dropped (the region is then read in full).
+    pub(super) fn collect_write_logs(&mut self) {
+        for r in &mut self.regions {
+            if let Some(w) = r.written.as_mut() {
+                if let Err(e) = w.collect() {
+                    log::warn!(
+                        "pagefold: {} ({:?}): {e}; reading pagemap instead",
+                        r.owner,
+                        r.id
+                    );
+                    r.written = None;
+                }
+            }
+        }
+    }
+
+    /// Does region `ri`'s write log say page `p` needs a full look (written
+    /// since it was last examined, or its periodic check is due)? False
+    /// without a log (the smart-scan schedule alone decides then).
+    pub(super) fn log_marks(&self, ri: usize, p: usize) -> bool {
+        self.regions[ri].written.as_ref().is_some_and(|w| {
+            w.get(p) || (self.counters.passes + (p / VERIFY_BLOCK) as u64) % VERIFY_PASSES == 0
+        })
+    }
+
+    /// Can the write log answer this due visit of page `p` (kind MERGED,
+    /// ZERO or HASHED without `REHASH`) without pagemap or hashing?
+    pub(super) fn log_clean(&self, ri: usize, p: usize, st: u8) -> bool {
+        let r = &self.regions[ri];
+        r.written.is_some()
+            && !self.trusted
+            && !r.assisted
+            && !self.log_marks(ri, p)
+            && match region::kind(st) {
+                MERGED | ZERO => true,
+                HASHED => !region::needs_rehash(st),
+                // Level > 0: found absent at its last visit (`visit`).
+                _ => region::level(st) > 0 && !region::needs_rehash(st),
+            }
+    }
+}

@@ -1,0 +1,316 @@
+//! A span of the scan: one pagemap read for the pages that need it, then each
+//! page's visit.
+
+use super::*;
+
+impl Core {
+    /// Scans pages `start..start+n` of region `ri`; returns pages consumed.
+    pub(super) fn scan_span(
+        &mut self,
+        ri: usize,
+        start: usize,
+        n: usize,
+        visit_units: &mut u64,
+        merge: bool,
+    ) -> usize {
+        if self.regions[ri].assisted && !self.census_due {
+            // KSM's region: the engine only counts KSM's sharing and notices
+            // copy-on-write breaks of its own earlier merges there, both on
+            // census passes (pagemap walks of 100k+ VMAs are not free).
+            return n;
+        }
+        if !self.regions[ri].assisted {
+            return self.scan_span_inner(ri, start, n, visit_units, merge);
+        }
+        // A census span is a pagemap read and a frame list, not a scan: it
+        // is paced by time (`CENSUS_SLICE` per batch, a pass every second
+        // or two), not by `pages_to_scan`. Charged by visit units, a census
+        // of 2 x 512 MiB at an idle engine's 1 s wake-ups took 18 s, and
+        // the sharing KSM had reached went unreported all that while.
+        let t = Instant::now();
+        let mut units = n as u64 * HASH_COST;
+        let used = self.scan_span_inner(ri, start, n, &mut units, merge);
+        let spent = t.elapsed();
+        self.census_spans += spent;
+        self.census_slice += spent;
+        used
+    }
+
+    pub(super) fn scan_span_inner(
+        &mut self,
+        ri: usize,
+        start: usize,
+        n: usize,
+        visit_units: &mut u64,
+        merge: bool,
+    ) -> usize {
+        let mut entries = std::mem::take(&mut self.scratch);
+        if entries.len() < n {
+            entries.resize(n, Entry(0));
+        }
+        if let Err(e) = self.read_needed(ri, start, &mut entries[..n]) {
+            log::warn!("pagefold: {e}");
+            self.scratch = entries;
+            return n;
+        }
+        let mut ops: Vec<Op> = Vec::new();
+        let mut freed: Vec<u32> = Vec::new();
+        let mut prev: Option<u32> =
+            if start > 0 && region::kind(self.regions[ri].state[start - 1]) == MERGED {
+                Some(self.regions[ri].word[start - 1])
+            } else {
+                None
+            };
+        let mut used = 0;
+        if start == 0 {
+            self.run_len = 0;
+        }
+        while used < n && *visit_units > 0 {
+            let p = start + used;
+            let e = entries[used];
+            used += 1;
+            if let Some(&ahead) = self.regions[ri].state.get(p + PREFETCH_AHEAD) {
+                if region::kind(ahead) == MERGED {
+                    self.pool
+                        .prefetch_meta(self.regions[ri].word[p + PREFETCH_AHEAD]);
+                }
+            }
+            let st = self.regions[ri].state[p];
+            match region::kind(st) {
+                MERGED => {
+                    *visit_units -= 1;
+                    if e.0 & NOT_DUE != 0 {
+                        // Checked on its own smart-scan schedule; its
+                        // pagemap entry was not read.
+                        let s = self.regions[ri].word[p];
+                        prev = Some(s);
+                        self.note_run(Some(self.pool.meta(s).hash));
+                        continue;
+                    }
+                    // Not written since it was merged or last checked
+                    // (`log_clean`): still merged, its entry was not read.
+                    let clean = e.0 & CLEAN != 0;
+                    if !clean && e.present() && !e.file() {
+                        // Copy-on-write broke the share: hashed at the next
+                        // visit (level 0).
+                        let r = &mut self.regions[ri];
+                        let s = r.word[p];
+                        r.set_kind(p, NEW);
+                        r.state[p] = region::with_level(r.state[p], 0);
+                        if self.pool.remove_mapper(s) == 0 {
+                            freed.push(s);
+                        }
+                        self.counters.cow_breaks += 1;
+                        prev = None;
+                        self.note_run(None);
+                        if self.trusted && !self.regions[ri].assisted {
+                            // A device refilled it: a candidate right away.
+                            let st = self.regions[ri].state[p];
+                            prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
+                        }
+                    } else {
+                        self.counters.clean_visits += u64::from(clean);
+                        let r = &mut self.regions[ri];
+                        let s = r.word[p];
+                        r.state[p] = region::with_level(st, region::level(st) + 1);
+                        prev = Some(s);
+                        self.note_run(Some(self.pool.meta(s).hash));
+                    }
+                    continue;
+                }
+                ZERO => {
+                    *visit_units -= 1;
+                    prev = None;
+                    self.note_run(None);
+                    if e.0 & CLEAN != 0 {
+                        self.counters.clean_visits += 1;
+                    } else if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
+                        let r = &mut self.regions[ri];
+                        r.set_kind(p, NEW);
+                        r.state[p] = region::with_level(r.state[p], 0);
+                        self.counters.cow_breaks += 1;
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if self.regions[ri].assisted {
+                // KSM's page: pagemap only, and its frame for the census.
+                *visit_units -= 1;
+                prev = None;
+                self.note_run(None);
+                if self.census_due
+                    && e.present()
+                    && !e.file()
+                    && e.pfn() != 0
+                    && e.pfn() != self.zero_pfn
+                {
+                    let key = self.regions[ri].gid_base;
+                    self.census_pages.push((e.pfn(), key));
+                }
+                continue;
+            }
+            prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
+        }
+        // Every page visited here that its write log marked was examined
+        // (marked pages are due and not `log_clean`): its mark is spent. A
+        // census span of KSM's region examines no content: its marks stay
+        // for when the engine takes the region back.
+        let census = self.regions[ri].assisted;
+        if let Some(w) = self.regions[ri].written.as_mut().filter(|_| !census) {
+            w.clear_range(start, start + used);
+        }
+        self.scratch = entries;
+        // A hint visit executes its ops (and judges the group for the KSM
+        // assist, which must not meet planned ops) at its end.
+        let deferring = self.deferred.is_some();
+        if let Some(d) = self.deferred.as_mut() {
+            d.append(&mut ops);
+        } else if !ops.is_empty() {
+            self.execute(ops, &mut freed);
+        }
+        self.release_slots(&freed);
+        if merge && !deferring {
+            let group = self.regions[ri].group;
+            self.maybe_assist(group);
+        }
+        used
+    }
+
+    /// Is an unmerged page due for a visit on this pass (smart scan)? A
+    /// HASHED page at level L is hashed once every 2^L passes; a NEW page
+    /// that keeps being absent (guest RAM never touched) rises a level per
+    /// absent visit the same way, so untouched memory costs a pagemap
+    /// entry once every 2^MAX_LEVEL passes. ZERO pages, and every page of
+    /// a hinted visit, are always due.
+    pub(super) fn visit_due(&self, ri: usize, p: usize, st: u8) -> bool {
+        !matches!(region::kind(st), HASHED | NEW)
+            || self.trusted
+            || self.log_marks(ri, p)
+            || region::due(
+                self.counters.passes,
+                region::level(st),
+                self.regions[ri].word[p],
+            )
+    }
+
+    /// Is a MERGED page due for its copy-on-write check on this pass? A
+    /// share that stays intact is checked less often (level L: once every
+    /// 2^L passes, L up to `MAX_LEVEL`), as unique pages are hashed less
+    /// often: each check is a pagemap walk over the page's own VMA (one per
+    /// scattered merge), which was most of the engine's CPU while two
+    /// guests built (issue 10). A broken share is noticed at most
+    /// 2^MAX_LEVEL passes late; until then the pool keeps the page's
+    /// reference (the guest's new copy is already its own).
+    pub(super) fn merged_due(&self, ri: usize, p: usize, st: u8) -> bool {
+        self.trusted
+            || self.regions[ri].assisted
+            || self.log_marks(ri, p)
+            || region::due(
+                self.counters.passes,
+                region::level(st),
+                self.regions[ri].word[p],
+            )
+    }
+
+    /// Fills `out` with the pagemap entries of pages `start..` of region
+    /// `ri` that this pass needs (zero pages, new and hashed pages due for
+    /// a visit, merged pages due for their copy-on-write check), each
+    /// marked `DUE` or `NOT_DUE`; a page not due, or due but answered by
+    /// its write log, gets no entry (absent) and is not looked at. Reads
+    /// runs of needed pages, bridging gaps of up to `READ_GAP` pages: a
+    /// pagemap read walks every VMA it covers, and a scattered merge is a
+    /// VMA.
+    pub(super) fn read_needed(
+        &self,
+        ri: usize,
+        start: usize,
+        out: &mut [Entry],
+    ) -> Result<(), crate::pagemap::PagemapError> {
+        const READ_GAP: usize = 8;
+        let r = &self.regions[ri];
+        if r.assisted {
+            // A census pass: every frame counts.
+            return self.pagemap.read(r.page_addr(start), out);
+        }
+        let n = out.len();
+        debug_assert!(n <= SPAN_PAGES);
+        // Each page is judged once (smart-scan schedule, write log); the
+        // span's loop and `visit` take the verdict from the entry's marker
+        // instead of judging again (twice, with the checks of the log,
+        // it was a sixth of the engine's CPU over two building guests).
+        let mut read = [0u64; SPAN_PAGES / 64];
+        let mut not_due = [0u64; SPAN_PAGES / 64];
+        let mut clean = [0u64; SPAN_PAGES / 64];
+        for (i, e) in out.iter_mut().enumerate() {
+            let p = start + i;
+            let st = r.state[p];
+            let due = match region::kind(st) {
+                MERGED => self.merged_due(ri, p, st),
+                HASHED | NEW => self.visit_due(ri, p, st),
+                _ => true,
+            };
+            *e = if !due {
+                not_due[i / 64] |= 1 << (i % 64);
+                Entry(NOT_DUE)
+            } else if !self.trusted
+                && matches!(region::kind(st), HASHED | NEW)
+                && r.written.as_ref().is_some_and(|w| w.recorded(p))
+            {
+                // An unmerged page its log saw written is mapped, private
+                // and anonymous (`Written::recorded`): the visit only needs
+                // to hash it. Written pages of a guest are scattered, so
+                // each was a pagemap read of its own: 16k of the engine's
+                // 25k reads per `bench build` run. A merged or zero page
+                // still gets its entry read: a write recorded before its
+                // merge does not mean the share broke, and the slot's
+                // mapper count depends on knowing that.
+                Entry(PM_PRESENT | DUE)
+            } else if self.log_clean(ri, p, st) {
+                // Nobody wrote it since it was last examined: the visit
+                // knows its entry (see `log_clean`).
+                clean[i / 64] |= 1 << (i % 64);
+                Entry(DUE | CLEAN)
+            } else {
+                read[i / 64] |= 1 << (i % 64);
+                Entry(DUE)
+            };
+        }
+        let bit = |m: &[u64], i: usize| m[i / 64] & (1 << (i % 64)) != 0;
+        let mut i = 0;
+        while i < n {
+            if !bit(&read, i) {
+                i += 1;
+                continue;
+            }
+            // A run from i: extend while a page to read follows within
+            // READ_GAP pages.
+            let mut end = i + 1;
+            let mut gap = 0;
+            let mut j = end;
+            while j < n && gap <= READ_GAP {
+                if bit(&read, j) {
+                    end = j + 1;
+                    gap = 0;
+                } else {
+                    gap += 1;
+                }
+                j += 1;
+            }
+            self.pagemap
+                .read(r.page_addr(start + i), &mut out[i..end])?;
+            // The read replaced the verdicts of the pages it covered.
+            for (k, e) in out[i..end].iter_mut().enumerate() {
+                e.0 |= if bit(&not_due, i + k) {
+                    NOT_DUE
+                } else if bit(&clean, i + k) {
+                    DUE | CLEAN
+                } else {
+                    DUE
+                };
+            }
+            i = end;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,390 @@
+//! The visit of an unmerged page: hash (or not), the volatility rule, and the
+//! shortcuts that join a slot without hashing.
+
+use super::*;
+
+impl Core {
+    /// Visits an unmerged page; returns the slot it is planned onto, if any.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn visit(
+        &mut self,
+        ri: usize,
+        p: usize,
+        e: Entry,
+        st: u8,
+        prev: Option<u32>,
+        visit_units: &mut u64,
+        merge: bool,
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let kind = region::kind(st);
+        // A span's entry carries `read_needed`'s verdict; for other callers
+        // (rechecks) it is judged here.
+        let judged = e.0 & DUE != 0;
+        let due = e.0 & NOT_DUE == 0 && (judged || self.visit_due(ri, p, st));
+        if !due {
+            // Smart scan, pass-aligned (see `region::due`): identical pages
+            // are hashed on the same passes, so they always meet. Its
+            // pagemap entry was not read (`read_needed`).
+            *visit_units -= 1;
+            self.note_run((kind == HASHED).then(|| self.regions[ri].word[p]));
+            return None;
+        }
+        let mut e = e;
+        let clean = if judged {
+            e.0 & CLEAN != 0
+        } else {
+            self.log_clean(ri, p, st)
+        };
+        if clean && kind == NEW {
+            // Found absent (or the zero page) when last examined and not
+            // written since: still so. Its entry was not read (`Entry(0)`
+            // below: absent).
+            self.counters.clean_visits += 1;
+        }
+        if clean && kind == HASHED {
+            if let Some(planned) = self.visit_clean(ri, p, st, prev, visit_units, merge, ops) {
+                return planned;
+            }
+            // A pair or a new slot needs a fresh hash: read the entry the
+            // span skipped, and visit in full.
+            let mut one = [Entry(0)];
+            if let Err(err) = self.pagemap.read(self.regions[ri].page_addr(p), &mut one) {
+                log::warn!("pagefold: {err}");
+                return None;
+            }
+            e = one[0];
+        }
+        if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
+            *visit_units -= 1;
+            self.note_run(None);
+            let r = &mut self.regions[ri];
+            r.state[p] = if kind == HASHED {
+                region::with_level(region::with_kind(st, NEW), 0)
+            } else {
+                // Still absent: looked at less often (`visit_due`).
+                region::with_level(st, region::level(st) + 1)
+            };
+            return None;
+        }
+        *visit_units = visit_units.saturating_sub(HASH_COST);
+        // SAFETY: the region is registered, hence mapped (register contract),
+        // and stays so while we hold the core (unregister needs it).
+        let page = unsafe { self.regions[ri].page_detached(p) };
+        // A hinted page was just rewritten: its stored hash is stale.
+        if kind == HASHED && merge && !self.trusted && !region::needs_rehash(st) {
+            if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
+                return Some(s);
+            }
+        }
+        if kind == NEW && merge && !self.trusted && !region::needs_rehash(st) {
+            if let Some(s) = self.continue_run_unhashed(ri, p, prev, page, ops) {
+                return Some(s);
+            }
+        }
+        self.counters.pages_hashed += 1;
+        let h64 = (self.hash_fn)(page);
+        let h = fold(h64);
+        self.cur_hi = (h64 >> 32) as u32;
+        self.note_run(Some(h));
+        // KSM's volatility rule: only a page whose hash is unchanged since its
+        // previous visit is a candidate. A page seen for the first time may
+        // still join an existing pool slot at once (see `join_first_seen`).
+        let first_sight = kind == NEW && h != self.zero_hash;
+        let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted;
+        let group = self.regions[ri].group;
+        {
+            let r = &mut self.regions[ri];
+            r.word[p] = h;
+            r.state[p] &= !region::REHASH;
+            if kind == NEW {
+                r.set_kind(p, HASHED);
+                self.pass_progress += 1;
+                self.fresh_hashed += 1;
+            }
+            if !unchanged {
+                r.set_volatile(p, true);
+                r.state[p] = region::with_level(r.state[p], 0);
+            } else {
+                r.set_volatile(p, false);
+            }
+        }
+        if !unchanged {
+            if merge
+                && (!first_sight || self.merges_scattered(group))
+                && !self.trusted
+                && self.regions[ri].written.is_some()
+                && self.recheck.len() < RECHECK_CAP
+            {
+                // Its second look (KSM's rule) can come at the next wake-up:
+                // the write log tells whether it changed since. For a page
+                // seen for the first time only where the group's merges
+                // are scattered anyway: pairing first-sight pages a wake-up
+                // later paired two filling guests' pages in the order
+                // their fill fronts met the scan, a VMA each where the
+                // scan's order would have made runs (two 512 MiB VMs,
+                // `bench ksm-seed --vms-only`: 11,783 VMAs against 618, and
+                // 4x the time to converge). Where every merge is a VMA of
+                // its own whatever the order (guests that place pages as
+                // real ones do), it only brings the merge a pass sooner:
+                // the pages a build writes last waited for that pass while
+                // the build ended.
+                self.recheck.push(self.regions[ri].gid_base + p as u32);
+            }
+            if first_sight && merge {
+                return self.join_first_seen(ri, p, h, prev, page, ops);
+            }
+            return None;
+        }
+        if !merge {
+            return None;
+        }
+        let st = self.regions[ri].state[p];
+        if h == self.zero_hash && is_zero(page) {
+            let in_pool = self.regions[ri].in_pool(p);
+            ops.push(Op {
+                region: ri,
+                page: p,
+                slot: 0,
+                kind: OpKind::Zero,
+                hash: h,
+                old_state: st,
+                in_pool,
+            });
+            self.regions[ri].state[p] = region::with_kind(st, ZERO);
+            return None;
+        }
+        let target = self.choose(ri, p, h, group, prev, page);
+        let mut plan =
+            |core: &mut Core, r: usize, pg: usize, slot: u32, kind: OpKind, hash: u32| {
+                let old = core.regions[r].state[pg];
+                core.plan(r, pg, slot, kind, hash, old, ops);
+            };
+        let extends = |s: u32| prev.is_some_and(|x| x.wrapping_add(1) == s);
+        match target {
+            Some(Target::Existing(s)) => {
+                self.note_planned(group, 1, u64::from(!extends(s)));
+                plan(self, ri, p, s, OpKind::Existing, h);
+                Some(s)
+            }
+            Some(Target::New(s)) => {
+                self.note_planned(group, 1, u64::from(!extends(s)));
+                self.stable.insert(group, h, s);
+                plan(self, ri, p, s, OpKind::New, h);
+                Some(s)
+            }
+            Some(Target::Pair(s, cr, cp)) => {
+                let partner_extends = cp > 0
+                    && region::kind(self.regions[cr].state[cp - 1]) == MERGED
+                    && self.regions[cr].word[cp - 1].wrapping_add(1) == s;
+                self.note_planned(
+                    group,
+                    2,
+                    u64::from(!extends(s)) + u64::from(!partner_extends),
+                );
+                self.stable.insert(group, h, s);
+                plan(self, ri, p, s, OpKind::New, h);
+                plan(self, cr, cp, s, OpKind::Existing, h);
+                Some(s)
+            }
+            None => {
+                let gid = self.file_unique(ri, p, st, h);
+                if self.trusted {
+                    self.remember_hinted(group, h, gid);
+                }
+                None
+            }
+        }
+    }
+
+    /// A due visit of a HASHED page that nobody wrote since its last hash
+    /// (its write log says so): its stored hash is its hash now, so it is
+    /// "unchanged since the previous scan" without hashing or a pagemap
+    /// read. Takes what `visit` would with that hash when no fresh hash is
+    /// needed: a plain join of an existing slot (`join_unhashed`), or no
+    /// partner at all (into the unstable index, a level up). Returns None
+    /// when `choose` might pair it, grow a stripe or find a stable slot
+    /// `join_unhashed` would not take: those file a slot under the hash,
+    /// which must then be fresh, so the caller visits in full.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn visit_clean(
+        &mut self,
+        ri: usize,
+        p: usize,
+        st: u8,
+        prev: Option<u32>,
+        visit_units: &mut u64,
+        merge: bool,
+        ops: &mut Vec<Op>,
+    ) -> Option<Option<u32>> {
+        let h = self.regions[ri].word[p];
+        if merge && h == self.zero_hash {
+            return None;
+        }
+        let planned = if !merge {
+            // Checksum-only round: nothing to learn from hashing it.
+            self.regions[ri].set_volatile(p, false);
+            self.note_run(Some(h));
+            None
+        } else {
+            // SAFETY: the region is registered, hence mapped (register
+            // contract), and stays so while we hold the core (unregister
+            // needs it).
+            let page = unsafe { self.regions[ri].page_detached(p) };
+            if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
+                Some(s)
+            } else {
+                let group = self.regions[ri].group;
+                // Any stripe `choose` might grow (whatever its length: the
+                // check is conservative), a stable slot, a partner: a fresh
+                // hash decides.
+                if prev.is_some_and(|ps| self.stripe_continues(ps, h, group))
+                    || !self.stable.get(group, h).is_empty()
+                    || self.unstable_partner(ri, p, h, group, page).is_some()
+                    || self.hinted_partner(ri, p, h, group, page).is_some()
+                {
+                    return None;
+                }
+                self.note_run(Some(h));
+                self.regions[ri].set_volatile(p, false);
+                self.file_unique(ri, p, st, h);
+                None
+            }
+        };
+        *visit_units -= 1;
+        self.counters.clean_visits += 1;
+        Some(planned)
+    }
+
+    /// A candidate page with no partner this time (state `st` before the
+    /// visit, content hash `h`): into the unstable index, a smart-scan
+    /// level up (leaving level 0 counts as pass progress: the page just
+    /// became stable). Returns its page id.
+    pub(super) fn file_unique(&mut self, ri: usize, p: usize, st: u8, h: u32) -> u32 {
+        let r = &mut self.regions[ri];
+        let lvl = region::level(st);
+        if lvl == 0 {
+            self.pass_progress += 1;
+        }
+        r.state[p] = region::with_level(r.state[p], (lvl + 1).min(MAX_LEVEL));
+        let gid = r.gid_base + p as u32;
+        let _ = self.unstable.insert(h, gid);
+        gid
+    }
+
+    /// Joins an existing pool slot without hashing the page: its stored hash
+    /// (from its previous visit) looks the slot up exactly as `choose` would
+    /// (the left neighbour's next slot, then the stable index), and only a
+    /// plain join is taken; anything else (a new slot, a pair, no target)
+    /// returns None and the page is hashed as usual. Sound because the final
+    /// compare under write-protection decides every merge; if the page
+    /// changed, that compare fails and the page gets `REHASH`, so its next
+    /// visit hashes it (a stale hash is never retried). Skips KSM's
+    /// "unchanged since the previous scan" check for these pages: a page
+    /// equal to a pool page now is merged now. New pool slots are always
+    /// made from a fresh hash (the stable index never files a slot under a
+    /// wrong hash).
+    pub(super) fn join_unhashed(
+        &mut self,
+        ri: usize,
+        p: usize,
+        prev: Option<u32>,
+        page: &[u8],
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let h = self.regions[ri].word[p];
+        if h == self.zero_hash {
+            return None;
+        }
+        let group = self.regions[ri].group;
+        let run = (self.run_hash, self.run_len);
+        self.note_run(Some(h));
+        let Some(s) = self.existing_target(h, group, prev, page) else {
+            (self.run_hash, self.run_len) = run;
+            return None;
+        };
+        // Kept in `old_state`: restored with it if the merge fails.
+        let old = self.regions[ri].state[p] | region::REHASH;
+        self.plan(ri, p, s, OpKind::Existing, h, old, ops);
+        Some(s)
+    }
+
+    /// A page seen for the first time (just hashed) joins an existing pool
+    /// slot at once, if `choose` would make it a plain join (the left
+    /// neighbour's next slot, or a stable-index slot with room): a new VM
+    /// whose content the pool already holds merges in its first pass
+    /// instead of its second, and its first pass hashes each page once.
+    /// Pairs and new slots still wait for a page seen unchanged (KSM's
+    /// volatility rule): pairing pages at first sight while guests were
+    /// still filling them formed pairs in whatever order the fill fronts
+    /// met the scan, and each took a VMA (two 64 MiB workload VMs: 1,500
+    /// to 3,600 VMAs against 430, and the KSM assist engaged for a layout
+    /// that is linear). The final compare under write-protection decides
+    /// the merge; a failed one leaves the page HASHED with this hash.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn join_first_seen(
+        &mut self,
+        ri: usize,
+        p: usize,
+        h: u32,
+        prev: Option<u32>,
+        page: &[u8],
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let group = self.regions[ri].group;
+        let s = self.existing_target(h, group, prev, page)?;
+        let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
+        if !extends && self.scattered_now(group) {
+            // As in `choose`: a page with a known partner that KSM can take.
+            self.pass_groups.entry(group).or_default().deferred += 1;
+            return None;
+        }
+        self.note_planned(group, 1, u64::from(!extends));
+        let old = self.regions[ri].state[p];
+        self.plan(ri, p, s, OpKind::Existing, h, old, ops);
+        Some(s)
+    }
+
+    /// Continues a run of merges without hashing a first-seen page: when its
+    /// two left neighbours are merged onto consecutive pool slots `ps - 1`
+    /// and `ps`, the page is planned onto `ps + 1` (the slot `choose` tries
+    /// first) if that slot can take a mapper and, when already written,
+    /// agrees with the page on a few sampled cache lines. Identical guests
+    /// and page-cache extents repeat runs of content, so most of a new VM's
+    /// pages continue a run: this skips their hash (15 % of the engine's
+    /// merge CPU, `converge -- identical max`). The final compare under
+    /// write-protection decides the merge as always; a wrong guess costs
+    /// that compare, and the page keeps `REHASH` and kind NEW, so its next
+    /// visit hashes it (first sight makes it a candidate there).
+    pub(super) fn continue_run_unhashed(
+        &mut self,
+        ri: usize,
+        p: usize,
+        prev: Option<u32>,
+        page: &[u8],
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let ps = prev?;
+        let r = &self.regions[ri];
+        let group = r.group;
+        if p < 2 || region::kind(r.state[p - 2]) != MERGED || r.word[p - 2].wrapping_add(1) != ps {
+            return None;
+        }
+        let s1 = ps.wrapping_add(1);
+        if s1 == 0 {
+            return None;
+        }
+        if !self.has_room(s1, group)
+            || (self.pool.state(s1) == SlotState::Written
+                && !sampled_lines_agree(page, self.pool.page(s1)))
+        {
+            return None;
+        }
+        self.note_run(Some(self.pool.meta(s1).hash));
+        self.note_planned(group, 1, 0);
+        // Kept in `old_state`: restored with it if the merge fails.
+        let old = self.regions[ri].state[p] | region::REHASH;
+        self.plan(ri, p, s1, OpKind::Existing, 0, old, ops);
+        Some(s1)
+    }
+}
