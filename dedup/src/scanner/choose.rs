@@ -190,10 +190,11 @@ impl Core {
         if self.map_budget.limited || self.scattered_now(group) {
             // Out of map-count headroom, or the group's merges look
             // scattered and KSM is about to take them: only run-extending
-            // merges. A page
-            // with a known partner is counted: KSM can take those.
+            // merges. A page with a known partner (a candidate under its
+            // hash, not compared: this only counts) is counted: KSM can
+            // take those.
             if !self.stable.get(group, h).is_empty()
-                || self.unstable_partner(ri, p, h, group, page).is_some()
+                || self.unstable_partner(ri, p, h, group, None).is_some()
             {
                 self.pass_groups.entry(group).or_default().deferred += 1;
             }
@@ -217,7 +218,7 @@ impl Core {
         }
         // 3. Unstable index: a page seen earlier this pass.
         let found = self
-            .unstable_partner(ri, p, h, group, page)
+            .unstable_partner(ri, p, h, group, Some(page))
             .or_else(|| self.hinted_partner(ri, p, h, group, page));
         let (cr, cp) = self.locate(found?)?;
         if cr == ri && cp > p {
@@ -242,14 +243,17 @@ impl Core {
         Some(Target::Pair(s, cr, cp))
     }
 
-    /// A page seen earlier this pass (unstable index) with this content.
+    /// A page seen earlier this pass (unstable index) with this content
+    /// (`page`'s, compared in full), or, for `None`, any candidate filed
+    /// under `h` that is still unchanged: the question `visit_clean` asks
+    /// before a full visit that would compare the partner again.
     pub(super) fn unstable_partner(
         &self,
         ri: usize,
         p: usize,
         h: u32,
         group: u32,
-        page: &[u8],
+        page: Option<&[u8]>,
     ) -> Option<u32> {
         let me = self.regions[ri].gid_base + p as u32;
         let regions = &self.regions;
@@ -262,6 +266,9 @@ impl Core {
                 .then_some(rg.word[pp])
         };
         self.unstable.find(h, key_of, |gid| {
+            let Some(page) = page else {
+                return true;
+            };
             let Some((r, pp)) = locate(gid) else {
                 return false;
             };
