@@ -36,6 +36,9 @@ impl Core {
         used
     }
 
+    /// `scan_span`'s work: `read_needed`, then each page's visit by kind,
+    /// then the span's planned merges (executed here, or deferred to the end
+    /// of a hint visit).
     pub(super) fn scan_span_inner(
         &mut self,
         ri: usize,
