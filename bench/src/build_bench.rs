@@ -213,6 +213,13 @@ pub struct BuildRow {
     /// npages curve, [`npages_area`]), mean over runs: what merging earlier
     /// (I/O hints) gains, which the end-of-build npages does not show.
     pub npages_area_mean: f64,
+    /// The area divided by the build's length ([`npages_time_mean`]), mean
+    /// over runs: the pages merged on average while the build ran. The
+    /// area grows with the build's length (a build slowed down uniformly
+    /// has a larger area for the same merging); this mean does not, so it
+    /// is the fairer of the two between systems whose builds took
+    /// different times.
+    pub npages_time_mean: f64,
     pub peak_saving_mean_bytes: f64,
     pub cow_breaks_mean: f64,
     pub t_final_npages_s: Option<f64>,
@@ -444,6 +451,15 @@ pub(crate) fn npages_area(samples: &[BuildSample]) -> f64 {
         .sum()
 }
 
+/// The time-weighted mean of a run's npages over the build: its area
+/// divided by the time the samples cover (0 for fewer than two samples).
+pub(crate) fn npages_time_mean(samples: &[BuildSample]) -> f64 {
+    match (samples.first(), samples.last()) {
+        (Some(a), Some(b)) if b.t_s > a.t_s => npages_area(samples) / (b.t_s - a.t_s),
+        _ => 0.0,
+    }
+}
+
 /// Mean and stdev of `runs` for one system; checksums agree when every
 /// run's two VMs reported `want`.
 pub(crate) fn row(
@@ -463,6 +479,7 @@ pub(crate) fn row(
     let (engine_cpu_mean_s, engine_cpu_stdev_s) = col(|r| r.engine_cpu_s);
     let (npages_mean, npages_stdev) = col(|r| r.npages as f64);
     let (npages_area_mean, _) = col(|r| npages_area(&r.samples));
+    let (npages_time_mean, _) = col(|r| npages_time_mean(&r.samples));
     let (peak, _) = col(|r| (r.peak_npages * PAGE as u64) as f64);
     let (cow_breaks_mean, _) = col(|r| r.cow_breaks as f64);
     let finals: Vec<f64> = runs.iter().filter_map(|r| r.t_final_npages_s).collect();
@@ -485,6 +502,7 @@ pub(crate) fn row(
         npages_mean,
         npages_stdev,
         npages_area_mean,
+        npages_time_mean,
         peak_saving_mean_bytes: peak,
         cow_breaks_mean,
         t_final_npages_s,
@@ -843,6 +861,25 @@ mod tests {
     }
 
     #[test]
+    fn npages_time_mean_does_not_reward_a_slower_build() {
+        let s = |t_s: f64, npages: u64| BuildSample { t_s, npages };
+        assert_eq!(npages_time_mean(&[]), 0.0);
+        assert_eq!(npages_time_mean(&[s(1.0, 5)]), 0.0);
+        // 10 pages for 1 s, 30 for 0.5 s: 25 page s over 1.5 s.
+        let m = npages_time_mean(&[s(0.0, 10), s(1.0, 30), s(1.5, 99)]);
+        assert!((m - 25.0 / 1.5).abs() < 1e-9, "{m}");
+        // The same run, its build twice as slow (the curve stretched in
+        // time): twice the area, the same mean.
+        let short = [s(0.0, 0), s(1.0, 100), s(2.0, 100)];
+        let slow = [s(0.0, 0), s(2.0, 100), s(4.0, 100)];
+        assert!((npages_area(&slow) - 2.0 * npages_area(&short)).abs() < 1e-9);
+        assert!((npages_time_mean(&slow) - npages_time_mean(&short)).abs() < 1e-9);
+        // Merging sooner in a build of the same length: a higher mean.
+        let sooner = [s(0.0, 0), s(0.5, 100), s(2.0, 100)];
+        assert!(npages_time_mean(&sooner) > npages_time_mean(&short));
+    }
+
+    #[test]
     fn selects_build_systems_in_run_order() {
         let all = select_build_systems(&[]).unwrap();
         let names: Vec<_> = all.iter().map(|s| s.name()).collect();
@@ -937,6 +974,7 @@ mod tests {
             "npages_mean",
             "npages_stdev",
             "npages_area_mean",
+            "npages_time_mean",
             "t_final_npages_s",
             "checksums_agree",
         ] {

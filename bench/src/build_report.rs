@@ -23,6 +23,7 @@ fn cells(r: &BuildRow) -> Vec<String> {
         format!("{:.3} ± {:.3}", r.engine_cpu_mean_s, r.engine_cpu_stdev_s),
         format!("{:.0} ± {:.0}", r.npages_mean, r.npages_stdev),
         format!("{:.0}", r.npages_area_mean),
+        format!("{:.0}", r.npages_time_mean),
         format!("{:.1}", r.peak_saving_mean_bytes / MIB),
         format!("{:.0}", r.cow_breaks_mean),
         r.t_final_npages_s.map_or("-".into(), |t| format!("{t:.2}")),
@@ -30,7 +31,7 @@ fn cells(r: &BuildRow) -> Vec<String> {
     ]
 }
 
-const HEADERS: [&str; 12] = [
+const HEADERS: [&str; 13] = [
     "system",
     "runs",
     "real (s)",
@@ -39,6 +40,7 @@ const HEADERS: [&str; 12] = [
     "engine cpu (s)",
     "npages",
     "npages area (page s)",
+    "npages mean over build",
     "peak saving (MiB)",
     "COW breaks",
     "t final npages (s)",
@@ -138,6 +140,7 @@ pub(crate) struct JsonRow<'a> {
     npages_mean: f64,
     npages_stdev: f64,
     npages_area_mean: f64,
+    npages_time_mean: f64,
     peak_saving_mean_bytes: f64,
     cow_breaks_mean: f64,
     t_final_npages_s: Option<f64>,
@@ -174,6 +177,7 @@ pub(crate) fn json_rows(rows: &[BuildRow]) -> Vec<JsonRow<'_>> {
             npages_mean: x.npages_mean,
             npages_stdev: x.npages_stdev,
             npages_area_mean: x.npages_area_mean,
+            npages_time_mean: x.npages_time_mean,
             peak_saving_mean_bytes: x.peak_saving_mean_bytes,
             cow_breaks_mean: x.cow_breaks_mean,
             t_final_npages_s: x.t_final_npages_s,
