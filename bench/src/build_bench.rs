@@ -183,6 +183,10 @@ pub struct BuildRun {
     pub t_final_npages_s: Option<f64>,
     /// pagefold's COW breaks (KSM does not count them: 0).
     pub cow_breaks: u64,
+    /// pagefold with I/O hints: merges made on hinted visits, and their
+    /// mean delay from the device's fill to the merge (None without any).
+    pub hint_merges: u64,
+    pub hint_merge_delay_ms: Option<f64>,
     /// Per VM: pages read, written, reused; output checksum.
     pub pages_read: u64,
     pub pages_written: u64,
@@ -222,6 +226,10 @@ pub struct BuildRow {
     pub npages_time_mean: f64,
     pub peak_saving_mean_bytes: f64,
     pub cow_breaks_mean: f64,
+    /// Mean over runs of each run's mean delay from a device fill to its
+    /// hinted merge (issue 10's "within 1 s of the read"); None when no
+    /// run merged on hints.
+    pub hint_merge_delay_mean_ms: Option<f64>,
     pub t_final_npages_s: Option<f64>,
     pub checksums_agree: bool,
     pub load_avg: [f64; 3],
@@ -482,6 +490,8 @@ pub(crate) fn row(
     let (npages_time_mean, _) = col(|r| npages_time_mean(&r.samples));
     let (peak, _) = col(|r| (r.peak_npages * PAGE as u64) as f64);
     let (cow_breaks_mean, _) = col(|r| r.cow_breaks as f64);
+    let delays: Vec<f64> = runs.iter().filter_map(|r| r.hint_merge_delay_ms).collect();
+    let hint_merge_delay_mean_ms = (!delays.is_empty()).then(|| mean_stdev(&delays).0);
     let finals: Vec<f64> = runs.iter().filter_map(|r| r.t_final_npages_s).collect();
     let t_final_npages_s = (!finals.is_empty()).then(|| mean_stdev(&finals).0);
     let checksums_agree = runs
@@ -505,6 +515,7 @@ pub(crate) fn row(
         npages_time_mean,
         peak_saving_mean_bytes: peak,
         cow_breaks_mean,
+        hint_merge_delay_mean_ms,
         t_final_npages_s,
         checksums_agree,
         load_avg,
@@ -652,6 +663,11 @@ impl Track {
             cow_breaks: end
                 .as_ref()
                 .map_or(0, |s| s.cow_breaks.saturating_sub(self.base_cow)),
+            hint_merges: end.as_ref().map_or(0, |s| s.hint_merges),
+            hint_merge_delay_ms: end
+                .as_ref()
+                .filter(|s| s.hint_merges > 0)
+                .map(|s| s.hint_merge_delay_ms),
             pages_read: 0,
             pages_written: 0,
             pages_reused: 0,
@@ -961,6 +977,16 @@ mod tests {
             // pagefold-on, pagefold-on-nohints and -nolog all merge.
             assert!(on.peak_saving_mean_bytes > 0.0, "{on:?}");
         }
+        // Hinted merges (and their delay) only where hints are on (auto
+        // mode's depend on when it triggers: not asserted).
+        for row in r.rows.iter().filter(|x| x.system != "pagefold-auto") {
+            let hinted = matches!(row.system.as_str(), "pagefold-on" | "pagefold-on-nolog");
+            for run in &row.per_run {
+                assert_eq!(run.hint_merges > 0, hinted, "{}: {run:?}", row.system);
+                assert_eq!(run.hint_merge_delay_ms.is_some(), hinted, "{}", row.system);
+            }
+            assert_eq!(row.hint_merge_delay_mean_ms.is_some(), hinted, "{row:?}");
+        }
         let json = crate::build_json(&r).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         for key in [
@@ -975,6 +1001,7 @@ mod tests {
             "npages_stdev",
             "npages_area_mean",
             "npages_time_mean",
+            "hint_merge_delay_mean_ms",
             "t_final_npages_s",
             "checksums_agree",
         ] {

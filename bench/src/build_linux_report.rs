@@ -78,6 +78,8 @@ mod tests {
             peak_npages: 150_000,
             t_final_npages_s: Some(500.0),
             cow_breaks: 9,
+            hint_merges: 0,
+            hint_merge_delay_ms: None,
             pages_read: 0,
             pages_written: 0,
             pages_reused: 0,

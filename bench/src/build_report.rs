@@ -26,12 +26,14 @@ fn cells(r: &BuildRow) -> Vec<String> {
         format!("{:.0}", r.npages_time_mean),
         format!("{:.1}", r.peak_saving_mean_bytes / MIB),
         format!("{:.0}", r.cow_breaks_mean),
+        r.hint_merge_delay_mean_ms
+            .map_or("-".into(), |d| format!("{d:.0}")),
         r.t_final_npages_s.map_or("-".into(), |t| format!("{t:.2}")),
         if r.checksums_agree { "yes" } else { "NO" }.into(),
     ]
 }
 
-const HEADERS: [&str; 13] = [
+const HEADERS: [&str; 14] = [
     "system",
     "runs",
     "real (s)",
@@ -43,6 +45,7 @@ const HEADERS: [&str; 13] = [
     "npages mean over build",
     "peak saving (MiB)",
     "COW breaks",
+    "hint delay (ms)",
     "t final npages (s)",
     "checksums agree",
 ];
@@ -143,6 +146,7 @@ pub(crate) struct JsonRow<'a> {
     npages_time_mean: f64,
     peak_saving_mean_bytes: f64,
     cow_breaks_mean: f64,
+    hint_merge_delay_mean_ms: Option<f64>,
     t_final_npages_s: Option<f64>,
     checksums_agree: bool,
     load_avg: [f64; 3],
@@ -180,6 +184,7 @@ pub(crate) fn json_rows(rows: &[BuildRow]) -> Vec<JsonRow<'_>> {
             npages_time_mean: x.npages_time_mean,
             peak_saving_mean_bytes: x.peak_saving_mean_bytes,
             cow_breaks_mean: x.cow_breaks_mean,
+            hint_merge_delay_mean_ms: x.hint_merge_delay_mean_ms,
             t_final_npages_s: x.t_final_npages_s,
             checksums_agree: x.checksums_agree,
             load_avg: x.load_avg,
