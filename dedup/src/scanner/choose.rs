@@ -219,7 +219,7 @@ impl Core {
         // 3. Unstable index: a page seen earlier this pass.
         let found = self
             .unstable_partner(ri, p, h, group, Some(page))
-            .or_else(|| self.hinted_partner(ri, p, h, group, page));
+            .or_else(|| self.hinted_partner(ri, p, h, group, Some(page)));
         let (cr, cp) = self.locate(found?)?;
         if cr == ri && cp > p {
             // The partner lies ahead in this region: it may be visited later

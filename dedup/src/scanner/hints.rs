@@ -122,14 +122,15 @@ impl Core {
     }
 
     /// A hinted page from an earlier pass with this content, still HASHED
-    /// with the same hash (its content is compared here too).
+    /// with the same hash (its content compared with `page`'s; for `None`
+    /// not compared: `visit_clean`'s question, as for `unstable_partner`).
     pub(super) fn hinted_partner(
         &self,
         ri: usize,
         p: usize,
         h: u32,
         group: u32,
-        page: &[u8],
+        page: Option<&[u8]>,
     ) -> Option<u32> {
         let key = (group as u64) << 32 | h as u64;
         let gid = *self.hint_index.get(&key)?;
@@ -142,7 +143,7 @@ impl Core {
             && region::kind(rg.state[pp]) == HASHED
             && rg.word[pp] == h
             // SAFETY: registered regions are mapped.
-            && unsafe { rg.page(pp) } == page;
+            && page.is_none_or(|page| unsafe { rg.page(pp) } == page);
         ok.then_some(gid)
     }
 }

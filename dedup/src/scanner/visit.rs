@@ -237,14 +237,15 @@ impl Core {
                 let group = self.regions[ri].group;
                 // Any stripe `choose` might grow (whatever its length: the
                 // check is conservative), a stable slot, a partner: a fresh
-                // hash decides. A candidate partner is not compared here:
-                // the full visit's `choose` compares it, and comparing it
-                // twice was half the engine's page compares over two
-                // building guests (2,543 of 5,508 per run).
+                // hash decides. A candidate partner (unstable or hinted) is
+                // not compared here: the full visit's `choose` compares it,
+                // and comparing it twice was half the engine's page
+                // compares over two building guests (2,543 of 5,508 per
+                // run).
                 if prev.is_some_and(|ps| self.stripe_continues(ps, h, group))
                     || !self.stable.get(group, h).is_empty()
                     || self.unstable_partner(ri, p, h, group, None).is_some()
-                    || self.hinted_partner(ri, p, h, group, page).is_some()
+                    || self.hinted_partner(ri, p, h, group, None).is_some()
                 {
                     return None;
                 }
