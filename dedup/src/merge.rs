@@ -29,7 +29,7 @@ use crate::mm::{self, MmError};
 use crate::pagemap::{Entry, Pagemap};
 use crate::pool::{Pool, SlotState};
 use crate::uffd::{Uffd, UffdError};
-use crate::PAGE_SIZE;
+use crate::{low_bits, PAGE_SIZE};
 
 /// Most pages protected at once: bounds how long a writer waits (~50 us).
 pub const CHUNK_PAGES: usize = 64;
@@ -88,15 +88,6 @@ pub struct MapBudget {
     pub headroom: i64,
     /// Set when a merge was refused or failed for lack of VMAs.
     pub limited: bool,
-}
-
-/// The mask of bits `0..n` (`n` <= 64).
-fn low_bits(n: usize) -> u64 {
-    if n == 64 {
-        u64::MAX
-    } else {
-        (1u64 << n) - 1
-    }
 }
 
 /// A busy (write-protected) range; `Drop` releases it whatever happened.

@@ -98,11 +98,9 @@ impl Written {
     /// Tracks a region of `npages` pages with `log`; every page starts as
     /// written (nothing is known about what happened before).
     pub fn new(log: Arc<dyn WriteLog>, npages: usize) -> Self {
-        let mut bits = vec![u64::MAX; npages.div_ceil(64)];
-        if npages % 64 != 0 {
-            if let Some(last) = bits.last_mut() {
-                *last = (1u64 << (npages % 64)) - 1;
-            }
+        let mut bits = vec![0; npages.div_ceil(64)];
+        for (w, mask) in word_masks(0, npages) {
+            bits[w] = mask;
         }
         let unknown = bits.clone();
         Written {
@@ -166,13 +164,8 @@ fn word_masks(first: usize, end: usize) -> impl Iterator<Item = (usize, u64)> {
         }
         let (w, b) = (p / 64, p % 64);
         let n = (64 - b).min(end - p);
-        let mask = if n == 64 {
-            u64::MAX
-        } else {
-            ((1u64 << n) - 1) << b
-        };
         p += n;
-        Some((w, mask))
+        Some((w, crate::low_bits(n) << b))
     })
 }
 
