@@ -122,6 +122,16 @@ pub struct Region {
     pub written: Option<crate::writelog::Written>,
 }
 
+/// Checks that `addr..addr + len` is a non-empty, page-aligned range that
+/// does not wrap around.
+pub fn check_bounds(addr: usize, len: usize) -> Result<(), RegionError> {
+    if len == 0 || addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || addr.checked_add(len).is_none()
+    {
+        return Err(RegionError::Bad { addr, len });
+    }
+    Ok(())
+}
+
 impl Region {
     /// A region of `len` bytes at `addr`, all pages NEW.
     pub fn new(
@@ -133,13 +143,7 @@ impl Region {
         group: u32,
         gid_base: u32,
     ) -> Result<Self, RegionError> {
-        if len == 0
-            || addr % PAGE_SIZE != 0
-            || len % PAGE_SIZE != 0
-            || addr.checked_add(len).is_none()
-        {
-            return Err(RegionError::Bad { addr, len });
-        }
+        check_bounds(addr, len)?;
         let npages = len / PAGE_SIZE;
         if gid_base as u64 + npages as u64 >= u32::MAX as u64 {
             return Err(RegionError::TooManyPages);

@@ -417,13 +417,8 @@ impl Core {
         owner: String,
         group: String,
     ) -> Result<RegionId, ScanError> {
-        if len == 0
-            || addr % crate::PAGE_SIZE != 0
-            || len % crate::PAGE_SIZE != 0
-            || addr.checked_add(len).is_none()
-        {
-            return Err(region::RegionError::Bad { addr, len }.into());
-        }
+        // Before the overlap check, which needs `addr + len`.
+        region::check_bounds(addr, len)?;
         let end = addr + len;
         if self
             .regions
