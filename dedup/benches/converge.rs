@@ -38,6 +38,18 @@ fn anon(pages: usize) -> *mut u64 {
     p as *mut u64
 }
 
+/// Fills page `i` of the mapping at `base` with the content for value `v`
+/// (equal values, equal pages).
+///
+/// # Safety
+/// Page `i` of `base` must be inside a writable mapping.
+unsafe fn fill_page(base: *mut u64, i: usize, v: u64) {
+    for w in 0..PS / 8 {
+        // SAFETY: page `i` is inside the mapping (the caller's contract).
+        unsafe { *base.add(i * PS / 8 + w) = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64 };
+    }
+}
+
 fn region(shape: &str) -> usize {
     let base = anon(PAGES);
     for i in 0..PAGES {
@@ -48,10 +60,8 @@ fn region(shape: &str) -> usize {
         } else {
             i as u64 + 1
         };
-        for w in 0..PS / 8 {
-            // SAFETY: inside the mapping.
-            unsafe { *base.add(i * PS / 8 + w) = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64 };
-        }
+        // SAFETY: page i < PAGES of the mapping.
+        unsafe { fill_page(base, i, v) };
     }
     base as usize
 }
@@ -61,11 +71,8 @@ fn teardown(n: usize) {
     let fill = || {
         let p = anon(n);
         for i in 0..n {
-            for w in 0..PS / 8 {
-                let word = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64;
-                // SAFETY: inside the mapping.
-                unsafe { *p.add(i * PS / 8 + w) = word };
-            }
+            // SAFETY: page i < n of the mapping.
+            unsafe { fill_page(p, i, i as u64 + 1) };
         }
         p as usize
     };
@@ -126,14 +133,11 @@ fn scattered(n: usize) -> (usize, usize) {
         perm.swap(i, (x % (i as u64 + 1)) as usize);
     }
     for (i, &j) in perm.iter().enumerate() {
-        let v = i as u64 + 1;
-        for w in 0..PS / 8 {
-            let word = v.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ w as u64;
-            // SAFETY: both indices are inside their mappings.
-            unsafe {
-                *a.add(i * PS / 8 + w) = word;
-                *b.add(j * PS / 8 + w) = word;
-            }
+        // SAFETY: i and j (a permutation of 0..n) are pages of the
+        // n-page mappings.
+        unsafe {
+            fill_page(a, i, i as u64 + 1);
+            fill_page(b, j, i as u64 + 1);
         }
     }
     (a as usize, b as usize)
