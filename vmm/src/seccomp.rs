@@ -462,8 +462,9 @@ const FILES: &[i64] = &[
 /// The engine's scanner: [`FILES`] (the KSM assist's knobs through the
 /// journal and its `flock`, /proc, pagemap, kpageflags), `madvise` (in
 /// [`COMMON`]: the assist's `MADV_MERGEABLE`/`MADV_UNMERGEABLE`), the pool
-/// memfd (slots written with `pwrite`, in [`FILES`]) and its hole punching, userfaultfd ioctls (type 0xAA), and
-/// `KVM_GET_DIRTY_LOG` (the write log; no other KVM ioctl).
+/// memfd (slots written with `pwrite`, in [`FILES`]) and its hole
+/// punching, userfaultfd ioctls (type 0xAA), and `KVM_GET_DIRTY_LOG` (the
+/// write log; no other KVM ioctl).
 const ENGINE: &[i64] = &[libc::SYS_memfd_create, libc::SYS_fallocate];
 
 /// The userfaultfd handler: reads and polls its uffd and stop eventfd.
