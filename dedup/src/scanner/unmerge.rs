@@ -9,7 +9,7 @@ impl Core {
     /// added to `freed`, for the caller to release (`release_unmapped`):
     /// they stay in the stable index until then, which is safe because
     /// nothing merges while the core is held here.
-    pub fn unmerge_region(&mut self, ri: usize, freed: &mut Vec<u32>) -> u64 {
+    pub(super) fn unmerge_region(&mut self, ri: usize, freed: &mut Vec<u32>) -> u64 {
         let npages = self.regions[ri].npages;
         let mut left = 0;
         let mut i = 0;
