@@ -183,6 +183,10 @@ pub struct BuildRun {
     pub t_final_npages_s: Option<f64>,
     /// pagefold's COW breaks (KSM does not count them: 0).
     pub cow_breaks: u64,
+    /// pagefold's merges over the builds (pages mapped onto the pool or
+    /// dropped to zero; 0 for KSM, which does not count them). The engine's
+    /// CPU goes mostly per merge, and runs differ in how many they make.
+    pub merges: u64,
     /// pagefold with I/O hints: merges made on hinted visits, and their
     /// mean delay from the device's fill to the merge (None without any).
     pub hint_merges: u64,
@@ -226,6 +230,10 @@ pub struct BuildRow {
     pub npages_time_mean: f64,
     pub peak_saving_mean_bytes: f64,
     pub cow_breaks_mean: f64,
+    /// Mean merges per run (pagefold), and the engine's CPU per merge in
+    /// microseconds (total engine CPU / total merges; None without merges).
+    pub merges_mean: f64,
+    pub engine_us_per_merge: Option<f64>,
     /// Mean over runs of each run's mean delay from a device fill to its
     /// hinted merge (issue 10's "within 1 s of the read"); None when no
     /// run merged on hints.
@@ -490,6 +498,10 @@ pub(crate) fn row(
     let (npages_time_mean, _) = col(|r| npages_time_mean(&r.samples));
     let (peak, _) = col(|r| (r.peak_npages * PAGE as u64) as f64);
     let (cow_breaks_mean, _) = col(|r| r.cow_breaks as f64);
+    let (merges_mean, _) = col(|r| r.merges as f64);
+    let total_merges: u64 = runs.iter().map(|r| r.merges).sum();
+    let engine_us_per_merge = (total_merges > 0)
+        .then(|| runs.iter().map(|r| r.engine_cpu_s).sum::<f64>() * 1e6 / total_merges as f64);
     let delays: Vec<f64> = runs.iter().filter_map(|r| r.hint_merge_delay_ms).collect();
     let hint_merge_delay_mean_ms = (!delays.is_empty()).then(|| mean_stdev(&delays).0);
     let finals: Vec<f64> = runs.iter().filter_map(|r| r.t_final_npages_s).collect();
@@ -515,6 +527,8 @@ pub(crate) fn row(
         npages_time_mean,
         peak_saving_mean_bytes: peak,
         cow_breaks_mean,
+        merges_mean,
+        engine_us_per_merge,
         hint_merge_delay_mean_ms,
         t_final_npages_s,
         checksums_agree,
@@ -603,6 +617,7 @@ pub(crate) struct Track {
     pub(crate) last_sample: Option<Instant>,
     pub(crate) end_stats: Option<pagefold_dedup::Stats>,
     pub(crate) base_cow: u64,
+    pub(crate) base_merges: u64,
     pub(crate) error: Option<String>,
 }
 
@@ -612,7 +627,8 @@ impl Track {
         let st = r.dedup().map(|b| b.stats());
         let cpu = st.as_ref().map_or(0.0, |s| s.cpu_seconds);
         self.started = Some((Instant::now(), self_rusage(), cpu));
-        self.base_cow = st.map_or(0, |s| s.cow_breaks);
+        self.base_cow = st.as_ref().map_or(0, |s| s.cow_breaks);
+        self.base_merges = st.map_or(0, |s| s.merges);
     }
 
     /// The builds are over: takes the end figures and stops the VMs.
@@ -663,6 +679,11 @@ impl Track {
             cow_breaks: end
                 .as_ref()
                 .map_or(0, |s| s.cow_breaks.saturating_sub(self.base_cow)),
+            // KSM's `merges` is this process's merged pages now, not a count.
+            merges: end
+                .as_ref()
+                .filter(|s| s.backend == "pagefold")
+                .map_or(0, |s| s.merges.saturating_sub(self.base_merges)),
             hint_merges: end.as_ref().map_or(0, |s| s.hint_merges),
             hint_merge_delay_ms: end
                 .as_ref()
@@ -976,6 +997,13 @@ mod tests {
         for on in &r.rows[1..4] {
             // pagefold-on, pagefold-on-nohints and -nolog all merge.
             assert!(on.peak_saving_mean_bytes > 0.0, "{on:?}");
+            assert!(on.per_run.iter().all(|x| x.merges > 0), "{on:?}");
+            assert!(on.engine_us_per_merge.is_some_and(|u| u > 0.0), "{on:?}");
+        }
+        // Merges are pagefold's count: none for `off` or kernel KSM.
+        for row in r.rows.iter().filter(|x| !x.system.starts_with("pagefold")) {
+            assert_eq!(row.merges_mean, 0.0, "{row:?}");
+            assert_eq!(row.engine_us_per_merge, None, "{row:?}");
         }
         // Hinted merges (and their delay) only where hints are on (auto
         // mode's depend on when it triggers: not asserted).
@@ -1002,6 +1030,8 @@ mod tests {
             "npages_area_mean",
             "npages_time_mean",
             "hint_merge_delay_mean_ms",
+            "merges_mean",
+            "engine_us_per_merge",
             "t_final_npages_s",
             "checksums_agree",
         ] {

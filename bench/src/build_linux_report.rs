@@ -78,6 +78,7 @@ mod tests {
             peak_npages: 150_000,
             t_final_npages_s: Some(500.0),
             cow_breaks: 9,
+            merges: 0,
             hint_merges: 0,
             hint_merge_delay_ms: None,
             pages_read: 0,

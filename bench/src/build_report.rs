@@ -21,6 +21,8 @@ fn cells(r: &BuildRow) -> Vec<String> {
         format!("{:.2} ± {:.2}", r.user_mean_s, r.user_stdev_s),
         format!("{:.2} ± {:.2}", r.sys_mean_s, r.sys_stdev_s),
         format!("{:.3} ± {:.3}", r.engine_cpu_mean_s, r.engine_cpu_stdev_s),
+        r.engine_us_per_merge
+            .map_or("-".into(), |u| format!("{u:.1}")),
         format!("{:.0} ± {:.0}", r.npages_mean, r.npages_stdev),
         format!("{:.0}", r.npages_area_mean),
         format!("{:.0}", r.npages_time_mean),
@@ -33,13 +35,14 @@ fn cells(r: &BuildRow) -> Vec<String> {
     ]
 }
 
-const HEADERS: [&str; 14] = [
+const HEADERS: [&str; 15] = [
     "system",
     "runs",
     "real (s)",
     "user (s)",
     "sys (s)",
     "engine cpu (s)",
+    "engine us/merge",
     "npages",
     "npages area (page s)",
     "npages mean over build",
@@ -146,6 +149,8 @@ pub(crate) struct JsonRow<'a> {
     npages_time_mean: f64,
     peak_saving_mean_bytes: f64,
     cow_breaks_mean: f64,
+    merges_mean: f64,
+    engine_us_per_merge: Option<f64>,
     hint_merge_delay_mean_ms: Option<f64>,
     t_final_npages_s: Option<f64>,
     checksums_agree: bool,
@@ -184,6 +189,8 @@ pub(crate) fn json_rows(rows: &[BuildRow]) -> Vec<JsonRow<'_>> {
             npages_time_mean: x.npages_time_mean,
             peak_saving_mean_bytes: x.peak_saving_mean_bytes,
             cow_breaks_mean: x.cow_breaks_mean,
+            merges_mean: x.merges_mean,
+            engine_us_per_merge: x.engine_us_per_merge,
             hint_merge_delay_mean_ms: x.hint_merge_delay_mean_ms,
             t_final_npages_s: x.t_final_npages_s,
             checksums_agree: x.checksums_agree,
