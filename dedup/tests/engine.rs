@@ -590,3 +590,40 @@ fn register_after_removing_a_region_mid_pass() {
     e.check_consistency().unwrap();
     e.shutdown();
 }
+
+/// A page that breaks its share becomes a private anonymous page inside
+/// the pool VMA its merge created; once identical again it is merged again
+/// (protected there, compared, remapped), and the counts stay exact.
+#[test]
+fn a_cow_broken_page_merges_again_inside_its_pool_vma() {
+    let e = engine(256);
+    let pm = Pagemap::open().unwrap();
+    let (a, b) = (Mem::new(16), Mem::new(16));
+    a.fill_from(500);
+    b.fill_from(500);
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    e.scan_now(2);
+    assert_eq!(e.stats().pages_sharing, 16);
+    assert_eq!(a.read(5), pattern(505)); // maps the page in
+    assert!(a.entry(&pm, 5).file());
+    // Break the share of page 5 in `a` with other content, then write the
+    // old content back: a private anonymous page inside the pool VMA.
+    a.fill(5, 9999);
+    e.scan_now(2);
+    assert_eq!(e.stats().cow_breaks, 1);
+    assert_eq!(e.stats().pages_sharing, 15);
+    a.fill(5, 505);
+    assert!(!a.entry(&pm, 5).file());
+    e.scan_now(3);
+    let s = e.stats();
+    assert_eq!(s.pages_sharing, 16, "{s:?}");
+    assert_eq!(a.read(5), pattern(505));
+    assert!(a.entry(&pm, 5).file());
+    assert_eq!(a.pfn(&pm, 5), b.pfn(&pm, 5));
+    for i in 0..16 {
+        assert_eq!(a.read(i), pattern(500 + i as u64));
+    }
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
