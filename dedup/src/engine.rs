@@ -357,29 +357,21 @@ impl Engine {
 
     /// Waits until `n` more full scans have completed; false on timeout.
     pub fn wait_full_scans(&self, n: u64, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut c = lock(&self.shared.ctl);
-        let target = c.full_scans + n;
-        while c.full_scans < target {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            c = self
-                .shared
-                .cv
-                .wait_timeout(c, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
+        let target = lock(&self.shared.ctl).full_scans + n;
+        self.wait_ctl(timeout, |c| c.full_scans >= target)
     }
 
     /// Waits until the mode is `mode` (e.g. `off` after `unmerge`).
     pub fn wait_mode(&self, mode: Mode, timeout: Duration) -> bool {
+        self.wait_ctl(timeout, |c| c.mode == mode)
+    }
+
+    /// Waits on the control block's condition variable until `done` holds
+    /// of it; false on timeout.
+    fn wait_ctl(&self, timeout: Duration, done: impl Fn(&Ctl) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
         let mut c = lock(&self.shared.ctl);
-        while c.mode != mode {
+        while !done(&c) {
             let now = Instant::now();
             if now >= deadline {
                 return false;
