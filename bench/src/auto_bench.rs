@@ -264,19 +264,12 @@ pub fn run_auto_all(systems: &[AutoSystem], opts: &AutoOptions) -> Result<AutoRe
     })
 }
 
-fn err(system: &AutoSystem) -> impl Fn(pagefold_dedup::Error) -> BenchError + '_ {
-    move |source| BenchError::Backend {
-        system: system.name.clone(),
-        source,
-    }
-}
-
 /// Runs one system. The caller holds the KSM lock.
 pub fn run_auto(
     system: &AutoSystem,
     opts: &AutoOptions,
 ) -> Result<(AutoRow, Vec<AutoSample>), BenchError> {
-    let e = err(system);
+    let e = BenchError::backend(&system.name);
     let mut warnings = Vec::new();
     if system.kernel_ksm {
         let others = other_ksm_users();
@@ -382,7 +375,9 @@ fn measure(
             TOTAL, FREE_AFTER,
         ));
     } else {
-        backend.set_mode(Mode::On).map_err(err(system))?;
+        backend
+            .set_mode(Mode::On)
+            .map_err(BenchError::backend(&system.name))?;
     }
     let target = possible * 9 / 10;
     let mut reached: Option<(f64, f64)> = None;

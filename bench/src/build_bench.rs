@@ -543,10 +543,7 @@ pub(crate) fn row(
 pub(crate) type Made = (Option<Arc<dyn DedupBackend>>, Option<ScriptHandle>);
 
 pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
-    let e = |source| BenchError::Backend {
-        system: s.name().into(),
-        source,
-    };
+    let e = BenchError::backend(s.name());
     match s {
         BuildSystem::Off => Ok((None, None)),
         BuildSystem::PagefoldOn

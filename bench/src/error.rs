@@ -45,3 +45,16 @@ pub enum BenchError {
     #[error("chart: {0}")]
     Chart(#[from] crate::chart::ChartError),
 }
+
+impl BenchError {
+    /// A closure that files a backend's error under the system that ran
+    /// it (for `map_err`).
+    pub(crate) fn backend(
+        system: &str,
+    ) -> impl Fn(pagefold_dedup::Error) -> BenchError + Copy + '_ {
+        move |source| BenchError::Backend {
+            system: system.to_string(),
+            source,
+        }
+    }
+}

@@ -204,13 +204,6 @@ pub fn run_ksm_seed(systems: &[System], opts: &SeedOptions) -> Result<SeedReport
     })
 }
 
-fn backend_err(system: &System) -> impl Fn(pagefold_dedup::Error) -> BenchError + '_ {
-    move |source| BenchError::Backend {
-        system: system.name.clone(),
-        source,
-    }
-}
-
 /// One (system, case) run on fresh memory and a fresh backend. The caller
 /// holds the KSM lock.
 pub fn run_seed_once(
@@ -218,7 +211,7 @@ pub fn run_seed_once(
     case: Case,
     opts: &SeedOptions,
 ) -> Result<(SeedRow, Vec<Sample>), BenchError> {
-    let err = backend_err(system);
+    let err = BenchError::backend(&system.name);
     let mut warnings = Vec::new();
     if system.kernel_ksm {
         let others = other_ksm_users();
@@ -351,7 +344,9 @@ fn sample_until_settled(
 ) -> Result<Run, BenchError> {
     let base = backend.stats();
     let t0 = Instant::now();
-    backend.set_mode(Mode::On).map_err(backend_err(system))?;
+    backend
+        .set_mode(Mode::On)
+        .map_err(BenchError::backend(&system.name))?;
     let mut settler = Settler::new(opts.settle_scans);
     let mut samples = Vec::new();
     let mut next_progress = Duration::from_secs(1);
@@ -429,7 +424,7 @@ fn sample_until_settled(
 /// does not start with the previous run's `pages_sharing`. The memory has
 /// already been detached.
 fn teardown(backend: &dyn DedupBackend, system: &System) -> Result<(), BenchError> {
-    let err = backend_err(system);
+    let err = BenchError::backend(&system.name);
     if system.kernel_ksm {
         crate::host::wait_ksm_released();
     }

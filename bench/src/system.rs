@@ -106,10 +106,7 @@ impl System {
     }
 
     pub(crate) fn build(&self) -> Result<Box<dyn DedupBackend>, BenchError> {
-        (self.factory)().map_err(|source| BenchError::Backend {
-            system: self.name.clone(),
-            source,
-        })
+        (self.factory)().map_err(BenchError::backend(&self.name))
     }
 }
 

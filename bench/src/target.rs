@@ -105,10 +105,7 @@ impl Attached {
                         Err(source) => {
                             // Unregister what was registered, then drop.
                             let _ = Attached::Regions(attached).detach(&**backend);
-                            return Err(BenchError::Backend {
-                                system: backend.name().into(),
-                                source,
-                            });
+                            return Err(BenchError::backend(backend.name())(source));
                         }
                     }
                 }
@@ -145,10 +142,7 @@ impl Attached {
                 for (region, id) in regions {
                     let r = backend
                         .unregister(id)
-                        .map_err(|source| BenchError::Backend {
-                            system: backend.name().into(),
-                            source,
-                        });
+                        .map_err(BenchError::backend(backend.name()));
                     match r {
                         Ok(()) => drop(region),
                         Err(e) => {
