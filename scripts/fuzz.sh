@@ -6,8 +6,8 @@
 # assertions and overflow checks), except with --quick: unoptimised
 # (`cargo fuzz build --dev`, the same sanitizer, assertions and checks,
 # line tables for the reports) for CI's short smoke run, where building
-# is most of the time (cold, measured: 172 CPU-s with --quick, 351 CPU-s
-# optimised, against 72 s of running at 12 s a target).
+# is most of the time (cold, build and six 12-s runs: 2:38 wall and 229
+# CPU-s with --quick, 3:49 and 369 CPU-s optimised; docs/fuzzing.md).
 # libFuzzer needs nightly flags: RUSTC_BOOTSTRAP=1 lets the stable
 # toolchain take them. Builds go to fuzz/target (never the main target
 # dir); new corpus entries go to fuzz/target/corpus/<target> (the seeds in
