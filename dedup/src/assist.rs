@@ -30,6 +30,13 @@
 //!   merge (mode off, auto untriggered). Every knob is restored when the
 //!   assist ends, and every change is journaled first (`ksm::journal`), so
 //!   a `kill -9` is undone by the next pagefold that uses KSM.
+//! * **No smart scan while assisting**: KSM keeps a process's rmap items,
+//!   with their smart-scan ages, after the memory is unmapped, until ksmd
+//!   next scans the process, and memory mapped at the same address (the
+//!   next VM's RAM, where the kernel hands out a freed range again)
+//!   inherits them: KSM skipped such pages for many full scans
+//!   (scripts/probes/ksm_stale_rmap.c). `smart_scan` is 0 while the assist
+//!   drives KSM, restored with the other knobs.
 //! * **Honest figures**: the engine counts the KSM sharing of its own
 //!   regions from their PFNs (a frame mapped k times in our regions saves
 //!   k - 1 pages), KSM's metadata (`ksm_rmap_items` x 64 B) against the
@@ -260,6 +267,12 @@ impl KsmAssist {
         let orig_run = sysfs.read_u64("run").map_err(|e| e.to_string())?;
         if orig_run == 2 {
             return Err("KSM is unmerging (run = 2); not assisting".into());
+        }
+        // Smart scan skips pages by their history, and a region at a freed
+        // region's address inherits that history (module doc). Kernels
+        // before 6.7 have no smart scan and nothing to inherit.
+        if sysfs.read_u64("smart_scan").is_ok_and(|v| v != 0) {
+            sysfs.write("smart_scan", 0).map_err(|e| e.to_string())?;
         }
         let ksmd = ksm::find_by_comm(std::path::Path::new("/proc"), "ksmd");
         let last_full_scans = sysfs.read_u64("full_scans").unwrap_or(0);

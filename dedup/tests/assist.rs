@@ -239,3 +239,98 @@ fn assist_stays_off_while_another_process_drives_ksm() {
     e.shutdown();
     drop(other);
 }
+
+/// KSM's `full_scans` counter.
+fn full_scans() -> u64 {
+    std::fs::read_to_string(std::path::Path::new(KSM_SYSFS).join("full_scans"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits until KSM has finished `n` more full scans; false after `limit`.
+fn wait_full_scans(n: u64, limit: Duration) -> bool {
+    let start = full_scans();
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if full_scans() >= start + n {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
+    // The sequence of a VM deleted and another created: region C, assisted
+    // long enough for KSM's smart scan to age its unique pages, is
+    // unregistered and unmapped; new memory at the same address (where the
+    // kernel puts the next VM's RAM) holds pairs of identical pages. KSM
+    // keeps the process's rmap items, ages included, after the unmap until
+    // ksmd rescans the process, and the new memory inherits them: with smart
+    // scan on, none of its pairs merged in eight full scans
+    // (scripts/probes/ksm_stale_rmap.c). Fresh memory merges in KSM's second
+    // full scan; the new region must too, give or take a scan in flight.
+    let _ksm = ksm::ksm_exclusive().unwrap();
+    let root = std::path::Path::new(KSM_SYSFS);
+    let before = ksm::snapshot_tunables(root);
+    let (a, b, _) = scattered_pair();
+    let c = Mem::new(N);
+    c.fill_from(10_000_000);
+    // One KSM full scan of the group per engine wake-up once KSM idles.
+    let e = engine_at(AssistMode::Auto, true, 3 * N as u64, 5);
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    let cid = c.register(&e, "c", "g");
+    e.set_mode(Mode::On).unwrap();
+    let s = wait_sharing(&e, N as u64, Duration::from_secs(90));
+    assert!(s.is_some(), "A and B not merged: {:?}", e.stats());
+    // C's pages are unique: every scan that visits one ages it.
+    assert!(
+        wait_full_scans(12, Duration::from_secs(120)),
+        "KSM stalled: {:?}",
+        e.stats()
+    );
+    // SAFETY: C stays mapped until the engine has let go of it.
+    unsafe { e.unregister_unmapping(cid).unwrap() };
+    let addr = c.addr;
+    drop(c);
+    let d = Mem::new_at(addr, N);
+    let half = N / 2;
+    let perm2 = permutation(half, 0xD1B5_4A32_D192_ED03);
+    for (i, &j) in perm2.iter().enumerate() {
+        d.fill(i, 20_000_000 + i as u64);
+        d.fill(half + j, 20_000_000 + i as u64);
+    }
+    d.register(&e, "d", "g");
+    assert!(
+        wait_full_scans(4, Duration::from_secs(60)),
+        "KSM stalled: {:?}",
+        e.stats()
+    );
+    let pm = Pagemap::open().unwrap();
+    let merged = (0..half)
+        .filter(|&i| {
+            let x = d.pfn(&pm, i);
+            x != 0 && x == d.pfn(&pm, half + perm2[i])
+        })
+        .count();
+    assert_eq!(
+        merged,
+        half,
+        "only {merged} of {half} pairs in the new region merged in four KSM full scans; \
+         KSM skipped {} pages in all: {:?}",
+        std::fs::read_to_string(root.join("pages_skipped"))
+            .unwrap_or_default()
+            .trim(),
+        e.stats()
+    );
+    e.shutdown();
+    assert_eq!(
+        ksm::snapshot_tunables(root),
+        before,
+        "KSM knobs not restored"
+    );
+}

@@ -24,6 +24,26 @@ impl Mem {
         }
     }
 
+    /// A mapping at exactly `addr` (which must be free), as the kernel
+    /// hands out a freed range again to the next VM's RAM.
+    pub fn new_at(addr: usize, pages: usize) -> Mem {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; it
+        // fails instead, and the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                addr as *mut libc::c_void,
+                pages * PS,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p as usize, addr, "could not map at {addr:#x}");
+        mm::madvise(addr, pages * PS, libc::MADV_NOHUGEPAGE).expect("madvise");
+        Mem { addr, pages }
+    }
+
     pub fn page_ptr(&self, i: usize) -> *mut u8 {
         assert!(i < self.pages);
         (self.addr + i * PS) as *mut u8
