@@ -289,7 +289,7 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
     assert!(s.is_some(), "A and B not merged: {:?}", e.stats());
     // C's pages are unique: every scan that visits one ages it.
     assert!(
-        wait_full_scans(12, Duration::from_secs(120)),
+        wait_full_scans(6, Duration::from_secs(120)),
         "KSM stalled: {:?}",
         e.stats()
     );
