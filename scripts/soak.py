@@ -92,6 +92,8 @@ class Stats:
         self.vms_finished_ok = 0
         self.create_refused = 0  # 409 (not enough memory etc.)
         self.scattered = 0
+        self.assist_samples = 0  # progress samples with the KSM assist engaged
+        self.assist_seen = set()  # distinct ksm_assist states seen
         self.groups_new = 0
         self.groups_reused = 0
         self.mode_changes = 0
@@ -186,6 +188,28 @@ def classify_anon(maps_text):
             other += 1
             i += 1
     return {"arenas": arenas, "stacks": stacks, "other_anon": other}
+
+
+KSM_SYSFS = "/sys/kernel/mm/ksm"
+# Every KSM knob pagefold may write (dedup/src/ksm/sysfs.rs, TUNABLES).
+KSM_TUNABLES = [
+    "run", "pages_to_scan", "sleep_millisecs", "max_page_sharing", "merge_across_nodes",
+    "use_zero_pages", "smart_scan", "stable_node_chains_prune_millisecs", "advisor_mode",
+    "advisor_max_cpu", "advisor_min_pages_to_scan", "advisor_max_pages_to_scan",
+    "advisor_target_scan_time",
+]
+
+
+def ksm_tunables():
+    """The KSM knobs as the host has them now (absent ones left out)."""
+    out = {}
+    for n in KSM_TUNABLES:
+        try:
+            with open(os.path.join(KSM_SYSFS, n)) as f:
+                out[n] = f.read().strip()
+        except OSError:
+            pass
+    return out
 
 
 def free_pct():
@@ -308,6 +332,12 @@ class Soak:
                 last_progress = s.now()
                 d = self.dedup_state() or {}
                 pool = d.get("pool_pages")
+                assist = d.get("ksm_assist")
+                if assist is not None:
+                    with s.lock:
+                        s.assist_seen.add(assist.split(":")[0])
+                        if assist.startswith("engaged"):
+                            s.assist_samples += 1
                 s.samples.append((round(s.now(), 1), rss, maps, fds, threads, nvms, pool))
                 log(
                     f"t={s.now():6.0f}s vms={nvms} created={s.vms_created} deleted={s.vms_deleted} "
@@ -315,7 +345,7 @@ class Soak:
                     f"knobs={s.knob_changes} auto={s.auto_changes} mode={d.get('mode')} "
                     f"sharing={d.get('pages_sharing')} pool={pool} rss={rss // 1024}M "
                     f"maps={maps} fds={fds} thr={threads} health={s.health_checks - s.health_bad}/{s.health_checks} "
-                    f"fail={len(s.failures)}"
+                    f"assist={(assist or '-').split(':')[0]} fail={len(s.failures)}"
                 )
             self.halt.wait(2.0)
 
@@ -528,6 +558,9 @@ class Soak:
     # ---- run
     def run(self):
         a = self.args
+        # pagefold's KSM assist (and only it, in `serve`) writes KSM's knobs;
+        # they must be as found once it has exited (docs/global-state.md).
+        self.ksm_before = ksm_tunables()
         self.start_server()
         base0 = self.measure("baseline (fresh, no VMs)")
         # Warm the server up once (API threads, one VM created and deleted,
@@ -609,8 +642,15 @@ class Soak:
                 rc = self.proc.wait()
             if rc != 0:
                 self.stats.fail(f"pagefold exited {rc} after PUT /shutdown")
+        self.check_ksm_restored()
         self.check_server_log()
         return self.report(base0, base, end)
+
+    def check_ksm_restored(self):
+        after = ksm_tunables()
+        for n in sorted(set(self.ksm_before) | set(after)):
+            if self.ksm_before.get(n) != after.get(n):
+                self.stats.fail(f"KSM {n} not restored: {self.ksm_before.get(n)!r} before, {after.get(n)!r} after")
 
     def crashed(self):
         with self.stats.lock:
@@ -690,6 +730,7 @@ class Soak:
             ("  ran to the end, exit 0", s.vms_finished_ok),
             ("  deleted while running", s.vms_deleted_running),
             ("  scattered placement", s.scattered),
+            ("KSM assist: samples engaged / states seen", f"{s.assist_samples} / {', '.join(sorted(s.assist_seen)) or '-'}"),
             ("  new / reused groups", f"{s.groups_new} / {s.groups_reused}"),
             ("  creates refused (409)", s.create_refused),
             ("  most VMs at once", s.max_vms),
