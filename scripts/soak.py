@@ -85,6 +85,7 @@ class Stats:
         self.requests = 0
         self.by_status = {}
         self.max_latency = 0.0
+        self.slowest = "-"  # the request that took max_latency
         self.failures = []  # (time, text)
         self.vms_created = 0
         self.vms_deleted = 0
@@ -126,7 +127,9 @@ class Stats:
             self.requests += 1
             key = str(status) if status is not None else "error"
             self.by_status[key] = self.by_status.get(key, 0) + 1
-            self.max_latency = max(self.max_latency, latency)
+            if latency > self.max_latency:
+                self.max_latency = latency
+                self.slowest = f"{method} {path} -> {status} at {self.now():.0f} s"
             dead = self.dead
         if dead:
             return
@@ -737,7 +740,7 @@ class Soak:
             ("VERIFY lines / mismatches", f"{s.verify_lines} / {s.mismatches}"),
             ("API requests", s.requests),
             ("  by status", json.dumps(dict(sorted(s.by_status.items())))),
-            ("  max latency", f"{s.max_latency * 1000:.0f} ms"),
+            ("  max latency", f"{s.max_latency * 1000:.0f} ms ({s.slowest})"),
             ("mode changes", s.mode_changes),
             ("knob changes", s.knob_changes),
             ("auto threshold changes", s.auto_changes),
@@ -786,7 +789,9 @@ class _HealthStats:
             self.s.requests += 1
             key = str(status) if status is not None else "error"
             self.s.by_status[key] = self.s.by_status.get(key, 0) + 1
-            self.s.max_latency = max(self.s.max_latency, latency)
+            if latency > self.s.max_latency:
+                self.s.max_latency = latency
+                self.s.slowest = f"{method} {path} -> {status} at {self.s.now():.0f} s"
 
 
 def main():
