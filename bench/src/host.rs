@@ -80,7 +80,7 @@ fn rmap_items() -> u64 {
 /// at the same address inherits them (scripts/probes/ksm_stale_rmap.c). A
 /// kernel-KSM system's backend puts `run` back to 0 when it shuts down,
 /// which can be before ksmd came round: after `ksm-default` in the build
-/// benchmark 300-430 items were left, and the first `ksm-10000` run's VMs,
+/// benchmark 300 to 7,400 items were left, and the first `ksm-10000` run's VMs,
 /// whose RAM the kernel maps at the same addresses, inherited them. With
 /// no mergeable memory left, one pass of ksmd over the process drops them
 /// all.
