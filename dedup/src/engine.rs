@@ -4,6 +4,7 @@
 //! (mode, knobs, round policy) lives in a separate small mutex so API calls
 //! never wait for a scan.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -215,6 +216,9 @@ struct Hints {
 
 struct Shared {
     core: Mutex<Core>,
+    /// Callers other than the scanner waiting for `core` (the core's
+    /// [`Core::waiters`]): see [`Shared::lock_core_yielding`].
+    core_waiters: Arc<AtomicUsize>,
     hints: Mutex<Hints>,
     ctl: Mutex<Ctl>,
     cv: Condvar,
@@ -241,6 +245,18 @@ impl Shared {
         let mut c = lock(&self.ctl);
         c.full_scans = scans;
         self.cv.notify_all();
+    }
+
+    /// The core for a caller other than the scanner (registering or
+    /// unregistering a VM's memory, attaching its write log or vCPU hold):
+    /// the scanner's batch ends at its next span boundary instead of holding
+    /// the core for the whole batch, and the scanner lets such callers in
+    /// before its next batch ([`let_waiters_in`]).
+    fn lock_core_yielding(&self) -> MutexGuard<'_, Core> {
+        self.core_waiters.fetch_add(1, Ordering::AcqRel);
+        let core = lock(&self.core);
+        self.core_waiters.fetch_sub(1, Ordering::AcqRel);
+        core
     }
 
     /// Wakes the scanner now and drops its idle back-off.
@@ -275,9 +291,11 @@ impl Engine {
             cfg.stripe_pages,
         )?;
         core.set_assist(cfg.assist);
+        let core_waiters = core.waiters.clone();
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(stats::build(&core)),
             core: Mutex::new(core),
+            core_waiters,
             hints: Mutex::new(Hints::default()),
             ctl: Mutex::new(Ctl {
                 mode: if cfg.mode == Mode::Unmerge {
@@ -426,7 +444,7 @@ impl Engine {
     }
 
     fn do_unregister(&self, id: RegionId, unmerge: bool) -> backend::Result<()> {
-        let mut core = lock(&self.shared.core);
+        let mut core = self.shared.lock_core_yielding();
         core.unregister(id, unmerge)?;
         self.shared.publish(&core);
         Ok(())
@@ -444,6 +462,20 @@ pub const WAKEUP_GRACE: Duration = Duration::from_secs(10);
 
 fn overdue_after(planned_sleep: Duration) -> Duration {
     planned_sleep + WAKEUP_GRACE
+}
+
+/// Longest the scanner defers its next batch to callers waiting for the
+/// core (a waiter normally gets it within microseconds of the release).
+const LET_IN_MAX: Duration = Duration::from_millis(50);
+
+/// Before a batch: lets threads waiting for the core take it first. A
+/// mutex does not hand itself over in order, and at `sleep_millisecs` 0
+/// the scanner would take the core straight back.
+fn let_waiters_in(sh: &Shared) {
+    let t = Instant::now();
+    while sh.core_waiters.load(Ordering::Acquire) > 0 && t.elapsed() < LET_IN_MAX {
+        std::thread::sleep(Duration::from_micros(100));
+    }
 }
 
 fn effective_sleep(sh: &Shared, knobs: &Knobs, mode: Mode, idle: u32) -> Duration {
@@ -548,6 +580,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
                         std::mem::take(&mut h.lost),
                     )
                 };
+                let_waiters_in(sh);
                 let (rep, idle) = {
                     let mut core = lock(&sh.core);
                     core.knobs = knobs;
@@ -586,7 +619,12 @@ fn scanner_loop(sh: &Arc<Shared>) {
                 }
                 lock(&sh.ctl).last_round_merges = rep.merges;
                 boost = if mode == Mode::On {
-                    next_boost(boost, sh.boost_max, &rep, plan.pages_to_visit)
+                    if rep.yielded {
+                        // Cut short for a waiter: says nothing of the pace.
+                        boost
+                    } else {
+                        next_boost(boost, sh.boost_max, &rep, plan.pages_to_visit)
+                    }
                 } else {
                     1
                 };
@@ -619,7 +657,7 @@ impl DedupBackend for Engine {
     }
 
     unsafe fn register(&self, spec: RegionSpec) -> backend::Result<RegionId> {
-        let mut core = lock(&self.shared.core);
+        let mut core = self.shared.lock_core_yielding();
         let id = core.register(spec.host_addr, spec.len, spec.owner, spec.group)?;
         self.shared.publish(&core);
         drop(core);
@@ -685,11 +723,11 @@ impl DedupBackend for Engine {
         if !self.shared.write_log && log.is_some() {
             return;
         }
-        lock(&self.shared.core).set_write_log(id, log);
+        self.shared.lock_core_yielding().set_write_log(id, log);
     }
 
     fn set_quiesce(&self, id: RegionId, q: Option<Arc<dyn crate::quiesce::Quiesce>>) {
-        let mut core = lock(&self.shared.core);
+        let mut core = self.shared.lock_core_yielding();
         match q {
             Some(q) if core.regions.iter().any(|r| r.id == id) => {
                 core.quiescers.insert(id, q);

@@ -627,3 +627,70 @@ fn a_cow_broken_page_merges_again_inside_its_pool_vma() {
     e.check_consistency().unwrap();
     e.shutdown();
 }
+
+#[test]
+fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
+    // VM creation and deletion register and unregister memory under the
+    // engine's core lock, which the scanner holds for a batch. Two 256 MiB
+    // regions holding the same pages in a random order, `pages_to_scan`
+    // 20000 at sleep 0: the first batch merged for 1.5 s (release build),
+    // and a region registered meanwhile waited all of it. A waiter now gets
+    // the core at the next span boundary (one span of up to 4,096 pages
+    // merged: ~50-110 ms here).
+    use pagefold_dedup::{AssistConfig, AssistMode};
+    use std::time::Instant;
+    let n = 65536;
+    let (a, b) = (Mem::new(n), Mem::new(n));
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut perm: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        perm.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    for (i, &j) in perm.iter().enumerate() {
+        a.fill(i, i as u64 + 1);
+        b.fill(j, i as u64 + 1);
+    }
+    let e = Engine::new(EngineConfig {
+        knobs: Knobs {
+            pages_to_scan: 20000,
+            sleep_millisecs: 0,
+            max_page_sharing: 256,
+        },
+        // Every merge here is scattered: the engine keeps them (no KSM).
+        assist: AssistConfig {
+            mode: AssistMode::Off,
+            ..AssistConfig::default()
+        },
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    e.set_mode(Mode::On).unwrap();
+    let start = Instant::now();
+    let mut worst = Duration::ZERO;
+    let mut rounds = 0;
+    while start.elapsed() < Duration::from_secs(4) {
+        let c = Mem::new(64);
+        c.fill_from(5_000_000);
+        let t = Instant::now();
+        let id = c.register(&e, "c", "g");
+        worst = worst.max(t.elapsed());
+        let t = Instant::now();
+        e.unregister(id).unwrap();
+        worst = worst.max(t.elapsed());
+        rounds += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = e.stats();
+    // The scanner was busy merging all along (else nothing was shown).
+    assert!(s.merges > 20_000, "{s:?}");
+    assert!(
+        worst < Duration::from_millis(600),
+        "a registration waited {worst:?} for the scanner ({rounds} rounds): {s:?}"
+    );
+    e.shutdown();
+}

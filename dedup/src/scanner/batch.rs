@@ -54,6 +54,12 @@ impl Core {
                 rep.census_pending = true;
                 break;
             }
+            if self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                // Someone waits for the core: the rest of the batch's pace
+                // is left, the cursor stays where the span ended.
+                rep.yielded = true;
+                break;
+            }
         }
         rep.merges = self.merges_done() - before;
         rep.spent = units0 - visit_units;
