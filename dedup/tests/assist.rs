@@ -17,17 +17,6 @@ use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfi
 
 const N: usize = 6000;
 
-fn permutation(n: usize, mut x: u64) -> Vec<usize> {
-    let mut p: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    p
-}
-
 fn engine(assist: AssistMode, lock_held: bool) -> Engine {
     engine_at(assist, lock_held, 4096, 5)
 }

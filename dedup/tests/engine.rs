@@ -641,14 +641,7 @@ fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
     use std::time::Instant;
     let n = 65536;
     let (a, b) = (Mem::new(n), Mem::new(n));
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let mut perm: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        perm.swap(i, (x % (i as u64 + 1)) as usize);
-    }
+    let perm = permutation(n, 0x9E37_79B9_7F4A_7C15);
     for (i, &j) in perm.iter().enumerate() {
         a.fill(i, i as u64 + 1);
         b.fill(j, i as u64 + 1);

@@ -120,6 +120,19 @@ pub fn pattern(v: u64) -> Vec<u8> {
     b
 }
 
+/// A seeded random permutation of `0..n` (xorshift Fisher-Yates): where
+/// scattered layouts put page i.
+pub fn permutation(n: usize, mut x: u64) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    p
+}
+
 /// Engine with fast knobs for tests.
 pub fn engine(max_sharing: u64) -> Engine {
     Engine::new(EngineConfig {
