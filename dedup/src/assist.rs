@@ -366,6 +366,18 @@ impl KsmAssist {
         }
     }
 
+    /// New memory became KSM's (a region handed over, or registered later
+    /// into the assisted group): KSM goes back to its converging pace
+    /// (`CONVERGE_BOOST` times the engine's pages, the engine's sleep) at
+    /// the engine's next wake-up, instead of finding the new VM at the pace
+    /// it had backed off to (up to 1 s between rounds) and speeding up only
+    /// once it has merged some of it.
+    pub fn new_work(&mut self) {
+        if let Some(e) = self.engaged.as_mut() {
+            e.idle_scans = 0;
+        }
+    }
+
     /// True (once) when KSM has finished a full scan since the last call
     /// that returned true; KSM paused counts as finished (nothing pending).
     pub fn ksm_scanned_since_last_look(&mut self) -> bool {

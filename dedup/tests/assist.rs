@@ -293,7 +293,38 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
         d.fill(i, 20_000_000 + i as u64);
         d.fill(half + j, 20_000_000 + i as u64);
     }
+    // KSM found nothing more for a while: it has backed off. New memory in
+    // the group brings it back to the engine's pace (sleep 5 ms) at the
+    // engine's next wake-up, before it has merged any of it (it used to
+    // speed up only once its slow scans had merged some).
+    let sleep_ms = || {
+        std::fs::read_to_string(root.join("sleep_millisecs"))
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let merging = || {
+        ksm::self_ksm_stat()
+            .and_then(|s| s.merging_pages)
+            .unwrap_or(0)
+    };
+    let idle = sleep_ms();
+    assert!(idle > 5, "KSM did not back off: sleep {idle} ms");
+    let m0 = merging();
     d.register(&e, "d", "g");
+    let t = Instant::now();
+    while sleep_ms() != 5 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let m1 = merging();
+    assert_eq!(sleep_ms(), 5, "KSM still at {idle} ms");
+    assert_eq!(
+        m1,
+        m0,
+        "KSM merged {} pages of the new region at its idle pace ({idle} ms) before speeding up",
+        m1 - m0
+    );
     assert!(
         wait_full_scans(4, Duration::from_secs(60)),
         "KSM stalled: {:?}",

@@ -10,7 +10,10 @@ impl Core {
     pub(super) fn hand_to_ksm(&mut self, ri: usize) {
         let r = &mut self.regions[ri];
         match crate::mm::madvise(r.addr, r.len(), libc::MADV_MERGEABLE) {
-            Ok(()) => r.assisted = true,
+            Ok(()) => {
+                r.assisted = true;
+                self.assist.new_work();
+            }
             Err(e) => log::warn!("pagefold: KSM assist: {e}"),
         }
     }
