@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pagefold_dedup::ksm::{self, KSM_SYSFS};
+use pagefold_dedup::ksm::{self, KsmSysfs, KSM_SYSFS};
 use pagefold_dedup::pagemap::Pagemap;
 use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfig, Knobs, Mode};
 
@@ -140,14 +140,9 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
 /// Waits until the engine reports `want` pages sharing; returns how long
 /// that took, or None after `limit`.
 fn wait_sharing(e: &Engine, want: u64, limit: Duration) -> Option<Duration> {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if e.stats().pages_sharing == want {
-            return Some(t.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    None
+    wait_until(limit, Duration::from_millis(50), || {
+        e.stats().pages_sharing == want
+    })
 }
 
 #[test]
@@ -229,26 +224,11 @@ fn assist_stays_off_while_another_process_drives_ksm() {
     drop(other);
 }
 
-/// KSM's `full_scans` counter.
-fn full_scans() -> u64 {
-    std::fs::read_to_string(std::path::Path::new(KSM_SYSFS).join("full_scans"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Waits until KSM has finished `n` more full scans; false after `limit`.
-fn wait_full_scans(n: u64, limit: Duration) -> bool {
-    let start = full_scans();
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if full_scans() >= start + n {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+fn wait_full_scans(sysfs: &KsmSysfs, n: u64, limit: Duration) -> bool {
+    let scans = || sysfs.read_u64("full_scans").unwrap();
+    let start = scans();
+    wait_until(limit, Duration::from_millis(20), || scans() >= start + n).is_some()
 }
 
 #[test]
@@ -265,6 +245,8 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
     let _ksm = ksm::ksm_exclusive().unwrap();
     let root = std::path::Path::new(KSM_SYSFS);
     let before = ksm::snapshot_tunables(root);
+    // Reads only: the engine's assist is what writes KSM's knobs here.
+    let sysfs = KsmSysfs::open().unwrap();
     let (a, b, _) = scattered_pair();
     let c = Mem::new(N);
     c.fill_from(10_000_000);
@@ -278,7 +260,7 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
     assert!(s.is_some(), "A and B not merged: {:?}", e.stats());
     // C's pages are unique: every scan that visits one ages it.
     assert!(
-        wait_full_scans(6, Duration::from_secs(120)),
+        wait_full_scans(&sysfs, 6, Duration::from_secs(120)),
         "KSM stalled: {:?}",
         e.stats()
     );
@@ -297,13 +279,7 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
     // the group brings it back to the engine's pace (sleep 5 ms) at the
     // engine's next wake-up, before it has merged any of it (it used to
     // speed up only once its slow scans had merged some).
-    let sleep_ms = || {
-        std::fs::read_to_string(root.join("sleep_millisecs"))
-            .unwrap()
-            .trim()
-            .parse::<u64>()
-            .unwrap()
-    };
+    let sleep_ms = || sysfs.read_u64("sleep_millisecs").unwrap();
     let merging = || {
         ksm::self_ksm_stat()
             .and_then(|s| s.merging_pages)
@@ -313,10 +289,9 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
     assert!(idle > 5, "KSM did not back off: sleep {idle} ms");
     let m0 = merging();
     d.register(&e, "d", "g");
-    let t = Instant::now();
-    while sleep_ms() != 5 && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until(Duration::from_secs(10), Duration::from_millis(1), || {
+        sleep_ms() == 5
+    });
     let m1 = merging();
     assert_eq!(sleep_ms(), 5, "KSM still at {idle} ms");
     assert_eq!(
@@ -326,7 +301,7 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
         m1 - m0
     );
     assert!(
-        wait_full_scans(4, Duration::from_secs(60)),
+        wait_full_scans(&sysfs, 4, Duration::from_secs(60)),
         "KSM stalled: {:?}",
         e.stats()
     );
@@ -342,9 +317,7 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
         half,
         "only {merged} of {half} pairs in the new region merged in four KSM full scans; \
          KSM skipped {} pages in all: {:?}",
-        std::fs::read_to_string(root.join("pages_skipped"))
-            .unwrap_or_default()
-            .trim(),
+        sysfs.read_u64("pages_skipped").unwrap_or(0),
         e.stats()
     );
     e.shutdown();

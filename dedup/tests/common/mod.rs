@@ -120,6 +120,23 @@ pub fn pattern(v: u64) -> Vec<u8> {
     b
 }
 
+/// Polls `done` every `every` until it holds; how long that took, or None
+/// after `limit`.
+pub fn wait_until(
+    limit: std::time::Duration,
+    every: std::time::Duration,
+    mut done: impl FnMut() -> bool,
+) -> Option<std::time::Duration> {
+    let t = std::time::Instant::now();
+    while t.elapsed() < limit {
+        if done() {
+            return Some(t.elapsed());
+        }
+        std::thread::sleep(every);
+    }
+    None
+}
+
 /// A seeded random permutation of `0..n` (xorshift Fisher-Yates): where
 /// scattered layouts put page i.
 pub fn permutation(n: usize, mut x: u64) -> Vec<usize> {
