@@ -23,23 +23,18 @@ struct Server {
 }
 
 impl Server {
-    /// `pagefold serve` in mode `on` with the KSM assist off. The 2-s bound
-    /// is the engine's: a VM created into a group the assist has handed to
-    /// KSM is KSM's, merged in ksmd's second full scan at the assist's pace
-    /// (dedup/tests/assist.rs). This sequence's group sometimes
-    /// got handed over: its first pair fills concurrently, the scan merges
-    /// their pages as both sides appear, out of order, and the pool slots
-    /// fragment (18 to 1,706 VMAs for the same 8,252 merges in three runs),
-    /// which the later pairs' joins copy until a pass starts 4,096 VMAs;
-    /// the third pair then waited for ksmd (CI, 2026-12-01: "c1/c2 not
-    /// merged 2.02 s after creation", assist engaged).
-    fn start(dir: &TempDir, sock: &Path) -> Server {
-        let cfg = dir.path("dedup.toml");
-        std::fs::write(&cfg, "[dedup]\nmode = \"on\"\nksm_assist = \"off\"\n").unwrap();
+    /// `pagefold serve` in mode `on`, the KSM assist at its default. Every
+    /// pair here holds the same content at the same guest addresses, so no
+    /// group may be judged scattered and handed to KSM (`pair_merges`
+    /// checks): until 2026-12-02 the pages of a pair that filled
+    /// concurrently merged out of address order onto scattered pool slots
+    /// (14 to 4,198 VMAs for the same 8,252 merges), the group went to KSM,
+    /// and the third pair waited for ksmd (CI: "c1/c2 not merged 2.02 s
+    /// after creation", assist engaged). Each region now has its window of
+    /// pool slots (dedup/src/slots.rs).
+    fn start(sock: &Path) -> Server {
         let child = pagefold()
-            .args(["serve", "--config"])
-            .arg(&cfg)
-            .arg("--api-sock")
+            .args(["serve", "--dedup", "on", "--api-sock"])
             .arg(sock)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -94,6 +89,15 @@ impl Server {
         self.create(b, group);
         loop {
             if self.merged(a) > 0 && self.merged(b) > 0 {
+                let d = self.call("GET", "/dedup", None, 200);
+                let assist = d["ksm_assist"].as_str().unwrap_or_default();
+                assert!(
+                    !assist.starts_with("engaged"),
+                    "{a}/{b}: a linear group was handed to KSM: {assist}; \
+                     vmas_created {} merges {}",
+                    d["vmas_created"],
+                    d["merges"]
+                );
                 return t0.elapsed();
             }
             if t0.elapsed() > MERGE_WITHIN {
@@ -132,7 +136,7 @@ impl Drop for Server {
 fn vms_created_after_mode_and_knob_changes_merge_at_once() {
     require_kvm();
     let dir = TempDir::new("liveness");
-    let s = Server::start(&dir, &dir.path("api.sock"));
+    let s = Server::start(&dir.path("api.sock"));
     let mut took = Vec::new();
 
     took.push(s.pair_merges("a1", "a2", "g"));
@@ -166,7 +170,6 @@ fn vms_created_after_mode_and_knob_changes_merge_at_once() {
 
     // The watchdog agrees: the engine woke up recently.
     let d = s.call("GET", "/dedup", None, 200);
-    assert_eq!(d["ksm_assist"], "off", "{d}");
     assert_eq!(d["wakeup_overdue"], false, "{d}");
     assert!(d["last_wakeup_age_ms"].as_u64().unwrap() < 2000, "{d}");
     eprintln!("merge after creation: {took:?}");

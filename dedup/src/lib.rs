@@ -3,8 +3,8 @@
 //! regions, the engine sees memory.
 //!
 //! Module map: `pagemap`, `uffd`, `mm` (syscall wrappers); `hash`; `pool`
-//! (memfd + slot allocator); `index` (stable/unstable indices); `region`
-//! (per-page state); `scanner` (core state, planning); `merge` (the
+//! (memfd, slot metadata); `slots` (where a merge's slot lies); `index`
+//! (stable/unstable indices); `region` (per-page state); `scanner` (core state, planning); `merge` (the
 //! race-free merge/unmerge path); `fault` (uffd handler thread); `stats`;
 //! `engine` ([`Engine`], the [`DedupBackend`] implementation); `settings`
 //! (the typed settings every input parses into, checked once);
@@ -26,6 +26,7 @@ pub mod pool;
 pub mod quiesce;
 pub mod region;
 pub mod scanner;
+pub mod slots;
 pub mod stats;
 pub mod thread_init;
 pub mod uffd;

@@ -8,14 +8,13 @@
 //! present"), after it left the stable index; a freed slot is reused only
 //! after the punch.
 //!
-//! Slot allocation serves coalescing: a merge asks for `previous slot + 1`
-//! so consecutive merged guest pages map consecutive pool offsets and the
-//! kernel keeps them in one VMA (`vm.max_map_count` is only 65530).
+//! Where a slot lies decides how many VMAs merges cost: see
+//! [`crate::slots`] (each region's window of slots).
 
-use std::collections::BTreeSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::slots::SlotAlloc;
 use crate::PAGE_SIZE;
 
 /// Errors of the pool.
@@ -35,74 +34,6 @@ pub enum PoolError {
         #[source]
         source: io::Error,
     },
-}
-
-/// Slot offset allocator (file offsets in pages). Separate from the memfd so
-/// it can be property-tested.
-#[derive(Debug, Default, Clone)]
-pub struct SlotAlloc {
-    next: u32,
-    free: BTreeSet<u32>,
-}
-
-impl SlotAlloc {
-    /// True if `s` is not allocated.
-    pub fn is_free(&self, s: u32) -> bool {
-        s >= self.next || self.free.contains(&s)
-    }
-
-    /// Allocated slots.
-    pub fn in_use(&self) -> u64 {
-        self.next as u64 - self.free.len() as u64
-    }
-
-    /// One past the highest slot ever handed out.
-    pub fn high_water(&self) -> u32 {
-        self.next
-    }
-
-    /// Allocates `hint` if it is free, else any slot. Fresh slots come from
-    /// the end (they have free neighbours, so runs can grow); freed slots are
-    /// reused once they are a quarter of the file, to bound its size.
-    pub fn alloc(&mut self, hint: Option<u32>, limit: u32) -> Option<u32> {
-        if let Some(h) = hint {
-            if h == self.next && h < limit {
-                self.next += 1;
-                return Some(h);
-            }
-            if self.free.remove(&h) {
-                return Some(h);
-            }
-        }
-        if (self.free.len() as u64) * 4 > self.next as u64 || self.next >= limit {
-            if let Some(s) = self.free.pop_first() {
-                return Some(s);
-            }
-        }
-        if self.next >= limit {
-            return None;
-        }
-        self.next += 1;
-        Some(self.next - 1)
-    }
-
-    /// Returns `s` to the allocator.
-    pub fn free(&mut self, s: u32) {
-        debug_assert!(!self.is_free(s), "double free of slot {s}");
-        if s + 1 == self.next {
-            self.next -= 1;
-            while self.next > 0 && self.free.remove(&(self.next - 1)) {
-                self.next -= 1;
-            }
-        } else {
-            self.free.insert(s);
-        }
-    }
-
-    /// Approximate heap bytes.
-    pub fn heap_bytes(&self) -> u64 {
-        self.free.len() as u64 * 16
-    }
 }
 
 /// Lifecycle of a slot.
@@ -188,7 +119,7 @@ impl Pool {
             view: view as *mut u8,
             max_pages,
             file_pages: 0,
-            alloc: SlotAlloc::default(),
+            alloc: SlotAlloc::new(max_pages.min(u32::MAX as u64) as u32),
             meta: Vec::new(),
             state: Vec::new(),
             underflows: 0,
@@ -211,6 +142,18 @@ impl Pool {
     /// True if `s` can be allocated.
     pub fn is_free(&self, s: u32) -> bool {
         self.alloc.is_free(s)
+    }
+
+    /// Opens a window of `pages` slots for a region's pages (see
+    /// [`crate::slots`]); None when the pool has no room for it (merges of
+    /// the region then take spare slots).
+    pub fn open_window(&mut self, pages: usize) -> Option<u32> {
+        self.alloc.open_window(u32::try_from(pages).ok()?)
+    }
+
+    /// Closes the window that starts at `base` (its region is gone).
+    pub fn close_window(&mut self, base: u32) {
+        self.alloc.close_window(base);
     }
 
     /// Metadata of slot `s` (default for slots never allocated).
@@ -249,10 +192,9 @@ impl Pool {
         hash_hi: u32,
         group: u32,
     ) -> Result<u32, PoolError> {
-        let limit = self.max_pages.min(u32::MAX as u64) as u32;
         let s = self
             .alloc
-            .alloc(hint, limit)
+            .alloc(hint)
             .ok_or(PoolError::Full(self.max_pages))?;
         if (s as u64) >= self.file_pages {
             let want = ((s as u64 + 1) * 2).max(16384).min(self.max_pages);
@@ -400,6 +342,15 @@ impl Pool {
         self.state[s as usize] = SlotState::Free;
         self.meta[s as usize] = SlotMeta::default();
         self.alloc.free(s);
+        // Metadata is dense up to the highest slot in use: give back the
+        // tail once it is mostly unused.
+        let high = self.alloc.high_water() as usize;
+        if high < self.meta.len() / 2 {
+            self.meta.truncate(high);
+            self.meta.shrink_to_fit();
+            self.state.truncate(high);
+            self.state.shrink_to_fit();
+        }
         Ok(())
     }
 
@@ -428,7 +379,7 @@ impl Pool {
         self.file_pages = 0;
         self.meta = Vec::new();
         self.state = Vec::new();
-        self.alloc = SlotAlloc::default();
+        self.alloc.clear();
         self.live = 0;
         self.shared = 0;
     }
@@ -467,51 +418,6 @@ impl Drop for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #[test]
-        fn alloc_never_double_allocates(ops in proptest::collection::vec((any::<bool>(), 0u32..64, any::<bool>()), 1..400)) {
-            let mut a = SlotAlloc::default();
-            let mut live: BTreeSet<u32> = BTreeSet::new();
-            for (is_alloc, x, use_hint) in ops {
-                if is_alloc || live.is_empty() {
-                    let hint = use_hint.then_some(x);
-                    if let Some(s) = a.alloc(hint, 10_000) {
-                        prop_assert!(live.insert(s), "slot {} handed out twice", s);
-                    }
-                } else {
-                    let s = *live.iter().nth(x as usize % live.len()).unwrap();
-                    live.remove(&s);
-                    a.free(s);
-                }
-                prop_assert_eq!(a.in_use(), live.len() as u64);
-                for s in 0..a.high_water() + 2 {
-                    prop_assert_eq!(a.is_free(s), !live.contains(&s));
-                }
-            }
-        }
-
-        #[test]
-        fn hint_is_honoured_when_free(n in 1u32..50) {
-            let mut a = SlotAlloc::default();
-            for i in 0..n {
-                prop_assert_eq!(a.alloc(Some(i), 1000), Some(i));
-            }
-            a.free(n / 2);
-            prop_assert_eq!(a.alloc(Some(n / 2), 1000), Some(n / 2));
-        }
-    }
-
-    #[test]
-    fn limit_respected() {
-        let mut a = SlotAlloc::default();
-        assert_eq!(a.alloc(None, 2), Some(0));
-        assert_eq!(a.alloc(None, 2), Some(1));
-        assert_eq!(a.alloc(None, 2), None);
-        a.free(0);
-        assert_eq!(a.alloc(None, 2), Some(0));
-    }
 
     #[test]
     fn write_release_counts() {

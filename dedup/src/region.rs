@@ -120,6 +120,9 @@ pub struct Region {
     /// Pages written since the engine last examined them, when the VMM
     /// gave a write log for the region (`crate::writelog`).
     pub written: Option<crate::writelog::Written>,
+    /// First pool slot of this region's window (`crate::slots`): page `p`'s
+    /// own slot is `slot_base + p`. None if the pool had no room.
+    pub slot_base: Option<u32>,
 }
 
 /// Checks that `addr..addr + len` is a non-empty, page-aligned range that
@@ -168,6 +171,7 @@ impl Region {
             assisted: false,
             ksm_merged: 0,
             ksm_saved: 0.0,
+            slot_base: None,
             written: None,
         })
     }

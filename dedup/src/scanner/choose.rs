@@ -231,8 +231,16 @@ impl Core {
             // its own visit comes.
             return None;
         }
-        let hint = prev
-            .map(|x| x.wrapping_add(1))
+        // The new content's slot: the earlier-registered page's own slot in
+        // its region's window (`crate::slots`), so that region's merged
+        // pages map consecutive offsets whatever order they merge in; else
+        // next to the left neighbour's slot or the partner's.
+        let (lr, lp) = if cr <= ri { (cr, cp) } else { (ri, p) };
+        let hint = self.regions[lr]
+            .slot_base
+            .map(|b| b + lp as u32)
+            .filter(|&x| self.pool.is_free(x))
+            .or_else(|| prev.map(|x| x.wrapping_add(1)))
             .filter(|&x| self.pool.is_free(x))
             .or_else(|| {
                 (cp > 0 && region::kind(self.regions[cr].state[cp - 1]) == MERGED)

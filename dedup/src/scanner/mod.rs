@@ -441,8 +441,9 @@ impl Core {
         let gid = *self.groups.entry(group.clone()).or_insert(gnext);
         let id = RegionId(self.next_region_id);
         let base = u32::try_from(self.next_gid).map_err(|_| region::RegionError::TooManyPages)?;
-        let r = Region::new(id, addr, len, owner, group, gid, base)?;
+        let mut r = Region::new(id, addr, len, owner, group, gid, base)?;
         self.uffd.register_wp(addr, len)?;
+        r.slot_base = self.pool.open_window(r.npages);
         self.next_region_id += 1;
         self.next_gid += r.npages as u64;
         self.prot
@@ -512,6 +513,9 @@ impl Core {
             }
         }
         let r = self.regions.remove(ri);
+        if let Some(b) = r.slot_base {
+            self.pool.close_window(b);
+        }
         let _ = self.uffd.unregister(r.addr, r.len());
         {
             let mut p = self.prot.lock().unwrap_or_else(|e| e.into_inner());

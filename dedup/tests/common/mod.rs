@@ -120,6 +120,23 @@ pub fn pattern(v: u64) -> Vec<u8> {
     b
 }
 
+/// VMAs of this process that overlap `addr..addr + len`, from
+/// /proc/self/maps (what `vm.max_map_count` counts).
+pub fn vmas_in(addr: usize, len: usize) -> usize {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
+    maps.lines()
+        .filter_map(|l| {
+            let (range, _) = l.split_once(' ')?;
+            let (a, b) = range.split_once('-')?;
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        })
+        .filter(|&(a, b)| a < addr + len && addr < b)
+        .count()
+}
+
 /// Polls `done` every `every` until it holds; how long that took, or None
 /// after `limit`.
 pub fn wait_until(
