@@ -231,16 +231,21 @@ impl Core {
             // its own visit comes.
             return None;
         }
-        // The new content's slot: the earlier-registered page's own slot in
-        // its region's window (`crate::slots`), so that region's merged
-        // pages map consecutive offsets whatever order they merge in; else
-        // next to the left neighbour's slot or the partner's.
+        // The new content's slot: next to the left neighbour's (this
+        // region's run goes on); else the earlier-registered page's own
+        // slot in its region's window (`crate::slots`), so that region's
+        // merged pages map consecutive offsets whatever order they merge
+        // in; else next to the partner's left neighbour's. On a scattered
+        // layout the left neighbour's run keeps the visited region
+        // contiguous from the first merge on, where the window first would
+        // leave both sides fragmented until the earlier region filled in:
+        // 0.8 VMAs a merge against 0.5, and 50k merges in 4 s against
+        // 80k, on 2 x 256 MiB (`registering_memory_waits_for_a_span...`).
         let (lr, lp) = if cr <= ri { (cr, cp) } else { (ri, p) };
-        let hint = self.regions[lr]
-            .slot_base
-            .map(|b| b + lp as u32)
+        let hint = prev
+            .map(|x| x.wrapping_add(1))
             .filter(|&x| self.pool.is_free(x))
-            .or_else(|| prev.map(|x| x.wrapping_add(1)))
+            .or_else(|| self.regions[lr].slot_base.map(|b| b + lp as u32))
             .filter(|&x| self.pool.is_free(x))
             .or_else(|| {
                 (cp > 0 && region::kind(self.regions[cr].state[cp - 1]) == MERGED)
