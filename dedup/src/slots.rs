@@ -10,9 +10,10 @@
 //!
 //! So each registered region gets a **window**: a range of slots as long as
 //! the region, in which page `p` has its own slot `base + p`. A new shared
-//! content is placed at the slot of one of its pages (the engine picks the
-//! page of the earlier-registered region), so that region's merged pages
-//! map consecutive offsets whatever order they merged in, and so does every
+//! content that cannot continue its left neighbour's run is placed at the
+//! slot of one of its pages (the engine picks the page of the
+//! earlier-registered region), so that region's merged pages map
+//! consecutive offsets whatever order they merged in, and so does every
 //! region that holds the same content at the same layout. Slots outside
 //! every open window ("spare" slots) serve the merges no window slot fits.
 //!
