@@ -669,8 +669,17 @@ fn a_cow_broken_page_merges_again_inside_its_pool_vma() {
     e.shutdown();
 }
 
+/// The two tests that time how long a registration waits for the scanner
+/// take this, so that neither runs beside the other's 2 x 256 MiB of
+/// merging. Their names sort together, so the harness's two test threads
+/// (two CPUs here) tended to start them side by side, and in one full-suite
+/// run a registration waited 964 ms for a debug-build span of scattered
+/// merges (alone: at most ~0.3 s).
+static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
+    let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     // VM creation and deletion register and unregister memory under the
     // engine's core lock, which the scanner holds for a batch. Two 256 MiB
     // regions holding the same pages in a random order, `pages_to_scan`
@@ -731,6 +740,7 @@ fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
 
 #[test]
 fn registering_memory_during_an_unmerge_waits_for_a_chunk_not_for_the_whole_unmerge() {
+    let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     // Mode `unmerge` gave every merged page back in one hold of the core
     // lock (120-170 ms per 76,800 pages in a release build), and a VM
     // created or deleted meanwhile waited for all of it. It now lets a
