@@ -4,8 +4,9 @@
 //!
 //! Module map: `pagemap`, `uffd`, `mm` (syscall wrappers); `hash`; `pool`
 //! (memfd, slot metadata); `slots` (where a merge's slot lies); `index`
-//! (stable/unstable indices); `region` (per-page state); `scanner` (core state, planning); `merge` (the
-//! race-free merge/unmerge path); `fault` (uffd handler thread); `stats`;
+//! (stable/unstable indices); `region` (per-page state); `scanner` (core
+//! state, planning); `merge` (the race-free merge/unmerge path); `fault`
+//! (uffd handler thread); `stats`;
 //! `engine` ([`Engine`], the [`DedupBackend`] implementation); `settings`
 //! (the typed settings every input parses into, checked once);
 //! `thread_init` (the backends' thread start hook).

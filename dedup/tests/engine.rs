@@ -677,6 +677,19 @@ fn a_cow_broken_page_merges_again_inside_its_pool_vma() {
 /// merges (alone: 87-148 ms in four runs).
 static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Registers and unregisters a small region (what creating and deleting a
+/// VM do); the longer of the two calls.
+fn time_a_small_registration(e: &Engine) -> Duration {
+    let c = Mem::new(64);
+    c.fill_from(5_000_000);
+    let t = std::time::Instant::now();
+    let id = c.register(e, "c", "g");
+    let reg = t.elapsed();
+    let t = std::time::Instant::now();
+    e.unregister(id).unwrap();
+    reg.max(t.elapsed())
+}
+
 #[test]
 fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
     let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
@@ -717,19 +730,15 @@ fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
     let mut worst = Duration::ZERO;
     let mut rounds = 0;
     while start.elapsed() < Duration::from_secs(4) {
-        let c = Mem::new(64);
-        c.fill_from(5_000_000);
-        let t = Instant::now();
-        let id = c.register(&e, "c", "g");
-        worst = worst.max(t.elapsed());
-        let t = Instant::now();
-        e.unregister(id).unwrap();
-        worst = worst.max(t.elapsed());
+        worst = worst.max(time_a_small_registration(&e));
         rounds += 1;
         std::thread::sleep(Duration::from_millis(20));
     }
     let s = e.stats();
-    eprintln!("worst wait {worst:?} over {rounds} rounds, {} merges", s.merges);
+    eprintln!(
+        "worst wait {worst:?} over {rounds} rounds, {} merges",
+        s.merges
+    );
     // The scanner was busy merging all along (else nothing was shown).
     assert!(s.merges > 20_000, "{s:?}");
     assert!(
@@ -766,14 +775,7 @@ fn registering_memory_during_an_unmerge_waits_for_a_chunk_not_for_the_whole_unme
     let mut worst = Duration::ZERO;
     let mut rounds = 0;
     while e.stats().pages_sharing > 0 && start.elapsed() < Duration::from_secs(30) {
-        let c = Mem::new(64);
-        c.fill_from(5_000_000);
-        let t = Instant::now();
-        let id = c.register(&e, "c", "g");
-        worst = worst.max(t.elapsed());
-        let t = Instant::now();
-        e.unregister(id).unwrap();
-        worst = worst.max(t.elapsed());
+        worst = worst.max(time_a_small_registration(&e));
         rounds += 1;
     }
     let took = start.elapsed();
