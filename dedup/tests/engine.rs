@@ -669,14 +669,6 @@ fn a_cow_broken_page_merges_again_inside_its_pool_vma() {
     e.shutdown();
 }
 
-/// The two tests that time how long a registration waits for the scanner
-/// take this, so that neither runs beside the other's 2 x 256 MiB of
-/// merging. Their names sort together, so the harness's two test threads
-/// (two CPUs here) tended to start them side by side, and in one full-suite
-/// run a registration waited 964 ms for a debug-build span of scattered
-/// merges (alone: 87-148 ms in four runs).
-static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 /// Registers and unregisters a small region (what creating and deleting a
 /// VM do); the longer of the two calls.
 fn time_a_small_registration(e: &Engine) -> Duration {
@@ -692,7 +684,6 @@ fn time_a_small_registration(e: &Engine) -> Duration {
 
 #[test]
 fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
-    let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     // VM creation and deletion register and unregister memory under the
     // engine's core lock, which the scanner holds for a batch. Two 256 MiB
     // regions holding the same pages in a random order, `pages_to_scan`
@@ -745,54 +736,5 @@ fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
         worst < Duration::from_millis(600),
         "a registration waited {worst:?} for the scanner ({rounds} rounds): {s:?}"
     );
-    e.shutdown();
-}
-
-#[test]
-fn registering_memory_during_an_unmerge_waits_for_a_chunk_not_for_the_whole_unmerge() {
-    let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
-    // Mode `unmerge` gave every merged page back in one hold of the core
-    // lock (120-170 ms per 76,800 pages in a release build), and a VM
-    // created or deleted meanwhile waited for all of it. It now lets a
-    // waiter in after the chunk (at most 256 pages) it is unmerging.
-    use std::time::Instant;
-    let n = 65536;
-    let (a, b) = (Mem::new(n), Mem::new(n));
-    a.fill_from(1);
-    b.fill_from(1);
-    let e = engine(256);
-    a.register(&e, "a", "g");
-    b.register(&e, "b", "g");
-    for _ in 0..10 {
-        if e.stats().pages_sharing as usize == n {
-            break;
-        }
-        e.scan_now(1);
-    }
-    assert_eq!(e.stats().pages_sharing as usize, n);
-    let start = Instant::now();
-    e.set_mode(Mode::Unmerge).unwrap();
-    let mut worst = Duration::ZERO;
-    let mut rounds = 0;
-    while e.stats().pages_sharing > 0 && start.elapsed() < Duration::from_secs(30) {
-        worst = worst.max(time_a_small_registration(&e));
-        rounds += 1;
-    }
-    let took = start.elapsed();
-    assert!(e.wait_mode(Mode::Off, Duration::from_secs(30)));
-    assert_eq!(e.stats().pages_sharing, 0);
-    for i in (0..n).step_by(509) {
-        assert_eq!(b.read(i), pattern(1 + i as u64));
-    }
-    eprintln!("unmerge {took:?}, {rounds} registrations, worst wait {worst:?}");
-    assert!(
-        rounds >= 4,
-        "{rounds} registrations during a {took:?} unmerge"
-    );
-    assert!(
-        worst * 4 < took,
-        "a registration waited {worst:?} during a {took:?} unmerge ({rounds} rounds)"
-    );
-    e.check_consistency().unwrap();
     e.shutdown();
 }

@@ -1,7 +1,5 @@
 //! Unmerging: giving merged pages private copies again.
 
-use std::sync::atomic::Ordering;
-
 use super::*;
 
 impl Core {
@@ -11,15 +9,7 @@ impl Core {
     /// added to `freed`, for the caller to release (`release_unmapped`):
     /// they stay in the stable index until then, which is safe because
     /// nothing merges while the core is held here.
-    ///
-    /// With `yielding`, stops after a chunk when another thread waits for
-    /// the core ([`Core::waiters`]) and returns None.
-    pub(super) fn unmerge_region(
-        &mut self,
-        ri: usize,
-        freed: &mut Vec<u32>,
-        yielding: bool,
-    ) -> Option<u64> {
+    pub(super) fn unmerge_region(&mut self, ri: usize, freed: &mut Vec<u32>) -> u64 {
         let npages = self.regions[ri].npages;
         let mut left = 0;
         let mut i = 0;
@@ -69,34 +59,21 @@ impl Core {
                     left += (i - s) as u64;
                 }
             }
-            // After a chunk, so that each call makes progress.
-            if yielding && i < npages && self.waiters.load(Ordering::Acquire) > 0 {
-                return None;
-            }
         }
-        Some(left)
+        left
     }
 
-    /// Unmerges every region (mode `unmerge`); returns the pages left
-    /// merged, or None when it stopped early for a thread waiting for the
-    /// core (VM creation or deletion; the caller lets it in and calls
-    /// again, which goes on where the pages still in the pool are).
-    pub fn unmerge_all(&mut self) -> Option<u64> {
+    /// Unmerges every region (mode `unmerge`); returns pages left merged.
+    pub fn unmerge_all(&mut self) -> u64 {
         // KSM first: no engine protection may meet a KSM merge.
         self.end_assist();
-        let mut left = Some(0);
+        let mut left = 0;
         let mut freed = Vec::new();
         for ri in 0..self.regions.len() {
-            match self.unmerge_region(ri, &mut freed, true) {
-                Some(n) => left = left.map(|l| l + n),
-                None => {
-                    left = None;
-                    break;
-                }
-            }
+            left += self.unmerge_region(ri, &mut freed);
         }
         self.release_unmapped(&freed);
-        if left == Some(0) {
+        if left == 0 {
             self.pool.trim_if_empty();
         }
         self.unstable.reset(0);
