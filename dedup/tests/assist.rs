@@ -42,24 +42,12 @@ fn engine_at(assist: AssistMode, lock_held: bool, pages_to_scan: u64, sleep_ms: 
     .unwrap()
 }
 
-/// A and B with B = A permuted; returns the permutation (A's page i is B's
-/// page perm[i]).
-fn scattered_pair() -> (Mem, Mem, Vec<usize>) {
-    let (a, b) = (Mem::new(N), Mem::new(N));
-    let perm = permutation(N, 0x9E37_79B9_7F4A_7C15);
-    for (i, &j) in perm.iter().enumerate() {
-        a.fill(i, i as u64 + 1);
-        b.fill(j, i as u64 + 1);
-    }
-    (a, b, perm)
-}
-
 #[test]
 fn scattered_pairs_all_share_a_frame_through_ksm() {
     let _ksm = ksm::ksm_exclusive().unwrap();
     let root = std::path::Path::new(KSM_SYSFS);
     let before = ksm::snapshot_tunables(root);
-    let (a, b, perm) = scattered_pair();
+    let (a, b, perm) = scattered_pair(N);
     let e = engine(AssistMode::Auto, true);
     a.register(&e, "a", "g");
     b.register(&e, "b", "g");
@@ -155,7 +143,7 @@ fn the_census_keeps_up_with_ksm_while_the_engine_idles() {
     let _ksm = ksm::ksm_exclusive().unwrap();
     let root = std::path::Path::new(KSM_SYSFS);
     let before = ksm::snapshot_tunables(root);
-    let (a, b, perm) = scattered_pair();
+    let (a, b, perm) = scattered_pair(N);
     let e = engine_at(AssistMode::Auto, true, 64, 20);
     a.register(&e, "a", "g");
     b.register(&e, "b", "g");
@@ -203,7 +191,7 @@ fn assist_stays_off_while_another_process_drives_ksm() {
         .unwrap();
     // SAFETY: flock on our own descriptor.
     assert_eq!(unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX) }, 0);
-    let (a, b, _) = scattered_pair();
+    let (a, b, _) = scattered_pair(N);
     let e = engine(AssistMode::Auto, false);
     a.register(&e, "a", "g");
     b.register(&e, "b", "g");
@@ -247,7 +235,7 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
     let before = ksm::snapshot_tunables(root);
     // Reads only: the engine's assist is what writes KSM's knobs here.
     let sysfs = KsmSysfs::open().unwrap();
-    let (a, b, _) = scattered_pair();
+    let (a, b, _) = scattered_pair(N);
     let c = Mem::new(N);
     c.fill_from(10_000_000);
     // One KSM full scan of the group per engine wake-up once KSM idles.

@@ -694,12 +694,7 @@ fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
     use pagefold_dedup::{AssistConfig, AssistMode};
     use std::time::Instant;
     let n = 65536;
-    let (a, b) = (Mem::new(n), Mem::new(n));
-    let perm = permutation(n, 0x9E37_79B9_7F4A_7C15);
-    for (i, &j) in perm.iter().enumerate() {
-        a.fill(i, i as u64 + 1);
-        b.fill(j, i as u64 + 1);
-    }
+    let (a, b, _) = scattered_pair(n);
     let e = Engine::new(EngineConfig {
         knobs: Knobs {
             pages_to_scan: 20000,

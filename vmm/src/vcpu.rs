@@ -204,9 +204,9 @@ fn memory_fault(vcpu: &mut VcpuFd, errno: i32) -> String {
 /// access has not completed, so entering the guest again retries it. Two
 /// soaks of 2026-12-02 each lost a workload VM to a single such EFAULT on
 /// a guest *read* (RIP in the guest's verify loop, no
-/// `KVM_EXIT_MEMORY_FAULT` details), and three more soaks saw none; the
-/// cause is not known (docs/vmm.md). A fault that persists still stops the
-/// VM, after 20 tries 1 ms apart; each try is logged.
+/// `KVM_EXIT_MEMORY_FAULT` details); the cause is not known
+/// (docs/architecture.md, "VM life cycle"). A fault that persists still
+/// stops the VM, after 20 tries 1 ms apart; each try is logged.
 const EFAULT_RETRIES: u32 = 20;
 
 /// Runs `vcpu` until the VM stops. Never panics the process on guest or KVM

@@ -245,8 +245,12 @@ impl Core {
         let hint = prev
             .map(|x| x.wrapping_add(1))
             .filter(|&x| self.pool.is_free(x))
-            .or_else(|| self.regions[lr].slot_base.map(|b| b + lp as u32))
-            .filter(|&x| self.pool.is_free(x))
+            .or_else(|| {
+                self.regions[lr]
+                    .slot_base
+                    .map(|b| b + lp as u32)
+                    .filter(|&x| self.pool.is_free(x))
+            })
             .or_else(|| {
                 (cp > 0 && region::kind(self.regions[cr].state[cp - 1]) == MERGED)
                     .then(|| self.regions[cr].word[cp - 1].wrapping_add(1))

@@ -167,6 +167,19 @@ pub fn permutation(n: usize, mut x: u64) -> Vec<usize> {
     p
 }
 
+/// Two regions of `n` distinct pages where B holds A's pages in a seeded
+/// random order (page i of A is page `perm[i]` of B): the worst scattered
+/// layout. Returns the permutation too.
+pub fn scattered_pair(n: usize) -> (Mem, Mem, Vec<usize>) {
+    let (a, b) = (Mem::new(n), Mem::new(n));
+    let perm = permutation(n, 0x9E37_79B9_7F4A_7C15);
+    for (i, &j) in perm.iter().enumerate() {
+        a.fill(i, i as u64 + 1);
+        b.fill(j, i as u64 + 1);
+    }
+    (a, b, perm)
+}
+
 /// Engine with fast knobs for tests.
 pub fn engine(max_sharing: u64) -> Engine {
     Engine::new(EngineConfig {
