@@ -322,21 +322,9 @@ impl Pool {
             return Ok(());
         }
         if self.state(s) == SlotState::Written {
-            // SAFETY: fallocate on our memfd over one slot nothing maps.
-            let r = unsafe {
-                libc::fallocate(
-                    self.fd.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    (s as usize * PAGE_SIZE) as libc::off_t,
-                    PAGE_SIZE as libc::off_t,
-                )
-            };
-            if r != 0 {
+            if let Err(source) = self.punch(s as u64, 1) {
                 // Keep the slot allocated (leaked, still correct).
-                return Err(PoolError::Punch {
-                    slot: s,
-                    source: io::Error::last_os_error(),
-                });
+                return Err(PoolError::Punch { slot: s, source });
             }
         }
         self.state[s as usize] = SlotState::Free;
@@ -355,28 +343,56 @@ impl Pool {
     }
 
     /// Frees every slot at once when nothing maps any (the engine's own
-    /// count, as for [`Pool::release`]): one truncate instead of a hole
-    /// punch per slot. Deleting the last of two VMs that shared 7.7k pages
-    /// made 7.7k punches of ~25 us each on the VMM's thread. Returns false
-    /// (nothing changed) if a page is still counted as mapped or a slot
-    /// is reserved for a merge in flight.
+    /// count, as for [`Pool::release`]): one hole punch over the whole file
+    /// instead of one per slot. Deleting the last of two VMs that shared
+    /// 7.7k pages made 7.7k punches of ~25 us each on the VMM's thread.
+    /// Returns false (nothing changed) if a page is still counted as mapped
+    /// or a slot is reserved for a merge in flight.
     pub fn release_all(&mut self) -> bool {
         if self.mappers != 0 || self.state.contains(&SlotState::Reserved) {
             return false;
         }
-        if self.file_pages > 0 {
-            // SAFETY: ftruncate on our memfd; nothing maps a slot.
-            if unsafe { libc::ftruncate(self.fd.as_raw_fd(), 0) } != 0 {
-                return false;
-            }
+        if self.punch(0, self.file_pages).is_err() {
+            return false;
         }
         self.forget_slots();
         true
     }
 
-    /// The bookkeeping of an empty pool, once its file is truncated.
+    /// Frees the pages of slots `first..first + n` (`FALLOC_FL_PUNCH_HOLE`,
+    /// the file keeps its size).
+    ///
+    /// The file never shrinks: `ftruncate` to a smaller size unmaps the
+    /// range past the new end from every mapping of the file, private
+    /// copy-on-write copies included (shmem's `unmap_mapping_range` with
+    /// `even_cows`). A guest page merged once and written since is such a
+    /// copy, still inside its pool VMA: truncating the pool when no slot
+    /// had a mapper left destroyed those pages, and the guest then read
+    /// zeros (the file had grown again) or its KVM_RUN failed with EFAULT
+    /// (past the end of the file). A hole punch spares private copies.
+    fn punch(&self, first: u64, n: u64) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: fallocate on our memfd; the caller frees only slots that
+        // no page maps (private copies of them are kept by the kernel).
+        let r = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                (first as usize * PAGE_SIZE) as libc::off_t,
+                (n as usize * PAGE_SIZE) as libc::off_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The bookkeeping of an empty pool, once its pages are punched out.
+    /// The file keeps its size (see [`Pool::punch`]).
     fn forget_slots(&mut self) {
-        self.file_pages = 0;
         self.meta = Vec::new();
         self.state = Vec::new();
         self.alloc.clear();
@@ -384,11 +400,14 @@ impl Pool {
         self.shared = 0;
     }
 
-    /// Shrinks the file to nothing once every slot is free.
+    /// Drops the slot metadata once every slot is free (each freed slot's
+    /// page was punched out when it was released; one more punch over the
+    /// whole file catches any page a failed merge wrote).
     pub fn trim_if_empty(&mut self) {
-        if self.alloc.in_use() == 0 && self.file_pages > 0 {
-            // SAFETY: ftruncate on our memfd; no slot is in use.
-            unsafe { libc::ftruncate(self.fd.as_raw_fd(), 0) };
+        if self.alloc.in_use() == 0
+            && !self.meta.is_empty()
+            && self.punch(0, self.file_pages).is_ok()
+        {
             // No slot in use: none has a mapper, so `live` and `shared`
             // are already 0.
             self.forget_slots();
@@ -455,18 +474,21 @@ mod tests {
         assert!(p.release_all());
         assert_eq!(p.slots_in_use(), 0);
         assert!(p.is_free(a) && p.is_free(b));
-        // The file is empty, and grows again for the next slot.
+        // The file holds no page any more but keeps its size: shrinking it
+        // would unmap private copies of its pages (see `Pool::punch`).
         // SAFETY: fstat on our memfd into a zeroed struct.
-        let size = |p: &Pool| unsafe {
+        let stat = |p: &Pool| unsafe {
             let mut st: libc::stat = std::mem::zeroed();
             assert_eq!(libc::fstat(p.raw_fd(), &mut st), 0);
-            st.st_size
+            (st.st_size, st.st_blocks)
         };
-        assert_eq!(size(&p), 0);
+        let (size, blocks) = stat(&p);
+        assert!(size > 0);
+        assert_eq!(blocks, 0, "pool pages left after release_all");
         let c = p.reserve(None, 3, 0, 0).unwrap();
         // SAFETY: src is a page-sized buffer.
         unsafe { p.write(c, src.as_ptr()) };
         assert_eq!(p.page(c)[0], 9);
-        assert!(size(&p) > 0);
+        assert_eq!(stat(&p), (size, (PAGE_SIZE / 512) as i64));
     }
 }

@@ -733,3 +733,54 @@ fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
     );
     e.shutdown();
 }
+
+/// Pages merged once and written since are private copies that still lie
+/// in their pool VMAs. When the last merged page goes (here: the other VM
+/// leaves), every slot is freed at once; that must not touch those copies.
+/// The pool used to be truncated then, and truncating a file unmaps even
+/// the private copies of its pages: the guest's data was gone (zeros once
+/// the pool grew again, KVM_RUN EFAULT while it had not; soak and stress
+/// of 2026-12-02).
+#[test]
+fn freeing_every_slot_keeps_pages_written_since_their_merge() {
+    const N: usize = 128;
+    let pm = Pagemap::open().unwrap();
+    let (a, b) = (Mem::new(N), Mem::new(N));
+    a.fill_from(3000);
+    b.fill_from(3000);
+    let mut core = driven_core();
+    core.register(a.addr, N * PS, "a".into(), "g".into())
+        .unwrap();
+    let b_id = core
+        .register(b.addr, N * PS, "b".into(), "g".into())
+        .unwrap();
+    core.run_passes(3);
+    assert!(
+        (0..N).all(|i| a.pfn(&pm, i) == b.pfn(&pm, i)),
+        "the regions did not merge"
+    );
+    // The guest of a rewrites every page (copy-on-write, inside the pool
+    // VMAs); the scan notices: a maps no slot any more, b maps them all.
+    for i in 0..N {
+        a.fill(i, 90_000 + i as u64);
+    }
+    core.run_passes(9);
+    core.check_consistency().unwrap();
+    // b leaves: no slot has a mapper left, all are freed together.
+    core.unregister(b_id, false).unwrap();
+    core.check_consistency().unwrap();
+    for i in 0..N {
+        assert!(
+            a.entry(&pm, i).present(),
+            "page {i} of a (written after its merge) was unmapped when the pool was emptied"
+        );
+        assert_eq!(a.read(i), pattern(90_000 + i as u64), "page {i}");
+    }
+    // The pool is usable again: a's pages merge among themselves.
+    for i in 0..N {
+        a.fill(i, 7);
+    }
+    core.run_passes(3);
+    core.check_consistency().unwrap();
+    assert!((0..N).all(|i| a.read(i) == pattern(7)));
+}

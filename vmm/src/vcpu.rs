@@ -198,21 +198,9 @@ fn memory_fault(vcpu: &mut VcpuFd, errno: i32) -> String {
     format!("{}{rip}", fault.unwrap_or_default())
 }
 
-/// EFAULTs in a row that KVM_RUN may return before the VM stops.
-///
-/// KVM_RUN fails with EFAULT when KVM could not bring in a guest page; the
-/// access has not completed, so entering the guest again retries it. Two
-/// soaks of 2026-12-02 each lost a workload VM to a single such EFAULT on
-/// a guest *read* (RIP in the guest's verify loop, no
-/// `KVM_EXIT_MEMORY_FAULT` details); the cause is not known
-/// (docs/architecture.md, "VM life cycle"). A fault that persists still
-/// stops the VM, after 20 tries 1 ms apart; each try is logged.
-const EFAULT_RETRIES: u32 = 20;
-
 /// Runs `vcpu` until the VM stops. Never panics the process on guest or KVM
 /// trouble: every failure becomes the VM's outcome.
 fn run_loop(mut vcpu: VcpuFd, ctx: ExitContext) {
-    let mut efaults = 0u32;
     while ctx.shared.vcpu_checkpoint() {
         if !ctx.shared.enter_guest() {
             continue;
@@ -220,20 +208,8 @@ fn run_loop(mut vcpu: VcpuFd, ctx: ExitContext) {
         let run = vcpu.run();
         ctx.shared.leave_guest();
         let next = match run {
-            Ok(exit) => {
-                efaults = 0;
-                handle_exit(&ctx, exit)
-            }
+            Ok(exit) => handle_exit(&ctx, exit),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Next::Continue,
-            Err(e) if e.errno() == libc::EFAULT && efaults < EFAULT_RETRIES => {
-                efaults += 1;
-                log::warn!(
-                    "pagefold: KVM_RUN failed: {e}{}; retry {efaults} of {EFAULT_RETRIES}",
-                    memory_fault(&mut vcpu, e.errno())
-                );
-                std::thread::sleep(std::time::Duration::from_millis(1));
-                Next::Continue
-            }
             Err(e) => Next::Stop(Outcome::VmmError {
                 message: format!("KVM_RUN failed: {e}{}", memory_fault(&mut vcpu, e.errno())),
             }),

@@ -559,7 +559,7 @@ impl Core {
 
     /// [`Core::release_slots`] for slots freed in bulk (a region leaving,
     /// an unmerge): when no page maps any slot any more, every slot goes
-    /// in one truncate (`Pool::release_all`), not a hole punch each.
+    /// in one hole punch over the file (`Pool::release_all`), not one each.
     fn release_unmapped(&mut self, freed: &[u32]) {
         if freed.is_empty() {
             return;
