@@ -400,20 +400,6 @@ impl Pool {
         self.shared = 0;
     }
 
-    /// Drops the slot metadata once every slot is free (each freed slot's
-    /// page was punched out when it was released; one more punch over the
-    /// whole file catches any page a failed merge wrote).
-    pub fn trim_if_empty(&mut self) {
-        if self.alloc.in_use() == 0
-            && !self.meta.is_empty()
-            && self.punch(0, self.file_pages).is_ok()
-        {
-            // No slot in use: none has a mapper, so `live` and `shared`
-            // are already 0.
-            self.forget_slots();
-        }
-    }
-
     /// Approximate metadata bytes.
     pub fn metadata_bytes(&self) -> u64 {
         (self.meta.capacity() * std::mem::size_of::<SlotMeta>() + self.state.capacity()) as u64
@@ -454,7 +440,6 @@ mod tests {
         assert_eq!((p.live, p.shared, p.mappers), (0, 0, 0));
         p.release(s).unwrap();
         assert!(p.is_free(s));
-        p.trim_if_empty();
         assert_eq!(p.slots_in_use(), 0);
     }
 

@@ -537,7 +537,6 @@ impl Core {
         if self.cursor_region >= self.regions.len() {
             self.cursor_region = 0;
         }
-        self.pool.trim_if_empty();
         Ok(())
     }
 

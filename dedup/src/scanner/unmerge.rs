@@ -73,9 +73,6 @@ impl Core {
             left += self.unmerge_region(ri, &mut freed);
         }
         self.release_unmapped(&freed);
-        if left == 0 {
-            self.pool.trim_if_empty();
-        }
         self.unstable.reset(0);
         left
     }
