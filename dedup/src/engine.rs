@@ -531,6 +531,11 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     sh.publish(&core);
                     left
                 };
+                let Some(left) = left else {
+                    // A VM is being created or deleted: it goes first.
+                    let_waiters_in(sh);
+                    continue;
+                };
                 unmerge_tries += 1;
                 if left == 0 || unmerge_tries >= 100 {
                     if left > 0 {

@@ -495,7 +495,7 @@ impl Core {
             // Retry a few times: a page that cannot be protected right now
             // (e.g. a concurrent discard) is rare and transient.
             for _ in 0..3 {
-                if self.unmerge_region(ri, &mut freed) == 0 {
+                if self.unmerge_region(ri, &mut freed, false) == Some(0) {
                     break;
                 }
             }

@@ -1,5 +1,7 @@
 //! Unmerging: giving merged pages private copies again.
 
+use std::sync::atomic::Ordering;
+
 use super::*;
 
 impl Core {
@@ -9,7 +11,15 @@ impl Core {
     /// added to `freed`, for the caller to release (`release_unmapped`):
     /// they stay in the stable index until then, which is safe because
     /// nothing merges while the core is held here.
-    pub(super) fn unmerge_region(&mut self, ri: usize, freed: &mut Vec<u32>) -> u64 {
+    ///
+    /// With `yielding`, stops after a chunk when another thread waits for
+    /// the core ([`Core::waiters`]) and returns None.
+    pub(super) fn unmerge_region(
+        &mut self,
+        ri: usize,
+        freed: &mut Vec<u32>,
+        yielding: bool,
+    ) -> Option<u64> {
         let npages = self.regions[ri].npages;
         let mut left = 0;
         let mut i = 0;
@@ -59,18 +69,31 @@ impl Core {
                     left += (i - s) as u64;
                 }
             }
+            // After a chunk, so that each call makes progress.
+            if yielding && i < npages && self.waiters.load(Ordering::Acquire) > 0 {
+                return None;
+            }
         }
-        left
+        Some(left)
     }
 
-    /// Unmerges every region (mode `unmerge`); returns pages left merged.
-    pub fn unmerge_all(&mut self) -> u64 {
+    /// Unmerges every region (mode `unmerge`); returns the pages left
+    /// merged, or None when it stopped early for a thread waiting for the
+    /// core (VM creation or deletion; the caller lets it in and calls
+    /// again, which goes on where the pages still in the pool are).
+    pub fn unmerge_all(&mut self) -> Option<u64> {
         // KSM first: no engine protection may meet a KSM merge.
         self.end_assist();
-        let mut left = 0;
+        let mut left = Some(0);
         let mut freed = Vec::new();
         for ri in 0..self.regions.len() {
-            left += self.unmerge_region(ri, &mut freed);
+            match self.unmerge_region(ri, &mut freed, true) {
+                Some(n) => left = left.map(|l| l + n),
+                None => {
+                    left = None;
+                    break;
+                }
+            }
         }
         self.release_unmapped(&freed);
         self.unstable.reset(0);
