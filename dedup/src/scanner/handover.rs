@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// A take-back from KSM this long is logged (the core is held through it).
+const SLOW_TAKE_BACK: Duration = Duration::from_millis(200);
+
 impl Core {
     /// Makes region `ri` KSM's: `MADV_MERGEABLE`, after which the engine only
     /// watches its own earlier merges there. Called between spans, when the
@@ -27,7 +30,17 @@ impl Core {
         if !r.assisted {
             return true;
         }
-        match crate::mm::madvise(r.addr, r.len(), libc::MADV_UNMERGEABLE) {
+        let t = Instant::now();
+        let res = crate::mm::madvise(r.addr, r.len(), libc::MADV_UNMERGEABLE);
+        if t.elapsed() >= SLOW_TAKE_BACK {
+            // The core is held meanwhile: VM creation and deletion wait.
+            log::warn!(
+                "pagefold: KSM assist: giving {} MiB back from KSM took {:?}",
+                r.len() >> 20,
+                t.elapsed()
+            );
+        }
+        match res {
             Ok(()) => {
                 r.assisted = false;
                 r.ksm_merged = 0;
