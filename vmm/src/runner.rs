@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, RawFd};
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use event_manager::{EventManager, EventOps, Events, MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::Kvm;
@@ -21,6 +21,10 @@ use crate::control::{self, Request, RequestError, Response};
 use crate::state::{Outcome, RunState};
 use crate::vm::{self, Vm, VmInfo, VmResources};
 use crate::{signals, workload, x86};
+
+/// A request that holds the control thread this long is logged: every
+/// other API call waits for it.
+const SLOW_REQUEST: Duration = Duration::from_millis(500);
 
 /// Errors of the process runner.
 #[derive(Debug, thiserror::Error)]
@@ -435,10 +439,19 @@ impl Runner {
                 self.find(&n)?;
                 let i = self.vms.iter().position(|v| v.name() == n).unwrap_or(0);
                 let mut vm = self.vms.remove(i);
+                let t = Instant::now();
                 let outcome = vm.finish(Outcome::Deleted);
+                let finished = t.elapsed();
                 let wall_s = vm.info().uptime_s;
                 self.forget_subscribers(&n);
                 drop(vm);
+                if t.elapsed() >= SLOW_REQUEST {
+                    log::warn!(
+                        "VM {n}: deleting took {:?} (stopping and releasing its dedup regions {finished:?}, freeing it {:?})",
+                        t.elapsed(),
+                        t.elapsed() - finished
+                    );
+                }
                 self.drain_events();
                 let summary = self
                     .summaries
@@ -496,7 +509,16 @@ impl Runner {
 
     fn serve_requests(&mut self) {
         while let Some((req, reply)) = self.inbox.try_next() {
+            let what = match &req {
+                Request::CreateVm(vc) => format!("CreateVm({})", vc.name),
+                other => format!("{other:?}"),
+            };
+            let t = Instant::now();
             let r = self.serve_request(req);
+            if t.elapsed() >= SLOW_REQUEST {
+                // Every other API call waits for this thread meanwhile.
+                log::warn!("slow VMM request: {what} took {:?}", t.elapsed());
+            }
             let _ = reply.send(r);
         }
     }
