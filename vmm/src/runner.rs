@@ -316,10 +316,14 @@ impl Runner {
             log::warn!("{note}");
         }
         let index = self.vms.len() + self.ended.len();
+        let t = Instant::now();
         let mut vm = Vm::create(&self.res, vc, index).map_err(|source| Error::Vm {
             name: vc.name.clone(),
             source,
         })?;
+        if t.elapsed() >= SLOW_REQUEST {
+            log::warn!("VM {}: creating it took {:?}", vc.name, t.elapsed());
+        }
         let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> =
             Arc::new(Mutex::new(Waker(vec![vm.shared().exit_evt.as_raw_fd()])));
         let mut ids = vec![self.em.add_subscriber(waker)];

@@ -120,6 +120,9 @@ const PAUSE_KICK_WINDOW: Duration = Duration::from_millis(50);
 /// How long a stop may take before the VMM gives up on a vCPU thread.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A dedup-backend call on the control thread this long is logged.
+const SLOW_DEDUP_CALL: Duration = Duration::from_millis(200);
+
 pub struct Vm {
     pub config: VmConfig,
     pub index: usize,
@@ -357,11 +360,22 @@ impl Vm {
             };
             // SAFETY: the region is a private anonymous mapping owned by
             // `self.mem`; `Drop`/`finish` unregister it before it is unmapped.
+            let t = Instant::now();
             let id = unsafe { dedup.register(spec) }.map_err(Error::Dedup)?;
+            let registered = t.elapsed();
             self.regions.push(id);
             if self.dirty_logged {
                 let log = KvmDirtyLog::new(self.vm_fd.clone(), slot as u32, region.len() as usize);
                 dedup.set_write_log(id, Some(Arc::new(log)));
+            }
+            if t.elapsed() >= SLOW_DEDUP_CALL {
+                // The VMM's control thread (and every API call) waits.
+                log::warn!(
+                    "VM {}: registering {} MiB with the dedup backend took {registered:?}, its write log {:?}",
+                    self.config.name,
+                    region.len() >> 20,
+                    t.elapsed() - registered
+                );
             }
         }
         Ok(())
@@ -389,8 +403,16 @@ impl Vm {
                 self.shared.clone(),
                 self.threads.iter().map(|t| t.as_pthread_t()).collect(),
             ));
+            let t = Instant::now();
             for &id in &self.regions {
                 d.set_quiesce(id, Some(q.clone()));
+            }
+            if t.elapsed() >= SLOW_DEDUP_CALL {
+                log::warn!(
+                    "VM {}: attaching its vCPU quiescer took {:?}",
+                    self.config.name,
+                    t.elapsed()
+                );
             }
             self.quiescer = Some(q);
         }
