@@ -358,9 +358,9 @@ impl Vm {
                 owner: self.config.name.clone(),
                 group: self.config.dedup_group(),
             };
+            let t = Instant::now();
             // SAFETY: the region is a private anonymous mapping owned by
             // `self.mem`; `Drop`/`finish` unregister it before it is unmapped.
-            let t = Instant::now();
             let id = unsafe { dedup.register(spec) }.map_err(Error::Dedup)?;
             let registered = t.elapsed();
             self.regions.push(id);
