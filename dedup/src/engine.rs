@@ -488,6 +488,10 @@ fn effective_sleep(sh: &Shared, knobs: &Knobs, mode: Mode, idle: u32) -> Duratio
     Duration::from_millis(ms)
 }
 
+/// A hold of the core this long by the scanner is logged: VM creation and
+/// deletion wait for it (soaks of 2026-12-02: 0.35-6.4 s).
+const SLOW_HOLD: Duration = Duration::from_millis(200);
+
 fn scanner_loop(sh: &Arc<Shared>) {
     lock(&sh.clocks).enter();
     let mut unmerge_tries = 0;
@@ -527,8 +531,15 @@ fn scanner_loop(sh: &Arc<Shared>) {
             Mode::Unmerge => {
                 let left = {
                     let mut core = lock(&sh.core);
+                    let t = Instant::now();
                     let left = core.unmerge_all();
                     sh.publish(&core);
+                    if t.elapsed() >= SLOW_HOLD {
+                        log::warn!(
+                            "pagefold: an unmerge step held the engine for {:?} ({left:?} pages left)",
+                            t.elapsed()
+                        );
+                    }
                     left
                 };
                 let Some(left) = left else {
@@ -588,6 +599,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
                 let_waiters_in(sh);
                 let (rep, idle) = {
                     let mut core = lock(&sh.core);
+                    let t0 = Instant::now();
                     core.knobs = knobs;
                     if lost {
                         // Device writes whose ranges are lost: every
@@ -604,7 +616,9 @@ fn scanner_loop(sh: &Arc<Shared>) {
                         core.mark_written(&hints);
                         hints.clear();
                     }
+                    let t1 = Instant::now();
                     let mut rep = core.run_batch(plan.pages_to_visit.max(1), plan.merge);
+                    let t2 = Instant::now();
                     // Merges the hints brought pay off like the scan's: left
                     // out, the scan behind them found little and slowed down
                     // (two-VM build: 7,457 pages merged at the end with
@@ -614,6 +628,20 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     core.assist
                         .drive(plan.merge, plan.pages_to_visit, knobs.sleep_millisecs);
                     sh.publish(&core);
+                    if t0.elapsed() >= SLOW_HOLD {
+                        // Registrations and VM deletions wait meanwhile.
+                        log::warn!(
+                            "pagefold: a wake-up held the engine for {:?} (hints {:?}: {} merges; scan {:?}: {} merges, {} visit units, pass end {}; KSM assist and stats {:?})",
+                            t0.elapsed(),
+                            t1 - t0,
+                            hinted.merges,
+                            t2 - t1,
+                            rep.merges,
+                            rep.spent,
+                            rep.pass_completed,
+                            t2.elapsed()
+                        );
+                    }
                     (rep, core.idle_passes)
                 };
                 if !hints.is_empty() {
