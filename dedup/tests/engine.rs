@@ -799,13 +799,7 @@ fn registering_memory_during_an_unmerge_waits_for_a_chunk_not_for_the_whole_unme
     let e = engine(256);
     a.register(&e, "a", "g");
     b.register(&e, "b", "g");
-    for _ in 0..10 {
-        if e.stats().pages_sharing as usize == n {
-            break;
-        }
-        e.scan_now(1);
-    }
-    assert_eq!(e.stats().pages_sharing as usize, n);
+    merge_fully(&e, n);
     let start = Instant::now();
     e.set_mode(Mode::Unmerge).unwrap();
     let mut worst = Duration::ZERO;
@@ -842,16 +836,21 @@ fn registering_memory_during_an_unmerge_waits_for_a_chunk_not_for_the_whole_unme
 
 /// Whether `addr` lies in a mapping of the engine's pool file.
 fn in_pool_vma(addr: usize) -> bool {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines().any(|l| {
-        let range = l.split_whitespace().next().unwrap_or("");
-        let (s, e) = range.split_once('-').unwrap_or(("0", "0"));
-        let (s, e) = (
-            usize::from_str_radix(s, 16).unwrap_or(0),
-            usize::from_str_radix(e, 16).unwrap_or(0),
-        );
-        (s..e).contains(&addr) && l.contains("pagefold-pool")
-    })
+    mappings()
+        .iter()
+        .any(|(s, e, l)| (*s..*e).contains(&addr) && l.contains("pagefold-pool"))
+}
+
+/// Scans until the `n` pages of two identical regions all share (at most
+/// ten passes), and asserts they do.
+fn merge_fully(e: &Engine, n: usize) {
+    for _ in 0..10 {
+        if e.stats().pages_sharing as usize == n {
+            break;
+        }
+        e.scan_now(1);
+    }
+    assert_eq!(e.stats().pages_sharing as usize, n);
 }
 
 /// The case the unmerge's yield opens: a VM leaves while mode `unmerge`
@@ -872,13 +871,7 @@ fn a_vm_leaving_half_way_through_an_unmerge_loses_no_page_of_the_other() {
     let e = engine(256);
     a.register(&e, "a", "g");
     let b_id = b.register(&e, "b", "g");
-    for _ in 0..10 {
-        if e.stats().pages_sharing as usize == n {
-            break;
-        }
-        e.scan_now(1);
-    }
-    assert_eq!(e.stats().pages_sharing as usize, n);
+    merge_fully(&e, n);
     // a rewrites every page after its first `head` (copy-on-write inside
     // the pool VMAs), and the scan sees it: only a's head maps slots.
     for i in head..n {

@@ -120,9 +120,9 @@ pub fn pattern(v: u64) -> Vec<u8> {
     b
 }
 
-/// VMAs of this process that overlap `addr..addr + len`, from
-/// /proc/self/maps (what `vm.max_map_count` counts).
-pub fn vmas_in(addr: usize, len: usize) -> usize {
+/// This process's mappings from /proc/self/maps: start, end and the
+/// whole line (flags, offset, name).
+pub fn mappings() -> Vec<(usize, usize, String)> {
     let maps = std::fs::read_to_string("/proc/self/maps").expect("read /proc/self/maps");
     maps.lines()
         .filter_map(|l| {
@@ -131,9 +131,18 @@ pub fn vmas_in(addr: usize, len: usize) -> usize {
             Some((
                 usize::from_str_radix(a, 16).ok()?,
                 usize::from_str_radix(b, 16).ok()?,
+                l.to_string(),
             ))
         })
-        .filter(|&(a, b)| a < addr + len && addr < b)
+        .collect()
+}
+
+/// VMAs of this process that overlap `addr..addr + len`, from
+/// /proc/self/maps (what `vm.max_map_count` counts).
+pub fn vmas_in(addr: usize, len: usize) -> usize {
+    mappings()
+        .iter()
+        .filter(|&&(a, b, _)| a < addr + len && addr < b)
         .count()
 }
 
