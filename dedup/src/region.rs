@@ -113,6 +113,10 @@ pub struct Region {
     /// Handed to kernel KSM (`crate::assist`): `MADV_MERGEABLE`, and the
     /// engine no longer hashes, protects or merges its unmerged pages.
     pub assisted: bool,
+    /// Bytes from the region's start already given back from KSM by a
+    /// take-back that stopped half-way for a waiter (`Core::take_from_ksm`);
+    /// 0 when none is under way.
+    pub taken_back: usize,
     /// Pages of this region on a KSM frame shared within our regions, and
     /// the pages that saves (sum of 1 - 1/k), per pass (`assist::Census`).
     pub ksm_merged: u64,
@@ -169,6 +173,7 @@ impl Region {
             saved_pages: 0.0,
             vmas: 0,
             assisted: false,
+            taken_back: 0,
             ksm_merged: 0,
             ksm_saved: 0.0,
             slot_base: None,

@@ -12,6 +12,7 @@ impl Core {
             return rep;
         }
         self.refresh_map_count(false);
+        self.resume_handed_over();
         self.collect_write_logs();
         if merge {
             self.run_rechecks();

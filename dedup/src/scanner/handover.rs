@@ -6,6 +6,23 @@ use super::*;
 /// A take-back from KSM this long is logged (the core is held through it).
 const SLOW_TAKE_BACK: Duration = Duration::from_millis(200);
 
+/// Bytes a take-back from KSM gives back per `MADV_UNMERGEABLE`: the core
+/// is held through each, and one call over a whole region held it 207-450
+/// ms for 128-192 MiB in the soaks of 2026-12-02 (VM creation and deletion
+/// waited behind it).
+const TAKE_BACK_CHUNK: usize = 16 << 20;
+
+/// How a take-back from KSM ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TakeBack {
+    /// The region is the engine's again.
+    Done,
+    /// `MADV_UNMERGEABLE` failed: the region stays KSM's.
+    Failed,
+    /// Stopped between two chunks for a thread waiting for the core.
+    Yielded,
+}
+
 impl Core {
     /// Makes region `ri` KSM's: `MADV_MERGEABLE`, after which the engine only
     /// watches its own earlier merges there. Called between spans, when the
@@ -26,37 +43,71 @@ impl Core {
     /// merge ksmd has in flight there, so the engine may protect its pages
     /// again afterwards. Returns false (region stays KSM's) on failure.
     pub(super) fn take_from_ksm(&mut self, ri: usize) -> bool {
+        self.take_back(ri, false) == TakeBack::Done
+    }
+
+    /// [`Core::take_from_ksm`] in steps of `TAKE_BACK_CHUNK` bytes; with
+    /// `yielding`, stops between two when another thread waits for the core
+    /// ([`Core::waiters`]), and the next call goes on from there. The region
+    /// stays KSM's (`assisted`) until its last byte is back, so the engine
+    /// never protects a page of it meanwhile; `resume_handed_over` makes the
+    /// part given back mergeable again if the engine goes back to merging
+    /// before the take-back ends.
+    pub(super) fn take_back(&mut self, ri: usize, yielding: bool) -> TakeBack {
         let r = &mut self.regions[ri];
         if !r.assisted {
-            return true;
+            return TakeBack::Done;
         }
         let t = Instant::now();
-        let res = crate::mm::madvise(r.addr, r.len(), libc::MADV_UNMERGEABLE);
+        let (from, len) = (r.taken_back, r.len());
+        while r.taken_back < len {
+            let n = (len - r.taken_back).min(TAKE_BACK_CHUNK);
+            if let Err(e) = crate::mm::madvise(r.addr + r.taken_back, n, libc::MADV_UNMERGEABLE) {
+                log::warn!("pagefold: KSM assist: giving region back: {e}");
+                return TakeBack::Failed;
+            }
+            r.taken_back += n;
+            if yielding
+                && r.taken_back < len
+                && self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0
+            {
+                return TakeBack::Yielded;
+            }
+        }
         if t.elapsed() >= SLOW_TAKE_BACK {
             // The core is held meanwhile: VM creation and deletion wait.
             log::warn!(
                 "pagefold: KSM assist: giving {} MiB back from KSM took {:?}",
-                r.len() >> 20,
+                (len - from) >> 20,
                 t.elapsed()
             );
         }
-        match res {
-            Ok(()) => {
-                r.assisted = false;
-                r.ksm_merged = 0;
-                r.ksm_saved = 0.0;
-                // Unmerged pages keep stale hashes and levels: revisit them.
-                for i in 0..r.npages {
-                    if region::kind(r.state[i]) == HASHED {
-                        r.set_kind(i, NEW);
-                        r.state[i] = region::with_level(r.state[i], 0);
-                    }
-                }
-                true
+        r.assisted = false;
+        r.taken_back = 0;
+        r.ksm_merged = 0;
+        r.ksm_saved = 0.0;
+        // Unmerged pages keep stale hashes and levels: revisit them.
+        for i in 0..r.npages {
+            if region::kind(r.state[i]) == HASHED {
+                r.set_kind(i, NEW);
+                r.state[i] = region::with_level(r.state[i], 0);
             }
-            Err(e) => {
-                log::warn!("pagefold: KSM assist: giving region back: {e}");
-                false
+        }
+        TakeBack::Done
+    }
+
+    /// A take-back that stopped half-way (mode `unmerge` left before it
+    /// ended, or it failed) left part of a KSM region unmergeable: nobody
+    /// would merge those pages, so they are KSM's again.
+    pub(super) fn resume_handed_over(&mut self) {
+        for r in self
+            .regions
+            .iter_mut()
+            .filter(|r| r.assisted && r.taken_back > 0)
+        {
+            match crate::mm::madvise(r.addr, r.taken_back, libc::MADV_MERGEABLE) {
+                Ok(()) => r.taken_back = 0,
+                Err(e) => log::warn!("pagefold: KSM assist: {e}"),
             }
         }
     }
@@ -69,12 +120,16 @@ impl Core {
         }
     }
 
-    /// Takes every region back from KSM and ends the assist (unmerge mode).
-    pub fn end_assist(&mut self) {
+    /// Takes every region back from KSM and ends the assist (unmerge mode);
+    /// false when it stopped for a waiter (see [`Core::take_back`]).
+    pub fn end_assist(&mut self, yielding: bool) -> bool {
         for ri in 0..self.regions.len() {
-            self.take_from_ksm(ri);
+            if self.take_back(ri, yielding) == TakeBack::Yielded {
+                return false;
+            }
         }
         self.release_assist_if_unused();
+        true
     }
 
     /// Counts merges planned this pass in `group`: pages and the new VMAs
@@ -186,5 +241,103 @@ impl Core {
         for g in groups {
             self.maybe_assist(g);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::fault::ProtState;
+    use crate::pool::Pool;
+    use crate::uffd::Uffd;
+    use crate::PAGE_SIZE;
+
+    /// KSM's flag (`mg` in /proc/self/smaps) for each page-sized step of
+    /// `addr..addr + len`: true where the VMA holding it is mergeable.
+    fn mergeable(addr: usize, len: usize) -> Vec<bool> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut vmas: Vec<(usize, usize, bool)> = Vec::new();
+        for line in smaps.lines() {
+            let head = line.split_whitespace().next().unwrap_or("");
+            if let Some((s, e)) = head.split_once('-') {
+                if let (Ok(s), Ok(e)) = (usize::from_str_radix(s, 16), usize::from_str_radix(e, 16))
+                {
+                    vmas.push((s, e, false));
+                    continue;
+                }
+            }
+            if let (Some(flags), Some(v)) = (line.strip_prefix("VmFlags:"), vmas.last_mut()) {
+                v.2 = flags.split_whitespace().any(|f| f == "mg");
+            }
+        }
+        (addr..addr + len)
+            .step_by(PAGE_SIZE)
+            .map(|a| vmas.iter().any(|&(s, e, mg)| mg && (s..e).contains(&a)))
+            .collect()
+    }
+
+    #[test]
+    fn a_take_back_stops_between_chunks_for_a_waiter_and_a_stopped_one_is_undone() {
+        let len = 3 * TAKE_BACK_CHUNK;
+        let ptr = crate::mm::map_anon(len).unwrap();
+        let mem = ptr as usize;
+        let mut core = Core::new(
+            Pool::new(1 << 26).unwrap(),
+            Arc::new(Uffd::new().unwrap()),
+            Arc::new(Mutex::new(ProtState::default())),
+            Knobs {
+                pages_to_scan: 1 << 20,
+                sleep_millisecs: 0,
+                max_page_sharing: 256,
+            },
+            crate::hash::xxh3,
+            true,
+            crate::scanner::DEFAULT_STRIPE,
+        )
+        .unwrap();
+        core.register(mem, len, "a".into(), "g".into()).unwrap();
+        core.hand_to_ksm(0);
+        assert!(core.regions[0].assisted);
+        assert!(mergeable(mem, len).iter().all(|&m| m));
+
+        // A waiter: one chunk goes back, then the core is let go.
+        core.waiters.store(1, Ordering::Release);
+        assert_eq!(core.take_back(0, true), TakeBack::Yielded);
+        let chunk = TAKE_BACK_CHUNK / PAGE_SIZE;
+        let mg = mergeable(mem, len);
+        assert!(mg[..chunk].iter().all(|&m| !m), "first chunk still KSM's");
+        assert!(
+            mg[chunk..].iter().all(|&m| m),
+            "more than a chunk went back"
+        );
+        assert!(
+            core.regions[0].assisted,
+            "the region is KSM's until the end"
+        );
+        // Called again, it goes on from there: one more chunk.
+        assert_eq!(core.take_back(0, true), TakeBack::Yielded);
+        assert_eq!(
+            mergeable(mem, len).iter().filter(|&&m| !m).count(),
+            2 * chunk
+        );
+
+        // The engine goes back to merging before the take-back ends: the
+        // part given back is KSM's again (nobody else would merge it).
+        core.resume_handed_over();
+        assert!(mergeable(mem, len).iter().all(|&m| m));
+        assert_eq!(core.regions[0].taken_back, 0);
+
+        // Without a waiter (or not yielding) it runs to the end.
+        assert_eq!(core.take_back(0, true), TakeBack::Yielded);
+        core.waiters.store(0, Ordering::Release);
+        assert_eq!(core.take_back(0, true), TakeBack::Done);
+        assert!(!core.regions[0].assisted);
+        assert_eq!(core.regions[0].taken_back, 0);
+        assert!(mergeable(mem, len).iter().all(|&m| !m));
+        core.unregister(core.regions[0].id, true).unwrap();
+        crate::mm::unmap(ptr, len);
     }
 }

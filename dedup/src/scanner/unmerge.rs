@@ -83,7 +83,9 @@ impl Core {
     /// again, which goes on where the pages still in the pool are).
     pub fn unmerge_all(&mut self) -> Option<u64> {
         // KSM first: no engine protection may meet a KSM merge.
-        self.end_assist();
+        if !self.end_assist(true) {
+            return None;
+        }
         let mut left = Some(0);
         let mut freed = Vec::new();
         for ri in 0..self.regions.len() {
