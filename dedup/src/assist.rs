@@ -63,6 +63,21 @@ pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 /// Longest sleep KSM backs off to while it finds nothing more.
 pub const MAX_IDLE_SLEEP_MS: u64 = 1000;
 
+/// A KSM sysfs or procfs access in [`KsmAssist::drive`] this long is
+/// logged: the engine holds its core through it, and one assist step held
+/// it 241 ms in a soak of 2026-12-02 (VM creation and deletion wait).
+const SLOW_KSM_ACCESS: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Runs `f`, logging it as `what` when it took `SLOW_KSM_ACCESS` or more.
+fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
+    let t = std::time::Instant::now();
+    let v = f();
+    if t.elapsed() >= SLOW_KSM_ACCESS {
+        log::warn!("pagefold: KSM assist: {what} took {:?}", t.elapsed());
+    }
+    v
+}
+
 /// Whether the engine may hand scattered groups to kernel KSM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -306,7 +321,7 @@ impl KsmAssist {
         };
         if !merge {
             if e.running && e.orig_run == 0 {
-                match e.sysfs.write("run", 0) {
+                match timed("writing run 0", || e.sysfs.write("run", 0)) {
                     Ok(()) => e.running = false,
                     Err(err) => log::warn!("pagefold: KSM assist: {err}"),
                 }
@@ -315,9 +330,10 @@ impl KsmAssist {
         }
         // Back off while full scans bring nothing more (KSM's own work on
         // unique pages is what costs CPU once everything is merged).
-        let scans = e.sysfs.read_u64("full_scans").unwrap_or(e.last_full_scans);
+        let scans = timed("reading full_scans", || e.sysfs.read_u64("full_scans"))
+            .unwrap_or(e.last_full_scans);
         if scans != e.last_full_scans {
-            let merging = ksm::self_ksm_stat()
+            let merging = timed("reading /proc/self/ksm_stat", ksm::self_ksm_stat)
                 .and_then(|s| s.merging_pages)
                 .unwrap_or(0);
             if merging > e.last_merging {
@@ -348,7 +364,7 @@ impl KsmAssist {
         };
         let pages = pages.clamp(1, u32::MAX as u64);
         let write = |name: &str, v: u64| {
-            if let Err(err) = e.sysfs.write(name, v) {
+            if let Err(err) = timed(&format!("writing {name} {v}"), || e.sysfs.write(name, v)) {
                 log::warn!("pagefold: KSM assist: {err}");
                 false
             } else {

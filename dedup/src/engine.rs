@@ -627,11 +627,12 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     rep.fresh += hinted.fresh;
                     core.assist
                         .drive(plan.merge, plan.pages_to_visit, knobs.sleep_millisecs);
+                    let t3 = Instant::now();
                     sh.publish(&core);
                     if t0.elapsed() >= SLOW_HOLD {
                         // Registrations and VM deletions wait meanwhile.
                         log::warn!(
-                            "pagefold: a wake-up held the engine for {:?} (hints {:?}: {} merges; scan {:?}: {} merges, {} visit units, pass end {}; KSM assist and stats {:?})",
+                            "pagefold: a wake-up held the engine for {:?} (hints {:?}: {} merges; scan {:?}: {} merges, {} visit units, pass end {}, yielded {}; KSM assist {:?}; stats {:?})",
                             t0.elapsed(),
                             t1 - t0,
                             hinted.merges,
@@ -639,7 +640,9 @@ fn scanner_loop(sh: &Arc<Shared>) {
                             rep.merges,
                             rep.spent,
                             rep.pass_completed,
-                            t2.elapsed()
+                            rep.yielded,
+                            t3 - t2,
+                            t3.elapsed()
                         );
                     }
                     (rep, core.idle_passes)
@@ -665,7 +668,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
                 if rep.census_pending {
                     // The rest of a census pass, soon (see CENSUS_SLICE).
                     sleep.min(IDLE_FLOOR)
-                } else if rep.spent == 0 {
+                } else if rep.spent == 0 && !rep.yielded {
                     // Nothing of the engine's to visit (every region is
                     // KSM's between censuses): no spinning at sleep 0.
                     sleep.max(IDLE_FLOOR)

@@ -14,8 +14,11 @@ impl Core {
         self.refresh_map_count(false);
         self.resume_handed_over();
         self.collect_write_logs();
-        if merge {
-            self.run_rechecks();
+        if merge && self.run_rechecks() {
+            // Someone waits for the core: the scan waits for the next
+            // wake-up, after the rechecks left.
+            rep.yielded = true;
+            return rep;
         }
         let before = self.merges_done();
         let fresh_before = self.fresh_hashed;
@@ -171,36 +174,53 @@ impl Core {
     /// visited now as unchanged (`visit_clean`, or in full when it may
     /// pair), so content a guest has just written merges within two
     /// wake-ups. Written pages are left to the scan (due at its next pass).
-    /// The merges run as one batch before the scan's (no provisional merge
-    /// state is left for a span to meet).
-    pub(super) fn run_rechecks(&mut self) {
+    /// The merges run in slices of `SPAN_PAGES` queued pages, each planned
+    /// and executed before the next (no provisional merge state is left for
+    /// a span to meet); between two, a thread waiting for the core gets it
+    /// (the queue holds up to `RECHECK_CAP` pages) and the rest stays
+    /// queued for the next wake-up. Returns true when it stopped so.
+    pub(super) fn run_rechecks(&mut self) -> bool {
         if self.recheck.is_empty() {
-            return;
+            return false;
         }
-        let queue = std::mem::take(&mut self.recheck);
+        let mut queue = std::mem::take(&mut self.recheck);
         let run = (self.run_hash, self.run_len);
-        let mut ops: Vec<Op> = Vec::new();
-        let mut units = u64::MAX;
-        let mut groups: Vec<u32> = Vec::new();
-        for gid in queue {
-            let Some((ri, p)) = self.locate(gid) else {
-                continue;
-            };
-            let r = &self.regions[ri];
-            let st = r.state[p];
-            // Planned as a partner by an earlier recheck (MERGED now),
-            // hashed since, or written since: nothing to do here.
-            if r.assisted || region::kind(st) != HASHED || !self.log_clean(ri, p, st) {
-                continue;
+        let mut at = 0;
+        while at < queue.len() {
+            let end = (at + SPAN_PAGES).min(queue.len());
+            let mut ops: Vec<Op> = Vec::new();
+            let mut units = u64::MAX;
+            let mut groups: Vec<u32> = Vec::new();
+            for &gid in &queue[at..end] {
+                let Some((ri, p)) = self.locate(gid) else {
+                    continue;
+                };
+                let r = &self.regions[ri];
+                let st = r.state[p];
+                // Planned as a partner by an earlier recheck (MERGED now),
+                // hashed since, or written since: nothing to do here.
+                if r.assisted || region::kind(st) != HASHED || !self.log_clean(ri, p, st) {
+                    continue;
+                }
+                let prev = (p > 0 && region::kind(r.state[p - 1]) == MERGED).then(|| r.word[p - 1]);
+                groups.push(r.group);
+                self.note_run(None);
+                self.visit(ri, p, Entry(0), st, prev, &mut units, true, &mut ops);
             }
-            let prev = (p > 0 && region::kind(r.state[p - 1]) == MERGED).then(|| r.word[p - 1]);
-            groups.push(r.group);
-            self.note_run(None);
-            self.visit(ri, p, Entry(0), st, prev, &mut units, true, &mut ops);
+            self.execute_planned(ops);
+            self.judge_groups(groups);
+            at = end;
+            if at < queue.len() && self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                // Ahead of the pages these visits queued.
+                queue.drain(..at);
+                queue.append(&mut self.recheck);
+                self.recheck = queue;
+                (self.run_hash, self.run_len) = run;
+                return true;
+            }
         }
         (self.run_hash, self.run_len) = run;
-        self.execute_planned(ops);
-        self.judge_groups(groups);
+        false
     }
 
     /// Executes merge ops planned outside a scan span (hint visits,

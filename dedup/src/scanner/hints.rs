@@ -71,6 +71,11 @@ impl Core {
                 break;
             }
             done += 1;
+            if self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+                // Someone waits for the core (a VM coming or going): the
+                // ranges left stay first in line for the next wake-up.
+                break;
+            }
         }
         self.flush_hint_ops(&mut visited);
         self.deferred = None;
