@@ -68,6 +68,28 @@ pub const MAX_IDLE_SLEEP_MS: u64 = 1000;
 /// it 241 ms in a soak of 2026-12-02 (VM creation and deletion wait).
 const SLOW_KSM_ACCESS: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// Most pages ksmd is asked to scan per batch. ksmd holds its thread mutex
+/// through a whole batch, and writing `run` (pausing KSM, restoring its
+/// knobs) waits for that mutex while the engine holds its core: with the
+/// engine's pages per wake-up times `CONVERGE_BOOST` (up to 262,144) in one
+/// batch, such writes took 0.54-1.25 s in a 10-minute soak of 2026-12-02,
+/// and VM creation and deletion waited behind them. KSM's own "max effort"
+/// setting is 10,000 pages per batch (~50 ms of ksmd here).
+pub const KSM_BATCH_MAX: u64 = 8192;
+
+/// KSM's `pages_to_scan` and `sleep_millisecs` for a pace of `pages` every
+/// `sleep_ms`: at most `KSM_BATCH_MAX` pages a batch, the sleep cut in
+/// proportion (rounded down: never slower than asked).
+pub fn ksm_pace(pages: u64, sleep_ms: u64) -> (u64, u64) {
+    if pages <= KSM_BATCH_MAX {
+        return (pages, sleep_ms);
+    }
+    (
+        KSM_BATCH_MAX,
+        sleep_ms.saturating_mul(KSM_BATCH_MAX) / pages,
+    )
+}
+
 /// Runs `f`, logging it as `what` when it took `SLOW_KSM_ACCESS` or more.
 fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let t = std::time::Instant::now();
@@ -362,7 +384,7 @@ impl KsmAssist {
         } else {
             pages
         };
-        let pages = pages.clamp(1, u32::MAX as u64);
+        let (pages, sleep) = ksm_pace(pages.clamp(1, u32::MAX as u64), sleep);
         let write = |name: &str, v: u64| {
             if let Err(err) = timed(&format!("writing {name} {v}"), || e.sysfs.write(name, v)) {
                 log::warn!("pagefold: KSM assist: {err}");
@@ -516,6 +538,25 @@ impl Census {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ksm_batches_stay_short_at_the_same_pace() {
+        // Small batches as asked.
+        assert_eq!(ksm_pace(100, 20), (100, 20));
+        assert_eq!(ksm_pace(KSM_BATCH_MAX, 0), (KSM_BATCH_MAX, 0));
+        // Large ones are cut, the sleep with them: 4 x 65,536 pages every
+        // 20 ms is 8,192 every 0.625 ms, i.e. no sleep at all.
+        assert_eq!(ksm_pace(262_144, 20), (KSM_BATCH_MAX, 0));
+        // 32,768 pages a second: 8,192 every 250 ms.
+        assert_eq!(ksm_pace(32_768, 1000), (KSM_BATCH_MAX, 250));
+        // Never slower than asked (rounded down).
+        for (p, s) in [(10_000u64, 7u64), (50_000, 333), (1 << 20, 1000)] {
+            let (bp, bs) = ksm_pace(p, s);
+            assert!(bp <= KSM_BATCH_MAX);
+            // bp pages every bs ms at least as fast as p every s ms.
+            assert!(bp * s >= p * bs, "{p}/{s} -> {bp}/{bs}");
+        }
+    }
 
     #[test]
     fn census_counts_frames_mapped_twice_or_more() {

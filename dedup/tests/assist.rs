@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::*;
+use pagefold_dedup::assist::{ksm_pace, CONVERGE_BOOST};
 use pagefold_dedup::ksm::{self, KsmSysfs, KSM_SYSFS};
 use pagefold_dedup::pagemap::Pagemap;
 use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfig, Knobs, Mode};
@@ -264,24 +265,32 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
         d.fill(half + j, 20_000_000 + i as u64);
     }
     // KSM found nothing more for a while: it has backed off. New memory in
-    // the group brings it back to the engine's pace (sleep 5 ms) at the
-    // engine's next wake-up, before it has merged any of it (it used to
-    // speed up only once its slow scans had merged some).
+    // the group brings it back to its converging pace (CONVERGE_BOOST times
+    // the engine's pages every 5 ms, in batches of at most KSM_BATCH_MAX)
+    // at the engine's next wake-up, before it has merged any of it (it used
+    // to speed up only once its slow scans had merged some).
+    let (fast_pages, fast_sleep) = ksm_pace(3 * N as u64 * CONVERGE_BOOST, 5);
     let sleep_ms = || sysfs.read_u64("sleep_millisecs").unwrap();
+    let pages_to_scan = || sysfs.read_u64("pages_to_scan").unwrap();
     let merging = || {
         ksm::self_ksm_stat()
             .and_then(|s| s.merging_pages)
             .unwrap_or(0)
     };
     let idle = sleep_ms();
+    // Well above the engine's 5 ms (the converging pace's sleep is less).
     assert!(idle > 5, "KSM did not back off: sleep {idle} ms");
     let m0 = merging();
     d.register(&e, "d", "g");
     wait_until(Duration::from_secs(10), Duration::from_millis(1), || {
-        sleep_ms() == 5
+        (pages_to_scan(), sleep_ms()) == (fast_pages, fast_sleep)
     });
     let m1 = merging();
-    assert_eq!(sleep_ms(), 5, "KSM still at {idle} ms");
+    assert_eq!(
+        (pages_to_scan(), sleep_ms()),
+        (fast_pages, fast_sleep),
+        "KSM still at its idle pace (sleep {idle} ms)"
+    );
     assert_eq!(
         m1,
         m0,
