@@ -455,7 +455,7 @@ impl KsmAssist {
     pub fn disengage(&mut self) {
         if let Some(e) = self.engaged.take() {
             self.cpu_prior += (ksmd_cpu(e.ksmd) - e.cpu_start).max(0.0);
-            for err in e.sysfs.restore() {
+            for err in timed("restoring KSM's knobs", || e.sysfs.restore()) {
                 log::error!("pagefold: KSM assist: restoring knobs: {err}");
             }
         }

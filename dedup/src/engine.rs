@@ -531,15 +531,9 @@ fn scanner_loop(sh: &Arc<Shared>) {
             Mode::Unmerge => {
                 let left = {
                     let mut core = lock(&sh.core);
-                    let t = Instant::now();
+                    // Logs itself when slow (SLOW_UNMERGE_STEP).
                     let left = core.unmerge_all();
                     sh.publish(&core);
-                    if t.elapsed() >= SLOW_HOLD {
-                        log::warn!(
-                            "pagefold: an unmerge step held the engine for {:?} ({left:?} pages left)",
-                            t.elapsed()
-                        );
-                    }
                     left
                 };
                 let Some(left) = left else {

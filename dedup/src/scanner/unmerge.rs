@@ -4,6 +4,9 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 
+/// An unmerge step this long is logged (the core is held through it).
+const SLOW_UNMERGE_STEP: Duration = Duration::from_millis(200);
+
 impl Core {
     /// Gives every page of region `ri` that lies in a pool VMA (merged, or
     /// merged and copied-on-write since) a private anonymous mapping again;
@@ -82,13 +85,13 @@ impl Core {
     /// core (VM creation or deletion; the caller lets it in and calls
     /// again, which goes on where the pages still in the pool are).
     pub fn unmerge_all(&mut self) -> Option<u64> {
+        let t0 = Instant::now();
         // KSM first: no engine protection may meet a KSM merge.
-        if !self.end_assist(true) {
-            return None;
-        }
-        let mut left = Some(0);
+        let ksm_done = self.end_assist(true);
+        let t1 = Instant::now();
+        let mut left = ksm_done.then_some(0);
         let mut freed = Vec::new();
-        for ri in 0..self.regions.len() {
+        for ri in (0..self.regions.len()).filter(|_| ksm_done) {
             match self.unmerge_region(ri, &mut freed, true) {
                 Some(n) => left = left.map(|l| l + n),
                 None => {
@@ -97,8 +100,19 @@ impl Core {
                 }
             }
         }
+        let t2 = Instant::now();
         self.release_unmapped(&freed);
         self.unstable.reset(0);
+        if t0.elapsed() >= SLOW_UNMERGE_STEP {
+            // VM creation and deletion wait meanwhile.
+            log::warn!(
+                "pagefold: an unmerge step held the engine for {:?} (KSM take-backs and assist end {:?}; unmerging {:?}; freeing slots {:?}; {left:?} pages left)",
+                t0.elapsed(),
+                t1 - t0,
+                t2 - t1,
+                t2.elapsed()
+            );
+        }
         left
     }
 }
