@@ -918,3 +918,43 @@ fn a_vm_leaving_half_way_through_an_unmerge_loses_no_page_of_the_other() {
     e.check_consistency().unwrap();
     e.shutdown();
 }
+
+/// A span plans the merges of up to 4,096 pages and runs them before the
+/// batch can yield: 2,570 scattered merges held the core 244 ms in a soak,
+/// and a VM being created waited for all of them. With a thread waiting for
+/// the core, the span now ends once 512 merges are planned; the rest of the
+/// span is merged by the next batch, as if nothing had happened.
+#[test]
+fn a_waiter_ends_a_span_after_512_planned_merges() {
+    const N: usize = 4096;
+    let pm = Pagemap::open().unwrap();
+    // Pages 2k and 2k+1 hold the same content: every odd page pairs with
+    // its left neighbour, so the region's one span plans 4,096 merges.
+    let a = Mem::new(N);
+    for k in 0..N / 2 {
+        a.fill(2 * k, 40_000 + k as u64);
+        a.fill(2 * k + 1, 40_000 + k as u64);
+    }
+    let mut core = driven_core();
+    core.register(a.addr, N * PS, "a".into(), "g".into())
+        .unwrap();
+    // First pass: hashes only (KSM's volatility rule).
+    core.run_passes(1);
+    core.waiters.store(1, std::sync::atomic::Ordering::Release);
+    let rep = core.run_batch(1 << 20, true);
+    core.waiters.store(0, std::sync::atomic::Ordering::Release);
+    assert!(rep.yielded, "{rep:?}");
+    assert!(
+        (512..=514).contains(&rep.merges),
+        "the span ran {} merges before yielding",
+        rep.merges
+    );
+    core.check_consistency().unwrap();
+    // The rest merges on the next batches.
+    core.run_passes(2);
+    core.check_consistency().unwrap();
+    for k in 0..N / 2 {
+        assert_eq!(a.pfn(&pm, 2 * k), a.pfn(&pm, 2 * k + 1), "pair {k}");
+        assert_eq!(a.read(2 * k + 1), pattern(40_000 + k as u64));
+    }
+}
