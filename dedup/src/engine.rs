@@ -756,6 +756,14 @@ impl DedupBackend for Engine {
         self.shared.lock_core_yielding().set_write_log(id, log);
     }
 
+    fn detach_guest(&self, ids: &[RegionId]) {
+        let mut core = self.shared.lock_core_yielding();
+        for &id in ids {
+            core.quiescers.remove(&id);
+            core.set_write_log(id, None);
+        }
+    }
+
     fn set_quiesce(&self, id: RegionId, q: Option<Arc<dyn crate::quiesce::Quiesce>>) {
         let mut core = self.shared.lock_core_yielding();
         match q {

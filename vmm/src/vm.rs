@@ -466,17 +466,19 @@ impl Vm {
         if !self.finished {
             self.finished = true;
             self.shared.request_stop(why);
-            // The engine kicks these threads no more before they are joined.
-            if let (Some(d), Some(q)) = (&self.dedup, self.quiescer.take()) {
-                for &id in &self.regions {
-                    d.set_quiesce(id, None);
-                }
-                q.forget_threads();
+            // The engine kicks these threads no more before they are joined,
+            // and reads their dirty log no more: one call, since each waits
+            // for the engine's scan to let go of its core.
+            let q = self.quiescer.take();
+            if let Some(d) = self
+                .dedup
+                .as_ref()
+                .filter(|_| q.is_some() || self.dirty_logged)
+            {
+                d.detach_guest(&self.regions);
             }
-            if let Some(d) = self.dedup.as_ref().filter(|_| self.dirty_logged) {
-                for &id in &self.regions {
-                    d.set_write_log(id, None);
-                }
+            if let Some(q) = q {
+                q.forget_threads();
             }
             if let Some(w) = &self.workload {
                 w.stop();
