@@ -466,6 +466,7 @@ impl Vm {
         if !self.finished {
             self.finished = true;
             self.shared.request_stop(why);
+            let t0 = Instant::now();
             // The engine kicks these threads no more before they are joined,
             // and reads their dirty log no more: one call, since each waits
             // for the engine's scan to let go of its core.
@@ -483,6 +484,7 @@ impl Vm {
             if let Some(w) = &self.workload {
                 w.stop();
             }
+            let t1 = Instant::now();
             let all_out = self.shared.wait_until(
                 STOP_TIMEOUT,
                 || self.kick(),
@@ -500,6 +502,7 @@ impl Vm {
                     STOP_TIMEOUT
                 );
             }
+            let t2 = Instant::now();
             if let Some(d) = &self.dedup {
                 for id in self.regions.drain(..) {
                     let r = if all_out {
@@ -516,6 +519,18 @@ impl Vm {
                         log::error!("VM {}: dedup unregister: {e}", self.config.name);
                     }
                 }
+            }
+            if t0.elapsed() >= SLOW_DEDUP_CALL {
+                // Which part a slow deletion waited for: the dedup calls
+                // wait for the engine's core.
+                log::warn!(
+                    "VM {}: stopping took {:?} (detaching from dedup {:?}, vCPUs out and joined {:?}, unregistering {:?})",
+                    self.config.name,
+                    t0.elapsed(),
+                    t1 - t0,
+                    t2 - t1,
+                    t2.elapsed()
+                );
             }
             self.serial
                 .lock()
