@@ -543,6 +543,7 @@ impl Core {
     /// Frees the slots in `slots` that nothing maps any more: out of the
     /// stable index first, then the hole punch (merge-races 5).
     fn release_slots(&mut self, slots: &[u32]) {
+        let mut free = Vec::with_capacity(slots.len());
         for &s in slots {
             let st = self.pool.state(s);
             if st == SlotState::Free || self.pool.meta(s).mappers != 0 {
@@ -550,9 +551,10 @@ impl Core {
             }
             let m = self.pool.meta(s);
             self.stable.remove(m.group, m.hash, s);
-            if let Err(e) = self.pool.release(s) {
-                log::warn!("pagefold: {e}");
-            }
+            free.push(s);
+        }
+        for e in self.pool.release_many(&mut free) {
+            log::warn!("pagefold: {e}");
         }
     }
 
