@@ -444,9 +444,20 @@ impl Engine {
     }
 
     fn do_unregister(&self, id: RegionId, unmerge: bool) -> backend::Result<()> {
+        let t0 = Instant::now();
         let mut core = self.shared.lock_core_yielding();
+        let t1 = Instant::now();
         core.unregister(id, unmerge)?;
         self.shared.publish(&core);
+        if t0.elapsed() >= SLOW_HOLD {
+            log::warn!(
+                "pagefold: unregistering region {} took {:?} (waiting for the core {:?}, the work {:?})",
+                id.0,
+                t0.elapsed(),
+                t1 - t0,
+                t1.elapsed()
+            );
+        }
         Ok(())
     }
 }
