@@ -122,9 +122,9 @@ impl Core {
 
     /// Takes every region back from KSM and ends the assist (unmerge mode);
     /// false when it stopped for a waiter (see [`Core::take_back`]).
-    pub fn end_assist(&mut self, yielding: bool) -> bool {
+    pub fn end_assist(&mut self) -> bool {
         for ri in 0..self.regions.len() {
-            if self.take_back(ri, yielding) == TakeBack::Yielded {
+            if self.take_back(ri, true) == TakeBack::Yielded {
                 return false;
             }
         }

@@ -87,7 +87,7 @@ impl Core {
     pub fn unmerge_all(&mut self) -> Option<u64> {
         let t0 = Instant::now();
         // KSM first: no engine protection may meet a KSM merge.
-        let ksm_done = self.end_assist(true);
+        let ksm_done = self.end_assist();
         let t1 = Instant::now();
         let mut left = ksm_done.then_some(0);
         let mut freed = Vec::new();
