@@ -247,12 +247,8 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering;
-    use std::sync::{Arc, Mutex};
 
     use super::*;
-    use crate::fault::ProtState;
-    use crate::pool::Pool;
-    use crate::uffd::Uffd;
     use crate::PAGE_SIZE;
 
     /// KSM's flag (`mg` in /proc/self/smaps) for each page-sized step of
@@ -284,20 +280,7 @@ mod tests {
         let len = 3 * TAKE_BACK_CHUNK;
         let ptr = crate::mm::map_anon(len).unwrap();
         let mem = ptr as usize;
-        let mut core = Core::new(
-            Pool::new(1 << 26).unwrap(),
-            Arc::new(Uffd::new().unwrap()),
-            Arc::new(Mutex::new(ProtState::default())),
-            Knobs {
-                pages_to_scan: 1 << 20,
-                sleep_millisecs: 0,
-                max_page_sharing: 256,
-            },
-            crate::hash::xxh3,
-            true,
-            crate::scanner::DEFAULT_STRIPE,
-        )
-        .unwrap();
+        let mut core = Core::driven(1 << 26).unwrap();
         core.register(mem, len, "a".into(), "g".into()).unwrap();
         core.hand_to_ksm(0);
         assert!(core.regions[0].assisted);

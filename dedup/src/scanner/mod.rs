@@ -407,6 +407,25 @@ impl Core {
     }
 
     /// The name of dedup group `g`.
+    /// A core with no engine thread and no regions, at max effort
+    /// (`max_page_sharing` 256, xxh3, 64-bit hash checks): what tests
+    /// drive pass by pass.
+    pub fn driven(pool_max_bytes: u64) -> Result<Self, ScanError> {
+        Core::new(
+            Pool::new(pool_max_bytes)?,
+            Arc::new(Uffd::new()?),
+            Arc::new(Mutex::new(ProtState::default())),
+            Knobs {
+                pages_to_scan: 1 << 20,
+                sleep_millisecs: 0,
+                max_page_sharing: 256,
+            },
+            crate::hash::xxh3,
+            true,
+            DEFAULT_STRIPE,
+        )
+    }
+
     pub fn group_name(&self, g: u32) -> Option<&str> {
         self.groups
             .iter()

@@ -205,24 +205,5 @@ pub fn engine(max_sharing: u64) -> Engine {
 /// A scanner core with no engine thread (the test drives its passes) and
 /// no regions: max effort, `max_page_sharing` 256, xxh3.
 pub fn driven_core() -> pagefold_dedup::scanner::Core {
-    use pagefold_dedup::fault::ProtState;
-    use pagefold_dedup::pool::Pool;
-    use pagefold_dedup::scanner::{Core, DEFAULT_STRIPE};
-    use pagefold_dedup::uffd::Uffd;
-    use std::sync::{Arc, Mutex};
-
-    Core::new(
-        Pool::new(1 << 30).unwrap(),
-        Arc::new(Uffd::new().unwrap()),
-        Arc::new(Mutex::new(ProtState::default())),
-        Knobs {
-            pages_to_scan: 1 << 20,
-            sleep_millisecs: 0,
-            max_page_sharing: 256,
-        },
-        pagefold_dedup::hash::xxh3,
-        true,
-        DEFAULT_STRIPE,
-    )
-    .unwrap()
+    pagefold_dedup::scanner::Core::driven(1 << 30).unwrap()
 }
