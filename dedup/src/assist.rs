@@ -225,6 +225,9 @@ struct Engaged {
     ksmd: Option<u32>,
     cpu_start: f64,
     orig_run: u64,
+    /// KSM's `run` is 1 (ours or as found).
+    run_on: bool,
+    /// KSM scans for us: `run` 1 and our `pages_to_scan` (not paused).
     running: bool,
     pages: u64,
     sleep: u64,
@@ -320,6 +323,7 @@ impl KsmAssist {
             ksmd,
             cpu_start: ksmd_cpu(ksmd),
             orig_run,
+            run_on: orig_run == 1,
             running: orig_run == 1,
             pages: 0,
             sleep: u64::MAX,
@@ -343,9 +347,28 @@ impl KsmAssist {
         };
         if !merge {
             if e.running && e.orig_run == 0 {
-                match timed("writing run 0", || e.sysfs.write("run", 0)) {
-                    Ok(()) => e.running = false,
+                // Paused by scanning no pages per batch, not by `run` 0:
+                // writing `run` waits for ksmd's mutex, which it holds
+                // through a whole batch, and the engine's core is held
+                // meanwhile (4.3 s once under a soak's load, batches capped
+                // at 8,192 pages). ksmd reads `pages_to_scan` at its next
+                // batch; the long sleep keeps it from waking for nothing.
+                match timed("writing pages_to_scan 0", || {
+                    e.sysfs.write("pages_to_scan", 0)
+                }) {
+                    Ok(()) => {
+                        e.running = false;
+                        e.pages = 0;
+                    }
                     Err(err) => log::warn!("pagefold: KSM assist: {err}"),
+                }
+                if e.sleep != MAX_IDLE_SLEEP_MS
+                    && timed("writing sleep_millisecs", || {
+                        e.sysfs.write("sleep_millisecs", MAX_IDLE_SLEEP_MS)
+                    })
+                    .is_ok()
+                {
+                    e.sleep = MAX_IDLE_SLEEP_MS;
                 }
             }
             return;
@@ -399,9 +422,10 @@ impl KsmAssist {
         if sleep != e.sleep && write("sleep_millisecs", sleep) {
             e.sleep = sleep;
         }
-        if !e.running && write("run", 1) {
-            e.running = true;
+        if !e.run_on && write("run", 1) {
+            e.run_on = true;
         }
+        e.running = e.run_on && e.pages > 0;
     }
 
     /// New memory became KSM's (a region handed over, or registered later
