@@ -345,6 +345,14 @@ impl KsmAssist {
         let Some(e) = self.engaged.as_mut() else {
             return;
         };
+        let write = |name: &str, v: u64| {
+            if let Err(err) = timed(&format!("writing {name} {v}"), || e.sysfs.write(name, v)) {
+                log::warn!("pagefold: KSM assist: {err}");
+                false
+            } else {
+                true
+            }
+        };
         if !merge {
             if e.running && e.orig_run == 0 {
                 // Paused by scanning no pages per batch, not by `run` 0:
@@ -353,21 +361,11 @@ impl KsmAssist {
                 // meanwhile (4.3 s once under a soak's load, batches capped
                 // at 8,192 pages). ksmd reads `pages_to_scan` at its next
                 // batch; the long sleep keeps it from waking for nothing.
-                match timed("writing pages_to_scan 0", || {
-                    e.sysfs.write("pages_to_scan", 0)
-                }) {
-                    Ok(()) => {
-                        e.running = false;
-                        e.pages = 0;
-                    }
-                    Err(err) => log::warn!("pagefold: KSM assist: {err}"),
+                if write("pages_to_scan", 0) {
+                    e.running = false;
+                    e.pages = 0;
                 }
-                if e.sleep != MAX_IDLE_SLEEP_MS
-                    && timed("writing sleep_millisecs", || {
-                        e.sysfs.write("sleep_millisecs", MAX_IDLE_SLEEP_MS)
-                    })
-                    .is_ok()
-                {
+                if e.sleep != MAX_IDLE_SLEEP_MS && write("sleep_millisecs", MAX_IDLE_SLEEP_MS) {
                     e.sleep = MAX_IDLE_SLEEP_MS;
                 }
             }
@@ -408,14 +406,6 @@ impl KsmAssist {
             pages
         };
         let (pages, sleep) = ksm_pace(pages.clamp(1, u32::MAX as u64), sleep);
-        let write = |name: &str, v: u64| {
-            if let Err(err) = timed(&format!("writing {name} {v}"), || e.sysfs.write(name, v)) {
-                log::warn!("pagefold: KSM assist: {err}");
-                false
-            } else {
-                true
-            }
-        };
         if pages != e.pages && write("pages_to_scan", pages) {
             e.pages = pages;
         }

@@ -58,7 +58,7 @@ impl Core {
                 rep.census_pending = true;
                 break;
             }
-            if self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if self.someone_waits() {
                 // Someone waits for the core: the rest of the batch's pace
                 // is left, the cursor stays where the span ended.
                 rep.yielded = true;
@@ -210,7 +210,7 @@ impl Core {
             self.execute_planned(ops);
             self.judge_groups(groups);
             at = end;
-            if at < queue.len() && self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if at < queue.len() && self.someone_waits() {
                 // Ahead of the pages these visits queued.
                 queue.drain(..at);
                 queue.append(&mut self.recheck);

@@ -54,26 +54,24 @@ impl Core {
     /// part given back mergeable again if the engine goes back to merging
     /// before the take-back ends.
     pub(super) fn take_back(&mut self, ri: usize, yielding: bool) -> TakeBack {
-        let r = &mut self.regions[ri];
-        if !r.assisted {
+        if !self.regions[ri].assisted {
             return TakeBack::Done;
         }
         let t = Instant::now();
-        let (from, len) = (r.taken_back, r.len());
-        while r.taken_back < len {
+        let (from, len) = (self.regions[ri].taken_back, self.regions[ri].len());
+        while self.regions[ri].taken_back < len {
+            let r = &mut self.regions[ri];
             let n = (len - r.taken_back).min(TAKE_BACK_CHUNK);
             if let Err(e) = crate::mm::madvise(r.addr + r.taken_back, n, libc::MADV_UNMERGEABLE) {
                 log::warn!("pagefold: KSM assist: giving region back: {e}");
                 return TakeBack::Failed;
             }
             r.taken_back += n;
-            if yielding
-                && r.taken_back < len
-                && self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0
-            {
+            if yielding && r.taken_back < len && self.someone_waits() {
                 return TakeBack::Yielded;
             }
         }
+        let r = &mut self.regions[ri];
         if t.elapsed() >= SLOW_TAKE_BACK {
             // The core is held meanwhile: VM creation and deletion wait.
             log::warn!(

@@ -71,7 +71,7 @@ impl Core {
                 break;
             }
             done += 1;
-            if self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            if self.someone_waits() {
                 // Someone waits for the core (a VM coming or going): the
                 // ranges left stay first in line for the next wake-up.
                 break;

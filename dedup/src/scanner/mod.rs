@@ -406,7 +406,6 @@ impl Core {
         Ok(c)
     }
 
-    /// The name of dedup group `g`.
     /// A core with no engine thread and no regions, at max effort
     /// (`max_page_sharing` 256, xxh3, 64-bit hash checks): what tests
     /// drive pass by pass.
@@ -426,11 +425,19 @@ impl Core {
         )
     }
 
+    /// The name of dedup group `g`.
     pub fn group_name(&self, g: u32) -> Option<&str> {
         self.groups
             .iter()
             .find(|(_, &id)| id == g)
             .map(|(n, _)| n.as_str())
+    }
+
+    /// Does a thread other than the scanner wait for the core
+    /// ([`Core::waiters`])? Long work under the core stops at its next
+    /// step boundary when one does.
+    pub(super) fn someone_waits(&self) -> bool {
+        self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0
     }
 
     /// Pages tracked in all regions.

@@ -76,9 +76,7 @@ impl Core {
             self.run_len = 0;
         }
         while used < n && *visit_units > 0 {
-            if ops.len() >= SPAN_OPS_BEFORE_YIELD
-                && self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0
-            {
+            if ops.len() >= SPAN_OPS_BEFORE_YIELD && self.someone_waits() {
                 // Someone waits for the core: the span ends here, its merges
                 // run, and the batch yields (the cursor goes on from here).
                 break;

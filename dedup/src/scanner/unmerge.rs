@@ -1,7 +1,4 @@
 //! Unmerging: giving merged pages private copies again.
-
-use std::sync::atomic::Ordering;
-
 use super::*;
 
 /// An unmerge step this long is logged (the core is held through it).
@@ -73,7 +70,7 @@ impl Core {
                 }
             }
             // After a chunk, so that each call makes progress.
-            if yielding && i < npages && self.waiters.load(Ordering::Acquire) > 0 {
+            if yielding && i < npages && self.someone_waits() {
                 return None;
             }
         }
@@ -89,14 +86,17 @@ impl Core {
         // KSM first: no engine protection may meet a KSM merge.
         let ksm_done = self.end_assist();
         let t1 = Instant::now();
-        let mut left = ksm_done.then_some(0);
+        let mut left = None;
         let mut freed = Vec::new();
-        for ri in (0..self.regions.len()).filter(|_| ksm_done) {
-            match self.unmerge_region(ri, &mut freed, true) {
-                Some(n) => left = left.map(|l| l + n),
-                None => {
-                    left = None;
-                    break;
+        if ksm_done {
+            left = Some(0);
+            for ri in 0..self.regions.len() {
+                match self.unmerge_region(ri, &mut freed, true) {
+                    Some(n) => left = left.map(|l| l + n),
+                    None => {
+                        left = None;
+                        break;
+                    }
                 }
             }
         }
