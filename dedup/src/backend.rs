@@ -144,7 +144,10 @@ pub trait DedupBackend: Send + Sync {
 
     /// Withdraws a region that the caller unmaps right afterwards (VM
     /// teardown). A backend may then skip giving merged pages private copies
-    /// back. The default is [`DedupBackend::unregister`].
+    /// back, and may replace the region's mappings with fresh anonymous
+    /// memory of the same range (pagefold's engine does, to drop a VMA per
+    /// scattered merge in one unmap). The default is
+    /// [`DedupBackend::unregister`].
     ///
     /// # Safety
     /// The caller must unmap the region right after this returns and never

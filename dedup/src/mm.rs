@@ -64,10 +64,14 @@ pub fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Result<()
 
 /// Maps fresh anonymous zero memory over `addr..+len` (`MAP_FIXED`): the
 /// zero-page drop for pages that lie in a pool VMA, where `MADV_DONTNEED`
-/// would reveal the pool page instead of zeros.
+/// would reveal the pool page instead of zeros; and a region's teardown,
+/// where one mapping replaces a VMA per scattered merge.
 pub fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
-    // SAFETY: replaces a write-protected range verified all-zero, so the
-    // content users see is unchanged.
+    // SAFETY: callers pass either a write-protected range verified
+    // all-zero (the content users see is unchanged) or a region whose owner
+    // unmaps it right after and never reads it again
+    // (`DedupBackend::unregister_unmapping`); a stray access would find
+    // zeros, never another mapping's memory.
     let r = unsafe {
         libc::mmap(
             addr as *mut libc::c_void,

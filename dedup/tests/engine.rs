@@ -378,6 +378,58 @@ fn teardown_unregister_drops_pool_pages() {
     assert_eq!(s.pages_sharing + s.pool_pages, 64);
 }
 
+/// A region withdrawn for teardown leaves one anonymous mapping behind, not
+/// a VMA per scattered merge still mapping the pool: the engine drops them
+/// all in one unmap, so neither the uffd unregistration nor the hole
+/// punches of its freed slots walk (and flush) each one. The partner keeps
+/// its content, and the last teardown frees every pool page.
+#[test]
+fn teardown_unregister_of_a_scattered_region_drops_its_vmas_in_one_mapping() {
+    const N: usize = 2048;
+    let e = engine(256);
+    let (a, b, perm) = scattered_pair(N);
+    let ra = a.register(&e, "a", "g");
+    let rb = b.register(&e, "b", "g");
+    let mut scans = 0;
+    while (e.stats().pages_sharing as usize) < N && scans < 16 {
+        e.scan_now(1);
+        scans += 1;
+    }
+    assert_eq!(e.stats().pages_sharing as usize, N, "{:?}", e.stats());
+    let (va, vb) = (vmas_in(a.addr, N * PS), vmas_in(b.addr, N * PS));
+    assert!(
+        va + vb > N / 2,
+        "only {va} + {vb} VMAs: not a scattered merge"
+    );
+    let pool_maps = |addr: usize| {
+        mappings()
+            .iter()
+            .filter(|(s, e, l)| *s < addr + N * PS && addr < *e && l.contains("memfd"))
+            .count()
+    };
+    assert!(pool_maps(a.addr) + pool_maps(b.addr) > 0);
+    // SAFETY: `b` is unmapped right after (drop) and not used again; the
+    // test only reads its maps line in between.
+    unsafe { e.unregister_unmapping(rb).unwrap() };
+    let left = mappings()
+        .into_iter()
+        .filter(|(s, e, _)| *s < b.addr + N * PS && b.addr < *e)
+        .collect::<Vec<_>>();
+    assert_eq!(left.len(), 1, "B's range after teardown: {left:?}");
+    assert!(!left[0].2.contains("memfd"), "{left:?}");
+    drop(b);
+    e.check_consistency().unwrap();
+    for (i, _) in perm.iter().enumerate().step_by(7) {
+        assert_eq!(a.read(i), pattern(i as u64 + 1), "A page {i}");
+    }
+    // SAFETY: as for `b`.
+    unsafe { e.unregister_unmapping(ra).unwrap() };
+    assert_eq!(vmas_in(a.addr, N * PS), 1);
+    drop(a);
+    let s = e.stats();
+    assert_eq!((s.pages_sharing, s.pool_pages), (0, 0), "{s:?}");
+}
+
 #[test]
 fn background_mode_on_converges_and_counts_scans() {
     let e = Engine::new(EngineConfig {

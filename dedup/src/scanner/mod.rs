@@ -503,7 +503,9 @@ impl Core {
 
     /// Removes a region. With `unmerge`, its merged pages first get private
     /// copies back (the memory stays usable); without, the caller promised
-    /// to unmap it right away, so its pool references are simply dropped.
+    /// to unmap it right away, so its pool references are simply dropped,
+    /// and the region's mappings are first replaced by one fresh anonymous
+    /// mapping (see [`Core::drop_mappings`]).
     pub fn unregister(&mut self, id: RegionId, unmerge: bool) -> Result<(), ScanError> {
         self.quiescers.remove(&id);
         let ri = self
@@ -516,6 +518,7 @@ impl Core {
                 "could not take the region back from KSM".into(),
             ));
         }
+        let dropped = !unmerge && self.drop_mappings(ri);
         let mut freed = Vec::new();
         if unmerge {
             // Retry a few times: a page that cannot be protected right now
@@ -542,7 +545,9 @@ impl Core {
         if let Some(b) = r.slot_base {
             self.pool.close_window(b);
         }
-        let _ = self.uffd.unregister(r.addr, r.len());
+        if !dropped {
+            let _ = self.uffd.unregister(r.addr, r.len());
+        }
         {
             let mut p = self.prot.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(pos) = p
@@ -564,6 +569,27 @@ impl Core {
             self.cursor_region = 0;
         }
         Ok(())
+    }
+
+    /// Replaces region `ri`'s mappings (one VMA per scattered merge) with
+    /// one fresh anonymous mapping, for a region its owner unmaps right
+    /// after: one unmap of every VMA, one batch of TLB flushes. Without it,
+    /// the uffd unregistration (a write-protect clear and TLB flush per VMA)
+    /// and the hole punches of the freed slots (a zap and flush per VMA still
+    /// mapping them) each interrupted the CPUs running the other VMs'
+    /// vCPUs: 0.2-0.8 s per deletion in a soak, 20-30 ms on a quiet
+    /// machine. The new mapping is not registered with userfaultfd, and
+    /// nothing maps the freed slots any more when they are punched. False
+    /// (nothing changed) when the mmap fails.
+    fn drop_mappings(&mut self, ri: usize) -> bool {
+        let r = &self.regions[ri];
+        match crate::mm::map_anon_fixed(r.addr, r.len()) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("pagefold: dropping the mappings of region {}: {e}", r.id.0);
+                false
+            }
+        }
     }
 
     /// Frees the slots in `slots` that nothing maps any more: out of the
