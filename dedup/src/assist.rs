@@ -214,6 +214,27 @@ pub struct KsmAssist {
     cpu_prior: f64,
     /// Times a group was handed to KSM.
     pub engagements: u64,
+    /// An ended engagement whose knobs are not back yet ([`Retired`]).
+    retired: Option<Engaged>,
+}
+
+/// An ended engagement, its knobs not yet put back (the cooperative lock
+/// still held). Writing `run` waits for ksmd's mutex, which ksmd holds
+/// through a whole batch, and the assist ends under the engine's core: in
+/// the soaks of 2026-12-02 the restore held the core 50-272 ms, with VM
+/// creation and deletion waiting. The engine takes it out of the core
+/// ([`KsmAssist::take_retired`]) and restores after releasing the core;
+/// dropped unrestored, `KsmSysfs` still puts the knobs back.
+#[derive(Debug)]
+pub struct Retired(Engaged);
+
+impl Retired {
+    /// Puts every knob back, then releases the lock.
+    pub fn restore(self) {
+        for err in timed("restoring KSM's knobs", || self.0.sysfs.restore()) {
+            log::error!("pagefold: KSM assist: restoring knobs: {err}");
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -251,6 +272,7 @@ impl KsmAssist {
             failed_at: None,
             cpu_prior: 0.0,
             engagements: 0,
+            retired: None,
         }
     }
 
@@ -289,6 +311,11 @@ impl KsmAssist {
             } else {
                 Err("KSM already assists another group (KSM merges across groups)".into())
             };
+        }
+        // An engagement that ended under the core moments ago: its knobs
+        // first, so "original" below means as found, and its lock is free.
+        if let Some(r) = self.take_retired() {
+            r.restore();
         }
         let lock = if self.cfg.lock_held {
             None
@@ -464,15 +491,23 @@ impl KsmAssist {
             .is_some_and(|e| e.running && e.idle_scans < 2)
     }
 
-    /// Gives KSM back: every knob to its original value, the lock released.
-    /// Pages KSM merged stay merged (KSM keeps them with `run` 0).
+    /// Ends the engagement: KSM is no longer driven, and its knobs go back
+    /// to their original values once the engine restores the [`Retired`]
+    /// engagement, after releasing its core. Pages KSM merged stay merged
+    /// (KSM keeps them with `run` 0).
     pub fn disengage(&mut self) {
         if let Some(e) = self.engaged.take() {
             self.cpu_prior += (ksmd_cpu(e.ksmd) - e.cpu_start).max(0.0);
-            for err in timed("restoring KSM's knobs", || e.sysfs.restore()) {
-                log::error!("pagefold: KSM assist: restoring knobs: {err}");
+            if let Some(older) = self.retired.replace(e) {
+                Retired(older).restore();
             }
         }
+    }
+
+    /// The ended engagement whose knobs the caller is to put back
+    /// ([`Retired::restore`]), if any.
+    pub fn take_retired(&mut self) -> Option<Retired> {
+        self.retired.take().map(Retired)
     }
 
     /// ksmd CPU seconds spent while assisting (all engagements).
@@ -503,6 +538,9 @@ impl KsmAssist {
 impl Drop for KsmAssist {
     fn drop(&mut self) {
         self.disengage();
+        if let Some(r) = self.take_retired() {
+            r.restore();
+        }
     }
 }
 

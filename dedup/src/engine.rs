@@ -268,6 +268,17 @@ impl Shared {
     }
 }
 
+/// Releases the core; then, if the KSM assist ended under it, puts KSM's
+/// knobs back ([`crate::assist::Retired`]): out of the core, so VM creation
+/// and deletion do not wait for ksmd's batch.
+fn unlock_core(mut core: MutexGuard<'_, Core>) {
+    let retired = core.assist.take_retired();
+    drop(core);
+    if let Some(r) = retired {
+        r.restore();
+    }
+}
+
 /// pagefold's userspace dedup engine.
 pub struct Engine {
     shared: Arc<Shared>,
@@ -449,6 +460,7 @@ impl Engine {
         let t1 = Instant::now();
         core.unregister(id, unmerge)?;
         self.shared.publish(&core);
+        unlock_core(core);
         if t0.elapsed() >= SLOW_HOLD {
             log::warn!(
                 "pagefold: unregistering region {} took {:?} (waiting for the core {:?}, the work {:?})",
@@ -545,6 +557,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     // Logs itself when slow (SLOW_UNMERGE_STEP).
                     let left = core.unmerge_all();
                     sh.publish(&core);
+                    unlock_core(core);
                     left
                 };
                 let Some(left) = left else {
@@ -650,7 +663,9 @@ fn scanner_loop(sh: &Arc<Shared>) {
                             t3.elapsed()
                         );
                     }
-                    (rep, core.idle_passes)
+                    let idle = core.idle_passes;
+                    unlock_core(core);
+                    (rep, idle)
                 };
                 if !hints.is_empty() {
                     // Not reached this time: first in line next wake-up.
@@ -844,7 +859,9 @@ impl DedupBackend for Engine {
             }
         }
         // KSM's knobs back as they were (merged pages stay merged).
-        lock(&self.shared.core).assist.disengage();
+        let mut core = lock(&self.shared.core);
+        core.assist.disengage();
+        unlock_core(core);
     }
 }
 

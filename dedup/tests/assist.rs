@@ -324,3 +324,48 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
         "KSM knobs not restored"
     );
 }
+
+/// The knobs an ended engagement set stay until its holder restores them:
+/// the engine does so after releasing its core, since writing `run` waits
+/// for ksmd's batch. An engagement that starts before the restore puts the
+/// old knobs back first, so it never takes them for KSM's originals.
+#[test]
+fn an_ended_engagement_restores_its_knobs_when_told_or_before_the_next_one() {
+    use pagefold_dedup::assist::KsmAssist;
+    let _ksm = ksm::ksm_exclusive().unwrap();
+    let root = std::path::Path::new(KSM_SYSFS);
+    let before = ksm::snapshot_tunables(root);
+    let pace = |m: &std::collections::BTreeMap<String, String>| {
+        ["run", "pages_to_scan", "sleep_millisecs"].map(|k| m[k].clone())
+    };
+    let mut a = KsmAssist::new(AssistConfig {
+        mode: AssistMode::Auto,
+        lock_held: true,
+        ..AssistConfig::default()
+    });
+    a.engage(1).unwrap();
+    a.drive(true, 3000, 7);
+    let ours = ksm::snapshot_tunables(root);
+    assert_ne!(pace(&ours), pace(&before), "the drive wrote nothing");
+    a.disengage();
+    assert_eq!(ksm::snapshot_tunables(root), ours, "restored at the end");
+    a.take_retired().expect("the ended engagement").restore();
+    assert_eq!(ksm::snapshot_tunables(root), before, "not restored");
+
+    a.engage(2).unwrap();
+    a.drive(true, 3000, 7);
+    a.disengage();
+    a.engage(3).unwrap();
+    assert_eq!(
+        pace(&ksm::snapshot_tunables(root)),
+        pace(&before),
+        "engaged over the last engagement's knobs"
+    );
+    a.drive(true, 3000, 7);
+    drop(a);
+    assert_eq!(
+        ksm::snapshot_tunables(root),
+        before,
+        "KSM knobs not restored"
+    );
+}
