@@ -641,6 +641,75 @@ fn merge_batches_park_the_regions_quiescers() {
     e.shutdown();
 }
 
+/// Mode `unmerge` parks the guests too (each chunk flushes the TLB), but
+/// over slices of chunks: on a scattered layout a chunk is a page or two,
+/// and a park per chunk cost more than the flushes it saved. Half of B's
+/// pages hold A's content in a random order, so A's and B's merged pages
+/// form runs of a page or two: hundreds of chunks, a park or two per region.
+#[test]
+fn an_unmerge_parks_the_guests_per_slice_of_chunks() {
+    use pagefold_dedup::quiesce::Quiesce;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    #[derive(Default)]
+    struct Q {
+        requests: AtomicUsize,
+        held: AtomicUsize,
+    }
+    impl Quiesce for Q {
+        fn request(&self) {
+            self.requests.fetch_add(1, Ordering::SeqCst);
+            self.held.fetch_add(1, Ordering::SeqCst);
+        }
+        fn stopped(&self) -> bool {
+            true
+        }
+        fn release(&self) {
+            self.held.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    const N: usize = 2048;
+    let e = engine(256);
+    let (a, b) = (Mem::new(N), Mem::new(N));
+    let perm = permutation(N, 0x0dd_5eed);
+    for i in 0..N {
+        a.fill(i, 10_000 + i as u64);
+        // B's page perm[i] copies A's page i for even i, else unique.
+        let v = if i % 2 == 0 { 10_000 } else { 90_000 };
+        b.fill(perm[i], v + i as u64);
+    }
+    let ra = a.register(&e, "vm-a", "g");
+    b.register(&e, "vm-b", "g");
+    let q = Arc::new(Q::default());
+    e.set_quiesce(ra, Some(q.clone()));
+    let mut scans = 0;
+    while (e.stats().pages_sharing as usize) < N / 2 && scans < 16 {
+        e.scan_now(1);
+        scans += 1;
+    }
+    assert_eq!(e.stats().pages_sharing as usize, N / 2, "{:?}", e.stats());
+    let before = q.requests.load(Ordering::SeqCst);
+    e.set_mode(Mode::Unmerge).unwrap();
+    assert!(e.wait_mode(Mode::Off, Duration::from_secs(60)));
+    let s = e.stats();
+    assert_eq!((s.pages_sharing, s.pool_pages), (0, 0), "{s:?}");
+    let parks = q.requests.load(Ordering::SeqCst) - before;
+    assert!(
+        (1..=4).contains(&parks),
+        "{parks} parks to unmerge {} scattered pages in two regions",
+        N / 2
+    );
+    assert_eq!(q.held.load(Ordering::SeqCst), 0);
+    for i in 0..N {
+        assert_eq!(a.read(i), pattern(10_000 + i as u64), "A page {i}");
+        let v = if i % 2 == 0 { 10_000 } else { 90_000 };
+        assert_eq!(b.read(perm[i]), pattern(v + i as u64), "B page {}", perm[i]);
+    }
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
+
 /// Soak finding (2026-11-30): a region registered while the unstable index
 /// still held pages of a removed region that sat after an older one made the
 /// index's grow read past the end of that older region (`then_some` evaluated

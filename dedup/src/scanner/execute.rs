@@ -6,10 +6,7 @@ use super::*;
 impl Core {
     /// Executes the planned ops: slot creators first, then joiners.
     pub(super) fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
-        let _parked = (self.quiesce_min_ops > 0
-            && ops.len() >= self.quiesce_min_ops
-            && !self.quiescers.is_empty())
-        .then(|| Parked::park(self.quiescers.values()));
+        let _parked = self.park_guests(ops.len());
         ops.sort_by_key(|o| (o.kind != OpKind::New, o.region, o.page));
         let mut new_slots: Vec<u32> = Vec::new();
         // Ops after this index join slots (phase 1), sorted by (region, page).

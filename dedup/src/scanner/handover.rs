@@ -60,9 +60,19 @@ impl Core {
         let t = Instant::now();
         let (from, len) = (self.regions[ri].taken_back, self.regions[ri].len());
         while self.regions[ri].taken_back < len {
+            let r = &self.regions[ri];
+            let (addr, n) = (
+                r.addr + r.taken_back,
+                (len - r.taken_back).min(TAKE_BACK_CHUNK),
+            );
+            let res = {
+                // Each KSM page given back is a copy-on-write fault and a
+                // TLB flush.
+                let _parked = self.park_guests(n / crate::PAGE_SIZE);
+                crate::mm::madvise(addr, n, libc::MADV_UNMERGEABLE)
+            };
             let r = &mut self.regions[ri];
-            let n = (len - r.taken_back).min(TAKE_BACK_CHUNK);
-            if let Err(e) = crate::mm::madvise(r.addr + r.taken_back, n, libc::MADV_UNMERGEABLE) {
+            if let Err(e) = res {
                 log::warn!("pagefold: KSM assist: giving region back: {e}");
                 return TakeBack::Failed;
             }

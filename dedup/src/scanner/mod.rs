@@ -592,6 +592,16 @@ impl Core {
         }
     }
 
+    /// Parks the threads running guest code (every registered VM's vCPUs)
+    /// for a batch of `pages` page-table changes, when the batch is large
+    /// enough (`quiesce_min_ops`): the batch's TLB flushes then stay on
+    /// this CPU (`crate::quiesce`). Merges, unmerges and take-backs from
+    /// KSM all flush per page or per VMA.
+    pub(super) fn park_guests(&self, pages: usize) -> Option<Parked> {
+        (self.quiesce_min_ops > 0 && pages >= self.quiesce_min_ops && !self.quiescers.is_empty())
+            .then(|| Parked::park(self.quiescers.values()))
+    }
+
     /// Frees the slots in `slots` that nothing maps any more: out of the
     /// stable index first, then the hole punch (merge-races 5).
     fn release_slots(&mut self, slots: &[u32]) {
