@@ -673,11 +673,11 @@ fn an_unmerge_parks_the_guests_per_slice_of_chunks() {
     let e = engine(256);
     let (a, b) = (Mem::new(N), Mem::new(N));
     let perm = permutation(N, 0x0dd_5eed);
-    for i in 0..N {
+    for (i, &j) in perm.iter().enumerate() {
         a.fill(i, 10_000 + i as u64);
         // B's page perm[i] copies A's page i for even i, else unique.
         let v = if i % 2 == 0 { 10_000 } else { 90_000 };
-        b.fill(perm[i], v + i as u64);
+        b.fill(j, v + i as u64);
     }
     let ra = a.register(&e, "vm-a", "g");
     b.register(&e, "vm-b", "g");
@@ -701,10 +701,10 @@ fn an_unmerge_parks_the_guests_per_slice_of_chunks() {
         N / 2
     );
     assert_eq!(q.held.load(Ordering::SeqCst), 0);
-    for i in 0..N {
+    for (i, &j) in perm.iter().enumerate() {
         assert_eq!(a.read(i), pattern(10_000 + i as u64), "A page {i}");
         let v = if i % 2 == 0 { 10_000 } else { 90_000 };
-        assert_eq!(b.read(perm[i]), pattern(v + i as u64), "B page {}", perm[i]);
+        assert_eq!(b.read(j), pattern(v + i as u64), "B page {j}");
     }
     e.check_consistency().unwrap();
     e.shutdown();
