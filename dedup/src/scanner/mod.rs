@@ -577,11 +577,11 @@ impl Core {
     /// the uffd unregistration (a write-protect clear and TLB flush per VMA)
     /// and the hole punches of the freed slots (a zap and flush per VMA still
     /// mapping them) each interrupted the CPUs running the other VMs'
-    /// vCPUs: 0.2-0.8 s per deletion in a soak, 20-30 ms on a quiet
-    /// machine. The new mapping is not registered with userfaultfd, and
-    /// nothing maps the freed slots any more when they are punched. False
-    /// (nothing changed) when the mmap fails.
-    fn drop_mappings(&mut self, ri: usize) -> bool {
+    /// vCPUs: 0.2-0.8 s per deletion in a soak (20-30 ms on a quiet
+    /// machine, with or without). The new mapping is not registered with
+    /// userfaultfd, and nothing maps the freed slots any more when they are
+    /// punched. False (nothing changed) when the mmap fails.
+    fn drop_mappings(&self, ri: usize) -> bool {
         let r = &self.regions[ri];
         match crate::mm::map_anon_fixed(r.addr, r.len()) {
             Ok(()) => true,
