@@ -213,6 +213,9 @@ pub struct Runner {
     last_sample: Instant,
     /// Event-loop subscribers of each live VM, removed when it ends.
     subscriber_ids: BTreeMap<String, Vec<event_manager::SubscriberId>>,
+    /// Where the request being served spent its time, for the slow-request
+    /// log line (one line per slow request, not one per part).
+    request_parts: Option<String>,
     /// Print guest reports as they arrive.
     pub echo: bool,
     /// Keep running with no VM (daemon mode) until a shutdown request or a
@@ -283,6 +286,7 @@ impl Runner {
             dedup_peak: None,
             last_sample: started,
             subscriber_ids: BTreeMap::new(),
+            request_parts: None,
             echo: true,
             keep_alive: false,
         })
@@ -449,13 +453,10 @@ impl Runner {
                 let wall_s = vm.info().uptime_s;
                 self.forget_subscribers(&n);
                 drop(vm);
-                if t.elapsed() >= SLOW_REQUEST {
-                    log::warn!(
-                        "VM {n}: deleting took {:?} (stopping and releasing its dedup regions {finished:?}, freeing it {:?})",
-                        t.elapsed(),
-                        t.elapsed() - finished
-                    );
-                }
+                self.request_parts = Some(format!(
+                    "stopping and releasing its dedup regions {finished:?}, freeing it {:?}",
+                    t.elapsed() - finished
+                ));
                 self.drain_events();
                 let summary = self
                     .summaries
@@ -519,9 +520,11 @@ impl Runner {
             };
             let t = Instant::now();
             let r = self.serve_request(req);
+            let parts = self.request_parts.take();
             if t.elapsed() >= SLOW_REQUEST {
                 // Every other API call waits for this thread meanwhile.
-                log::warn!("slow VMM request: {what} took {:?}", t.elapsed());
+                let parts = parts.map(|p| format!(" ({p})")).unwrap_or_default();
+                log::warn!("slow VMM request: {what} took {:?}{parts}", t.elapsed());
             }
             let _ = reply.send(r);
         }
