@@ -582,33 +582,37 @@ fn a_run_continues_without_hashing_and_a_wrong_guess_loses_nothing() {
     e.shutdown();
 }
 
+/// A quiescer that stops at once and counts its requests and releases.
+#[derive(Default)]
+struct CountingQuiescer {
+    requests: std::sync::atomic::AtomicUsize,
+    releases: std::sync::atomic::AtomicUsize,
+    held: std::sync::atomic::AtomicUsize,
+}
+
+impl pagefold_dedup::quiesce::Quiesce for CountingQuiescer {
+    fn request(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.requests.fetch_add(1, SeqCst);
+        self.held.fetch_add(1, SeqCst);
+    }
+    fn stopped(&self) -> bool {
+        true
+    }
+    fn release(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.releases.fetch_add(1, SeqCst);
+        self.held.fetch_sub(1, SeqCst);
+    }
+}
+
 /// A region's quiescer is requested and released around every batch of
 /// merges (and only then), and not any more once it is taken back.
 #[test]
 fn merge_batches_park_the_regions_quiescers() {
-    use pagefold_dedup::quiesce::Quiesce;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
-
-    #[derive(Default)]
-    struct Q {
-        requests: AtomicUsize,
-        releases: AtomicUsize,
-        held: AtomicUsize,
-    }
-    impl Quiesce for Q {
-        fn request(&self) {
-            self.requests.fetch_add(1, Ordering::SeqCst);
-            self.held.fetch_add(1, Ordering::SeqCst);
-        }
-        fn stopped(&self) -> bool {
-            true
-        }
-        fn release(&self) {
-            self.releases.fetch_add(1, Ordering::SeqCst);
-            self.held.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
+    type Q = CountingQuiescer;
     let e = engine(256);
     let (a, b) = (Mem::new(32), Mem::new(32));
     a.fill_from(700);
@@ -648,27 +652,9 @@ fn merge_batches_park_the_regions_quiescers() {
 /// form runs of a page or two: hundreds of chunks, a park or two per region.
 #[test]
 fn an_unmerge_parks_the_guests_per_slice_of_chunks() {
-    use pagefold_dedup::quiesce::Quiesce;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
-
-    #[derive(Default)]
-    struct Q {
-        requests: AtomicUsize,
-        held: AtomicUsize,
-    }
-    impl Quiesce for Q {
-        fn request(&self) {
-            self.requests.fetch_add(1, Ordering::SeqCst);
-            self.held.fetch_add(1, Ordering::SeqCst);
-        }
-        fn stopped(&self) -> bool {
-            true
-        }
-        fn release(&self) {
-            self.held.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
+    type Q = CountingQuiescer;
     const N: usize = 2048;
     let e = engine(256);
     let (a, b) = (Mem::new(N), Mem::new(N));
