@@ -50,8 +50,10 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
     let before = ksm::snapshot_tunables(root);
     let (a, b, perm) = scattered_pair(N);
     let e = engine(AssistMode::Auto, true);
-    a.register(&e, "a", "g");
+    let ra = a.register(&e, "a", "g");
     b.register(&e, "b", "g");
+    let q = std::sync::Arc::new(CountingQuiescer::default());
+    e.set_quiesce(ra, Some(q.clone()));
     let vmas0 = pagefold_dedup::mm::vma_count().unwrap();
     e.set_mode(Mode::On).unwrap();
 
@@ -110,8 +112,18 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
     assert_eq!(b.read(perm[k]), pattern(k as u64 + 1));
 
     // Unmerge takes the group back from KSM first: nothing shared after.
+    // The guests are parked for each 16 MiB given back (a copy-on-write
+    // fault and TLB flush per KSM page): two steps per region here.
+    let parks = || q.requests.load(std::sync::atomic::Ordering::SeqCst);
+    let parks0 = parks();
     e.set_mode(Mode::Unmerge).unwrap();
     assert!(e.wait_mode(Mode::Off, Duration::from_secs(60)));
+    let steps = 2 * (N * PS).div_ceil(16 << 20);
+    assert!(
+        parks() - parks0 >= steps,
+        "{} parks for {steps} take-back steps",
+        parks() - parks0
+    );
     assert_eq!(ksm::count_ksm_pages(a.addr, N * PS).unwrap(), 0);
     assert_eq!(ksm::count_ksm_pages(b.addr, N * PS).unwrap(), 0);
     assert_eq!(shared(), 0);

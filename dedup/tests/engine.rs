@@ -582,30 +582,6 @@ fn a_run_continues_without_hashing_and_a_wrong_guess_loses_nothing() {
     e.shutdown();
 }
 
-/// A quiescer that stops at once and counts its requests and releases.
-#[derive(Default)]
-struct CountingQuiescer {
-    requests: std::sync::atomic::AtomicUsize,
-    releases: std::sync::atomic::AtomicUsize,
-    held: std::sync::atomic::AtomicUsize,
-}
-
-impl pagefold_dedup::quiesce::Quiesce for CountingQuiescer {
-    fn request(&self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.requests.fetch_add(1, SeqCst);
-        self.held.fetch_add(1, SeqCst);
-    }
-    fn stopped(&self) -> bool {
-        true
-    }
-    fn release(&self) {
-        use std::sync::atomic::Ordering::SeqCst;
-        self.releases.fetch_add(1, SeqCst);
-        self.held.fetch_sub(1, SeqCst);
-    }
-}
-
 /// A region's quiescer is requested and released around every batch of
 /// merges (and only then), and not any more once it is taken back.
 #[test]

@@ -207,3 +207,27 @@ pub fn engine(max_sharing: u64) -> Engine {
 pub fn driven_core() -> pagefold_dedup::scanner::Core {
     pagefold_dedup::scanner::Core::driven(1 << 30).unwrap()
 }
+
+/// A quiescer that stops at once and counts its requests and releases.
+#[derive(Default)]
+pub struct CountingQuiescer {
+    pub requests: std::sync::atomic::AtomicUsize,
+    pub releases: std::sync::atomic::AtomicUsize,
+    pub held: std::sync::atomic::AtomicUsize,
+}
+
+impl pagefold_dedup::quiesce::Quiesce for CountingQuiescer {
+    fn request(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.requests.fetch_add(1, SeqCst);
+        self.held.fetch_add(1, SeqCst);
+    }
+    fn stopped(&self) -> bool {
+        true
+    }
+    fn release(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.releases.fetch_add(1, SeqCst);
+        self.held.fetch_sub(1, SeqCst);
+    }
+}
