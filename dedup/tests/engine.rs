@@ -387,7 +387,7 @@ fn teardown_unregister_drops_pool_pages() {
 fn teardown_unregister_of_a_scattered_region_drops_its_vmas_in_one_mapping() {
     const N: usize = 2048;
     let e = engine(256);
-    let (a, b, perm) = scattered_pair(N);
+    let (a, b, _) = scattered_pair(N);
     let ra = a.register(&e, "a", "g");
     let rb = b.register(&e, "b", "g");
     let mut scans = 0;
@@ -402,24 +402,21 @@ fn teardown_unregister_of_a_scattered_region_drops_its_vmas_in_one_mapping() {
         "only {va} + {vb} VMAs: not a scattered merge"
     );
     let pool_maps = |addr: usize| {
-        mappings()
+        mappings_in(addr, N * PS)
             .iter()
-            .filter(|(s, e, l)| *s < addr + N * PS && addr < *e && l.contains("memfd"))
+            .filter(|(_, _, l)| l.contains("memfd"))
             .count()
     };
     assert!(pool_maps(a.addr) + pool_maps(b.addr) > 0);
     // SAFETY: `b` is unmapped right after (drop) and not used again; the
     // test only reads its maps line in between.
     unsafe { e.unregister_unmapping(rb).unwrap() };
-    let left = mappings()
-        .into_iter()
-        .filter(|(s, e, _)| *s < b.addr + N * PS && b.addr < *e)
-        .collect::<Vec<_>>();
+    let left = mappings_in(b.addr, N * PS);
     assert_eq!(left.len(), 1, "B's range after teardown: {left:?}");
     assert!(!left[0].2.contains("memfd"), "{left:?}");
     drop(b);
     e.check_consistency().unwrap();
-    for (i, _) in perm.iter().enumerate().step_by(7) {
+    for i in (0..N).step_by(7) {
         assert_eq!(a.read(i), pattern(i as u64 + 1), "A page {i}");
     }
     // SAFETY: as for `b`.
@@ -588,14 +585,13 @@ fn a_run_continues_without_hashing_and_a_wrong_guess_loses_nothing() {
 fn merge_batches_park_the_regions_quiescers() {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
-    type Q = CountingQuiescer;
     let e = engine(256);
     let (a, b) = (Mem::new(32), Mem::new(32));
     a.fill_from(700);
     b.fill_from(700);
     let ra = a.register(&e, "vm-a", "g");
     let _rb = b.register(&e, "vm-b", "g");
-    let q = Arc::new(Q::default());
+    let q = Arc::new(CountingQuiescer::default());
     e.set_quiesce(ra, Some(q.clone()));
     e.scan_now(1);
     // The first pass only hashes: nothing to execute, nothing parked.
@@ -630,7 +626,6 @@ fn merge_batches_park_the_regions_quiescers() {
 fn an_unmerge_parks_the_guests_per_slice_of_chunks() {
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
-    type Q = CountingQuiescer;
     const N: usize = 2048;
     let e = engine(256);
     let (a, b) = (Mem::new(N), Mem::new(N));
@@ -643,7 +638,7 @@ fn an_unmerge_parks_the_guests_per_slice_of_chunks() {
     }
     let ra = a.register(&e, "vm-a", "g");
     b.register(&e, "vm-b", "g");
-    let q = Arc::new(Q::default());
+    let q = Arc::new(CountingQuiescer::default());
     e.set_quiesce(ra, Some(q.clone()));
     let mut scans = 0;
     while (e.stats().pages_sharing as usize) < N / 2 && scans < 16 {

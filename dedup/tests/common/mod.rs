@@ -137,13 +137,18 @@ pub fn mappings() -> Vec<(usize, usize, String)> {
         .collect()
 }
 
+/// This process's mappings that overlap `addr..addr + len`.
+pub fn mappings_in(addr: usize, len: usize) -> Vec<(usize, usize, String)> {
+    mappings()
+        .into_iter()
+        .filter(|&(a, b, _)| a < addr + len && addr < b)
+        .collect()
+}
+
 /// VMAs of this process that overlap `addr..addr + len`, from
 /// /proc/self/maps (what `vm.max_map_count` counts).
 pub fn vmas_in(addr: usize, len: usize) -> usize {
-    mappings()
-        .iter()
-        .filter(|&&(a, b, _)| a < addr + len && addr < b)
-        .count()
+    mappings_in(addr, len).len()
 }
 
 /// Polls `done` every `every` until it holds; how long that took, or None
