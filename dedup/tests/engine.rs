@@ -532,6 +532,52 @@ fn join_without_rehash_never_merges_a_changed_page_and_rehashes_it() {
     e.shutdown();
 }
 
+/// A region filled with one pattern merges in its first pass: once a run
+/// of eight identical first-seen pages is visited, the rest pair, grow a
+/// stripe and join it at once, most of them continuing the stripe without
+/// a hash. The same content in runs shorter than eight (interleaved with
+/// unique pages) waits for its second sight, as KSM's volatility rule asks.
+#[test]
+fn a_run_of_one_pattern_merges_at_first_sight_and_short_runs_wait() {
+    let e = engine(256);
+    let (a, b) = (Mem::new(512), Mem::new(64));
+    for i in 0..512 {
+        a.fill(i, 7);
+    }
+    for i in 0..64 {
+        b.fill(i, if i % 8 < 4 { 9 } else { 1000 + i as u64 });
+    }
+    let _ra = a.register(&e, "vm-a", "g");
+    let _rb = b.register(&e, "vm-b", "g");
+    let (h0, ab0) = (e.pages_hashed(), e.abandoned());
+    e.scan_now(1);
+    let st = e.stats();
+    // a's first seven pages wait (no run yet); the other 505 merged.
+    assert_eq!(st.pages_shared + st.pages_sharing, 505, "{st:?}");
+    assert!(
+        st.pages_shared > 1 && st.pages_shared <= 64,
+        "a stripe: {st:?}"
+    );
+    // b (64) hashed, a's pages hashed only until the run was seeded and
+    // where the stripe grows or wraps: far fewer than a's 512.
+    let hashed = e.pages_hashed() - h0;
+    assert!(hashed < 64 + 200, "hashed {hashed}");
+    assert_eq!(e.abandoned(), ab0);
+    // The second pass merges a's first seven pages and b's runs of four.
+    e.scan_now(1);
+    let st = e.stats();
+    assert_eq!(st.pages_shared + st.pages_sharing, 512 + 32, "{st:?}");
+    for i in 0..512 {
+        assert_eq!(a.read(i), pattern(7), "a page {i}");
+    }
+    for i in 0..64 {
+        let v = if i % 8 < 4 { 9 } else { 1000 + i as u64 };
+        assert_eq!(b.read(i), pattern(v), "b page {i}");
+    }
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
+
 /// A first-seen page whose two left neighbours merged onto consecutive
 /// slots is planned onto the next slot without hashing; a page that differs
 /// outside the sampled lines fails the final compare and keeps its content,

@@ -43,6 +43,10 @@ struct Cfg {
     unmerge_under_writes: bool,
     /// The regions get write logs fed by the writers (`UserWrites`).
     write_log: bool,
+    /// Pages start in runs of 32 identical pages (a region filled with one
+    /// pattern per run, which the engine merges at first sight) instead of
+    /// cycling through the patterns page by page.
+    runs: bool,
 }
 
 struct Rng(u64);
@@ -88,6 +92,7 @@ fn run(cfg: Cfg) {
         assist,
         unmerge_under_writes,
         write_log,
+        runs,
     } = cfg;
     let e = Arc::new(
         Engine::new(EngineConfig {
@@ -111,7 +116,8 @@ fn run(cfg: Cfg) {
     let total = world.total();
     let mut shadow: Vec<Vec<u8>> = vec![vec![0u8; PS]; total];
     for (g, sh) in shadow.iter_mut().enumerate() {
-        let v = (g % 9) as u64; // many identical, 1/9 zero
+        // Many identical, 1/9 zero.
+        let v = if runs { g / 32 % 9 } else { g % 9 } as u64;
         let p = pattern(v);
         // SAFETY: setup, no other thread yet.
         unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), world.ptr(g), PS) };
@@ -381,8 +387,28 @@ fn torture_xxh3() {
         assist: AssistConfig::default(),
         unmerge_under_writes: true,
         write_log: false,
+        runs: false,
     });
     eprintln!("torture_xxh3 took {:?}", t.elapsed());
+}
+
+#[test]
+fn torture_runs_of_one_pattern() {
+    // Runs of identical pages merge at first sight (a pair, a stripe, joins
+    // unhashed) while the writers already write.
+    let t = Instant::now();
+    run(Cfg {
+        hash: None,
+        rounds: 12,
+        round_ms: 600,
+        pages_per: 1024,
+        seed: 0x5eed_2a11,
+        assist: AssistConfig::default(),
+        unmerge_under_writes: true,
+        write_log: false,
+        runs: true,
+    });
+    eprintln!("torture_runs_of_one_pattern took {:?}", t.elapsed());
 }
 
 #[test]
@@ -399,6 +425,7 @@ fn torture_write_log() {
         assist: AssistConfig::default(),
         unmerge_under_writes: true,
         write_log: true,
+        runs: false,
     });
     eprintln!("torture_write_log took {:?}", t.elapsed());
 }
@@ -416,6 +443,7 @@ fn torture_weak_hash_collisions() {
         assist: AssistConfig::default(),
         unmerge_under_writes: true,
         write_log: false,
+        runs: false,
     });
     eprintln!("torture_weak_hash took {:?}", t.elapsed());
 }
@@ -447,6 +475,7 @@ fn torture_ksm_assist() {
         // unmerge (KSM's pages back first) runs after the writers stop.
         unmerge_under_writes: false,
         write_log: false,
+        runs: false,
     });
     assert_eq!(
         pagefold_dedup::ksm::snapshot_tunables(root),

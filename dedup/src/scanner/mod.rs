@@ -84,6 +84,16 @@ const PREFETCH_AHEAD: usize = 32;
 
 /// Default longest stripe of identical pool pages a same-content run maps.
 pub const DEFAULT_STRIPE: u32 = 64;
+/// A first-seen page whose visit continues a run of at least this many
+/// pages of one content (its left neighbours, visited just before it) is
+/// a candidate without waiting for its second visit (KSM's volatility
+/// rule): a region filled with one pattern (a memset, free pages a guest
+/// poisons) pairs, grows its stripe and joins it in its first pass, where
+/// each page is then read once (its join's compare, right after its hash
+/// or, continuing the stripe, unhashed) instead of hashed in one pass and
+/// compared in the next. Pages of distinct content never form such runs,
+/// so two guests filling their memory still pair on a second sight.
+const SEED_RUN: u32 = 8;
 /// Kernel memory per VMA we create (vm_area_struct, anon_vma_chain, maple
 /// tree share): used for `profit_bytes`.
 pub const VMA_COST: u64 = 256;

@@ -91,7 +91,10 @@ impl Core {
         // previous visit is a candidate. A page seen for the first time may
         // still join an existing pool slot at once (see `join_first_seen`).
         let first_sight = kind == NEW && h != self.zero_hash;
-        let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted;
+        // A page of a run of identical first-seen pages (a region filled
+        // with one pattern) is a candidate at once: see `SEED_RUN`.
+        let seeded = first_sight && merge && self.run_len >= SEED_RUN;
+        let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted || seeded;
         let group = self.regions[ri].group;
         {
             let r = &mut self.regions[ri];
