@@ -49,6 +49,25 @@ struct Cfg {
     runs: bool,
 }
 
+impl Cfg {
+    /// 12 rounds of 600 ms over three regions of 1,024 pages, xxh3, no
+    /// assist, no write log, the last round unmerging under the writers,
+    /// pages cycling through the patterns: what each case changes from.
+    fn base(seed: u64) -> Cfg {
+        Cfg {
+            hash: None,
+            rounds: 12,
+            round_ms: 600,
+            pages_per: 1024,
+            seed,
+            assist: AssistConfig::default(),
+            unmerge_under_writes: true,
+            write_log: false,
+            runs: false,
+        }
+    }
+}
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -379,15 +398,8 @@ fn run(cfg: Cfg) {
 fn torture_xxh3() {
     let t = Instant::now();
     run(Cfg {
-        hash: None,
         rounds: 20,
-        round_ms: 600,
-        pages_per: 1024,
-        seed: 0x1234_5678,
-        assist: AssistConfig::default(),
-        unmerge_under_writes: true,
-        write_log: false,
-        runs: false,
+        ..Cfg::base(0x1234_5678)
     });
     eprintln!("torture_xxh3 took {:?}", t.elapsed());
 }
@@ -398,15 +410,8 @@ fn torture_runs_of_one_pattern() {
     // unhashed) while the writers already write.
     let t = Instant::now();
     run(Cfg {
-        hash: None,
-        rounds: 12,
-        round_ms: 600,
-        pages_per: 1024,
-        seed: 0x5eed_2a11,
-        assist: AssistConfig::default(),
-        unmerge_under_writes: true,
-        write_log: false,
         runs: true,
+        ..Cfg::base(0x5eed_2a11)
     });
     eprintln!("torture_runs_of_one_pattern took {:?}", t.elapsed());
 }
@@ -417,15 +422,8 @@ fn torture_write_log() {
     // kernel-mode writes are not logged (as a device's are not by KVM).
     let t = Instant::now();
     run(Cfg {
-        hash: None,
-        rounds: 12,
-        round_ms: 600,
-        pages_per: 1024,
-        seed: 0x10c_10c,
-        assist: AssistConfig::default(),
-        unmerge_under_writes: true,
         write_log: true,
-        runs: false,
+        ..Cfg::base(0x10c_10c)
     });
     eprintln!("torture_write_log took {:?}", t.elapsed());
 }
@@ -439,11 +437,7 @@ fn torture_weak_hash_collisions() {
         rounds: 10,
         round_ms: 500,
         pages_per: 512,
-        seed: 0xfeed_beef,
-        assist: AssistConfig::default(),
-        unmerge_under_writes: true,
-        write_log: false,
-        runs: false,
+        ..Cfg::base(0xfeed_beef)
     });
     eprintln!("torture_weak_hash took {:?}", t.elapsed());
 }
@@ -459,11 +453,7 @@ fn torture_ksm_assist() {
     // Random rewrites leave duplicates at unrelated addresses: after 64
     // single-page VMAs in a pass the group is KSM's.
     run(Cfg {
-        hash: None,
-        rounds: 12,
         round_ms: 700,
-        pages_per: 1024,
-        seed: 0x5eed_0c5a,
         assist: AssistConfig {
             mode: AssistMode::Auto,
             flip_vmas: 64,
@@ -474,8 +464,7 @@ fn torture_ksm_assist() {
         // Its checks after the rounds need the group still KSM's; its
         // unmerge (KSM's pages back first) runs after the writers stop.
         unmerge_under_writes: false,
-        write_log: false,
-        runs: false,
+        ..Cfg::base(0x5eed_0c5a)
     });
     assert_eq!(
         pagefold_dedup::ksm::snapshot_tunables(root),
