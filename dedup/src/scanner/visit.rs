@@ -322,7 +322,8 @@ impl Core {
     /// whose content the pool already holds merges in its first pass
     /// instead of its second, and its first pass hashes each page once.
     /// Pairs and new slots still wait for a page seen unchanged (KSM's
-    /// volatility rule): pairing pages at first sight while guests were
+    /// volatility rule; runs of one pattern excepted, see `SEED_RUN`):
+    /// pairing pages at first sight while guests were
     /// still filling them formed pairs in whatever order the fill fronts
     /// met the scan, and each took a VMA (two 64 MiB workload VMs: 1,500
     /// to 3,600 VMAs against 430, and the KSM assist engaged for a layout
