@@ -578,6 +578,61 @@ fn a_run_of_one_pattern_merges_at_first_sight_and_short_runs_wait() {
     e.shutdown();
 }
 
+/// Inside a run of one pattern, a page is guessed to continue the run's
+/// stripe without hashing or sampling it: a page that ends the run (other
+/// content) or differs in a single byte fails its final compare and keeps
+/// its content, and is hashed at its next visit. The odd pages lie in the
+/// second span, where the stripe's slots are already written (in the span
+/// that creates them nothing could be sampled anyway).
+#[test]
+fn a_page_breaking_a_run_of_one_pattern_fails_its_compare_and_keeps_its_content() {
+    use pagefold_dedup::scanner::SPAN_PAGES;
+    let e = engine(256);
+    let n = SPAN_PAGES + 256;
+    let (odd, flipped) = (SPAN_PAGES + 100, SPAN_PAGES + 200);
+    let a = Mem::new(n);
+    for i in 0..n {
+        a.fill(i, 7);
+    }
+    a.fill(odd, 8);
+    // SAFETY: in bounds of page `flipped`; no engine runs yet.
+    unsafe { *a.page_ptr(flipped).add(100) ^= 0xff };
+    let want_flipped = a.read(flipped);
+    let _ra = a.register(&e, "vm-a", "g");
+    let (h0, ab0) = (e.pages_hashed(), e.abandoned());
+    e.scan_now(1);
+    let st = e.stats();
+    // Both were guessed (a sample would have caught `odd`, not `flipped`)
+    // and failed; the first 7 pages wait for their second sight.
+    assert_eq!(e.abandoned() - ab0, 2, "{st:?}");
+    assert_eq!(
+        st.pages_shared + st.pages_sharing,
+        n as u64 - 7 - 2,
+        "{st:?}"
+    );
+    assert_eq!(a.read(odd), pattern(8));
+    assert_eq!(a.read(flipped), want_flipped);
+    e.check_consistency().unwrap();
+    // The next pass hashes them (unique: not merged) and merges the rest.
+    let h1 = e.pages_hashed();
+    e.scan_now(1);
+    assert!(e.pages_hashed() - h1 >= 2);
+    assert!(
+        e.pages_hashed() - h0 < n as u64 / 4,
+        "hashed {}",
+        e.pages_hashed() - h0
+    );
+    let st = e.stats();
+    assert_eq!(st.pages_shared + st.pages_sharing, n as u64 - 2, "{st:?}");
+    for i in (0..n).filter(|&i| i != odd && i != flipped) {
+        assert_eq!(a.read(i), pattern(7), "page {i}");
+    }
+    assert_eq!(a.read(odd), pattern(8));
+    assert_eq!(a.read(flipped), want_flipped);
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
+
 /// A first-seen page whose two left neighbours merged onto consecutive
 /// slots is planned onto the next slot without hashing; a page that differs
 /// outside the sampled lines fails the final compare and keeps its content,

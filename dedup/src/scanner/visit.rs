@@ -382,8 +382,12 @@ impl Core {
         if s1 == 0 {
             return None;
         }
+        // Inside a run of one pattern continuing onto its stripe, the
+        // guess needs no sample: see `SEED_RUN`.
+        let same_run = self.run_len >= SEED_RUN && self.pool.meta(s1).hash == self.run_hash;
         if !self.has_room(s1, group)
             || (self.pool.state(s1) == SlotState::Written
+                && !same_run
                 && !sampled_lines_agree(page, self.pool.page(s1)))
         {
             return None;
