@@ -578,6 +578,44 @@ fn a_run_of_one_pattern_merges_at_first_sight_and_short_runs_wait() {
     e.shutdown();
 }
 
+/// Pages whose share copy-on-write broke are not seeded by a run again: a
+/// guest that rewrites a pattern soon after writing it would churn merges.
+/// They are merged on their second sight, as KSM's volatility rule asks.
+#[test]
+fn a_run_rewritten_after_its_merge_waits_for_a_second_sight() {
+    let e = engine(256);
+    let a = Mem::new(512);
+    for i in 0..512 {
+        a.fill(i, 7);
+    }
+    let _ra = a.register(&e, "vm-a", "g");
+    // Pages mapping a pool slot (one alone on its slot is not "sharing").
+    let mapped = |e: &Engine| e.stats().per_owner["vm-a"].pages_merged;
+    e.scan_now(1);
+    assert_eq!(mapped(&e), 505);
+    // The guest rewrites pages 100.. with another pattern: copy-on-write.
+    for i in 100..512 {
+        a.fill(i, 9);
+    }
+    e.scan_now(1);
+    assert_eq!(e.stats().cow_breaks, 412, "{:?}", e.stats());
+    assert_eq!(
+        mapped(&e),
+        100,
+        "pages 0..100, the first seven on their second sight"
+    );
+    // A run of one pattern again, first seen since the break: not seeded.
+    e.scan_now(1);
+    assert_eq!(mapped(&e), 100, "{:?}", e.stats());
+    e.scan_now(1);
+    assert_eq!(mapped(&e), 512, "{:?}", e.stats());
+    for i in 0..512 {
+        assert_eq!(a.read(i), pattern(if i < 100 { 7 } else { 9 }), "page {i}");
+    }
+    e.check_consistency().unwrap();
+    e.shutdown();
+}
+
 /// Inside a run of one pattern, a page is guessed to continue the run's
 /// stripe without hashing or sampling it: a page that ends the run (other
 /// content) or differs in a single byte fails its final compare and keeps

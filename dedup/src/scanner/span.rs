@@ -107,11 +107,12 @@ impl Core {
                     let clean = e.0 & CLEAN != 0;
                     if !clean && e.present() && !e.file() {
                         // Copy-on-write broke the share: hashed at the next
-                        // visit (level 0).
+                        // visit (level 0), and not seeded by a run
+                        // (`REHASH`, see `SEED_RUN`).
                         let r = &mut self.regions[ri];
                         let s = r.word[p];
                         r.set_kind(p, NEW);
-                        r.state[p] = region::with_level(r.state[p], 0);
+                        r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
                         if self.pool.remove_mapper(s) == 0 {
                             freed.push(s);
                         }

@@ -92,8 +92,10 @@ impl Core {
         // still join an existing pool slot at once (see `join_first_seen`).
         let first_sight = kind == NEW && h != self.zero_hash;
         // A page of a run of identical first-seen pages (a region filled
-        // with one pattern) is a candidate at once: see `SEED_RUN`.
-        let seeded = first_sight && merge && self.run_len >= SEED_RUN;
+        // with one pattern) is a candidate at once: see `SEED_RUN`. Not
+        // one whose share copy-on-write broke (`REHASH`): a guest that
+        // rewrites a pattern soon after writing it would churn merges.
+        let seeded = first_sight && merge && self.run_len >= SEED_RUN && !region::needs_rehash(st);
         let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted || seeded;
         let group = self.regions[ri].group;
         {
