@@ -91,8 +91,9 @@ pub const DEFAULT_STRIPE: u32 = 64;
 /// poisons) pairs, grows its stripe and joins it in its first pass, where
 /// each page is then read once (its join's compare, right after its hash
 /// or, continuing the stripe, unhashed and unsampled) instead of hashed in
-/// one pass and compared in the next. Pages of distinct content never form such runs,
-/// so two guests filling their memory still pair on a second sight.
+/// one pass and compared in the next. Pages of distinct content never form
+/// such runs, so two guests filling their memory still pair on a second
+/// sight; a page whose share copy-on-write broke is not seeded (`REHASH`).
 const SEED_RUN: u32 = 8;
 /// Kernel memory per VMA we create (vm_area_struct, anon_vma_chain, maple
 /// tree share): used for `profit_bytes`.
