@@ -158,9 +158,7 @@ fn max_page_sharing_is_respected() {
     let e = engine(10);
     let pm = Pagemap::open().unwrap();
     let a = Mem::new(600);
-    for i in 0..600 {
-        a.fill(i, 42);
-    }
+    a.fill_all(42);
     a.register(&e, "a", "g");
     e.scan_now(3);
     let s = e.stats();
@@ -231,9 +229,7 @@ fn zero_pages_are_dropped_and_counted_apart() {
 fn cow_break_is_noticed_and_counts_stay_exact() {
     let e = engine(256);
     let a = Mem::new(16);
-    for i in 0..16 {
-        a.fill(i, 3);
-    }
+    a.fill_all(3);
     a.register(&e, "a", "g");
     e.scan_now(2);
     let before = e.stats();
@@ -359,10 +355,8 @@ fn teardown_unregister_drops_pool_pages() {
     let e = engine(256);
     let a = Mem::new(64);
     let b = Mem::new(64);
-    for i in 0..64 {
-        a.fill(i, 9);
-        b.fill(i, 9);
-    }
+    a.fill_all(9);
+    b.fill_all(9);
     let ra = a.register(&e, "a", "g");
     b.register(&e, "b", "g");
     e.scan_now(2);
@@ -435,9 +429,7 @@ fn background_mode_on_converges_and_counts_scans() {
     })
     .unwrap();
     let a = Mem::new(2048);
-    for i in 0..2048 {
-        a.fill(i, 11);
-    }
+    a.fill_all(11);
     a.register(&e, "a", "g");
     assert!(e.wait_full_scans(3, Duration::from_secs(20)));
     let s = e.stats();
@@ -485,9 +477,7 @@ fn join_without_rehash_never_merges_a_changed_page_and_rehashes_it() {
     let (a, b, c) = (Mem::new(8), Mem::new(8), Mem::new(8));
     a.fill_from(500);
     b.fill_from(500);
-    for i in 0..8 {
-        c.fill(i, 0);
-    }
+    c.fill_all(0);
     let _ra = a.register(&e, "vm-a", "g");
     let _rb = b.register(&e, "vm-b", "g");
     e.scan_now(2);
@@ -541,9 +531,7 @@ fn join_without_rehash_never_merges_a_changed_page_and_rehashes_it() {
 fn a_run_of_one_pattern_merges_at_first_sight_and_short_runs_wait() {
     let e = engine(256);
     let (a, b) = (Mem::new(512), Mem::new(64));
-    for i in 0..512 {
-        a.fill(i, 7);
-    }
+    a.fill_all(7);
     for i in 0..64 {
         b.fill(i, if i % 8 < 4 { 9 } else { 1000 + i as u64 });
     }
@@ -585,9 +573,7 @@ fn a_run_of_one_pattern_merges_at_first_sight_and_short_runs_wait() {
 fn a_run_rewritten_after_its_merge_waits_for_a_second_sight() {
     let e = engine(256);
     let a = Mem::new(512);
-    for i in 0..512 {
-        a.fill(i, 7);
-    }
+    a.fill_all(7);
     let _ra = a.register(&e, "vm-a", "g");
     // Pages mapping a pool slot (one alone on its slot is not "sharing").
     let mapped = |e: &Engine| e.stats().per_owner["vm-a"].pages_merged;
@@ -629,9 +615,7 @@ fn a_page_breaking_a_run_of_one_pattern_fails_its_compare_and_keeps_its_content(
     let n = SPAN_PAGES + 256;
     let (odd, flipped) = (SPAN_PAGES + 100, SPAN_PAGES + 200);
     let a = Mem::new(n);
-    for i in 0..n {
-        a.fill(i, 7);
-    }
+    a.fill_all(7);
     a.fill(odd, 8);
     // SAFETY: in bounds of page `flipped`; no engine runs yet.
     unsafe { *a.page_ptr(flipped).add(100) ^= 0xff };
@@ -995,9 +979,7 @@ fn freeing_every_slot_keeps_pages_written_since_their_merge() {
         assert_eq!(a.read(i), pattern(90_000 + i as u64), "page {i}");
     }
     // The pool is usable again: a's pages merge among themselves.
-    for i in 0..N {
-        a.fill(i, 7);
-    }
+    a.fill_all(7);
     core.run_passes(3);
     core.check_consistency().unwrap();
     assert!((0..N).all(|i| a.read(i) == pattern(7)));

@@ -56,6 +56,13 @@ impl Mem {
         unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), self.page_ptr(i), PS) };
     }
 
+    /// Fills every page with the pattern of `v` (one content throughout).
+    pub fn fill_all(&self, v: u64) {
+        for i in 0..self.pages {
+            self.fill(i, v);
+        }
+    }
+
     /// Fills every page i with the pattern of `base + i` (distinct pages;
     /// two regions filled from one base are identical page by page).
     pub fn fill_from(&self, base: u64) {
