@@ -102,6 +102,7 @@ unsafe impl Sync for World {}
 unsafe impl Send for World {}
 
 fn run(cfg: Cfg) {
+    let started = Instant::now();
     let Cfg {
         hash,
         rounds,
@@ -392,46 +393,46 @@ fn run(cfg: Cfg) {
     e.shutdown();
     // SAFETY: our fd.
     unsafe { libc::close(src_fd) };
+    // The test harness names each test's thread after the test.
+    let case = std::thread::current().name().map(str::to_owned);
+    eprintln!(
+        "{} took {:?}",
+        case.as_deref().unwrap_or("torture"),
+        started.elapsed()
+    );
 }
 
 #[test]
 fn torture_xxh3() {
-    let t = Instant::now();
     run(Cfg {
         rounds: 20,
         ..Cfg::base(0x1234_5678)
     });
-    eprintln!("torture_xxh3 took {:?}", t.elapsed());
 }
 
 #[test]
 fn torture_runs_of_one_pattern() {
     // Runs of identical pages merge at first sight (a pair, a stripe, joins
     // unhashed) while the writers already write.
-    let t = Instant::now();
     run(Cfg {
         runs: true,
         ..Cfg::base(0x5eed_2a11)
     });
-    eprintln!("torture_runs_of_one_pattern took {:?}", t.elapsed());
 }
 
 #[test]
 fn torture_write_log() {
     // The engine trusts a write log to skip pages nobody wrote; the writers'
     // kernel-mode writes are not logged (as a device's are not by KVM).
-    let t = Instant::now();
     run(Cfg {
         write_log: true,
         ..Cfg::base(0x10c_10c)
     });
-    eprintln!("torture_write_log took {:?}", t.elapsed());
 }
 
 #[test]
 fn torture_weak_hash_collisions() {
     // 4 possible hash values: nearly every match is a collision.
-    let t = Instant::now();
     run(Cfg {
         hash: Some(|p: &[u8]| (p[8] & 3) as u64),
         rounds: 10,
@@ -439,7 +440,6 @@ fn torture_weak_hash_collisions() {
         pages_per: 512,
         ..Cfg::base(0xfeed_beef)
     });
-    eprintln!("torture_weak_hash took {:?}", t.elapsed());
 }
 
 #[test]
@@ -449,7 +449,6 @@ fn torture_ksm_assist() {
     let _ksm = pagefold_dedup::ksm::ksm_exclusive().unwrap();
     let root = std::path::Path::new(pagefold_dedup::ksm::KSM_SYSFS);
     let before = pagefold_dedup::ksm::snapshot_tunables(root);
-    let t = Instant::now();
     // Random rewrites leave duplicates at unrelated addresses: after 64
     // single-page VMAs in a pass the group is KSM's.
     run(Cfg {
@@ -471,5 +470,4 @@ fn torture_ksm_assist() {
         before,
         "KSM knobs not restored"
     );
-    eprintln!("torture_ksm_assist took {:?}", t.elapsed());
 }
