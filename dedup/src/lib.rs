@@ -48,8 +48,8 @@ pub mod ksm;
 /// The page size the engine works with (x86_64 base pages).
 pub const PAGE_SIZE: usize = 4096;
 
-/// The mask of bits `0..n` (`n` <= 64): a merge window's pages
-/// (`merge.rs`), a bitmap word's pages (`writelog.rs`).
+/// The mask of bits `0..n` (`n` <= 64): a bitmap word's pages
+/// (`writelog.rs`).
 pub(crate) fn low_bits(n: usize) -> u64 {
     if n == 64 {
         u64::MAX

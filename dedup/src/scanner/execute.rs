@@ -15,16 +15,7 @@ impl Core {
         while i < ops.len() {
             let s = i;
             let phase = ops[i].kind == OpKind::New;
-            i += 1;
-            // One window: same phase and region, within CHUNK_PAGES pages
-            // (gaps allowed, see `merge::exec_chunk`).
-            while i < ops.len()
-                && (ops[i].kind == OpKind::New) == phase
-                && ops[i].region == ops[s].region
-                && ops[i].page - ops[s].page < CHUNK_PAGES
-            {
-                i += 1;
-            }
+            i = window_end(&ops, s);
             let chunk = &ops[s..i];
             let gaps = chunk[chunk.len() - 1].page - chunk[0].page + 1 != chunk.len();
             let res = self.exec_window(chunk, &ops[phase1..], phase);
@@ -133,5 +124,94 @@ impl Core {
                 freed.push(op.slot);
             }
         }
+    }
+}
+
+/// End (exclusive) of the merge window that starts at `ops[s]`: the ops
+/// after it of the same phase (creating slots or joining them) and region,
+/// within [`GAPPED_WINDOW_PAGES`] pages of the first (gaps allowed, see
+/// `merge::exec_chunk`), or within [`CHUNK_PAGES`] while the window has no
+/// gap (a run of pages of one content).
+fn window_end(ops: &[Op], s: usize) -> usize {
+    let phase = ops[s].kind == OpKind::New;
+    let mut gapless = true;
+    let mut i = s + 1;
+    while i < ops.len() && (ops[i].kind == OpKind::New) == phase && ops[i].region == ops[s].region {
+        let span = ops[i].page - ops[s].page;
+        let next = ops[i].page == ops[i - 1].page + 1;
+        let limit = if gapless && next {
+            CHUNK_PAGES
+        } else {
+            GAPPED_WINDOW_PAGES
+        };
+        if span >= limit {
+            break;
+        }
+        gapless &= next;
+        i += 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(region: usize, page: usize, kind: OpKind) -> Op {
+        Op {
+            region,
+            page,
+            slot: page as u32,
+            kind,
+            hash: 0,
+            old_state: 0,
+            in_pool: false,
+        }
+    }
+
+    /// Window lengths (in ops) that `window_end` cuts `ops` into.
+    fn windows(ops: &[Op]) -> Vec<usize> {
+        let (mut v, mut s) = (Vec::new(), 0);
+        while s < ops.len() {
+            let e = window_end(ops, s);
+            v.push(e - s);
+            s = e;
+        }
+        v
+    }
+
+    #[test]
+    fn a_gapless_run_gets_full_windows() {
+        let ops: Vec<Op> = (0..300).map(|p| op(0, p, OpKind::Existing)).collect();
+        assert_eq!(
+            windows(&ops),
+            vec![CHUNK_PAGES, CHUNK_PAGES, 300 - 2 * CHUNK_PAGES]
+        );
+    }
+
+    #[test]
+    fn a_window_with_a_gap_spans_at_most_the_gapped_length() {
+        // Every other page: 32 ops span 63 pages, the 33rd would make 65.
+        let ops: Vec<Op> = (0..100).map(|k| op(0, 2 * k, OpKind::Existing)).collect();
+        let w = windows(&ops);
+        assert_eq!(w[0], GAPPED_WINDOW_PAGES / 2);
+        assert!(w.iter().all(|&n| 2 * n - 1 <= GAPPED_WINDOW_PAGES), "{w:?}");
+        // A run of 100 pages, then a gap: the gap ends the window (its
+        // span would pass the gapped length) and starts the next.
+        let mut ops: Vec<Op> = (0..100).map(|p| op(0, p, OpKind::Existing)).collect();
+        ops.extend((0..10).map(|k| op(0, 102 + k, OpKind::Existing)));
+        assert_eq!(windows(&ops), vec![100, 10]);
+        // A gap early: the window keeps to the gapped length after it.
+        let mut ops = vec![op(0, 0, OpKind::Existing)];
+        ops.extend((2..200).map(|p| op(0, p, OpKind::Existing)));
+        assert_eq!(windows(&ops)[0], GAPPED_WINDOW_PAGES - 1);
+    }
+
+    #[test]
+    fn windows_keep_to_one_phase_and_region() {
+        let mut ops: Vec<Op> = (0..10).map(|p| op(0, p, OpKind::New)).collect();
+        ops.extend((10..20).map(|p| op(0, p, OpKind::Existing)));
+        ops.extend((20..30).map(|p| op(1, p, OpKind::Existing)));
+        assert_eq!(windows(&ops), vec![10, 10, 10]);
     }
 }

@@ -42,7 +42,7 @@ use crate::backend::{Knobs, RegionId};
 use crate::fault::ProtState;
 use crate::hash::{fold, is_zero, sampled_lines_agree, HashFn};
 use crate::index::{StableIndex, UnstableIndex};
-use crate::merge::{self, Ctx, MapBudget, Op, OpKind, CHUNK_PAGES};
+use crate::merge::{self, Ctx, MapBudget, Op, OpKind, CHUNK_PAGES, GAPPED_WINDOW_PAGES};
 use crate::pagemap::{Entry, Pagemap, PM_PRESENT};
 use crate::pool::{Pool, SlotState};
 use crate::quiesce::{Parked, Quiesce};
