@@ -43,10 +43,20 @@ struct Cfg {
     unmerge_under_writes: bool,
     /// The regions get write logs fed by the writers (`UserWrites`).
     write_log: bool,
-    /// Pages start in runs of 32 identical pages (a region filled with one
-    /// pattern per run, which the engine merges at first sight) instead of
-    /// cycling through the patterns page by page.
-    runs: bool,
+    /// Pages start in runs of this many identical pages (a region filled
+    /// with one pattern per run, which the engine merges at first sight from
+    /// 8 on); 1: they cycle through the patterns page by page.
+    run_pages: usize,
+    /// KSM's `max_page_sharing` knob: at 8 (the default here) pool pages
+    /// fill up and new slots interleave with joins in every run.
+    max_page_sharing: u64,
+    /// Each writer sleeps this long between writes (0: none), so that runs
+    /// live long enough to be merged whole while writes still land.
+    write_gap_us: u64,
+    /// Every round starts from the initial runs again: the main thread
+    /// rewrites every page with its run's pattern (as a guest zeroing or
+    /// filling memory would) after checking it, while the engine scans.
+    refill_runs: bool,
 }
 
 impl Cfg {
@@ -63,7 +73,10 @@ impl Cfg {
             assist: AssistConfig::default(),
             unmerge_under_writes: true,
             write_log: false,
-            runs: false,
+            run_pages: 1,
+            max_page_sharing: 8,
+            write_gap_us: 0,
+            refill_runs: false,
         }
     }
 }
@@ -112,14 +125,17 @@ fn run(cfg: Cfg) {
         assist,
         unmerge_under_writes,
         write_log,
-        runs,
+        run_pages,
+        max_page_sharing,
+        write_gap_us,
+        refill_runs,
     } = cfg;
     let e = Arc::new(
         Engine::new(EngineConfig {
             knobs: Knobs {
                 pages_to_scan: 1 << 14,
                 sleep_millisecs: 0,
-                max_page_sharing: 8,
+                max_page_sharing,
             },
             mode: Mode::On,
             hash_override: hash,
@@ -137,7 +153,7 @@ fn run(cfg: Cfg) {
     let mut shadow: Vec<Vec<u8>> = vec![vec![0u8; PS]; total];
     for (g, sh) in shadow.iter_mut().enumerate() {
         // Many identical, 1/9 zero.
-        let v = if runs { g / 32 % 9 } else { g % 9 } as u64;
+        let v = (g / run_pages % 9) as u64;
         let p = pattern(v);
         // SAFETY: setup, no other thread yet.
         unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), world.ptr(g), PS) };
@@ -259,6 +275,9 @@ fn run(cfg: Cfg) {
                 }
                 shadows[w].lock().unwrap().push((g, new));
                 writes += 1;
+                if write_gap_us > 0 {
+                    std::thread::sleep(Duration::from_micros(write_gap_us));
+                }
             }
         }));
     }
@@ -305,6 +324,15 @@ fn run(cfg: Cfg) {
         );
         e.check_consistency()
             .unwrap_or_else(|m| panic!("round {round}: {m}"));
+        if refill_runs && round + 2 < rounds {
+            for (g, sh) in shadow.iter_mut().enumerate() {
+                let p = pattern((g / run_pages % 9) as u64);
+                // SAFETY: writers are parked; the page is mapped (a write
+                // to a page the engine is merging waits for its window).
+                unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), world.ptr(g), PS) };
+                *sh = p;
+            }
+        }
         pause.store(false, Ordering::Release);
         if round + 1 == rounds {
             stop.store(true, Ordering::Release);
@@ -415,8 +443,23 @@ fn torture_runs_of_one_pattern() {
     // Runs of identical pages merge at first sight (a pair, a stripe, joins
     // unhashed) while the writers already write.
     run(Cfg {
-        runs: true,
+        run_pages: 32,
         ..Cfg::base(0x5eed_2a11)
+    });
+}
+
+#[test]
+fn torture_long_runs_in_full_windows() {
+    // Runs longer than a merge window, and room in each pool page for a
+    // run's joins: gapless windows of CHUNK_PAGES (128) pages are
+    // protected, compared and remapped while the writers write.
+    run(Cfg {
+        pages_per: 8192,
+        run_pages: 8192,
+        max_page_sharing: 256,
+        write_gap_us: 300,
+        refill_runs: true,
+        ..Cfg::base(0x10e6_3a11)
     });
 }
 
