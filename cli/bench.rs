@@ -130,6 +130,12 @@ pub struct SeedArgs {
     /// Give up on one run after this many seconds.
     #[arg(long, default_value_t = 400)]
     pub timeout_secs: u64,
+    /// Milliseconds between samples of each system's counters. A system's
+    /// CPU to converge is read at the first sample that sees its final
+    /// saving, so it includes up to one interval of scanning after it
+    /// converged (at max effort, a whole interval of CPU).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub sample_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -268,6 +274,7 @@ fn seed_options(a: &SeedArgs) -> SeedOptions {
         },
         steady: Duration::from_secs(a.steady_secs),
         timeout: Duration::from_secs(a.timeout_secs),
+        sample_interval: Duration::from_millis(a.sample_ms),
         ..defaults
     }
 }
@@ -424,6 +431,17 @@ mod tests {
         assert_eq!(o.vm.extent_pages, None);
         let o = seed_options(&seed_args(&["--shape", "full", "--vms"]));
         assert_eq!(o.cases, [full, Case::Vms]);
+        assert_eq!(o.sample_interval, SeedOptions::default().sample_interval);
+    }
+
+    #[test]
+    fn sample_interval_flag() {
+        let o = seed_options(&seed_args(&["--sample-ms", "2"]));
+        assert_eq!(o.sample_interval, Duration::from_millis(2));
+        for bad in ["0", "1001", "-1", "2.5"] {
+            let argv = ["bench", "ksm-seed", "--sample-ms", bad];
+            assert!(Bench::try_parse_from(argv).is_err(), "{bad}");
+        }
     }
 
     #[test]
