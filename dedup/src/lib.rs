@@ -48,12 +48,14 @@ pub mod ksm;
 /// The page size the engine works with (x86_64 base pages).
 pub const PAGE_SIZE: usize = 4096;
 
-/// The mask of bits `0..n` (`n` <= 64): a bitmap word's pages
-/// (`writelog.rs`).
-pub(crate) fn low_bits(n: usize) -> u64 {
-    if n == 64 {
-        u64::MAX
+/// The mask of bits `0..n` (`n` <= 128): a merge window's pages
+/// (`merge.rs`, up to `CHUNK_PAGES`), a bitmap word's pages (`writelog.rs`,
+/// up to 64).
+pub(crate) fn low_bits(n: usize) -> u128 {
+    debug_assert!(n <= 128);
+    if n == 0 {
+        0
     } else {
-        (1u64 << n) - 1
+        u128::MAX >> (128 - n)
     }
 }

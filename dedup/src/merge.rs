@@ -29,7 +29,7 @@ use crate::mm::{self, MmError};
 use crate::pagemap::{Entry, Pagemap};
 use crate::pool::{Pool, SlotState};
 use crate::uffd::{Uffd, UffdError};
-use crate::PAGE_SIZE;
+use crate::{low_bits, PAGE_SIZE};
 
 /// Most pages protected at once, for a gapless window (a run of pages of
 /// one content, the full shape): bounds how long a writer waits (~100 us).
@@ -47,18 +47,8 @@ pub const CHUNK_PAGES: usize = 128;
 pub const GAPPED_WINDOW_PAGES: usize = 64;
 
 /// A window's page mask: bit i is window page i (or, in [`ChunkResult`],
-/// op i).
+/// op i); `low_bits(n)` is a window of n pages.
 pub type Mask = u128;
-
-/// The mask of bits `0..n` (`n` <= [`CHUNK_PAGES`]).
-fn window_bits(n: usize) -> Mask {
-    debug_assert!(n <= CHUNK_PAGES);
-    if n == 0 {
-        0
-    } else {
-        Mask::MAX >> (Mask::BITS as usize - n)
-    }
-}
 
 /// `exec_chunk`'s mark for a window page without an op.
 const NO_OP: u8 = u8::MAX;
@@ -161,7 +151,7 @@ impl<'a> Busy<'a> {
             ctx,
             addr,
             n,
-            original: window_bits(n),
+            original: low_bits(n),
             deferred_at: mark_busy(ctx.prot, addr, addr + n * PAGE_SIZE),
         };
         // On error `busy` drops: unprotect + wake + unmark.
@@ -172,7 +162,7 @@ impl<'a> Busy<'a> {
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        let all = window_bits(self.n);
+        let all = low_bits(self.n);
         // One ioctl (one TLB flush) for the whole range when pages were
         // remapped between original ones: the remapped pages are pool
         // mappings registered again (step 5) and carry no write-protection,
@@ -337,7 +327,7 @@ pub fn exec_chunk(
         {
             i += 1;
         }
-        let run_mask = window_bits(i - s) << s;
+        let run_mask = low_bits(i - s) << s;
         let (a, l) = (addr0 + s * PAGE_SIZE, (i - s) * PAGE_SIZE);
         if c == Class::ZeroDontneed {
             match mm::madvise(a, l, libc::MADV_DONTNEED) {

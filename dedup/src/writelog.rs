@@ -165,7 +165,8 @@ fn word_masks(first: usize, end: usize) -> impl Iterator<Item = (usize, u64)> {
         let (w, b) = (p / 64, p % 64);
         let n = (64 - b).min(end - p);
         p += n;
-        Some((w, crate::low_bits(n) << b))
+        // n <= 64 - b: the mask fits the word.
+        Some((w, (crate::low_bits(n) as u64) << b))
     })
 }
 
