@@ -151,14 +151,20 @@ fn run(cfg: Cfg) {
     });
     let total = world.total();
     let mut shadow: Vec<Vec<u8>> = vec![vec![0u8; PS]; total];
-    for (g, sh) in shadow.iter_mut().enumerate() {
-        // Many identical, 1/9 zero.
-        let v = (g / run_pages % 9) as u64;
-        let p = pattern(v);
-        // SAFETY: setup, no other thread yet.
-        unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), world.ptr(g), PS) };
-        *sh = p;
-    }
+    // Every page gets its run's pattern (many identical, 1/9 zero), in
+    // memory and in the shadow. Callers: at setup (no other thread yet), and
+    // between rounds with the writers parked (a write to a page the engine
+    // is merging waits for its window).
+    let fill_runs = |shadow: &mut [Vec<u8>]| {
+        for (g, sh) in shadow.iter_mut().enumerate() {
+            let p = pattern((g / run_pages % 9) as u64);
+            // SAFETY: page g is mapped and no writer thread writes it now
+            // (see above).
+            unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), world.ptr(g), PS) };
+            *sh = p;
+        }
+    };
+    fill_runs(&mut shadow);
     let logs: Arc<Vec<Arc<UserWrites>>> =
         Arc::new((0..3).map(|_| Arc::new(UserWrites::default())).collect());
     for (k, m) in world.mems.iter().enumerate() {
@@ -325,13 +331,7 @@ fn run(cfg: Cfg) {
         e.check_consistency()
             .unwrap_or_else(|m| panic!("round {round}: {m}"));
         if refill_runs && round + 2 < rounds {
-            for (g, sh) in shadow.iter_mut().enumerate() {
-                let p = pattern((g / run_pages % 9) as u64);
-                // SAFETY: writers are parked; the page is mapped (a write
-                // to a page the engine is merging waits for its window).
-                unsafe { std::ptr::copy_nonoverlapping(p.as_ptr(), world.ptr(g), PS) };
-                *sh = p;
-            }
+            fill_runs(&mut shadow);
         }
         pause.store(false, Ordering::Release);
         if round + 1 == rounds {
