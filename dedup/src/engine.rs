@@ -444,7 +444,8 @@ impl Engine {
         )
     }
 
-    /// Merges abandoned at the final compare (or for lack of VMAs).
+    /// Merges abandoned at the final compare, for lack of VMAs, or left
+    /// unexecuted for a thread waiting for the core.
     pub fn abandoned(&self) -> u64 {
         lock(&self.shared.core).counters.abandoned
     }

@@ -3,13 +3,6 @@
 
 use super::*;
 
-/// Merges a span plans before it ends early for a thread waiting for the
-/// core (VM creation or deletion). A span of 4,096 scattered pages planned
-/// 2,570 merges and held the core 244 ms in a soak of 2026-12-02 (~95 us a
-/// merge on two loaded CPUs); 512 keep the wait near 50 ms. Without a
-/// waiter spans run whole (one pagemap read and one vCPU park each).
-const SPAN_OPS_BEFORE_YIELD: usize = 512;
-
 impl Core {
     /// Scans pages `start..start+n` of region `ri`; returns pages consumed.
     pub(super) fn scan_span(
@@ -76,7 +69,7 @@ impl Core {
             self.run_len = 0;
         }
         while used < n && *visit_units > 0 {
-            if ops.len() >= SPAN_OPS_BEFORE_YIELD && self.someone_waits() {
+            if ops.len() >= OPS_BEFORE_YIELD && self.someone_waits() {
                 // Someone waits for the core: the span ends here, its merges
                 // run, and the batch yields (the cursor goes on from here).
                 break;
