@@ -450,6 +450,12 @@ impl Engine {
         lock(&self.shared.core).counters.abandoned
     }
 
+    /// Of [`Engine::abandoned`]: planned merges left unexecuted because a
+    /// thread (VM creation or deletion) waited for the core.
+    pub fn left_for_waiters(&self) -> u64 {
+        lock(&self.shared.core).counters.left_for_waiters
+    }
+
     /// Pages hashed so far.
     pub fn pages_hashed(&self) -> u64 {
         lock(&self.shared.core).counters.pages_hashed

@@ -9,6 +9,8 @@
 //! group to kernel KSM mid-run (the KSM assist), so engine merges, KSM
 //! merges, the hand-over and the unmerge all meet the writers. In the
 //! first two, the last round unmerges everything while the writers write.
+//! Another has a thread register and unregister a region over and over (VM
+//! creation and deletion), stopping merges midway under the writers.
 
 mod common;
 
@@ -57,6 +59,10 @@ struct Cfg {
     /// rewrites every page with its run's pattern (as a guest zeroing or
     /// filling memory would) after checking it, while the engine scans.
     refill_runs: bool,
+    /// A thread registers and unregisters a small region over and over
+    /// (VM creation and deletion): the scanner stops planning, and stops
+    /// executing what it planned, for it while the writers write.
+    churn: bool,
 }
 
 impl Cfg {
@@ -77,6 +83,7 @@ impl Cfg {
             max_page_sharing: 8,
             write_gap_us: 0,
             refill_runs: false,
+            churn: false,
         }
     }
 }
@@ -129,6 +136,7 @@ fn run(cfg: Cfg) {
         max_page_sharing,
         write_gap_us,
         refill_runs,
+        churn,
     } = cfg;
     let e = Arc::new(
         Engine::new(EngineConfig {
@@ -288,6 +296,25 @@ fn run(cfg: Cfg) {
         }));
     }
 
+    let churn_stop = Arc::new(AtomicBool::new(false));
+    let churner = churn.then(|| {
+        let (e, stop) = (e.clone(), churn_stop.clone());
+        std::thread::spawn(move || {
+            let mut rng = Rng(seed ^ 0xC0FF_EE00);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                // Mostly between spans' plans: the scan spends most of its
+                // time executing merges, so that is where a waiter lands.
+                std::thread::sleep(Duration::from_millis(5 + rng.next() % 25));
+                let m = Mem::new(16);
+                m.fill_from(7_000_000 + n);
+                let id = m.register(&e, "churn", "g1");
+                e.unregister(id).unwrap();
+                n += 1;
+            }
+            n
+        })
+    });
     let mut total_writes_seen = 0;
     for round in 0..rounds {
         if unmerge_under_writes && round + 1 == rounds {
@@ -338,6 +365,19 @@ fn run(cfg: Cfg) {
             stop.store(true, Ordering::Release);
         }
         barrier.wait();
+    }
+    churn_stop.store(true, Ordering::Release);
+    if let Some(c) = churner {
+        let n = c.join().unwrap();
+        assert!(n > 0, "the churn thread registered nothing");
+        eprintln!(
+            "churn: {n} registrations, {} planned merges left for them",
+            e.left_for_waiters()
+        );
+        assert!(
+            e.left_for_waiters() > 0,
+            "no execution stopped for a registration ({n} of them)"
+        );
     }
     let writes: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(writes as usize, total_writes_seen);
@@ -460,6 +500,18 @@ fn torture_long_runs_in_full_windows() {
         write_gap_us: 300,
         refill_runs: true,
         ..Cfg::base(0x10e6_3a11)
+    });
+}
+
+#[test]
+fn torture_vm_churn() {
+    // Regions of 4,096 pages (one span each), so that a span plans and
+    // executes more merges than `OPS_BEFORE_YIELD` and a registration
+    // stops it midway; the merges left are abandoned under the writers.
+    run(Cfg {
+        pages_per: 4096,
+        churn: true,
+        ..Cfg::base(0x00C4_0A11)
     });
 }
 

@@ -63,6 +63,7 @@ impl Core {
             }
             self.commit(op, false, freed);
         }
+        self.counters.left_for_waiters += ops.len() as u64;
     }
 
     /// Runs one window of ops (`merge::exec_chunk`). `joins`: the phase-1
@@ -302,6 +303,7 @@ mod tests {
         core.release_slots(&freed);
         let (done, dropped) = (core.counters.merges, core.counters.abandoned);
         assert_eq!(done + dropped, planned as u64);
+        assert_eq!(core.counters.left_for_waiters, dropped);
         // Scattered windows are one page: it stops right after the bound.
         assert_eq!(done, OPS_BEFORE_YIELD as u64, "{dropped} abandoned");
         core.check_consistency().unwrap();

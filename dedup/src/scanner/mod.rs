@@ -141,6 +141,9 @@ pub struct Counters {
     pub zero_merges: u64,
     pub cow_breaks: u64,
     pub abandoned: u64,
+    /// Of `abandoned`: planned merges left unexecuted for a thread waiting
+    /// for the core (`Core::execute`).
+    pub left_for_waiters: u64,
     pub pages_hashed: u64,
     /// Due visits that the write log answered: no pagemap read, no hash.
     pub clean_visits: u64,
