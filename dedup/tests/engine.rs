@@ -872,8 +872,8 @@ fn a_cow_broken_page_merges_again_inside_its_pool_vma() {
 }
 
 /// Registers and unregisters a small region (what creating and deleting a
-/// VM do); the longer of the two calls.
-fn time_a_small_registration(e: &Engine) -> Duration {
+/// VM do); how long each call took.
+fn time_a_small_registration(e: &Engine) -> (Duration, Duration) {
     let c = Mem::new(64);
     c.fill_from(5_000_000);
     let t = std::time::Instant::now();
@@ -881,7 +881,7 @@ fn time_a_small_registration(e: &Engine) -> Duration {
     let reg = t.elapsed();
     let t = std::time::Instant::now();
     e.unregister(id).unwrap();
-    reg.max(t.elapsed())
+    (reg, t.elapsed())
 }
 
 #[test]
@@ -916,22 +916,36 @@ fn registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch() {
     e.set_mode(Mode::On).unwrap();
     let start = Instant::now();
     let mut worst = Duration::ZERO;
+    // The slowest call: (register, unregister) and when, for the message.
+    let mut worst_at = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut rounds = 0;
     while start.elapsed() < Duration::from_secs(4) {
-        worst = worst.max(time_a_small_registration(&e));
+        let at = start.elapsed();
+        let (reg, unreg) = time_a_small_registration(&e);
+        if reg.max(unreg) > worst {
+            worst = reg.max(unreg);
+            worst_at = (reg, unreg, at);
+        }
         rounds += 1;
         std::thread::sleep(Duration::from_millis(20));
     }
     let s = e.stats();
     eprintln!(
-        "worst wait {worst:?} over {rounds} rounds, {} merges",
-        s.merges
+        "worst wait {worst:?} over {rounds} rounds (register {:?}, unregister {:?}, {:?} into the run), {} merges, {} left for waiters",
+        worst_at.0,
+        worst_at.1,
+        worst_at.2,
+        s.merges,
+        e.left_for_waiters()
     );
     // The scanner was busy merging all along (else nothing was shown).
     assert!(s.merges > 20_000, "{s:?}");
     assert!(
         worst < Duration::from_millis(600),
-        "a registration waited {worst:?} for the scanner ({rounds} rounds): {s:?}"
+        "a registration waited {worst:?} for the scanner ({rounds} rounds; register {:?}, unregister {:?}, {:?} into the run): {s:?}",
+        worst_at.0,
+        worst_at.1,
+        worst_at.2
     );
     e.shutdown();
 }
