@@ -19,10 +19,10 @@
 //!   aligned to the pass number and the content hash, so identical pages are
 //!   hashed on the same passes and meet: `region::due`).
 //!
-//! Merges are planned during the span and executed at its end in chunks
-//! (`merge.rs`): first the pages that create pool slots, then those that join
-//! them. Planned pages are provisionally marked merged so no other page plans
-//! with them; failures restore them.
+//! Merges are planned during the span and executed at its end in windows
+//! (`merge.rs`), in address order; a join whose slot a later page creates
+//! runs in a second sweep (`execute.rs`). Planned pages are provisionally
+//! marked merged so no other page plans with them; failures restore them.
 //!
 //! The files of this module each add one part of [`Core`]'s work:
 //! `batch.rs` (a wake-up, a pass, the rechecks), `span.rs` (a span's
