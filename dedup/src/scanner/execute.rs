@@ -339,67 +339,89 @@ mod tests {
         page == want
     }
 
+    /// Two regions of `n` pages with the same contents, b's in a
+    /// scattered order (b's page j holds a's page j * 7919 mod n): one VMA
+    /// per merge, as between guests; a core that has seen them once.
+    struct Pair {
+        core: Core,
+        a: *mut u8,
+        b: *mut u8,
+        n: usize,
+    }
+
+    impl Pair {
+        fn new(n: usize) -> Pair {
+            let len = n * crate::PAGE_SIZE;
+            let (a, b) = (
+                crate::mm::map_anon(len).unwrap(),
+                crate::mm::map_anon(len).unwrap(),
+            );
+            for i in 0..n {
+                fill(a, i, i as u64);
+                fill(b, i, Pair::tag_b(n, i));
+            }
+            let mut core = Core::driven(1 << 26).unwrap();
+            core.register(a as usize, len, "a".into(), "g".into())
+                .unwrap();
+            core.register(b as usize, len, "b".into(), "g".into())
+                .unwrap();
+            core.run_passes(1);
+            assert_eq!(core.counters.merges, 0, "first sight only hashes");
+            Pair { core, a, b, n }
+        }
+
+        fn tag_b(n: usize, j: usize) -> u64 {
+            ((j * 7919) % n) as u64
+        }
+
+        /// Every page holds what it was filled with.
+        fn intact(&self) {
+            self.core.check_consistency().unwrap();
+            for i in 0..self.n {
+                assert!(holds(self.a, i, i as u64), "a's page {i}");
+                assert!(holds(self.b, i, Pair::tag_b(self.n, i)), "b's page {i}");
+            }
+        }
+
+        /// Every page shares, and holds what it was filled with.
+        fn all_shared(&self) {
+            let s = crate::stats::build(&self.core);
+            let n = self.n as u64;
+            assert_eq!((s.pages_shared, s.pages_sharing), (n, n), "{s:?}");
+            self.intact();
+        }
+    }
+
+    impl Drop for Pair {
+        fn drop(&mut self) {
+            while let Some(r) = self.core.regions.first() {
+                let id = r.id;
+                let _ = self.core.unregister(id, true);
+            }
+            for r in [self.a, self.b] {
+                crate::mm::unmap(r, self.n * crate::PAGE_SIZE);
+            }
+        }
+    }
+
     #[test]
     fn joins_whose_slot_a_later_page_creates_run_in_a_second_sweep() {
-        // Two regions with the same pages, b's in a scattered order: in
-        // the pass that pairs them, a's page is the unstable partner of
-        // b's, so b's page (after a's in execution order) creates the
-        // slot a's page joins. Run before their creators, those joins
-        // would find the slot unwritten and fail (merged a pass later).
-        let n = 1024;
-        let len = n * crate::PAGE_SIZE;
-        let a = crate::mm::map_anon(len).unwrap();
-        let b = crate::mm::map_anon(len).unwrap();
-        let tag_b = |j: usize| ((j * 7919) % n) as u64;
-        for i in 0..n {
-            fill(a, i, i as u64);
-            fill(b, i, tag_b(i));
-        }
-        let mut core = Core::driven(1 << 26).unwrap();
-        core.register(a as usize, len, "a".into(), "g".into())
-            .unwrap();
-        core.register(b as usize, len, "b".into(), "g".into())
-            .unwrap();
-        core.run_passes(1);
-        assert_eq!(core.counters.merges, 0, "first sight only hashes");
-        core.run_passes(1);
-        assert_eq!(core.counters.abandoned, 0);
-        let s = crate::stats::build(&core);
-        assert_eq!(
-            (s.pages_shared, s.pages_sharing),
-            (n as u64, n as u64),
-            "{s:?}"
-        );
-        core.check_consistency().unwrap();
-        for i in 0..n {
-            assert!(holds(a, i, i as u64), "a's page {i}");
-            assert!(holds(b, i, tag_b(i)), "b's page {i}");
-        }
+        // In the pass that pairs them, a's page is the unstable partner of
+        // b's, so b's page (after a's in execution order) creates the slot
+        // a's page joins. Run before their creators, those joins would
+        // find the slot unwritten and fail (merged a pass later).
+        let mut p = Pair::new(1024);
+        p.core.run_passes(1);
+        assert_eq!(p.core.counters.abandoned, 0);
+        p.all_shared();
     }
 
     #[test]
     fn a_waiter_that_comes_after_the_plan_stops_the_execution_and_loses_nothing() {
         use std::sync::atomic::Ordering;
-        // Two regions with the same pages, b's in a scattered order (page j
-        // holds a's page j * 7919 mod n): one VMA per merge, as between
-        // guests.
         let n = 2048;
-        let len = n * crate::PAGE_SIZE;
-        let a = crate::mm::map_anon(len).unwrap();
-        let b = crate::mm::map_anon(len).unwrap();
-        let tag_b = |j: usize| ((j * 7919) % n) as u64;
-        for i in 0..n {
-            fill(a, i, i as u64);
-            fill(b, i, tag_b(i));
-        }
-        let mut core = Core::driven(1 << 26).unwrap();
-        core.register(a as usize, len, "a".into(), "g".into())
-            .unwrap();
-        core.register(b as usize, len, "b".into(), "g".into())
-            .unwrap();
-        core.run_passes(1);
-        assert_eq!(core.counters.merges, 0, "first sight only hashes");
-
+        let mut p = Pair::new(n);
+        let core = &mut p.core;
         // The second pass plans every merge (deferred, as a hint visit's
         // are) and a waiter comes before they run.
         core.deferred = Some(Vec::new());
@@ -426,31 +448,12 @@ mod tests {
             (OPS_BEFORE_YIELD as u64..(OPS_BEFORE_YIELD + CHUNK_PAGES) as u64).contains(&done),
             "{done} executed, {dropped} abandoned"
         );
-        core.check_consistency().unwrap();
-        for i in 0..n {
-            assert!(holds(a, i, i as u64), "a's page {i}");
-            assert!(holds(b, i, tag_b(i)), "b's page {i}");
-        }
+        p.intact();
 
         // Without a waiter the abandoned merges are made on the next
         // passes: every page shares.
-        core.waiters.store(0, Ordering::Release);
-        core.run_passes(2);
-        let s = crate::stats::build(&core);
-        assert_eq!(
-            (s.pages_shared, s.pages_sharing),
-            (n as u64, n as u64),
-            "{s:?}"
-        );
-        core.check_consistency().unwrap();
-        for i in 0..n {
-            assert!(holds(a, i, i as u64), "a's page {i}");
-            assert!(holds(b, i, tag_b(i)), "b's page {i}");
-        }
-        for r in [a, b] {
-            let id = core.regions[0].id;
-            core.unregister(id, true).unwrap();
-            crate::mm::unmap(r, len);
-        }
+        p.core.waiters.store(0, Ordering::Release);
+        p.core.run_passes(2);
+        p.all_shared();
     }
 }
