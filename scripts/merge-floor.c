@@ -43,6 +43,17 @@ static void die(const char *what)
 	exit(1);
 }
 
+/* Registers a..a+len with userfaultfd u in write-protect mode. */
+static void register_wp(int u, char *a, size_t len, const char *what)
+{
+	struct uffdio_register reg = {
+		.range = { (uintptr_t)a, len },
+		.mode = UFFDIO_REGISTER_MODE_WP,
+	};
+	if (ioctl(u, UFFDIO_REGISTER, &reg))
+		die(what);
+}
+
 int main(int argc, char **argv)
 {
 	size_t w = argc > 1 ? strtoul(argv[1], NULL, 0) : 128;
@@ -69,12 +80,7 @@ int main(int argc, char **argv)
 	struct uffdio_api api = { .api = UFFD_API };
 	if (u < 0 || ioctl(u, UFFDIO_API, &api))
 		die("userfaultfd");
-	struct uffdio_register reg = {
-		.range = { (uintptr_t)r, PAGES * PS },
-		.mode = UFFDIO_REGISTER_MODE_WP,
-	};
-	if (ioctl(u, UFFDIO_REGISTER, &reg))
-		die("register");
+	register_wp(u, r, PAGES * PS, "register");
 	int pm = open("/proc/self/pagemap", O_RDONLY);
 	if (pm < 0)
 		die("pagemap");
@@ -106,12 +112,7 @@ int main(int argc, char **argv)
 				 MAP_PRIVATE | MAP_FIXED, fd,
 				 (slot + i) % POOL * PS) == MAP_FAILED)
 				die("mmap");
-		struct uffdio_register rr = {
-			.range = { (uintptr_t)a, w * PS },
-			.mode = UFFDIO_REGISTER_MODE_WP,
-		};
-		if (ioctl(u, UFFDIO_REGISTER, &rr))
-			die("re-register");
+		register_wp(u, a, w * PS, "re-register");
 	}
 	double d = cpu() - t0;
 	printf("window %zu: %.1f ms CPU for %lu pages (compare %.1f ms), %ld unexpected\n",
