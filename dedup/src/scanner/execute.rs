@@ -8,7 +8,7 @@ impl Core {
     /// window: a slot's creator runs in the same window as the joins after
     /// it, so a run that starts with its slot's creator is one window and
     /// one `mmap` (creators used to run first, each alone in its window:
-    /// the full shape took 947 windows instead of 601). A join whose slot
+    /// 320 of the full shape's 947 windows). A join whose slot
     /// a page after it creates (an unstable partner: the later page
     /// creates the pair's slot) waits for a second sweep; before its
     /// creator it would find the slot unwritten and fail. Once
