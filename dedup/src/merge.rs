@@ -90,6 +90,19 @@ pub struct Op {
     pub in_pool: bool,
 }
 
+impl Op {
+    /// Does this op map the pool page after `prev`'s, on the page after
+    /// `prev`'s: one `mmap` then covers both (`exec_chunk`), and a merge
+    /// window is best not cut between them (`scanner::execute`).
+    pub fn continues_run(&self, prev: &Op) -> bool {
+        self.kind != OpKind::Zero
+            && prev.kind != OpKind::Zero
+            && self.region == prev.region
+            && self.page == prev.page + 1
+            && self.slot == prev.slot.wrapping_add(1)
+    }
+}
+
 /// What the merge path needs from the engine.
 pub struct Ctx<'a> {
     pub uffd: &'a Uffd,
@@ -323,7 +336,7 @@ pub fn exec_chunk(
         while i < n
             && ok & (1 << i) != 0
             && class(op_at(i)) == c
-            && (c != Class::Pool || op_at(i).slot == op_at(i - 1).slot + 1)
+            && (c != Class::Pool || op_at(i).continues_run(op_at(i - 1)))
         {
             i += 1;
         }

@@ -209,16 +209,9 @@ fn window_end(ops: &[Op], s: usize) -> usize {
     // that run starts instead (if that keeps at least half of it): the
     // run is then mapped whole by the next window, one `mmap` instead of
     // one in each window.
-    let joined = |a: &Op, b: &Op| {
-        a.kind != OpKind::Zero
-            && b.kind != OpKind::Zero
-            && a.region == b.region
-            && b.page == a.page + 1
-            && b.slot == a.slot.wrapping_add(1)
-    };
-    if i < ops.len() && joined(&ops[i - 1], &ops[i]) {
+    if i < ops.len() && ops[i].continues_run(&ops[i - 1]) {
         let mut r = i - 1;
-        while r > s && joined(&ops[r - 1], &ops[r]) {
+        while r > s && ops[r].continues_run(&ops[r - 1]) {
             r -= 1;
         }
         if r > s + (i - s) / 2 {
@@ -394,9 +387,14 @@ mod tests {
 
     impl Drop for Pair {
         fn drop(&mut self) {
-            while let Some(r) = self.core.regions.first() {
-                let id = r.id;
-                let _ = self.core.unregister(id, true);
+            let ids: Vec<_> = self.core.regions.iter().map(|r| r.id).collect();
+            for id in ids {
+                let done = self.core.unregister(id, true);
+                // Checked as the tests did before the fixture; not while a
+                // failed assertion unwinds (a second panic would abort).
+                if !std::thread::panicking() {
+                    done.unwrap();
+                }
             }
             for r in [self.a, self.b] {
                 crate::mm::unmap(r, self.n * crate::PAGE_SIZE);
