@@ -5,7 +5,9 @@
 //!    `UFFDIO_WRITEPROTECT` the range: from here every writer (vCPU through
 //!    KVM, device thread, kernel copy_to_user) blocks in userfaultfd;
 //! 2. read pagemap: only pages present, anonymous and carrying the uffd-wp
-//!    bit are really protected; any other page drops out (merge-races 1, 8);
+//!    bit are really protected; any other page drops out (merge-races 1, 8).
+//!    Not needed where the uffd has `WP_UNPOPULATED` (Linux 6.4+): the
+//!    protect then covers every page of the window, mapped or not;
 //! 3. final compare: against the pool page, or for a new pool page copy the
 //!    protected page into it (a snapshot no writer can race), or check zero;
 //! 4. `mmap(MAP_FIXED|MAP_PRIVATE, pool_fd)` per run of consecutive slots
@@ -26,7 +28,7 @@ use std::sync::Mutex;
 use crate::fault::ProtState;
 use crate::hash::is_zero;
 use crate::mm::{self, MmError};
-use crate::pagemap::{Entry, Pagemap};
+use crate::pagemap::{Entry, Pagemap, PM_PRESENT, PM_UFFD_WP};
 use crate::pool::{Pool, SlotState};
 use crate::uffd::{Uffd, UffdError};
 use crate::{low_bits, PAGE_SIZE};
@@ -271,8 +273,17 @@ pub fn exec_chunk(
             return res;
         }
     };
-    let mut pm = [Entry(0); CHUNK_PAGES];
-    if ctx.pagemap.read(addr0, &mut pm[..n]).is_err() {
+    // Step 2: which pages did the protect cover? With
+    // `WP_UNPOPULATED`, all of them: present, swapped, migrating and
+    // empty PTEs alike (an empty one gets a marker; the compare's read
+    // maps the zero page write-protected), so nothing can write an op's
+    // page until the window ends, and this pagemap read (4 % of the full
+    // shape's first pass) is not needed. An op's page is private and
+    // anonymous: only the engine maps pool pages, and it planned this op
+    // from the page's state under the core lock it still holds.
+    let verify = !ctx.uffd.protects_unpopulated();
+    let mut pm = [Entry(PM_PRESENT | PM_UFFD_WP); CHUNK_PAGES];
+    if verify && ctx.pagemap.read(addr0, &mut pm[..n]).is_err() {
         return res;
     }
     // Steps 2-3: verify protection, final compare. Masks by window offset.
