@@ -47,6 +47,8 @@ impl Core {
     /// stored hash only (no 64-bit check: the final compare decides).
     pub(super) fn existing_target(
         &self,
+        ri: usize,
+        p: usize,
         h: u32,
         group: u32,
         prev: Option<u32>,
@@ -64,9 +66,7 @@ impl Core {
                 if joinable(s1) {
                     return Some(s1);
                 }
-                if self.stripe_continues(ps, h, group)
-                    && self.stripe_len(ps, h, group) < self.wanted_stripe()
-                {
+                if self.grows_stripe(ri, p, ps, h, group) {
                     // `choose` grows the stripe: a new slot needs a fresh hash.
                     return None;
                 }
@@ -137,6 +137,45 @@ impl Core {
         s1 != 0 && self.pool.is_free(s1) && pm.hash == h && pm.group == group
     }
 
+    /// Should page `p` of region `ri`, whose left neighbour maps slot `ps`,
+    /// grow the stripe ending at `ps` by a new slot for content `h`: the
+    /// stripe can grow (`stripe_continues`) and is shorter than
+    /// `wanted_stripe`, unless the run of pages it would extend spans
+    /// `stripe_max` pages already while the stripe's first slot has room.
+    /// That stripe is short because its first slots filled up
+    /// (`max_page_sharing`) one after the other; growing it there made the
+    /// run one page longer at each filled slot, and runs of `stripe_max +
+    /// 1` pages no longer fitted two to a window: on the full shape 236 of
+    /// the first pass's ~740 windows held 65 pages instead of 128. The page
+    /// starts a new run at the stripe's first slot instead (`choose`'s
+    /// stable index), and the stripe grows at that run's end. A stripe
+    /// whose slots are all full grows as before: a fresh one continues the
+    /// run.
+    pub(super) fn grows_stripe(&self, ri: usize, p: usize, ps: u32, h: u32, group: u32) -> bool {
+        if !self.stripe_continues(ps, h, group) {
+            return false;
+        }
+        let len = self.stripe_len(ps, h, group);
+        len < self.wanted_stripe()
+            && (self.run_before(ri, p, ps) < self.stripe_max || !self.has_room(ps + 1 - len, group))
+    }
+
+    /// Pages right before page `p` of region `ri` that map consecutive
+    /// slots ending at `ps` (the run page `p` would extend), counted up to
+    /// `stripe_max`.
+    fn run_before(&self, ri: usize, p: usize, ps: u32) -> u32 {
+        let r = &self.regions[ri];
+        let mut n = 0;
+        while n < self.stripe_max
+            && (n as usize) < p
+            && region::kind(r.state[p - 1 - n as usize]) == MERGED
+            && ps.checked_sub(n) == Some(r.word[p - 1 - n as usize])
+        {
+            n += 1;
+        }
+        n
+    }
+
     /// Length of the same-content stripe (slots with room) ending at `s`.
     pub(super) fn stripe_len(&self, s: u32, h: u32, group: u32) -> u32 {
         let mut n = 1;
@@ -176,9 +215,7 @@ impl Core {
                 if self.usable(s1, h, group, page) {
                     return Some(Target::Existing(s1));
                 }
-                if self.stripe_continues(ps, h, group)
-                    && self.stripe_len(ps, h, group) < self.wanted_stripe()
-                {
+                if self.grows_stripe(ri, p, ps, h, group) {
                     // Same content as the left neighbour: grow its stripe so
                     // the run stays one VMA.
                     if let Ok(s) = self.pool.reserve(Some(s1), h, self.cur_hi, group) {
@@ -293,5 +330,65 @@ impl Core {
             let other = unsafe { regions[r].page(pp) };
             other == page
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lengths of the runs of pages of region `ri` that map consecutive
+    /// slots (`word`), in address order.
+    fn slot_runs(core: &Core, ri: usize) -> Vec<u32> {
+        let r = &core.regions[ri];
+        let mut runs = Vec::new();
+        let mut prev: Option<u32> = None;
+        for p in 0..r.state.len() {
+            let s = (region::kind(r.state[p]) == MERGED).then(|| r.word[p]);
+            match (prev, s) {
+                (Some(a), Some(b)) if a.wrapping_add(1) == b => *runs.last_mut().unwrap() += 1,
+                (_, Some(_)) => runs.push(1),
+                _ => {}
+            }
+            prev = s;
+        }
+        runs
+    }
+
+    /// A region of one pattern whose stripe slides (its slots fill up one
+    /// after the other at `max_page_sharing`, here 128 so that 32k pages
+    /// reach that regime) still merges in runs of at most `stripe_max`
+    /// pages: a page that would make the run longer starts a new one at
+    /// the stripe's first slot with room. Before, each filled slot made a
+    /// run of `stripe_max + 1` pages or more (66 here).
+    #[test]
+    fn a_sliding_stripe_keeps_its_runs_within_stripe_max() {
+        const N: usize = 32 * 1024;
+        let len = N * crate::PAGE_SIZE;
+        let a = crate::mm::map_anon(len).unwrap();
+        // SAFETY: `a` is our fresh mapping of `len` bytes.
+        unsafe { std::ptr::write_bytes(a, 7, len) };
+        let mut core = Core::driven(1 << 26).unwrap();
+        core.knobs.max_page_sharing = 128;
+        core.register(a as usize, len, "a".into(), "g".into())
+            .unwrap();
+        core.run_passes(1);
+        let s = crate::stats::build(&core);
+        // The run's first pages wait for their second sight (`SEED_RUN`).
+        let merged = s.pages_sharing + s.pages_shared;
+        assert!(merged >= (N - SEED_RUN as usize) as u64, "{s:?}");
+        let runs = slot_runs(&core, 0);
+        let longest = runs.iter().max().copied().unwrap_or(0);
+        let full = runs.iter().filter(|&&l| l == core.stripe_max).count();
+        assert!(longest <= core.stripe_max, "a run of {longest} pages");
+        // Most of the region is runs of a whole stripe (two to a window).
+        assert!(
+            full * core.stripe_max as usize > N * 3 / 4,
+            "{full} full runs"
+        );
+        core.check_consistency().unwrap();
+        let id = core.regions[0].id;
+        core.unregister(id, true).unwrap();
+        crate::mm::unmap(a, len);
     }
 }

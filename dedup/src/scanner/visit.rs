@@ -308,7 +308,7 @@ impl Core {
         let group = self.regions[ri].group;
         let run = (self.run_hash, self.run_len);
         self.note_run(Some(h));
-        let Some(s) = self.existing_target(h, group, prev, page) else {
+        let Some(s) = self.existing_target(ri, p, h, group, prev, page) else {
             (self.run_hash, self.run_len) = run;
             return None;
         };
@@ -342,7 +342,7 @@ impl Core {
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let group = self.regions[ri].group;
-        let s = self.existing_target(h, group, prev, page)?;
+        let s = self.existing_target(ri, p, h, group, prev, page)?;
         let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
         if !extends && self.scattered_now(group) {
             // As in `choose`: a page with a known partner that KSM can take.
