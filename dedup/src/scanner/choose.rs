@@ -374,9 +374,7 @@ mod tests {
             .unwrap();
         core.run_passes(1);
         let s = crate::stats::build(&core);
-        // The run's first pages wait for their second sight (`SEED_RUN`).
-        let merged = s.pages_sharing + s.pages_shared;
-        assert!(merged >= (N - SEED_RUN as usize) as u64, "{s:?}");
+        assert_eq!(s.pages_sharing + s.pages_shared, N as u64, "{s:?}");
         let runs = slot_runs(&core, 0);
         let longest = runs.iter().max().copied().unwrap_or(0);
         let full = runs.iter().filter(|&&l| l == core.stripe_max).count();
