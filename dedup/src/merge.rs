@@ -240,9 +240,9 @@ pub struct ChunkResult {
 /// The whole window is write-protected, checked and released with one
 /// ioctl each, gap pages included (a guest write there waits for the
 /// window like one to an op's page): scattered merges then cost one
-/// protect, one pagemap read, one register and one unprotect per window
-/// instead of per page; each protect and unprotect is a TLB flush of every
-/// CPU running the VM.
+/// protect, one register and one unprotect per window (and one pagemap
+/// read, without `WP_UNPOPULATED`) instead of per page; each protect and
+/// unprotect is a TLB flush of every CPU running the VM.
 pub fn exec_chunk(
     ctx: &Ctx<'_>,
     pool: &mut Pool,

@@ -337,6 +337,31 @@ mod tests {
         assert_eq!(req::USERFAULTFD_IOC_NEW(), 0xaa00);
     }
 
+    /// Starts a thread that writes `v` to `addr`, and checks that the
+    /// write faults into `u` (one write-protect message for that page)
+    /// and that the writer stays blocked. The caller unprotects and joins.
+    fn blocked_writer(u: &Uffd, addr: usize, v: u8) -> std::thread::JoinHandle<()> {
+        let t = std::thread::spawn(move || {
+            // SAFETY: the caller keeps the mapping until after the join.
+            unsafe { std::ptr::write_volatile(addr as *mut u8, v) };
+        });
+        let mut msgs = [UffdMsg::default(); 4];
+        let mut got = 0;
+        for _ in 0..200 {
+            got = u.read_msgs(&mut msgs).unwrap();
+            if got > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(got, 1, "the write did not fault");
+        assert_eq!(msgs[0].event, EVENT_PAGEFAULT);
+        assert!(msgs[0].flags & PAGEFAULT_FLAG_WP != 0);
+        assert_eq!(msgs[0].address as usize & !(PAGE_SIZE - 1), addr);
+        assert!(!t.is_finished());
+        t
+    }
+
     #[test]
     fn protect_sets_pagemap_bit_and_blocks_writer_until_unprotect() {
         let u = Uffd::new().unwrap();
@@ -350,24 +375,7 @@ mod tests {
         assert!(pm.entry(p as usize).unwrap().uffd_wp());
         assert!(!pm.entry(p as usize + PAGE_SIZE).unwrap().uffd_wp());
         let addr = p as usize;
-        let t = std::thread::spawn(move || {
-            // SAFETY: the mapping lives until after join below.
-            unsafe { std::ptr::write_volatile(addr as *mut u8, 9) };
-        });
-        let mut msgs = [UffdMsg::default(); 4];
-        let mut got = 0;
-        for _ in 0..200 {
-            got = u.read_msgs(&mut msgs).unwrap();
-            if got > 0 {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert_eq!(got, 1);
-        assert_eq!(msgs[0].event, EVENT_PAGEFAULT);
-        assert!(msgs[0].flags & PAGEFAULT_FLAG_WP != 0);
-        assert_eq!(msgs[0].address as usize & !(PAGE_SIZE - 1), addr);
-        assert!(!t.is_finished());
+        let t = blocked_writer(&u, addr, 9);
         u.unprotect(addr, PAGE_SIZE).unwrap();
         t.join().unwrap();
         // SAFETY: p is still mapped.
@@ -397,22 +405,7 @@ mod tests {
         assert!(!e.present() && e.uffd_wp(), "marker expected: {e:?}");
         // SAFETY: p is our mapping; reading an unpopulated page maps zeros.
         assert_eq!(unsafe { std::ptr::read_volatile(p) }, 0);
-        let t = std::thread::spawn(move || {
-            // SAFETY: the mapping lives until after join below.
-            unsafe { std::ptr::write_volatile(addr as *mut u8, 5) };
-        });
-        let mut msgs = [UffdMsg::default(); 4];
-        let mut got = 0;
-        for _ in 0..200 {
-            got = u.read_msgs(&mut msgs).unwrap();
-            if got > 0 {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        assert_eq!(got, 1, "the write did not fault");
-        assert!(msgs[0].flags & PAGEFAULT_FLAG_WP != 0);
-        assert!(!t.is_finished());
+        let t = blocked_writer(&u, addr, 5);
         // SAFETY: p is still mapped; the writer is blocked.
         assert_eq!(unsafe { std::ptr::read_volatile(p) }, 0);
         u.unprotect(addr, len).unwrap();
