@@ -48,8 +48,22 @@ pub enum IndexError {
 /// (group, hash) -> ascending pool slots.
 #[derive(Debug, Default)]
 pub struct StableIndex {
-    map: HashMap<u64, Vec<u32>, PreHashedBuild>,
+    map: HashMap<u64, Slots, PreHashedBuild>,
     entries: usize,
+    /// The `max_page_sharing` the `room_from` marks were found under.
+    room_for: u64,
+}
+
+/// The slots of one (group, hash), and where the ones with room start.
+#[derive(Debug, Default)]
+struct Slots {
+    slots: Vec<u32>,
+    /// No slot below this one can take a mapper: each is full at
+    /// `max_page_sharing` (KSM's chains of stable nodes keep full pages
+    /// out of the way the same way). Lookups scan from here, so a
+    /// content repeated past 512 full slots (a guest's memory poisoned
+    /// with one pattern) still finds the slots with room.
+    room_from: u32,
 }
 
 fn key(group: u32, hash: u32) -> u64 {
@@ -59,11 +73,12 @@ fn key(group: u32, hash: u32) -> u64 {
 impl StableIndex {
     /// Adds `slot` under (group, hash).
     pub fn insert(&mut self, group: u32, hash: u32, slot: u32) {
-        let v = self.map.entry(key(group, hash)).or_default();
-        if let Err(pos) = v.binary_search(&slot) {
-            v.insert(pos, slot);
+        let e = self.map.entry(key(group, hash)).or_default();
+        if let Err(pos) = e.slots.binary_search(&slot) {
+            e.slots.insert(pos, slot);
             self.entries += 1;
         }
+        e.room_from = e.room_from.min(slot);
     }
 
     /// Removes `slot` from (group, hash); true if it was there.
@@ -72,12 +87,12 @@ impl StableIndex {
         let Some(v) = self.map.get_mut(&k) else {
             return false;
         };
-        let Ok(pos) = v.binary_search(&slot) else {
+        let Ok(pos) = v.slots.binary_search(&slot) else {
             return false;
         };
-        v.remove(pos);
+        v.slots.remove(pos);
         self.entries -= 1;
-        if v.is_empty() {
+        if v.slots.is_empty() {
             self.map.remove(&k);
         }
         true
@@ -87,8 +102,49 @@ impl StableIndex {
     pub fn get(&self, group: u32, hash: u32) -> &[u32] {
         self.map
             .get(&key(group, hash))
-            .map(|v| v.as_slice())
+            .map(|v| v.slots.as_slice())
             .unwrap_or(&[])
+    }
+
+    /// The slots of (group, hash) from the first that may have room
+    /// (`skip_full`), ascending.
+    pub fn with_room(&self, group: u32, hash: u32) -> &[u32] {
+        self.map.get(&key(group, hash)).map_or(&[], |v| {
+            &v.slots[v.slots.partition_point(|&s| s < v.room_from)..]
+        })
+    }
+
+    /// Moves the start of (group, hash)'s slots with room past the full
+    /// ones (`full`: at `max_sharing` mappers). A new `max_sharing`
+    /// starts every key over (a raised one gives full slots room).
+    pub fn skip_full(
+        &mut self,
+        group: u32,
+        hash: u32,
+        max_sharing: u64,
+        full: impl Fn(u32) -> bool,
+    ) {
+        if max_sharing != self.room_for {
+            for v in self.map.values_mut() {
+                v.room_from = 0;
+            }
+            self.room_for = max_sharing;
+        }
+        let Some(v) = self.map.get_mut(&key(group, hash)) else {
+            return;
+        };
+        let mut i = v.slots.partition_point(|&s| s < v.room_from);
+        while i < v.slots.len() && full(v.slots[i]) {
+            i += 1;
+        }
+        v.room_from = v.slots.get(i).copied().unwrap_or(u32::MAX);
+    }
+
+    /// Slot `slot` of (group, hash) lost a mapper: it has room again.
+    pub fn room_again(&mut self, group: u32, hash: u32, slot: u32) {
+        if let Some(v) = self.map.get_mut(&key(group, hash)) {
+            v.room_from = v.room_from.min(slot);
+        }
     }
 
     /// Forgets every slot.
@@ -109,7 +165,7 @@ impl StableIndex {
 
     /// Approximate heap bytes.
     pub fn heap_bytes(&self) -> u64 {
-        (self.map.capacity() * (8 + 24 + 1)) as u64 + self.entries as u64 * 4
+        (self.map.capacity() * (8 + 32 + 1)) as u64 + self.entries as u64 * 4
     }
 }
 
@@ -262,6 +318,39 @@ mod tests {
                 }}
             }
             prop_assert_eq!(ix.len(), model.values().map(|m| m.len()).sum::<usize>());
+        }
+
+        /// `with_room` after `skip_full` never leaves out a slot with room,
+        /// whatever the order of inserts, removals, mappers coming and
+        /// going (`room_again` on each loss) and `max_sharing` changes.
+        #[test]
+        fn skip_full_never_hides_a_slot_with_room(ops in proptest::collection::vec((0u8..5, 0u32..30), 1..400)) {
+            let mut ix = StableIndex::default();
+            let mut mappers = [0u32; 30];
+            let mut max = 3u64;
+            for (op, s) in ops {
+                // A slot's content (its hash) is its own.
+                let h = s % 2;
+                match op {
+                    0 => ix.insert(0, h, s),
+                    1 => { ix.remove(0, h, s); }
+                    2 => mappers[s as usize] += 1,
+                    3 => if mappers[s as usize] > 0 {
+                        mappers[s as usize] -= 1;
+                        ix.room_again(0, h, s);
+                    },
+                    _ => max = 1 + u64::from(s % 5),
+                }
+                for h in 0..2 {
+                    ix.skip_full(0, h, max, |x| u64::from(mappers[x as usize]) >= max);
+                    let room: Vec<u32> = ix.get(0, h).iter().copied()
+                        .filter(|&x| u64::from(mappers[x as usize]) < max).collect();
+                    let seen = ix.with_room(0, h);
+                    for x in room {
+                        prop_assert!(seen.contains(&x), "slot {} has room but is skipped", x);
+                    }
+                }
+            }
         }
 
         #[test]

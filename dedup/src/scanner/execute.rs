@@ -176,7 +176,9 @@ impl Core {
             r.word[op.page] = op.hash;
             r.state[op.page] = region::with_level(op.old_state, 0);
             self.counters.abandoned += 1;
-            if op.kind != OpKind::Zero && self.pool.remove_mapper(op.slot) == 0 {
+            if op.kind != OpKind::Zero
+                && drop_mapper(&mut self.pool, &mut self.stable, op.slot) == 0
+            {
                 freed.push(op.slot);
             }
         }

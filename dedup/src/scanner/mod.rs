@@ -61,6 +61,18 @@ mod span;
 mod unmerge;
 mod visit;
 
+/// Drops one page's reference to slot `s`; returns the mappers left. A
+/// slot that keeps mappers has room again for its content's next joins
+/// (`StableIndex::room_again`).
+pub(super) fn drop_mapper(pool: &mut Pool, stable: &mut StableIndex, s: u32) -> u32 {
+    let left = pool.remove_mapper(s);
+    if left > 0 {
+        let m = pool.meta(s);
+        stable.room_again(m.group, m.hash, s);
+    }
+    left
+}
+
 /// Pages per pagemap read.
 pub const SPAN_PAGES: usize = 4096;
 /// Merges a span plans, or executes, before it ends early for a thread
@@ -557,7 +569,7 @@ impl Core {
             for i in 0..r.npages {
                 if region::kind(r.state[i]) == MERGED {
                     let s = r.word[i];
-                    if self.pool.remove_mapper(s) == 0 {
+                    if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
                         freed.push(s);
                     }
                     r.set_kind(i, NEW);

@@ -106,7 +106,7 @@ impl Core {
                         let s = r.word[p];
                         r.set_kind(p, NEW);
                         r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
-                        if self.pool.remove_mapper(s) == 0 {
+                        if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
                             freed.push(s);
                         }
                         self.counters.cow_breaks += 1;

@@ -73,7 +73,7 @@ impl Core {
                         }
                         let slot = r.word[p];
                         r.set_kind(p, NEW);
-                        if self.pool.remove_mapper(slot) == 0 {
+                        if drop_mapper(&mut self.pool, &mut self.stable, slot) == 0 {
                             freed.push(slot);
                         }
                     }
