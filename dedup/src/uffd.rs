@@ -6,10 +6,10 @@
 //! 6.4+): a protect then covers unpopulated pages of anonymous memory too
 //! (a uffd-wp marker), so a page protected is a page protected whatever its
 //! PTE held, and the merge path need not read pagemap to find out
-//! (`Uffd::protects_unpopulated`). `EVENT_UNMAP/REMOVE/REMAP` would make every merge `mmap(MAP_FIXED)`
-//! and `MADV_DONTNEED` wait for the uffd reader (deadlock if the merger reads),
-//! and `UFFD_USER_MODE_ONLY` makes `KVM_RUN` fail with EFAULT (platform.md):
-//! neither is used.
+//! (`Uffd::protects_unpopulated`). `EVENT_UNMAP/REMOVE/REMAP` would make
+//! every merge `mmap(MAP_FIXED)` and `MADV_DONTNEED` wait for the uffd
+//! reader (deadlock if the merger reads), and `UFFD_USER_MODE_ONLY` makes
+//! `KVM_RUN` fail with EFAULT (platform.md): neither is used.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
