@@ -353,6 +353,42 @@ impl Core {
 mod tests {
     use super::*;
 
+    /// A driven core over one region of `n` pages of one pattern at
+    /// `max_page_sharing` `m`, after its first pass; unregistered and
+    /// unmapped on drop.
+    struct OnePattern {
+        core: Core,
+        a: *mut u8,
+        len: usize,
+    }
+
+    impl OnePattern {
+        fn first_pass(n: usize, m: u64) -> OnePattern {
+            let len = n * crate::PAGE_SIZE;
+            let a = crate::mm::map_anon(len).unwrap();
+            // SAFETY: `a` is our fresh mapping of `len` bytes.
+            unsafe { std::ptr::write_bytes(a, 7, len) };
+            let mut core = Core::driven(1 << 30).unwrap();
+            core.knobs.max_page_sharing = m;
+            core.register(a as usize, len, "a".into(), "g".into())
+                .unwrap();
+            core.run_passes(1);
+            OnePattern { core, a, len }
+        }
+    }
+
+    impl Drop for OnePattern {
+        fn drop(&mut self) {
+            let id = self.core.regions[0].id;
+            let done = self.core.unregister(id, true);
+            // Not while a failed assertion unwinds (a second panic aborts).
+            if !std::thread::panicking() {
+                done.unwrap();
+            }
+            crate::mm::unmap(self.a, self.len);
+        }
+    }
+
     /// Lengths of the runs of pages of region `ri` that map consecutive
     /// slots (`word`), in address order.
     fn slot_runs(core: &Core, ri: usize) -> Vec<u32> {
@@ -381,23 +417,12 @@ mod tests {
     fn a_pattern_past_512_full_slots_still_finds_room() {
         const N: usize = 32 * 1024;
         const M: u64 = 32;
-        let len = N * crate::PAGE_SIZE;
-        let a = crate::mm::map_anon(len).unwrap();
-        // SAFETY: `a` is our fresh mapping of `len` bytes.
-        unsafe { std::ptr::write_bytes(a, 7, len) };
-        let mut core = Core::driven(1 << 30).unwrap();
-        core.knobs.max_page_sharing = M;
-        core.register(a as usize, len, "a".into(), "g".into())
-            .unwrap();
-        core.run_passes(1);
-        let s = crate::stats::build(&core);
+        let f = OnePattern::first_pass(N, M);
+        let s = crate::stats::build(&f.core);
         let ideal = (N as u64 / M) as f64;
         assert!(s.pool_pages as f64 <= ideal * 1.1, "{s:?}");
         assert!(s.pages_sharing as f64 >= (N as f64 - ideal) * 0.99, "{s:?}");
-        core.check_consistency().unwrap();
-        let id = core.regions[0].id;
-        core.unregister(id, true).unwrap();
-        crate::mm::unmap(a, len);
+        f.core.check_consistency().unwrap();
     }
 
     /// A region of one pattern whose stripe slides (its slots fill up one
@@ -409,18 +434,11 @@ mod tests {
     #[test]
     fn a_sliding_stripe_keeps_its_runs_within_stripe_max() {
         const N: usize = 32 * 1024;
-        let len = N * crate::PAGE_SIZE;
-        let a = crate::mm::map_anon(len).unwrap();
-        // SAFETY: `a` is our fresh mapping of `len` bytes.
-        unsafe { std::ptr::write_bytes(a, 7, len) };
-        let mut core = Core::driven(1 << 26).unwrap();
-        core.knobs.max_page_sharing = 128;
-        core.register(a as usize, len, "a".into(), "g".into())
-            .unwrap();
-        core.run_passes(1);
-        let s = crate::stats::build(&core);
+        let f = OnePattern::first_pass(N, 128);
+        let core = &f.core;
+        let s = crate::stats::build(core);
         assert_eq!(s.pages_sharing + s.pages_shared, N as u64, "{s:?}");
-        let runs = slot_runs(&core, 0);
+        let runs = slot_runs(core, 0);
         let longest = runs.iter().max().copied().unwrap_or(0);
         let full = runs.iter().filter(|&&l| l == core.stripe_max).count();
         assert!(longest <= core.stripe_max, "a run of {longest} pages");
@@ -430,8 +448,5 @@ mod tests {
             "{full} full runs"
         );
         core.check_consistency().unwrap();
-        let id = core.regions[0].id;
-        core.unregister(id, true).unwrap();
-        crate::mm::unmap(a, len);
     }
 }
