@@ -185,8 +185,12 @@ impl Drop for Busy<'_> {
         // flush each, which on a host whose IPIs trap (nested, PVM) is most
         // of the engine's CPU. If the range has an unregistered VMA (a
         // failed re-register), this fails and the runs are done one by one.
+        // A kernel whose ioctl stays within one VMA (before 6.5) would
+        // split the range into its VMAs anyway: the runs, each within the
+        // VMA it was protected in, are fewer calls.
         if self.original != 0
             && self.original != all
+            && self.ctx.uffd.spans_vmas()
             && self
                 .ctx
                 .uffd

@@ -33,6 +33,8 @@ pub enum UffdError {
     },
     #[error("read userfaultfd: {0}")]
     Read(#[source] io::Error),
+    #[error("probing userfaultfd write-protection: {0}")]
+    Probe(String),
 }
 
 // The `struct uffdio_*` layouts of <linux/userfaultfd.h>. The userfaultfd
@@ -121,6 +123,8 @@ pub struct Uffd {
     fd: OwnedFd,
     /// `UFFD_FEATURE_WP_UNPOPULATED` is on.
     unpopulated: bool,
+    /// One `UFFDIO_WRITEPROTECT` may cover several VMAs (Linux 6.5+).
+    spans_vmas: bool,
 }
 
 impl Uffd {
@@ -143,6 +147,17 @@ impl Uffd {
     /// whose PTE is empty, and only pagemap tells which pages it covered.
     pub fn protects_unpopulated(&self) -> bool {
         self.unpopulated
+    }
+
+    /// Does one `UFFDIO_WRITEPROTECT` cover a range of several VMAs? Linux
+    /// before 6.5 (Debian 12's 6.1 among them) requires the range to lie
+    /// in one VMA and fails with `ENOENT`, changing nothing, when it does
+    /// not; [`Uffd::protect`] and [`Uffd::unprotect`] then split the range
+    /// (see `writeprotect`). Guest RAM is one VMA until merges map pool
+    /// pages into it, so a merge window, an unmerge chunk and the pages
+    /// left after a merge span several.
+    pub fn spans_vmas(&self) -> bool {
+        self.spans_vmas
     }
 
     fn with_features(features: u64) -> Result<Self, UffdError> {
@@ -187,10 +202,51 @@ impl Uffd {
         if api.features & UFFD_FEATURE_PAGEFAULT_FLAG_WP == 0 {
             return Err(UffdError::NoWp);
         }
-        Ok(Uffd {
+        let mut uffd = Uffd {
             fd,
             unpopulated: features & UFFD_FEATURE_WP_UNPOPULATED != 0,
-        })
+            spans_vmas: true,
+        };
+        uffd.spans_vmas = uffd.probe_spans_vmas()?;
+        Ok(uffd)
+    }
+
+    /// Write-protects two pages that lie in two VMAs with one ioctl: a
+    /// kernel that cannot says `ENOENT`. Detected, not inferred from the
+    /// kernel version, so that backports count.
+    fn probe_spans_vmas(&self) -> Result<bool, UffdError> {
+        let len = 2 * crate::PAGE_SIZE;
+        let p = crate::mm::map_anon(len).map_err(|e| UffdError::Probe(e.to_string()))?;
+        let addr = p as usize;
+        // A second VMA: the same anonymous mapping, split by protection.
+        // SAFETY: the second page is part of our own fresh mapping.
+        let split = unsafe {
+            libc::mprotect(
+                (addr + crate::PAGE_SIZE) as *mut libc::c_void,
+                crate::PAGE_SIZE,
+                libc::PROT_READ,
+            )
+        };
+        let r = if split != 0 {
+            Err(UffdError::Probe(format!(
+                "mprotect: {}",
+                io::Error::last_os_error()
+            )))
+        } else {
+            self.register_wp(addr, len).and_then(|()| {
+                match self.wp_ioctl(addr, len, UFFDIO_WRITEPROTECT_MODE_WP) {
+                    Ok(()) => Ok(true),
+                    Err(UffdError::Ioctl { source, .. })
+                        if source.raw_os_error() == Some(libc::ENOENT) =>
+                    {
+                        Ok(false)
+                    }
+                    Err(e) => Err(e),
+                }
+            })
+        };
+        crate::mm::unmap(p, len);
+        r
     }
 
     /// The raw fd (for poll).
@@ -253,40 +309,60 @@ impl Uffd {
 
     /// Write-protects `addr..+len`: present PTEs, swap and migration
     /// entries, and with `protects_unpopulated` empty PTEs of anonymous
-    /// memory too (without it, verify with pagemap).
+    /// memory too (without it, verify with pagemap). On an error, part of
+    /// the range may be protected (as on Linux 6.5+, which stops at the
+    /// first VMA it cannot protect): unprotect the whole range.
     pub fn protect(&self, addr: usize, len: usize) -> Result<(), UffdError> {
-        let mut w = UffdioWriteprotect {
-            range: UffdioRange {
-                start: addr as u64,
-                len: len as u64,
-            },
-            mode: UFFDIO_WRITEPROTECT_MODE_WP,
-        };
-        self.ioctl(
-            "UFFDIO_WRITEPROTECT(WP)",
-            req::UFFDIO_WRITEPROTECT(),
-            &mut w,
-            addr,
-            len,
-        )
+        self.writeprotect(addr, len, UFFDIO_WRITEPROTECT_MODE_WP)
     }
 
     /// Removes write-protection from `addr..+len` and wakes its waiters.
+    /// On an error, the parts of the range that could be were unprotected.
     pub fn unprotect(&self, addr: usize, len: usize) -> Result<(), UffdError> {
+        self.writeprotect(addr, len, 0)
+    }
+
+    /// One ioctl where it covers the range; on a kernel whose ioctl stays
+    /// within one VMA (`spans_vmas` false), a range it refuses with
+    /// `ENOENT` is halved until each part lies in one VMA. A refused
+    /// ioctl changes nothing and costs a VMA lookup (no TLB flush), so
+    /// the halving costs little beside the flushes of the parts, which
+    /// such a kernel needs anyway. A part of one page that is still
+    /// refused is a real error (an unregistered VMA or a hole): a protect
+    /// stops there, an unprotect goes on with the rest and reports it.
+    fn writeprotect(&self, addr: usize, len: usize, mode: u64) -> Result<(), UffdError> {
+        match self.wp_ioctl(addr, len, mode) {
+            Err(UffdError::Ioctl { source, .. })
+                if !self.spans_vmas
+                    && len > crate::PAGE_SIZE
+                    && source.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                let half = len / crate::PAGE_SIZE / 2 * crate::PAGE_SIZE;
+                let first = self.writeprotect(addr, half, mode);
+                if first.is_err() && mode != 0 {
+                    return first;
+                }
+                let second = self.writeprotect(addr + half, len - half, mode);
+                first.and(second)
+            }
+            r => r,
+        }
+    }
+
+    fn wp_ioctl(&self, addr: usize, len: usize, mode: u64) -> Result<(), UffdError> {
         let mut w = UffdioWriteprotect {
             range: UffdioRange {
                 start: addr as u64,
                 len: len as u64,
             },
-            mode: 0,
+            mode,
         };
-        self.ioctl(
-            "UFFDIO_WRITEPROTECT(0)",
-            req::UFFDIO_WRITEPROTECT(),
-            &mut w,
-            addr,
-            len,
-        )
+        let op = if mode == 0 {
+            "UFFDIO_WRITEPROTECT(0)"
+        } else {
+            "UFFDIO_WRITEPROTECT(WP)"
+        };
+        self.ioctl(op, req::UFFDIO_WRITEPROTECT(), &mut w, addr, len)
     }
 
     /// Wakes every thread blocked on a fault in `addr..+len`.
@@ -380,6 +456,62 @@ mod tests {
         t.join().unwrap();
         // SAFETY: p is still mapped.
         assert_eq!(unsafe { *p }, 9);
+        crate::mm::unmap(p, len);
+    }
+
+    /// A range over several VMAs is protected and released whole, on
+    /// every kernel: in one ioctl where it spans VMAs (6.5+), in parts
+    /// before. Three VMAs: anonymous, read-only (split by mprotect),
+    /// anonymous again.
+    #[test]
+    fn protect_and_unprotect_cover_a_range_of_several_vmas() {
+        let u = Uffd::new().unwrap();
+        eprintln!("one ioctl spans VMAs: {}", u.spans_vmas());
+        let len = 6 * PAGE_SIZE;
+        let p = crate::mm::map_anon(len).unwrap();
+        let addr = p as usize;
+        // SAFETY: p is our fresh mapping of `len` bytes.
+        unsafe { std::ptr::write_bytes(p, 1, len) };
+        // SAFETY: pages 2 and 3 are part of our own mapping.
+        let r = unsafe {
+            libc::mprotect(
+                (addr + 2 * PAGE_SIZE) as *mut libc::c_void,
+                2 * PAGE_SIZE,
+                libc::PROT_READ,
+            )
+        };
+        assert_eq!(r, 0);
+        u.register_wp(addr, len).unwrap();
+        u.protect(addr, len).unwrap();
+        let pm = crate::pagemap::Pagemap::open().unwrap();
+        for i in 0..6 {
+            assert!(
+                pm.entry(addr + i * PAGE_SIZE).unwrap().uffd_wp(),
+                "page {i}"
+            );
+        }
+        // A writer to the last VMA blocks until the unprotect.
+        let t = blocked_writer(&u, addr + 5 * PAGE_SIZE, 4);
+        u.unprotect(addr, len).unwrap();
+        t.join().unwrap();
+        for i in 0..6 {
+            assert!(
+                !pm.entry(addr + i * PAGE_SIZE).unwrap().uffd_wp(),
+                "page {i}"
+            );
+        }
+        // An unregistered VMA is an error, not a split: map a fresh page
+        // over page 1 (MAP_FIXED VMAs are not registered).
+        crate::mm::map_anon_fixed(addr + PAGE_SIZE, PAGE_SIZE).unwrap();
+        assert!(u.protect(addr, len).is_err());
+        assert!(u.unprotect(addr, len).is_err());
+        // The unprotect went on past it: nothing stays protected.
+        for i in [0, 2, 3, 4, 5] {
+            assert!(
+                !pm.entry(addr + i * PAGE_SIZE).unwrap().uffd_wp(),
+                "page {i}"
+            );
+        }
         crate::mm::unmap(p, len);
     }
 
