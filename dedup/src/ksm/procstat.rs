@@ -10,7 +10,9 @@ use procfs::{FromRead, ProcError};
 use super::error::KsmError;
 
 /// `/proc/<pid>/ksm_stat`. Fields are `None` on kernels that lack them
-/// (ksm_merging_pages needs 6.1+, ksm_zero_pages 6.10+).
+/// (the file itself needs 6.1+, its ksm_merging_pages line 6.6+,
+/// ksm_zero_pages 6.10+; [`self_ksm_stat`] reads the merging pages from
+/// `/proc/<pid>/ksm_merging_pages`, 5.19+, where the line is missing).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcessKsmStat {
     pub rmap_items: Option<u64>,
@@ -40,10 +42,16 @@ pub fn parse_ksm_stat(text: &str) -> ProcessKsmStat {
 }
 
 /// This process's KSM figures; `None` if the kernel has no `ksm_stat`.
+/// Debian 12's 6.1 has the file without its `ksm_merging_pages` line: the
+/// count then comes from `/proc/self/ksm_merging_pages`, which it has.
 pub fn self_ksm_stat() -> Option<ProcessKsmStat> {
-    std::fs::read_to_string("/proc/self/ksm_stat")
-        .ok()
-        .map(|t| parse_ksm_stat(&t))
+    let mut s = parse_ksm_stat(&std::fs::read_to_string("/proc/self/ksm_stat").ok()?);
+    if s.merging_pages.is_none() {
+        s.merging_pages = std::fs::read_to_string("/proc/self/ksm_merging_pages")
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+    }
+    Some(s)
 }
 
 /// Finds the kernel thread whose comm is exactly `name`.
@@ -156,6 +164,15 @@ pub fn count_ksm_pages(addr: usize, len: usize) -> Result<u64, KsmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merging_pages_are_known_on_every_kernel_with_ksm_stat() {
+        // 6.1 lacks the line but has the file beside it: one of the two
+        // answers wherever ksm_stat exists.
+        if std::path::Path::new("/proc/self/ksm_stat").exists() {
+            assert!(self_ksm_stat().unwrap().merging_pages.is_some());
+        }
+    }
 
     #[test]
     fn parses_ksm_stat() {
