@@ -10,22 +10,29 @@ mod common;
 use common::*;
 use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfig, Knobs, Mode};
 
-/// Pairs: enough for 4 x 20,000 VMAs (a pool mapping and a split of the
-/// guest mapping per page, in each region), beyond half the default limit.
+/// Pairs: B's copies sit between pages of B's own, so each of its merges
+/// is a pool mapping plus a split of B's guest mapping, 2 x 20,000 VMAs on
+/// every kernel, beyond half the default limit. (With B's copies side by
+/// side, once all were merged B was one pool VMA per page and nothing
+/// else: 21,676 VMAs in all on Linux 6.1, under half the limit, and the
+/// budget never had to hold.)
 const N: usize = 20_000;
 
 #[test]
 fn with_the_assist_enabled_the_engine_keeps_to_half_the_map_limit() {
     let max = pagefold_dedup::mm::max_map_count();
     assert!(
-        (N as u64) * 4 > max / 2,
+        (N as u64) * 2 > max / 2,
         "vm.max_map_count {max} too large for this test's {N} pairs"
     );
-    let (a, b) = (Mem::new(N), Mem::new(N));
-    // B holds A's pages in a scattered order (a stride coprime with N).
+    let (a, b) = (Mem::new(N), Mem::new(2 * N));
+    // B holds A's pages in a scattered order (a stride coprime with N) on
+    // its even pages, and pages no one else has on its odd ones.
+    let at = |i: usize| 2 * ((i * 7919) % N);
     for i in 0..N {
         a.fill(i, i as u64 + 1);
-        b.fill((i * 7919) % N, i as u64 + 1);
+        b.fill(at(i), i as u64 + 1);
+        b.fill(2 * i + 1, (1 << 40) + i as u64);
     }
     let e = Engine::new(EngineConfig {
         knobs: Knobs {
@@ -60,7 +67,12 @@ fn with_the_assist_enabled_the_engine_keeps_to_half_the_map_limit() {
     assert_eq!(s.ksm_pages_sharing, 0, "{s:?}");
     for i in 0..N {
         assert_eq!(a.read(i), pattern(i as u64 + 1), "A page {i}");
-        assert_eq!(b.read((i * 7919) % N), pattern(i as u64 + 1), "B page");
+        assert_eq!(b.read(at(i)), pattern(i as u64 + 1), "B page");
+        assert_eq!(
+            b.read(2 * i + 1),
+            pattern((1 << 40) + i as u64),
+            "B's own page"
+        );
     }
     e.shutdown();
 }
