@@ -95,7 +95,7 @@ fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let t = std::time::Instant::now();
     let v = f();
     if t.elapsed() >= SLOW_KSM_ACCESS {
-        log::warn!("pagefold: KSM assist: {what} took {:?}", t.elapsed());
+        log::info!("pagefold: KSM assist: {what} took {:?}", t.elapsed());
     }
     v
 }

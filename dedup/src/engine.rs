@@ -469,7 +469,7 @@ impl Engine {
         self.shared.publish(&core);
         unlock_core(core);
         if t0.elapsed() >= SLOW_HOLD {
-            log::warn!(
+            log::info!(
                 "pagefold: unregistering region {} took {:?} (waiting for the core {:?}, the work {:?})",
                 id.0,
                 t0.elapsed(),
@@ -656,7 +656,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     sh.publish(&core);
                     if t0.elapsed() >= SLOW_HOLD {
                         // Registrations and VM deletions wait meanwhile.
-                        log::warn!(
+                        log::info!(
                             "pagefold: a wake-up held the engine for {:?} (hints {:?}: {} merges; scan {:?}: {} merges, {} visit units, pass end {}, yielded {}; KSM assist {:?}; stats {:?})",
                             t0.elapsed(),
                             t1 - t0,

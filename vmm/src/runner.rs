@@ -326,7 +326,7 @@ impl Runner {
             source,
         })?;
         if t.elapsed() >= SLOW_REQUEST {
-            log::warn!("VM {}: creating it took {:?}", vc.name, t.elapsed());
+            log::info!("VM {}: creating it took {:?}", vc.name, t.elapsed());
         }
         let waker: Arc<Mutex<dyn MutEventSubscriber + Send>> =
             Arc::new(Mutex::new(Waker(vec![vm.shared().exit_evt.as_raw_fd()])));
@@ -524,7 +524,7 @@ impl Runner {
             if t.elapsed() >= SLOW_REQUEST {
                 // Every other API call waits for this thread meanwhile.
                 let parts = parts.map(|p| format!(" ({p})")).unwrap_or_default();
-                log::warn!("slow VMM request: {what} took {:?}{parts}", t.elapsed());
+                log::info!("slow VMM request: {what} took {:?}{parts}", t.elapsed());
             }
             let _ = reply.send(r);
         }

@@ -370,7 +370,7 @@ impl Vm {
             }
             if t.elapsed() >= SLOW_DEDUP_CALL {
                 // The VMM's control thread (and every API call) waits.
-                log::warn!(
+                log::info!(
                     "VM {}: registering {} MiB with the dedup backend took {registered:?}, its write log {:?}",
                     self.config.name,
                     region.len() >> 20,
@@ -408,7 +408,7 @@ impl Vm {
                 d.set_quiesce(id, Some(q.clone()));
             }
             if t.elapsed() >= SLOW_DEDUP_CALL {
-                log::warn!(
+                log::info!(
                     "VM {}: attaching its vCPU quiescer took {:?}",
                     self.config.name,
                     t.elapsed()
@@ -523,7 +523,7 @@ impl Vm {
             if t0.elapsed() >= SLOW_DEDUP_CALL {
                 // Which part a slow deletion waited for: the dedup calls
                 // wait for the engine's core.
-                log::warn!(
+                log::info!(
                     "VM {}: stopping took {:?} (detaching from dedup {:?}, vCPUs out and joined {:?}, unregistering {:?})",
                     self.config.name,
                     t0.elapsed(),

@@ -84,7 +84,7 @@ impl Core {
         let r = &mut self.regions[ri];
         if t.elapsed() >= SLOW_TAKE_BACK {
             // The core is held meanwhile: VM creation and deletion wait.
-            log::warn!(
+            log::info!(
                 "pagefold: KSM assist: giving {} MiB back from KSM took {:?}",
                 (len - from) >> 20,
                 t.elapsed()

@@ -120,7 +120,7 @@ impl Core {
         self.unstable.reset(0);
         if t0.elapsed() >= SLOW_UNMERGE_STEP {
             // VM creation and deletion wait meanwhile.
-            log::warn!(
+            log::info!(
                 "pagefold: an unmerge step held the engine for {:?} (KSM take-backs and assist end {:?}; unmerging {:?}; freeing slots {:?}; {left:?} pages left)",
                 t0.elapsed(),
                 t1 - t0,
