@@ -10,8 +10,13 @@
 #                       modules of the same kernel; with root= on the command
 #                       line it mounts that disk and switches to its init=
 #                       (scripts/linux-build-bench.sh); else it mounts /dev/vda
-#                       if present, prints PAGEFOLD-INITRD-OK and powers off
+#                       if present, prints PAGEFOLD-INITRD-OK and powers off;
+#                       with pagefold.agent=DEV it runs the guest agent
+#                       (scripts from a mailbox disk, below) instead
 #   OUTDIR/rootfs.ext4  a small ext4 image holding pagefold-test.txt
+#   OUTDIR/data.ext4    96 MiB ext4: random-64m.bin, random-16m.bin (random
+#                       bytes drawn once) and pagefold-test.txt, for guests
+#                       that read the same files (agent tests, benchmarks)
 #   OUTDIR/kernel-version
 #
 # Downloads (apt-get download) are cached in OUTDIR/.cache; running it again
@@ -27,46 +32,18 @@ mkdir -p "$OUT/.cache"
 OUT=$(cd "$OUT" && pwd)
 CACHE=$OUT/.cache
 
-log() { echo "guest-image: $*" >&2; }
+DK_NAME=guest-image
+# shellcheck source=scripts/lib/debian-kernel.sh
+. "$(dirname "$0")/lib/debian-kernel.sh"
+log() { dk_log "$@"; }
 
-# --- 1. Resolve the versioned cloud kernel package ------------------------
-kernel_pkg() {
-    apt-cache depends linux-image-cloud-amd64 2>/dev/null |
-        awk '/Depends: linux-image-[0-9].*-cloud-amd64/ { print $2; exit }'
-}
-PKG=$(kernel_pkg || true)
-if [ -z "$PKG" ]; then
-    log "apt does not know linux-image-cloud-amd64; running apt-get update"
-    apt-get update -qq
-    PKG=$(kernel_pkg)
-fi
-[ -n "$PKG" ] || { log "cannot resolve linux-image-cloud-amd64"; exit 1; }
+# --- 1. Resolve the versioned cloud kernel package, 2. download (cached) ---
+PKG=$(dk_resolve linux-image-cloud-amd64)
 log "kernel package: $PKG"
-
-# --- 2. Download (cached) --------------------------------------------------
-fetch_deb() { # NAME -> prints path of the cached .deb
-    local name=$1 deb
-    deb=$(ls "$CACHE"/"${name}"_*.deb 2>/dev/null | head -n1 || true)
-    if [ -z "$deb" ]; then
-        log "downloading $name"
-        (cd "$CACHE" && apt-get download -q "$name" >&2)
-        deb=$(ls "$CACHE"/"${name}"_*.deb | head -n1)
-    fi
-    echo "$deb"
-}
-KDEB=$(fetch_deb "$PKG")
-BDEB=$(fetch_deb busybox-static)
-
-unpack() { # DEB DIR: extract once
-    if [ ! -e "$2/.done" ]; then
-        rm -rf "$2"
-        mkdir -p "$2"
-        dpkg-deb -x "$1" "$2"
-        touch "$2/.done"
-    fi
-}
-unpack "$KDEB" "$CACHE/kernel"
-unpack "$BDEB" "$CACHE/busybox"
+KDEB=$(dk_fetch "$PKG" "$CACHE")
+BDEB=$(dk_fetch busybox-static "$CACHE")
+dk_unpack "$KDEB" "$CACHE/kernel"
+dk_unpack "$BDEB" "$CACHE/busybox"
 
 KVER=$(ls "$CACHE/kernel/lib/modules" | head -n1)
 MODDIR=$CACHE/kernel/lib/modules/$KVER
@@ -117,57 +94,15 @@ if [ ! -s "$OUT/vmlinux" ] || ! is_elf "$OUT/vmlinux" || [ "$OUT/bzImage" -nt "$
 fi
 
 # --- 4. initrd ----------------------------------------------------------------
-# Modules in load order, dependencies first. The package ships no
-# modules.dep (depmod makes it at install time), so dependencies come from
-# each module's .modinfo `depends=` line. Built-in modules (modules.builtin)
-# need no loading.
-declare -A SEEN=()
-ORDER=()
-mod_path() { # NAME -> path relative to MODDIR, or empty
-    local n=${1//-/_}
-    (cd "$MODDIR" && find kernel -type f \( -name "$n.ko" -o -name "$n.ko.*" \
-        -o -name "${1//_/-}.ko" -o -name "${1//_/-}.ko.*" \) | head -n1)
-}
-mod_cat() { # REL_PATH -> module bytes, decompressed
-    case "$1" in
-    *.ko.xz) xz -dc "$MODDIR/$1" ;;
-    *.ko.zst) zstd -dcq "$MODDIR/$1" ;;
-    *.ko.gz) gzip -dc "$MODDIR/$1" ;;
-    *) cat "$MODDIR/$1" ;;
-    esac
-}
-is_builtin() { grep -q "/${1//_/[_-]}\.ko\$" "$MODDIR/modules.builtin"; }
-add_mod() { # NAME
-    local name=$1 rel deps dep
-    [ -n "${SEEN[$name]:-}" ] && return 0
-    SEEN[$name]=1
-    if is_builtin "$name"; then
-        log "module $name is built in"
-        return 0
-    fi
-    rel=$(mod_path "$name")
-    [ -n "$rel" ] || { log "module $name not found in $KVER"; exit 1; }
-    deps=$(mod_cat "$rel" | tr '\0' '\n' | sed -n 's/^depends=//p' | head -n1 | tr ',' ' ')
-    for dep in $deps; do add_mod "$dep"; done
-    ORDER+=("$rel")
-}
-for m in virtio virtio_ring virtio_mmio virtio_blk ext4; do add_mod "$m"; done
+dk_modules_init "$MODDIR"
+for m in virtio virtio_ring virtio_mmio virtio_blk ext4; do dk_add_mod "$m"; done
 
 build_initrd() {
     local root=$CACHE/initrd-root
     rm -rf "$root"
-    mkdir -p "$root"/{bin,dev,proc,sys,mnt,lib/modules}
+    mkdir -p "$root"/{bin,dev,proc,sys,mnt}
     cp "$CACHE/busybox/bin/busybox" "$root/bin/busybox"
-    : >"$root/modules.order"
-    for rel in "${ORDER[@]}"; do
-        local name
-        name=$(basename "$rel")
-        name=${name%.xz}
-        name=${name%.zst}
-        name=${name%.gz}
-        mod_cat "$rel" >"$root/lib/modules/$name"
-        echo "$name" >>"$root/modules.order"
-    done
+    dk_install_modules "$root"
     cat >"$root/init" <<'EOF'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -187,16 +122,32 @@ while [ ! -b /dev/vda ] && [ $i -lt 10 ]; do sleep 0.2; i=$((i + 1)); done
 # root=DEV on the command line: mount it (read-write with "rw") and hand
 # over to its init= (default /sbin/init), as a distribution's initramfs
 # does; the Linux build benchmark boots its disk this way.
+# pagefold.agent=DEV: run the guest agent on mailbox disk DEV (below),
+# with pagefold.data=DEV mounted read-only at /data.
 root=
 init=/sbin/init
 mode=ro
+agent=
+data=
 for w in $(cat /proc/cmdline); do
     case $w in
     root=*) root=${w#root=} ;;
     init=*) init=${w#init=} ;;
     rw) mode=rw ;;
+    pagefold.agent=*) agent=${w#pagefold.agent=} ;;
+    pagefold.data=*) data=${w#pagefold.data=} ;;
     esac
 done
+if [ -n "$agent" ]; then
+    i=0
+    while [ ! -b "$agent" ] && [ $i -lt 25 ]; do sleep 0.2; i=$((i + 1)); done
+    mount -t tmpfs tmpfs /tmp
+    mkdir -p /data
+    if [ -n "$data" ]; then
+        mount -t ext4 -o ro "$data" /data || echo "pagefold initrd: cannot mount $data"
+    fi
+    exec sh /agent.sh "$agent"
+fi
 if [ -n "$root" ]; then
     mkdir -p /newroot
     if mount -t ext4 -o $mode "$root" /newroot; then
@@ -223,15 +174,38 @@ poweroff -f
 reboot -f
 EOF
     chmod 755 "$root/init"
-    # The kernel opens /dev/console for init before /init runs; the node
-    # needs root to create (without it /init redirects after devtmpfs).
-    mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || log "not root: no /dev/console node in the initrd"
-    (cd "$root" && find . -mindepth 1 | LC_ALL=C sort |
-        "$CACHE/busybox/bin/busybox" cpio -o -H newc -R 0:0 2>/dev/null) | gzip -9n >"$OUT/initrd.img.tmp"
-    mv "$OUT/initrd.img.tmp" "$OUT/initrd.img"
+    # The guest agent: runs the scripts a host test or benchmark writes to
+    # a mailbox disk (vmm/src/linux/agent.rs has the host side). Its first
+    # 64 KiB read "PFAGENT <seq> <CRC-32 of the script, 8 hex digits>", a
+    # newline, the script, NUL padding; they are read with O_DIRECT, so
+    # each poll sees the file as the host last wrote it. A new sequence
+    # number whose checksum matches (a read torn by the host's write does
+    # not) runs once; its output on the console sits between
+    # PAGEFOLD-AGENT-BEGIN <seq> and PAGEFOLD-AGENT-END <seq> <status>.
+    cat >"$root/agent.sh" <<'EOF'
+mbox=$1
+last=
+echo "PAGEFOLD-AGENT-READY $(uname -r)"
+while :; do
+    if dd if="$mbox" of=/tmp/mbox bs=65536 count=1 iflag=direct 2>/dev/null; then
+        set -- $(head -n 1 /tmp/mbox | tr -d '\0')
+        if [ "$1" = PFAGENT ] && [ -n "$2" ] && [ "$2" != "$last" ]; then
+            tail -n +2 /tmp/mbox | tr -d '\0' >/tmp/cmd.sh
+            if [ "$(crc32 </tmp/cmd.sh)" = "$3" ]; then
+                last=$2
+                echo "PAGEFOLD-AGENT-BEGIN $2"
+                (cd /tmp && sh /tmp/cmd.sh)
+                echo "PAGEFOLD-AGENT-END $2 $?"
+            fi
+        fi
+    fi
+    sleep 0.3
+done
+EOF
+    dk_pack_initrd "$root" "$CACHE/busybox/bin/busybox" "$OUT/initrd.img"
 }
 if [ ! -s "$OUT/initrd.img" ] || [ "$0" -nt "$OUT/initrd.img" ] || [ "$KDEB" -nt "$OUT/initrd.img" ]; then
-    log "building initrd (${#ORDER[@]} modules: ${ORDER[*]##*/})"
+    log "building initrd (${#DK_ORDER[@]} modules: ${DK_ORDER[*]##*/})"
     build_initrd
 fi
 
@@ -246,4 +220,20 @@ if [ ! -s "$OUT/rootfs.ext4" ] || [ "$0" -nt "$OUT/rootfs.ext4" ]; then
     mv "$OUT/rootfs.ext4.tmp" "$OUT/rootfs.ext4"
 fi
 
-log "done: $(cd "$OUT" && ls bzImage vmlinux initrd.img rootfs.ext4 | tr '\n' ' ')"
+# --- 6. data disk: files two guests read alike (agent tests, benchmarks) --------
+# 64 MiB of random bytes (one draw, kept: every VM reads the same disk), a
+# second 16 MiB random file, and the test file, on a 96 MiB ext4 disk.
+if [ ! -s "$OUT/data.ext4" ] || [ "$0" -nt "$OUT/data.ext4" ]; then
+    log "building data.ext4"
+    rm -rf "$CACHE/data-root"
+    mkdir -p "$CACHE/data-root"
+    head -c 64M /dev/urandom >"$CACHE/data-root/random-64m.bin"
+    head -c 16M /dev/urandom >"$CACHE/data-root/random-16m.bin"
+    echo "hello from the pagefold test disk" >"$CACHE/data-root/pagefold-test.txt"
+    rm -f "$OUT/data.ext4.tmp"
+    mkfs.ext4 -q -F -L pagefold-data -d "$CACHE/data-root" "$OUT/data.ext4.tmp" 96M
+    mv "$OUT/data.ext4.tmp" "$OUT/data.ext4"
+    rm -rf "$CACHE/data-root"
+fi
+
+log "done: $(cd "$OUT" && ls bzImage vmlinux initrd.img rootfs.ext4 data.ext4 | tr '\n' ' ')"
