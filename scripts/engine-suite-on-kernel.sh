@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs the dedup engine's test suite (pagefold-dedup: its unit tests and
+# its tests/*.rs) on another host kernel, inside the emulated host of
+# scripts/emulated-host.sh: the engine relies on kernel behaviour
+# (userfaultfd write-protection, pagemap, mmap over guest RAM, KSM) that
+# differs between kernels, and users bring Debian 12's 6.1.
+#
+#   scripts/engine-suite-on-kernel.sh [KERNEL] [-- TEST-ARGS...]
+#
+# KERNEL: 6.1 (default), 6.12, or a linux-image package (emulated-host.sh's
+# --kernel). TEST-ARGS go to every test binary (e.g. a name filter).
+# Exit status: 0 when every binary passed inside.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KERNEL=${1:-6.1}
+[ $# -gt 0 ] && shift
+[ "${1:-}" = "--" ] && shift
+
+# The test binaries, built as `cargo test` builds them.
+mapfile -t bins < <(cargo test -p pagefold-dedup --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])
+')
+((${#bins[@]})) || { echo "engine-suite-on-kernel: no test binaries built" >&2; exit 1; }
+
+# Tests whose bounds are times measured on a native host: under emulation
+# everything runs 5-10x slower, so they would measure the emulator
+# (docs/linux-guests.md: times compare only within one run). They run
+# natively in scripts/test.sh.
+TIMED=(
+    registering_memory_waits_for_a_span_not_for_the_scanners_whole_batch
+)
+skips=()
+for t in "${TIMED[@]}"; do skips+=(--skip "$t"); done
+set -- "${skips[@]}" "$@"
+
+args=()
+# shellcheck disable=SC2016
+runner=(sh -c '
+status=0
+for b in $BINS; do
+    echo "=== $b on $(uname -r)"
+    if ! "$b" --test-threads=2 "$@"; then
+        echo "=== FAILED: $b"
+        status=1
+    fi
+done
+exit $status
+' sh)
+for b in "${bins[@]}"; do args+=(--bin "$b"); done
+names=$(for b in "${bins[@]}"; do basename "$b"; done | tr '\n' ' ')
+echo "engine-suite-on-kernel: ${#bins[@]} binaries on $KERNEL: $names" >&2
+exec scripts/emulated-host.sh --kernel "$KERNEL" --memory 4G --timeout 2400 "${args[@]}" \
+    -- env BINS="$names" RUST_BACKTRACE=1 "${runner[@]}" "$@"
