@@ -7,6 +7,7 @@
 //! [`layout`] and docs/linux-guests.md.
 
 pub mod acpi;
+pub mod agent;
 pub mod bootparams;
 pub mod cpu;
 pub mod e820;
