@@ -50,7 +50,7 @@ die() { log "$*"; exit 125; }
 
 KERNEL=6.1
 MEMORY=4G
-CPUS=$(nproc)
+CPUS=${PAGEFOLD_EMU_CPUS:-$(nproc)}
 ((CPUS > 4)) && CPUS=4
 BINS=()
 FILES=()

@@ -100,7 +100,7 @@ for m in virtio virtio_ring virtio_mmio virtio_blk ext4; do dk_add_mod "$m"; don
 build_initrd() {
     local root=$CACHE/initrd-root
     rm -rf "$root"
-    mkdir -p "$root"/{bin,dev,proc,sys,mnt}
+    mkdir -p "$root"/{bin,dev,proc,sys,mnt,tmp}
     cp "$CACHE/busybox/bin/busybox" "$root/bin/busybox"
     dk_install_modules "$root"
     cat >"$root/init" <<'EOF'
@@ -141,7 +141,7 @@ done
 if [ -n "$agent" ]; then
     i=0
     while [ ! -b "$agent" ] && [ $i -lt 25 ]; do sleep 0.2; i=$((i + 1)); done
-    mount -t tmpfs tmpfs /tmp
+    mkdir -p /tmp && mount -t tmpfs tmpfs /tmp
     mkdir -p /data
     if [ -n "$data" ]; then
         mount -t ext4 -o ro "$data" /data || echo "pagefold initrd: cannot mount $data"
