@@ -1,84 +1,34 @@
 //! Linux guests on pagefold with the Debian cloud kernel from
-//! `scripts/guest-image.sh` (ELF vmlinux, initrd, ext4 test disk).
+//! `scripts/guest-image.sh` (ELF vmlinux, initrd, ext4 disks, guest agent).
 //!
 //! On every KVM host: the kernel reads pagefold's boot data and ACPI tables
 //! and says so on the serial console. On hosts without VMX/SVM (PVM, where
 //! kernel-mode code is emulated) it then stops in KVM's instruction emulator,
 //! which pagefold must report as a guest error (exit code 3), not a crash.
-//! On VMX/SVM hosts it boots to the initrd, reads the virtio-blk disk and
-//! powers off; two such VMs in one dedup group share pages. Those tests skip,
-//! with a printed reason, where hardware virtualization is missing.
+//!
+//! The other tests boot Linux to user space: on this host where it has
+//! VMX/SVM, else inside the emulated SVM host of scripts/emulated-host.sh
+//! (`common::linux_host::run_here`). They never skip. Guests that run
+//! commands do so through the guest agent (`pagefold_vmm::linux::agent`),
+//! and every check of a guest's data is the guest's own md5sum.
 //!
 //! The image: `PAGEFOLD_GUEST_DIR` if set, else `scripts/guest-image.sh`
 //! builds it under `target/guest-img` (cached; reruns do not download).
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use common::linux_host::{self, hardware_virtualization, image, Emulation};
+use common::linux_vms::{warnings, Served, Spec};
 use common::*;
+use pagefold_api::dedup_view::DedupView;
 
 /// About 60 s on an idle machine of this project's kind; the emulated boot
 /// is CPU-bound, so a loaded machine needs the headroom.
 const PVM_LIMIT: Duration = Duration::from_secs(300);
-const HW_LIMIT: Duration = Duration::from_secs(120);
-
-/// The guest image directory, built once per test process.
-fn guest_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        if let Some(d) = std::env::var_os("PAGEFOLD_GUEST_DIR") {
-            return PathBuf::from(d);
-        }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let dir = root.join("target").join("guest-img");
-        let start = Instant::now();
-        let o = Command::new(root.join("scripts").join("guest-image.sh"))
-            .arg(&dir)
-            .output()
-            .expect("run scripts/guest-image.sh");
-        assert!(
-            o.status.success(),
-            "scripts/guest-image.sh {} failed (set PAGEFOLD_GUEST_DIR to an existing image):\n{}",
-            dir.display(),
-            text(&o)
-        );
-        eprintln!(
-            "guest image ready in {:?}: {}",
-            start.elapsed(),
-            dir.display()
-        );
-        dir
-    })
-}
-
-fn image(name: &str) -> String {
-    let p = guest_dir().join(name);
-    assert!(p.is_file(), "guest image file missing: {}", p.display());
-    p.to_str().unwrap().to_string()
-}
-
-/// VMX or SVM in the CPU flags: kernel-mode guest code runs natively.
-fn hardware_virtualization() -> bool {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    info.lines()
-        .filter(|l| l.starts_with("flags"))
-        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
-}
-
-fn skip_without_hardware_virtualization(test: &str) -> bool {
-    if hardware_virtualization() {
-        return false;
-    }
-    eprintln!(
-        "SKIPPED {test}: this host has no VMX/SVM (no vmx/svm in /proc/cpuinfo flags); \
-         under PVM kernel-mode guest code is emulated and Linux cannot boot to user space"
-    );
-    true
-}
+/// A Linux guest boots in about 16 s under the emulated host.
+const HW_LIMIT: Duration = Duration::from_secs(300);
 
 #[test]
 fn debian_kernel_reads_our_acpi_tables_then_stops_as_a_guest_error() {
@@ -125,10 +75,12 @@ fn debian_kernel_reads_our_acpi_tables_then_stops_as_a_guest_error() {
 
 #[test]
 fn boots_to_the_initrd_reads_the_disk_and_powers_off() {
-    if skip_without_hardware_virtualization("boots_to_the_initrd_reads_the_disk_and_powers_off") {
+    if !linux_host::run_here(
+        "boots_to_the_initrd_reads_the_disk_and_powers_off",
+        &Emulation::default(),
+    ) {
         return;
     }
-    require_kvm();
     let disk = format!("{},ro", image("rootfs.ext4"));
     let o = run(
         &[
@@ -163,59 +115,220 @@ fn boots_to_the_initrd_reads_the_disk_and_powers_off() {
     );
 }
 
+/// What an agent guest prints of its files: the 64 and 16 MiB random files
+/// of the data disk (read through its page cache) and its tmpfs copy of the
+/// 16 MiB one (anonymous guest memory).
+const HASHES: &str = "echo \"f64=$(md5sum /data/random-64m.bin | cut -d' ' -f1) \
+                      f16=$(md5sum /data/random-16m.bin | cut -d' ' -f1) \
+                      tmp=$(md5sum /tmp/copy16 | cut -d' ' -f1)\"";
+
+/// The hashes every VM printed, which must agree with each other and with
+/// `reference` (when given); returns them.
+fn same_hashes(
+    step: &str,
+    replies: &[pagefold_vmm::linux::agent::Reply],
+    reference: Option<&[String; 3]>,
+) -> [String; 3] {
+    let mut seen: Option<[String; 3]> = reference.cloned();
+    for r in replies {
+        let h = ["f64", "f16", "tmp"].map(|k| {
+            r.value(k)
+                .unwrap_or_else(|| panic!("{step}: no {k}= in {:?}", r.output))
+                .to_string()
+        });
+        assert!(h.iter().all(|v| v.len() == 32), "{step}: not an md5: {h:?}");
+        match &seen {
+            None => seen = Some(h),
+            Some(s) => assert_eq!(&h, s, "{step}: a guest's files changed"),
+        }
+    }
+    seen.expect("at least one VM")
+}
+
+/// Two Linux guests in one group read the same files and keep a tmpfs copy
+/// of one; their file hashes stay what they first read after merging,
+/// after writes that break copy-on-write and after `mode=unmerge`; then a
+/// third guest joins through the API and the second is deleted while its
+/// pages are shared.
 #[test]
-fn two_linux_vms_in_one_group_share_pages() {
-    if skip_without_hardware_virtualization("two_linux_vms_in_one_group_share_pages") {
+fn linux_guests_keep_their_files_through_merge_cow_and_unmerge() {
+    if !linux_host::run_here(
+        "linux_guests_keep_their_files_through_merge_cow_and_unmerge",
+        &Emulation {
+            pair: true,
+            ..Emulation::default()
+        },
+    ) {
         return;
     }
-    require_kvm();
-    let dir = TempDir::new("linux-two");
-    let vm = |name: &str| {
-        format!(
-            r#"
-            [[vm]]
-            name = "{name}"
-            memory = "512M"
-            dedup = {{ group = "linux" }}
-            [vm.kernel]
-            path = {kernel:?}
-            initrd = {initrd:?}
-            cmdline = "console=ttyS0 panic=-1"
-            disks = [{{ path = {disk:?}, readonly = true }}]
-            "#,
-            kernel = image("vmlinux"),
-            initrd = image("initrd.img"),
-            disk = image("rootfs.ext4"),
-        )
-    };
-    let cfg = dir.path("two.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[dedup]\nmode = \"on\"\npages_to_scan = 10000\nsleep_millisecs = 0\n{}{}",
-            vm("one"),
-            vm("two")
-        ),
-    )
-    .unwrap();
-    let json = dir.path("report.json");
-    let o = run_config(&cfg, &json, HW_LIMIT);
-    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let r = read_json(&json);
-    for name in ["one", "two"] {
+    let step = Duration::from_secs(180);
+    let specs = [
+        Spec::new("one", "384M", "pair"),
+        Spec::new("two", "384M", "pair"),
+    ];
+    // PAGEFOLD_TEST_DEDUP replaces the [dedup] table (the same checks
+    // against another backend or setting).
+    let dedup = std::env::var("PAGEFOLD_TEST_DEDUP").unwrap_or_else(|_| {
+        "mode = \"on\"\npages_to_scan = 4096\nsleep_millisecs = 20\nksm_assist = \"off\"".into()
+    });
+    let mut s = Served::start("linux-hashes", &dedup, &specs);
+    // 1. Read, copy into tmpfs, hash.
+    let read = format!(
+        "cp /data/random-16m.bin /tmp/copy16 && cat /data/random-64m.bin >/dev/null && {HASHES}"
+    );
+    let reference = same_hashes("first read", &s.run_all(&read, step), None);
+    // 2. Merged: the 96 MiB of file data and the 16 MiB copy are the same
+    // in both guests (24,576 + 4,096 pages each).
+    let merged = s.wait_dedup("file pages shared", step, |d| d.pages_sharing >= 20_000);
+    eprintln!(
+        "merged: {} sharing, {} zero pages",
+        merged.pages_sharing, merged.zero_pages
+    );
+    same_hashes("after merging", &s.run_all(HASHES, step), Some(&reference));
+    // 3. Writes break copy-on-write: the copy is rewritten in place, first
+    // its first MiB with zeros (a different content that must land), then
+    // all of it with the file again.
+    let cows = s.dedup().cow_breaks;
+    let zeroed = s.run_all(
+        "dd if=/dev/zero of=/tmp/copy16 bs=4096 count=256 conv=notrunc 2>/dev/null && \
+         echo \"z=$(head -c 1048576 /tmp/copy16 | md5sum | cut -d' ' -f1)\"",
+        step,
+    );
+    for r in &zeroed {
+        // md5 of 1 MiB of zeros.
         assert_eq!(
-            common::vm(&r, name)["outcome"]["kind"],
-            "guest_power_off",
-            "{r}"
+            r.value("z"),
+            Some("b6d81b360a5672d80c27430f39153e2c"),
+            "{}",
+            r.output
         );
     }
-    // Both guests hold the same kernel image (text, rodata) at the same
-    // guest addresses: thousands of identical pages the engine merges while
-    // they boot.
-    let merges = r["dedup"]["merges"].as_u64().unwrap_or(0);
-    assert!(
-        merges >= 1000,
-        "only {merges} merges between two identical Linux VMs: {}",
-        r["dedup"]
+    s.run_all(
+        "dd if=/data/random-16m.bin of=/tmp/copy16 bs=65536 conv=notrunc 2>/dev/null",
+        step,
     );
+    same_hashes(
+        "after copy-on-write",
+        &s.run_all(HASHES, step),
+        Some(&reference),
+    );
+    let d = s.dedup();
+    assert!(
+        d.cow_breaks >= cows + 256,
+        "rewriting merged tmpfs pages broke {} shares",
+        d.cow_breaks - cows
+    );
+    // 4. Unmerge: every page gets its own copy back.
+    s.wait_dedup("merged again", step, |d| d.pages_sharing >= 20_000);
+    s.set(serde_json::json!({"mode": "unmerge"}));
+    s.wait_dedup("unmerged", step, |d| {
+        d.pages_sharing == 0 && d.zero_pages == 0
+    });
+    same_hashes("after unmerge", &s.run_all(HASHES, step), Some(&reference));
+    // 5. VMs come and go through the API while the others run: a third
+    // guest joins the group and merges with the two, then the second is
+    // deleted while its pages are shared; the others' files stay theirs.
+    s.set(serde_json::json!({"mode": "on"}));
+    s.create(&Spec::new("three", "384M", "pair"));
+    same_hashes(
+        "the third guest's first read",
+        &s.run_on(&["three"], &read, step),
+        Some(&reference),
+    );
+    let three = |d: &DedupView| {
+        d.per_owner
+            .get("three")
+            .map_or(0, |o| o.pages_merged + o.zero_pages)
+    };
+    let joined = s.wait_dedup("the third guest merged", step, |d| three(d) >= 20_000);
+    eprintln!("three: {} pages merged or zero", three(&joined));
+    s.delete("two");
+    same_hashes(
+        "after deleting a sharer",
+        &s.run_all(HASHES, step),
+        Some(&reference),
+    );
+    let err = s.shutdown();
+    let w = warnings(&err);
+    assert!(w.is_empty(), "warnings in a normal run:\n{}", w.join("\n"));
+}
+
+/// `vm.max_map_count` for the assist test: with the assist on, the engine
+/// keeps half of it for the rest of the process, which leaves it a few
+/// hundred VMAs of its own, far fewer than two Linux guests' duplicates
+/// need, so its VMA budget refuses merges and it hands the group to KSM.
+const ASSIST_MAX_MAP_COUNT: &str = "2048";
+
+/// Two Linux guests whose group the engine hands to kernel KSM (the assist)
+/// keep their files while KSM merges them and after the engine takes the
+/// group back (`mode=unmerge`). The assist engages when the VMA budget
+/// refuses merges; the test lowers `vm.max_map_count`, a host-wide
+/// setting, so it always runs in the emulated host, which is discarded
+/// afterwards.
+#[test]
+fn linux_guests_keep_their_files_through_a_ksm_assist_and_its_take_back() {
+    if !linux_host::run_here(
+        "linux_guests_keep_their_files_through_a_ksm_assist_and_its_take_back",
+        &Emulation {
+            disposable: true,
+            pair: true,
+            ..Emulation::default()
+        },
+    ) {
+        return;
+    }
+    assert_eq!(
+        linux_host::host_kind(),
+        linux_host::HostKind::EmulatedSvm,
+        "this test changes vm.max_map_count: it must run in a throwaway host"
+    );
+    std::fs::write("/proc/sys/vm/max_map_count", ASSIST_MAX_MAP_COUNT)
+        .expect("lower vm.max_map_count");
+    let step = Duration::from_secs(180);
+    let specs = [
+        Spec::new("one", "384M", "pair"),
+        Spec::new("two", "384M", "pair"),
+    ];
+    let mut s = Served::start(
+        "linux-assist",
+        "mode = \"on\"\npages_to_scan = 4096\nsleep_millisecs = 20\nksm_assist = \"auto\"",
+        &specs,
+    );
+    let read = format!(
+        "cp /data/random-16m.bin /tmp/copy16 && cat /data/random-64m.bin >/dev/null && {HASHES}"
+    );
+    let reference = same_hashes("first read", &s.run_all(&read, step), None);
+    // KSM merges what the engine's budget refused: thousands of pages.
+    let assisted = s.wait_dedup("KSM assisting", step, |d| {
+        d.ksm_assist.starts_with("engaged") && d.ksm_pages_sharing >= 1000
+    });
+    eprintln!(
+        "assisted: {} ({} sharing, {} of them by KSM; {} VMAs of headroom)",
+        assisted.ksm_assist,
+        assisted.pages_sharing,
+        assisted.ksm_pages_sharing,
+        assisted.map_count_headroom
+    );
+    same_hashes(
+        "while KSM merges",
+        &s.run_all(HASHES, step),
+        Some(&reference),
+    );
+    // The take-back: MADV_UNMERGEABLE gives each KSM page its own copy.
+    s.set(serde_json::json!({"mode": "unmerge"}));
+    let back = s.wait_dedup("taken back from KSM", step, |d| {
+        !d.ksm_assist.starts_with("engaged")
+            && d.ksm_pages_sharing == 0
+            && d.pages_sharing == 0
+            && d.zero_pages == 0
+    });
+    eprintln!("taken back: assist {}", back.ksm_assist);
+    same_hashes(
+        "after the take-back",
+        &s.run_all(HASHES, step),
+        Some(&reference),
+    );
+    let err = s.shutdown();
+    let w = warnings(&err);
+    assert!(w.is_empty(), "warnings in a normal run:\n{}", w.join("\n"));
 }

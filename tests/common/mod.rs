@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod dedup;
+pub mod linux_host;
+pub mod linux_vms;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -38,8 +40,12 @@ pub fn require_kvm() {
     }
 }
 
+/// The pagefold binary under test: cargo's, or `PAGEFOLD_BIN` where the
+/// test runs elsewhere (inside the emulated host, see `linux_host`).
 pub fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_pagefold"))
+    std::env::var_os("PAGEFOLD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pagefold")))
 }
 
 pub fn pagefold() -> Command {

@@ -1,0 +1,276 @@
+//! Where the Linux-guest tests run: on this host when it has hardware
+//! virtualization (VMX/SVM), else inside the emulated host of
+//! scripts/emulated-host.sh (QEMU TCG with SVM and nested paging, a stock
+//! Debian kernel with kvm_amd), which re-runs the calling test there.
+//! They never skip: a host that can run neither fails them.
+//!
+//! A test starts with
+//! ```ignore
+//! if !linux_host::run_here("name_of_this_test", &Emulation::default()) {
+//!     return; // it ran, and passed, inside the emulated host
+//! }
+//! ```
+//! and its body then runs on a host that boots Linux guests: this one, or
+//! the emulated one, where this same test binary runs with
+//! `PAGEFOLD_HOST_KIND=emulated-svm`, the pagefold binary at
+//! `PAGEFOLD_BIN` and the guest image at `PAGEFOLD_GUEST_DIR`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::text;
+
+/// What kind of host this test process runs on (logged by every test).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostKind {
+    /// KVM with VMX or SVM: Linux guests run natively.
+    Hardware,
+    /// Inside scripts/emulated-host.sh: KVM on an emulated SVM CPU.
+    EmulatedSvm,
+    /// KVM through PVM: only CPL3 guest code runs natively.
+    Pvm,
+    /// No usable KVM for Linux guests.
+    Other,
+}
+
+impl HostKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hardware => "hardware",
+            Self::EmulatedSvm => "emulated-svm",
+            Self::Pvm => "pvm",
+            Self::Other => "other",
+        }
+    }
+
+    /// Linux guests boot to user space here.
+    pub fn runs_linux(self) -> bool {
+        matches!(self, Self::Hardware | Self::EmulatedSvm)
+    }
+}
+
+/// VMX or SVM in the CPU flags.
+pub fn hardware_virtualization() -> bool {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+}
+
+pub fn host_kind() -> HostKind {
+    if std::env::var("PAGEFOLD_HOST_KIND").as_deref() == Ok("emulated-svm") {
+        HostKind::EmulatedSvm
+    } else if Path::new("/sys/module/kvm_pvm").exists() {
+        HostKind::Pvm
+    } else if hardware_virtualization() {
+        HostKind::Hardware
+    } else {
+        HostKind::Other
+    }
+}
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The guest image directory (scripts/guest-image.sh), built once per test
+/// process: `PAGEFOLD_GUEST_DIR` if set, else target/guest-img (cached:
+/// a rerun downloads and rebuilds nothing).
+pub fn guest_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("PAGEFOLD_GUEST_DIR") {
+            return PathBuf::from(d);
+        }
+        let dir = root().join("target").join("guest-img");
+        let start = Instant::now();
+        let o = Command::new(root().join("scripts").join("guest-image.sh"))
+            .arg(&dir)
+            .output()
+            .expect("run scripts/guest-image.sh");
+        assert!(
+            o.status.success(),
+            "scripts/guest-image.sh {} failed (set PAGEFOLD_GUEST_DIR to an existing image):\n{}",
+            dir.display(),
+            text(&o)
+        );
+        eprintln!(
+            "guest image ready in {:?}: {}",
+            start.elapsed(),
+            dir.display()
+        );
+        dir
+    })
+}
+
+/// A file of the guest image, as a string path.
+pub fn image(name: &str) -> String {
+    let p = guest_dir().join(name);
+    assert!(p.is_file(), "guest image file missing: {}", p.display());
+    p.to_str().unwrap().to_string()
+}
+
+/// How to start the emulated host for a test.
+#[derive(Debug, Clone)]
+pub struct Emulation {
+    /// Its RAM (QEMU syntax).
+    pub memory: &'static str,
+    /// Longest the whole emulated run may take.
+    pub timeout: Duration,
+    /// The test changes host-wide state (sysctls, the host's free memory):
+    /// it runs in the emulated host, which is thrown away afterwards, even
+    /// where this host could run it.
+    pub disposable: bool,
+    /// Two Linux guests whose memory the host remaps and copies on write
+    /// while they run: under the emulated host such guests die of the
+    /// emulator's faults (a triple fault, or the host kernel's panic) in
+    /// most runs, with kernel KSM as with pagefold (docs/linux-guests.md,
+    /// "Two guests under the emulated host"). Such a test runs there only
+    /// with `PAGEFOLD_EMULATED_PAIRS=1`; on hardware hosts always.
+    pub pair: bool,
+}
+
+impl Default for Emulation {
+    fn default() -> Self {
+        Self {
+            memory: "4G",
+            timeout: Duration::from_secs(900),
+            disposable: false,
+            pair: false,
+        }
+    }
+}
+
+/// The emulated host's kernel: Debian 12's 6.1 unless
+/// `PAGEFOLD_EMULATED_KERNEL` names another (`6.12`, or a package).
+pub fn emulated_kernel() -> String {
+    std::env::var("PAGEFOLD_EMULATED_KERNEL").unwrap_or_else(|_| "6.1".into())
+}
+
+/// True: run the test's body in this process (this host runs Linux
+/// guests). False: the test ran inside the emulated host and passed there
+/// (a failure there fails it here, with the emulated console's tail).
+pub fn run_here(test: &str, emu: &Emulation) -> bool {
+    let kind = host_kind();
+    if kind == HostKind::EmulatedSvm || (kind.runs_linux() && !emu.disposable) {
+        eprintln!(
+            "{test}: host kind {} (Linux {})",
+            kind.name(),
+            kernel_release()
+        );
+        super::require_kvm();
+        return true;
+    }
+    if emu.pair && std::env::var("PAGEFOLD_EMULATED_PAIRS").as_deref() != Ok("1") {
+        eprintln!(
+            "{test}: SKIPPED: host kind {} has no VMX/SVM, and two Linux guests whose memory \
+             is remapped die of the emulated host's faults in most runs, with KSM as with \
+             pagefold (docs/linux-guests.md); PAGEFOLD_EMULATED_PAIRS=1 runs it there anyway",
+            kind.name()
+        );
+        return false;
+    }
+    eprintln!(
+        "{test}: host kind {}{}; running it inside the emulated SVM host (kernel {})",
+        kind.name(),
+        if kind.runs_linux() {
+            " runs Linux guests, but the test changes host-wide state"
+        } else {
+            " cannot boot Linux guests"
+        },
+        emulated_kernel()
+    );
+    for attempt in 1..=HOST_ATTEMPTS {
+        let (code, console, log) = emulate(test, emu);
+        eprintln!(
+            "{test}: emulated host (attempt {attempt}) exit {code:?}; its console:\n{console}"
+        );
+        if code == Some(HOST_FAILED) && attempt < HOST_ATTEMPTS {
+            // The emulated host's kernel died (or QEMU did) before the
+            // test gave its verdict: the emulator's fault, not the test's
+            // (docs/linux-guests.md, "The emulated host"). Run it again.
+            eprintln!("{test}: the emulated host failed before the test ended; running it again");
+            continue;
+        }
+        assert!(
+            console.contains("test result: ok. 1 passed") && code == Some(0),
+            "{test} failed inside the emulated host (exit {code:?}):\n{log}\n--- console tail\n{}",
+            tail(&console, 80)
+        );
+        return false;
+    }
+    unreachable!("the last attempt asserts")
+}
+
+/// Runs for a test whose emulated host died before the test ended
+/// (scripts/emulated-host.sh's exit 125): a kernel panic of the emulated
+/// host under two nested guests, which nox2apic made rare but not
+/// impossible. A test that fails or hangs (exit 101, 124) is not rerun.
+const HOST_ATTEMPTS: u32 = 3;
+/// scripts/emulated-host.sh: the host ended without the command's status.
+const HOST_FAILED: i32 = 125;
+
+/// One run of `test` inside scripts/emulated-host.sh: its exit code, the
+/// host's console and the script's own output.
+fn emulate(test: &str, emu: &Emulation) -> (Option<i32>, String, String) {
+    let exe = std::env::current_exe().expect("test binary path");
+    let exe_name = exe.file_name().unwrap().to_str().unwrap().to_string();
+    let out = tempfile::Builder::new()
+        .prefix("pagefold-emulated-")
+        .tempdir()
+        .unwrap();
+    let start = Instant::now();
+    let o = Command::new(root().join("scripts").join("emulated-host.sh"))
+        .args(["--kernel", &emulated_kernel(), "--memory", emu.memory])
+        .args(["--timeout", &emu.timeout.as_secs().to_string()])
+        .arg("--bin")
+        .arg(&exe)
+        .arg("--bin")
+        .arg(super::bin())
+        .arg("--guest")
+        .arg(guest_dir())
+        .arg("--out")
+        .arg(out.path())
+        .arg("--quiet")
+        .args(["--", "env"])
+        .args(forwarded_env())
+        .args([
+            "PAGEFOLD_BIN=/in/.bin/pagefold",
+            "PAGEFOLD_GUEST_DIR=/guest",
+            "RUST_BACKTRACE=1",
+            &exe_name,
+            "--exact",
+            test,
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .expect("run scripts/emulated-host.sh");
+    let console = std::fs::read_to_string(out.path().join("console.log")).unwrap_or_default();
+    eprintln!("{test}: the emulated host ran {:.0?}", start.elapsed());
+    (o.status.code(), console, text(&o))
+}
+
+/// `PAGEFOLD_TEST_*` variables (a test's own overrides, such as
+/// `PAGEFOLD_TEST_DEDUP`) and the engine's `PAGEFOLD_QUIESCE_MIN_OPS` go
+/// along into the emulated host.
+fn forwarded_env() -> Vec<String> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("PAGEFOLD_TEST_") || k == "PAGEFOLD_QUIESCE_MIN_OPS")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect()
+}
+
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}

@@ -1,0 +1,364 @@
+//! Linux VMs that run the guest agent (scripts/guest-image.sh's initrd with
+//! `pagefold.agent=`), served by a real `pagefold serve` process, for the
+//! Linux-guest tests: the test writes shell scripts to a VM's mailbox disk
+//! and reads their output from its serial console file
+//! (`pagefold_vmm::linux::agent`), and drives dedup through the HTTP API.
+//!
+//! Every VM gets the image's data disk (`/dev/vda`, read-only, mounted at
+//! `/data`: the same 64 MiB and 16 MiB random files in every VM) and its own
+//! mailbox (`/dev/vdb`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pagefold_api::client::Client;
+use pagefold_api::dedup_view::DedupView;
+use pagefold_dedup::DedupSettings;
+use pagefold_vmm::config::VmConfig;
+use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
+use pagefold_vmm::vm::VmInfo;
+
+use super::linux_host::image;
+use super::{api_client, bin, TempDir};
+
+/// How long a Linux guest may take to boot to its agent under the
+/// emulated host (about 15 s there; the bound leaves room for a loaded
+/// machine).
+pub const BOOT_LIMIT: Duration = Duration::from_secs(240);
+
+/// A VM to serve.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub name: &'static str,
+    pub memory: &'static str,
+    pub group: &'static str,
+}
+
+impl Spec {
+    pub fn new(name: &'static str, memory: &'static str, group: &'static str) -> Self {
+        Self {
+            name,
+            memory,
+            group,
+        }
+    }
+}
+
+/// One served VM's agent ends.
+pub struct AgentVm {
+    pub name: String,
+    pub mailbox: Mailbox,
+    pub console: PathBuf,
+}
+
+/// A `pagefold serve` process with Linux agent VMs.
+pub struct Served {
+    child: Option<Child>,
+    pub dir: TempDir,
+    pub sock: PathBuf,
+    pub client: Client,
+    pub vms: Vec<AgentVm>,
+    stderr: PathBuf,
+    /// VMs created so far (deleted ones included).
+    created: usize,
+}
+
+/// The kernel command line of an agent VM.
+pub const AGENT_CMDLINE: &str =
+    "console=ttyS0 panic=-1 quiet pagefold.data=/dev/vda pagefold.agent=/dev/vdb";
+
+/// The host CPU VM number `n` (in creation order) is pinned to under the
+/// emulated host, None elsewhere: one VM per CPU, so that a VM's vCPU
+/// threads do not wander between the emulated host's CPUs (each move is
+/// more interrupts into a CPU while it runs a guest, where the emulated
+/// host's faults lie; docs/linux-guests.md, "The emulated host").
+pub fn emulated_cpu(n: usize) -> Option<usize> {
+    if super::linux_host::host_kind() != super::linux_host::HostKind::EmulatedSvm {
+        return None;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    Some(n % cpus)
+}
+
+/// The config of one agent VM, with its files in `dir`; `cpu` pins its
+/// vCPUs (see [`emulated_cpu`]).
+pub fn agent_vm_config(dir: &Path, spec: &Spec, cpu: Option<usize>) -> (VmConfig, AgentVm) {
+    let mbox_path = dir.join(format!("{}.mbox", spec.name));
+    let console = dir.join(format!("{}.console", spec.name));
+    let mailbox = Mailbox::create(&mbox_path).expect("mailbox");
+    // PAGEFOLD_TEST_GUEST_APPEND: more guest kernel parameters (experiments).
+    let cmdline = match std::env::var("PAGEFOLD_TEST_GUEST_APPEND") {
+        Ok(more) => format!("{AGENT_CMDLINE} {more}"),
+        Err(_) => AGENT_CMDLINE.to_string(),
+    };
+    let toml = format!(
+        r#"
+        name = "{name}"
+        memory = "{memory}"
+        serial = {{ file = {console:?} }}
+        dedup = {{ group = "{group}" }}
+        [kernel]
+        path = {kernel:?}
+        initrd = {initrd:?}
+        cmdline = "{cmdline}"
+        disks = [{{ path = {data:?}, readonly = true }}, {{ path = {mbox:?} }}]
+        "#,
+        name = spec.name,
+        memory = spec.memory,
+        group = spec.group,
+        kernel = image("vmlinux"),
+        initrd = image("initrd.img"),
+        data = image("data.ext4"),
+        mbox = mbox_path,
+    );
+    let mut cfg: VmConfig = toml::from_str(&toml).expect("agent VM config");
+    cfg.vcpu_affinity = cpu.map(|c| vec![c]);
+    (
+        cfg,
+        AgentVm {
+            name: spec.name.to_string(),
+            mailbox,
+            console,
+        },
+    )
+}
+
+impl Served {
+    /// Starts `pagefold serve` with `extra_args` (dedup flags), then
+    /// creates the VMs of `specs` through the API one after the other,
+    /// each once the one before has booted to its agent.
+    ///
+    /// One after the other because of the emulated host: there, a Linux
+    /// guest booting while another one boots sometimes dies early
+    /// (docs/linux-guests.md, "The emulated host"). On a hardware host it
+    /// costs a few seconds.
+    pub fn start(tag: &str, dedup_toml: &str, specs: &[Spec]) -> Served {
+        let dir = TempDir::new(tag);
+        let sock = dir.path("api.sock");
+        let stderr = dir.path("serve.stderr");
+        let cfg = dir.path("serve.toml");
+        std::fs::write(&cfg, format!("[dedup]\n{dedup_toml}\n")).unwrap();
+        let mut child = Command::new(bin())
+            .arg("serve")
+            .arg("--api-sock")
+            .arg(&sock)
+            .arg("--config")
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.path("serve.stdout")).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("spawn pagefold serve");
+        let start = Instant::now();
+        while !sock.exists() {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!(
+                    "pagefold serve exited {st} before serving:\n{}",
+                    std::fs::read_to_string(&stderr).unwrap_or_default()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "pagefold serve did not create its socket within 60 s:\n{}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let client = api_client(&sock);
+        let mut served = Served {
+            child: Some(child),
+            dir,
+            sock,
+            client,
+            vms: Vec::new(),
+            stderr,
+            created: 0,
+        };
+        for s in specs {
+            served.create(s);
+        }
+        served
+    }
+
+    fn index(&self, name: &str) -> usize {
+        self.vms
+            .iter()
+            .position(|v| v.name == name)
+            .unwrap_or_else(|| panic!("no agent VM {name}"))
+    }
+
+    /// Adds a VM through `PUT /vms/NAME` and waits for its agent.
+    pub fn create(&mut self, spec: &Spec) -> VmInfo {
+        let cpu = emulated_cpu(self.created);
+        self.created += 1;
+        let (vc, vm) = agent_vm_config(&self.dir.0, spec, cpu);
+        let info = self.client.create_vm(&vc).expect("PUT /vms");
+        self.vms.push(vm);
+        self.wait_ready(self.vms.len() - 1);
+        info
+    }
+
+    /// Deletes a VM through `DELETE /vms/NAME` (the API stops it first).
+    pub fn delete(&mut self, name: &str) {
+        let i = self.index(name);
+        self.client.delete_vm(name).expect("DELETE /vms");
+        self.vms.remove(i);
+    }
+
+    fn wait_ready(&self, i: usize) {
+        let vm = &self.vms[i];
+        let start = Instant::now();
+        while !agent::is_ready(&vm.console).expect("console") {
+            if let Some(why) = self.stopped(&vm.name) {
+                panic!(
+                    "{} stopped before its agent started: {why}\n{}",
+                    vm.name,
+                    self.console_tail(&vm.name)
+                );
+            }
+            assert!(
+                start.elapsed() < BOOT_LIMIT,
+                "{}'s agent did not start within {BOOT_LIMIT:?}:\n{}",
+                vm.name,
+                self.console_tail(&vm.name)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!("{}: agent ready after {:.1?}", vm.name, start.elapsed());
+    }
+
+    /// Why VM `name` stopped, if it did (or the server died).
+    fn stopped(&self, name: &str) -> Option<String> {
+        match self.client.vms() {
+            Ok(list) => list
+                .into_iter()
+                .find(|v| v.name == name)
+                .and_then(|v| v.outcome.map(|o| format!("{o:?}"))),
+            Err(e) => Some(format!("the API does not answer: {e}")),
+        }
+    }
+
+    pub fn console_tail(&self, name: &str) -> String {
+        let vm = &self.vms[self.index(name)];
+        let text = std::fs::read_to_string(&vm.console).unwrap_or_default();
+        agent::tail(&text, 40)
+    }
+
+    /// Posts `script` to the VMs named (all if empty), then waits for each
+    /// reply: the guests run it at the same time. Every reply must have
+    /// status 0.
+    pub fn run_on(&mut self, names: &[&str], script: &str, limit: Duration) -> Vec<Reply> {
+        let targets: Vec<usize> = if names.is_empty() {
+            (0..self.vms.len()).collect()
+        } else {
+            names.iter().map(|n| self.index(n)).collect()
+        };
+        let seqs: Vec<u64> = targets
+            .iter()
+            .map(|&i| self.vms[i].mailbox.post(script).expect("post to mailbox"))
+            .collect();
+        targets
+            .iter()
+            .zip(seqs)
+            .map(|(&i, seq)| {
+                let name = self.vms[i].name.clone();
+                let r = agent::wait_reply(&self.vms[i].console, seq, limit, || self.stopped(&name))
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(
+                    r.status, 0,
+                    "{name}: the script failed ({}):\n{script}\n--- output\n{}",
+                    r.status, r.output
+                );
+                r
+            })
+            .collect()
+    }
+
+    /// `run_on` every VM.
+    pub fn run_all(&mut self, script: &str, limit: Duration) -> Vec<Reply> {
+        self.run_on(&[], script, limit)
+    }
+
+    pub fn dedup(&self) -> DedupView {
+        self.client
+            .dedup()
+            .expect("GET /dedup")
+            .expect("a dedup backend")
+    }
+
+    /// `PATCH /dedup` with a JSON body of settings (`{"mode": "unmerge"}`).
+    pub fn set(&self, settings: serde_json::Value) -> DedupView {
+        let p: DedupSettings = serde_json::from_value(settings.clone())
+            .unwrap_or_else(|e| panic!("dedup settings {settings}: {e}"));
+        self.client.patch_dedup(&p).expect("PATCH /dedup")
+    }
+
+    /// Waits until `cond` holds of the dedup view; returns that view.
+    pub fn wait_dedup(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut cond: impl FnMut(&DedupView) -> bool,
+    ) -> DedupView {
+        let start = Instant::now();
+        loop {
+            let d = self.dedup();
+            if cond(&d) {
+                eprintln!("{what}: after {:.1?}", start.elapsed());
+                return d;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "timed out after {limit:?} waiting for {what}: {d:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// What the server printed on stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Shuts the server down (`PUT /shutdown`), waits for it, and returns
+    /// its stderr; the exit status must be 0.
+    pub fn shutdown(mut self) -> String {
+        let _ = self.client.call("PUT", "/shutdown", None);
+        let mut child = self.child.take().expect("server running");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+                panic!(
+                    "pagefold serve did not stop within 120 s:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let err = self.stderr();
+        assert!(status.success(), "pagefold serve exited {status}:\n{err}");
+        err
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Lines of `stderr` at warn level or above.
+pub fn warnings(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(": warn:") || l.contains(": error:"))
+        .collect()
+}
