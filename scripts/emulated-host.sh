@@ -236,11 +236,14 @@ fi
 # with the guest's GS base (a stack guard page hit in exc_page_fault under
 # sysvec_reschedule_ipi in svm_vcpu_enter_exit): within one or two runs of
 # two guests in 4 of 5 sessions (QEMU 7.2 and 10.0, host 6.1). With the
-# xAPIC, 10 runs of two guests had none (docs/linux-guests.md).
+# xAPIC, 10 runs of two guests booting had none; it still happens
+# under two guests whose memory is merged (docs/linux-guests.md).
+# mem-merge=off: QEMU would otherwise make its RAM mergeable for this
+# machine's KSM, which the KSM tests and benchmarks here measure.
 log "host $KVER, $CPUS vCPUs, $MEMORY; running: $*"
 CONSOLE=$RUN/console.log
 qemu-system-x86_64 -accel "tcg,thread=${PAGEFOLD_EMU_THREAD:-multi}" -cpu "${PAGEFOLD_EMU_CPU:-max}" -smp "$CPUS" -m "$MEMORY" \
-    -machine q35 -nodefaults -no-reboot -display none \
+    -machine q35,mem-merge=off -nodefaults -no-reboot -display none \
     -kernel "$HOST/bzImage" -initrd "$HOST/initrd.img" \
     -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 nox2apic ${PAGEFOLD_EMU_APPEND:-}" \
     "${DRIVES[@]}" -serial "file:$CONSOLE" </dev/null &

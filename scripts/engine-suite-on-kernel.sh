@@ -57,5 +57,5 @@ exit $status
 for b in "${bins[@]}"; do args+=(--bin "$b"); done
 names=$(for b in "${bins[@]}"; do basename "$b"; done | tr '\n' ' ')
 echo "engine-suite-on-kernel: ${#bins[@]} binaries on $KERNEL: $names" >&2
-exec scripts/emulated-host.sh --kernel "$KERNEL" --memory 4G --timeout 2400 "${args[@]}" \
+exec scripts/emulated-host.sh --kernel "$KERNEL" --memory 8G --timeout 2400 "${args[@]}" \
     -- env BINS="$names" RUST_BACKTRACE=1 "${runner[@]}" "$@"
