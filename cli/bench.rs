@@ -14,6 +14,10 @@ use pagefold_bench::{
     linux_build_chart, linux_build_json, linux_build_markdown, linux_build_table,
     run_linux_build_bench, BuildSystem, LinuxBuildOptions,
 };
+use pagefold_bench::{
+    linux_read_chart, linux_read_json, linux_read_markdown, run_linux_read_bench,
+    select_linux_read_systems, LinuxReadOptions,
+};
 
 use crate::error::Error;
 
@@ -37,6 +41,11 @@ pub enum BenchCommand {
     /// times per system (off, pagefold-on, pagefold-auto, ksm-default,
     /// ksm-10000): build time, process and engine CPU, merged pages.
     Build(BuildArgs),
+    /// Two Linux guests read the same files (off, pagefold-on, ksm-4096,
+    /// ksm-default, one after the other): merged pages over time, how soon
+    /// the saving was reached, engine CPU. Needs VMX/SVM, or the emulated
+    /// host (scripts/emulated-host.sh).
+    LinuxRead(LinuxReadArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -207,6 +216,36 @@ pub struct BuildArgs {
     pub vcpus: u8,
 }
 
+#[derive(Args, Debug)]
+pub struct LinuxReadArgs {
+    #[command(flatten)]
+    pub out: Outputs,
+    /// Comma-separated subset of off, pagefold-on, ksm-4096, ksm-default
+    /// (default: all, in that order).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+    /// The guest image directory of scripts/guest-image.sh (vmlinux,
+    /// initrd.img, data.ext4).
+    #[arg(long, value_name = "DIR", default_value = "target/guest-img")]
+    pub guest: std::path::PathBuf,
+    /// RAM per VM.
+    #[arg(long, default_value = "384M")]
+    pub memory: String,
+    /// Seconds to keep sampling after both guests replied.
+    #[arg(long, value_name = "SECS", default_value_t = 120)]
+    pub idle: u64,
+    /// Seconds between samples of the backend's counters (0.05 to 60).
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub sample_interval: f64,
+    /// Give up on one system after this many seconds (boots, read, idle).
+    #[arg(long, value_name = "SECS", default_value_t = 900)]
+    pub timeout: u64,
+    /// Where the mailboxes and console logs go (default: a new directory
+    /// under the temporary directory; the console logs are kept).
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<std::path::PathBuf>,
+}
+
 pub(crate) fn bench_err(e: BenchError) -> Error {
     match e {
         BenchError::UnknownSystem { .. } | BenchError::NoSystems | BenchError::InvalidInput(_) => {
@@ -355,7 +394,53 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         BenchCommand::KsmSeed(a) => ksm_seed(a),
         BenchCommand::Auto(a) => auto(a),
         BenchCommand::Build(a) => build(a),
+        BenchCommand::LinuxRead(a) => linux_read(a),
     }
+}
+
+/// The options `bench linux-read`'s flags ask for.
+fn linux_read_options(a: &LinuxReadArgs) -> Result<LinuxReadOptions, Error> {
+    if !(0.05..=60.0).contains(&a.sample_interval) {
+        return Err(Error::Usage(
+            "--sample-interval must be 0.05 to 60 seconds".into(),
+        ));
+    }
+    if a.timeout == 0 {
+        return Err(Error::Usage("--timeout must be above 0".into()));
+    }
+    Ok(LinuxReadOptions {
+        guest_dir: a.guest.clone(),
+        memory: a.memory.clone(),
+        sample_interval: Duration::from_secs_f64(a.sample_interval),
+        idle: Duration::from_secs(a.idle),
+        timeout: Duration::from_secs(a.timeout),
+        work_dir: a.work_dir.clone(),
+        progress: true,
+    })
+}
+
+/// `pagefold bench linux-read` (docs/benchmarks.md): flag checks and
+/// outputs; the work is `pagefold_bench::run_linux_read_bench`, which
+/// refuses at once on a host without VMX/SVM outside the emulated host
+/// (exit code 4). Exit code 1 when the guests' data differed or a KSM
+/// tunable was not restored.
+fn linux_read(a: LinuxReadArgs) -> Result<i32, Error> {
+    let systems = select_linux_read_systems(&a.systems).map_err(bench_err)?;
+    let opts = linux_read_options(&a)?;
+    let report = run_linux_read_bench(&systems, &opts).map_err(bench_err)?;
+    let md = linux_read_markdown(&report);
+    crate::output::write_out_or_drop(&md)?;
+    let json = linux_read_json(&report).map_err(bench_err)?;
+    write_outputs(&a.out, json, linux_read_chart(&report), md)?;
+    let agree = report.md5s_agree();
+    if !agree {
+        eprintln!("guest data integrity: the guests' md5 sums differ (see the table)");
+    }
+    Ok(if report.unrestored.is_empty() && agree {
+        0
+    } else {
+        1
+    })
 }
 
 /// `pagefold bench build --guest linux`: the real-Linux form of the build
@@ -419,6 +504,71 @@ mod tests {
             BenchCommand::KsmSeed(a) => a,
             other => panic!("{other:?}"),
         }
+    }
+
+    fn linux_read_args(args: &[&str]) -> LinuxReadArgs {
+        let argv = ["bench", "linux-read"].iter().chain(args);
+        match Bench::try_parse_from(argv).unwrap().args.cmd {
+            BenchCommand::LinuxRead(a) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn linux_read_flags() {
+        let a = linux_read_args(&[]);
+        let o = linux_read_options(&a).unwrap();
+        let d = LinuxReadOptions::default();
+        assert_eq!(o.guest_dir, d.guest_dir);
+        assert_eq!(
+            (o.memory.as_str(), o.sample_interval, o.idle, o.timeout),
+            ("384M", Duration::from_secs(1), d.idle, d.timeout)
+        );
+        assert_eq!(o.idle, Duration::from_secs(120));
+        assert_eq!(o.timeout, Duration::from_secs(900));
+        let names: Vec<_> = select_linux_read_systems(&a.systems)
+            .unwrap()
+            .iter()
+            .map(|s| s.name())
+            .collect();
+        assert_eq!(names, ["off", "pagefold-on", "ksm-4096", "ksm-default"]);
+        let a = linux_read_args(&[
+            "--guest",
+            "/guest",
+            "--memory",
+            "512M",
+            "--systems",
+            "ksm-4096,pagefold-on",
+            "--idle",
+            "30",
+            "--sample-interval",
+            "0.5",
+            "--timeout",
+            "600",
+            "--json",
+            "/out/lr.json",
+            "--plot",
+            "/out/lr.svg",
+        ]);
+        let o = linux_read_options(&a).unwrap();
+        assert_eq!(o.guest_dir, std::path::PathBuf::from("/guest"));
+        assert_eq!(o.kernel(), std::path::PathBuf::from("/guest/vmlinux"));
+        assert_eq!(o.memory, "512M");
+        assert_eq!(o.sample_interval, Duration::from_millis(500));
+        assert_eq!(
+            (o.idle, o.timeout),
+            (Duration::from_secs(30), Duration::from_secs(600))
+        );
+        assert_eq!(a.out.json.as_deref(), Some("/out/lr.json"));
+        assert_eq!(a.out.plot.as_deref(), Some("/out/lr.svg"));
+        assert_eq!(select_linux_read_systems(&a.systems).unwrap().len(), 2);
+        for bad in ["0", "61", "0.01"] {
+            let a = linux_read_args(&["--sample-interval", bad]);
+            assert!(linux_read_options(&a).is_err(), "{bad}");
+        }
+        assert!(linux_read_options(&linux_read_args(&["--timeout", "0"])).is_err());
+        let a = linux_read_args(&["--systems", "ksm-max"]);
+        assert!(select_linux_read_systems(&a.systems).is_err());
     }
 
     #[test]

@@ -21,6 +21,16 @@ fn averages(l: &LoadAverage) -> [f64; 3] {
     [l.one, l.five, l.fifteen].map(|a| (f64::from(a) * 100.0).round() / 100.0)
 }
 
+/// The host kernel's release (`/proc/sys/kernel/osrelease`; empty if
+/// unreadable): KSM's behaviour and KVM's cost change between kernels, so
+/// a row says which one it ran on.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
 /// `MemAvailable` of `/proc/meminfo` in bytes.
 pub fn mem_available() -> Option<u64> {
     Meminfo::current().ok()?.mem_available
@@ -177,5 +187,9 @@ mod tests {
     fn reads_this_hosts_load_and_memory() {
         assert!(load_avg().iter().all(|&a| a >= 0.0));
         assert!(mem_available().is_some_and(|m| m > 0));
+        // e.g. 6.1.0-28-cloud-amd64: digits first, no newline.
+        let r = kernel_release();
+        assert!(r.starts_with(|c: char| c.is_ascii_digit()), "{r:?}");
+        assert_eq!(r.trim(), r);
     }
 }

@@ -50,9 +50,48 @@ pub fn host_kvm_kind() -> KvmKind {
     )
 }
 
+/// The environment variable scripts/emulated-host.sh sets, and its value
+/// there: the process runs inside the emulated SVM host.
+pub const HOST_KIND_ENV: &str = "PAGEFOLD_HOST_KIND";
+pub const EMULATED_SVM: &str = "emulated-svm";
+
+/// What a benchmark row records as its host (the names
+/// tests/common/linux_host.rs logs): `emulated-svm` when the emulated host
+/// said so (its CPU shows `svm`, so the flags alone would read
+/// `hardware`, and its times are not a hardware host's), else `pvm`,
+/// `hardware` or `other` from the KVM kind.
+pub fn host_kind_name(emulated: bool, kind: KvmKind) -> &'static str {
+    match (emulated, kind) {
+        (true, _) => EMULATED_SVM,
+        (false, KvmKind::Pvm) => "pvm",
+        (false, KvmKind::Hardware(_)) => "hardware",
+        (false, KvmKind::NoHardware) => "other",
+    }
+}
+
+/// Whether this process runs inside scripts/emulated-host.sh.
+pub fn emulated_host() -> bool {
+    std::env::var(HOST_KIND_ENV).as_deref() == Ok(EMULATED_SVM)
+}
+
+/// This host's kind, as rows record it ([`host_kind_name`]).
+pub fn host_kind() -> &'static str {
+    host_kind_name(emulated_host(), host_kvm_kind())
+}
+
 /// Why a Linux guest cannot run to user space on a host of `kind`, or
 /// None when it can. `what` names the command in the message.
 pub fn linux_guest_refusal(kind: KvmKind, what: &str) -> Option<String> {
+    linux_guest_refusal_with(
+        kind,
+        what,
+        "The workload form (--guest workload) runs on this host.",
+    )
+}
+
+/// As [`linux_guest_refusal`], ending with `instead`: what the user can
+/// do on this host instead.
+pub fn linux_guest_refusal_with(kind: KvmKind, what: &str, instead: &str) -> Option<String> {
     let why = match kind {
         KvmKind::Hardware(_) => return None,
         KvmKind::Pvm => {
@@ -67,7 +106,7 @@ pub fn linux_guest_refusal(kind: KvmKind, what: &str) -> Option<String> {
     };
     Some(format!(
         "{what} needs a host with hardware virtualization (VMX/SVM): {why}. \
-         See docs/linux-guests.md. The workload form (--guest workload) runs on this host."
+         See docs/linux-guests.md. {instead}"
     ))
 }
 
@@ -103,5 +142,27 @@ mod tests {
         assert!(pvm.contains("PVM") && pvm.contains("kvm_pvm"), "{pvm}");
         let none = linux_guest_refusal(KvmKind::NoHardware, "x").unwrap();
         assert!(none.contains("neither the vmx nor the svm flag"), "{none}");
+        assert!(none.ends_with("The workload form (--guest workload) runs on this host."));
+        let other = linux_guest_refusal_with(KvmKind::Pvm, "x", "Use the emulated host.").unwrap();
+        assert!(
+            other.ends_with("docs/linux-guests.md. Use the emulated host."),
+            "{other}"
+        );
+        assert_eq!(
+            linux_guest_refusal_with(KvmKind::Hardware("svm"), "x", "y"),
+            None
+        );
+    }
+
+    #[test]
+    fn names_host_kinds_as_the_rows_record_them() {
+        assert_eq!(host_kind_name(false, KvmKind::Hardware("vmx")), "hardware");
+        assert_eq!(host_kind_name(false, KvmKind::Pvm), "pvm");
+        assert_eq!(host_kind_name(false, KvmKind::NoHardware), "other");
+        // Inside the emulated host the CPU shows svm: the variable decides.
+        assert_eq!(
+            host_kind_name(true, KvmKind::Hardware("svm")),
+            "emulated-svm"
+        );
     }
 }

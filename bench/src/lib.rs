@@ -14,6 +14,10 @@
 //!   Its real-Linux form ([`run_linux_build_bench`]) boots two Linux VMs
 //!   building the kernel with `make -j` (hosts with VMX/SVM only).
 //!
+//! - `linux-read` ([`run_linux_read_bench`]): two Linux guests read the
+//!   same files; how much of it each system merges, and how soon (hosts
+//!   with VMX/SVM, or the emulated host).
+//!
 //! All hold the KSM lock ([`pagefold_dedup::ksm::ksm_exclusive`]) and leave
 //! every KSM tunable as found. See docs/benchmarks.md.
 
@@ -30,6 +34,9 @@ mod error;
 mod host;
 mod kvm_host;
 mod linux_console;
+mod linux_read;
+mod linux_read_report;
+mod linux_read_run;
 mod linux_result;
 mod ratio;
 mod region;
@@ -64,9 +71,21 @@ pub use chart::{
 };
 pub use disk_copy::{copy_disk, CopyKind};
 pub use error::BenchError;
-pub use host::{load_avg, mem_available, other_ksm_users};
-pub use kvm_host::{classify, host_kvm_kind, linux_guest_refusal, KvmKind};
+pub use host::{kernel_release, load_avg, mem_available, other_ksm_users};
+pub use kvm_host::{
+    classify, emulated_host, host_kind, host_kind_name, host_kvm_kind, linux_guest_refusal,
+    linux_guest_refusal_with, KvmKind, EMULATED_SVM, HOST_KIND_ENV,
+};
 pub use linux_console::ConsoleWatch;
+pub use linux_read::{
+    agent_files, agent_vm_config, md5s_agree, parse_md5s, select_linux_read_systems, t_final_s,
+    vm_cpu, AgentFiles, LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow,
+    LinuxReadSample, Md5s, AGENT_CMDLINE, HASHED_FILES, KSM_4096_KNOBS, LINUX_READ_COMMAND,
+    LINUX_READ_GROUP, LINUX_READ_SYSTEM_NAMES, LINUX_READ_VMS, RATIO_BASE, READ_SCRIPT,
+    T_FINAL_SHARE,
+};
+pub use linux_read_report::{linux_read_chart, linux_read_json, linux_read_markdown};
+pub use linux_read_run::run_linux_read_bench;
 pub use linux_result::{
     parse_result_line, LinuxBuildResult, ResultLineError, RESULT_MARKER, START_MARKER,
 };

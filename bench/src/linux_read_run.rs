@@ -1,0 +1,979 @@
+//! The run loop of the `linux-read` benchmark ([`crate::linux_read`]):
+//! per system a fresh backend and two fresh agent VMs in one `Runner`; VM
+//! `a` boots first and `b` is added from the run loop once `a`'s agent is
+//! ready, then both get the read script, and the backend's counters are
+//! sampled from that post until `idle` after both replied.
+
+use std::path::Path;
+use std::time::Instant;
+
+use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
+use pagefold_dedup::Stats;
+use pagefold_vmm::config::VmConfig;
+use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
+use pagefold_vmm::runner::Runner;
+
+use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
+use crate::error::BenchError;
+use crate::host::kernel_release;
+use crate::kvm_host::{emulated_host, host_kind, host_kvm_kind, linux_guest_refusal_with};
+use crate::linux_read::{
+    agent_files, agent_vm_config, md5s_agree, parse_md5s, t_final_s, vm_cpu, AgentFiles,
+    LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample, Md5s,
+    AGENT_CMDLINE, LINUX_READ_COMMAND, LINUX_READ_VMS, READ_SCRIPT,
+};
+
+/// What the run loop needs of the VMs' runner (a trait so that the loop's
+/// stages can be tested without booting Linux: this host cannot).
+trait GuestHost {
+    /// VM `vm` was added and has not stopped.
+    fn running(&self, vm: &str) -> bool;
+    fn add(&mut self, c: &VmConfig) -> Result<(), String>;
+    /// The backend's counters (all zero without one).
+    fn stats(&self) -> Stats;
+    fn stop(&mut self, reason: &str);
+}
+
+impl GuestHost for Runner {
+    fn running(&self, vm: &str) -> bool {
+        // The runner keeps a VM's summary from its start until it is
+        // reaped (stopped).
+        self.summary(vm).is_some()
+    }
+
+    fn add(&mut self, c: &VmConfig) -> Result<(), String> {
+        self.add_vm(c).map_err(|e| e.to_string())
+    }
+
+    fn stats(&self) -> Stats {
+        self.dedup().map(|b| b.stats()).unwrap_or_default()
+    }
+
+    fn stop(&mut self, reason: &str) {
+        self.stop_all(reason);
+    }
+}
+
+/// Console lines an error message shows.
+const TAIL_LINES: usize = 30;
+/// Seconds between progress lines while sampling.
+const PROGRESS_EVERY_S: f64 = 10.0;
+
+fn vm_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::LinuxVm(e.to_string())
+}
+
+fn input_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::InvalidInput(e.to_string())
+}
+
+/// Runs every system in turn, holding the KSM lock, and checks that every
+/// KSM tunable is as found afterwards. Refuses at once on a host that
+/// cannot boot Linux guests (no VMX/SVM) unless it is the emulated host.
+pub fn run_linux_read_bench(
+    systems: &[BuildSystem],
+    opts: &LinuxReadOptions,
+) -> Result<LinuxReadReport, BenchError> {
+    let emulated = emulated_host();
+    if !emulated {
+        let instead = "On such a host, run it inside the emulated host: \
+                       scripts/emulated-host.sh --bin target/release/pagefold -- \
+                       pagefold bench linux-read --guest /guest";
+        if let Some(why) = linux_guest_refusal_with(host_kvm_kind(), LINUX_READ_COMMAND, instead) {
+            return Err(BenchError::HostUnsupported(why));
+        }
+    }
+    if systems.is_empty() {
+        return Err(BenchError::NoSystems);
+    }
+    if opts.sample_interval.is_zero() {
+        return Err(input_err("the sample interval must be above 0"));
+    }
+    for f in [opts.kernel(), opts.initrd(), opts.data_disk()] {
+        if !f.is_file() {
+            return Err(input_err(format!(
+                "guest image file missing: {} (make the image with scripts/guest-image.sh {})",
+                f.display(),
+                opts.guest_dir.display()
+            )));
+        }
+    }
+    let dir = opts.work_dir();
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let vm_cpus = [vm_cpu(emulated, 0, cpus), vm_cpu(emulated, 1, cpus)];
+    // Check the configs as the VMM will (kernel format, files, memory)
+    // before creating anything or taking the lock.
+    for (vm, cpu) in LINUX_READ_VMS.iter().zip(vm_cpus) {
+        let mut check = agent_vm_config(opts, vm, &agent_files(&dir, "check", vm), cpu);
+        // The mailbox does not exist yet: checked without it.
+        if let Some(k) = check.kernel.as_mut() {
+            k.disks.truncate(1);
+        }
+        check.validate().map_err(input_err)?;
+    }
+    std::fs::create_dir_all(&dir).map_err(|source| BenchError::Write {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let (kind, kernel) = (host_kind().to_string(), kernel_release());
+    let _lock = ksm_exclusive()?;
+    let root = Path::new(KSM_SYSFS);
+    let before = snapshot_tunables(root);
+    let mut rows: Vec<LinuxReadRow> = Vec::new();
+    let mut result = Ok(());
+    for s in systems {
+        if opts.progress {
+            eprintln!(
+                "[linux read] {}: starting (host {kind}, Linux {kernel})",
+                s.name()
+            );
+        }
+        let (load_avg, warnings) = first_run_context(*s);
+        let reference = rows.first().map(|r| r.md5_a.clone());
+        let ctx = SystemRun {
+            s: *s,
+            opts,
+            dir: &dir,
+            vm_cpus,
+            reference: reference.as_ref(),
+        };
+        match ctx.run() {
+            Ok(m) => rows.push(m.into_row(s.name(), &kind, &kernel, load_avg, warnings)),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    let unrestored = crate::host::unrestored_tunables(root, &before);
+    result?;
+    Ok(LinuxReadReport {
+        host_kind: kind,
+        host_kernel: kernel,
+        guest: LinuxReadGuest {
+            kernel: opts.kernel().display().to_string(),
+            initrd: opts.initrd().display().to_string(),
+            data_disk: opts.data_disk().display().to_string(),
+            memory: opts.memory.clone(),
+            cmdline: AGENT_CMDLINE.into(),
+            script: READ_SCRIPT.into(),
+            sample_interval_s: opts.sample_interval.as_secs_f64(),
+            idle_s: opts.idle.as_secs_f64(),
+            vm_cpus,
+            console_dir: dir.display().to_string(),
+        },
+        rows,
+        unrestored,
+    })
+}
+
+/// One system's run.
+struct SystemRun<'a> {
+    s: BuildSystem,
+    opts: &'a LinuxReadOptions,
+    dir: &'a Path,
+    vm_cpus: [Option<usize>; 2],
+    /// The first system's sums, which every later one must read too.
+    reference: Option<&'a Md5s>,
+}
+
+/// Where a system's run is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stage {
+    BootA,
+    BootB,
+    Reading,
+    Idle,
+    Done,
+}
+
+impl Stage {
+    /// What the run waits for, for the timeout message.
+    fn waiting_for(self) -> &'static str {
+        match self {
+            Stage::BootA => "a's agent",
+            Stage::BootB => "b's agent",
+            Stage::Reading => "the guests' replies",
+            Stage::Idle => "the end of the idle window",
+            Stage::Done => "nothing",
+        }
+    }
+}
+
+/// What one system's run measured.
+struct Measured {
+    boot_s: [f64; 2],
+    read_s: [f64; 2],
+    md5: [Md5s; 2],
+    md5s_agree: bool,
+    base: Stats,
+    end: Stats,
+    samples: Vec<LinuxReadSample>,
+}
+
+impl Measured {
+    fn into_row(
+        self,
+        system: &str,
+        host_kind: &str,
+        host_kernel: &str,
+        load_avg: [f64; 3],
+        warnings: Vec<String>,
+    ) -> LinuxReadRow {
+        let (b, e) = (&self.base, &self.end);
+        let final_n = npages(e);
+        let [md5_a, md5_b] = self.md5;
+        LinuxReadRow {
+            system: system.into(),
+            host_kind: host_kind.into(),
+            host_kernel: host_kernel.into(),
+            npages: final_n,
+            pages_sharing: e.pages_sharing,
+            zero_pages: e.zero_pages,
+            peak_npages: self.samples.iter().map(|x| x.npages).max().unwrap_or(0),
+            t_final_s: t_final_s(&self.samples, final_n),
+            engine_cpu_s: (e.cpu_seconds - b.cpu_seconds).max(0.0),
+            engine_cpu_total_s: e.cpu_seconds,
+            cow_breaks: e.cow_breaks.saturating_sub(b.cow_breaks),
+            // KSM's `merges` is this process's merged pages now, not a count.
+            merges: if e.backend == "pagefold" {
+                e.merges.saturating_sub(b.merges)
+            } else {
+                0
+            },
+            ksm_assist: e.ksm_assist.clone(),
+            ksm_pages_sharing: e.ksm_pages_sharing,
+            boot_a_s: self.boot_s[0],
+            boot_b_s: self.boot_s[1],
+            read_a_s: self.read_s[0],
+            read_b_s: self.read_s[1],
+            read_s: self.read_s[0].max(self.read_s[1]),
+            md5s_agree: self.md5s_agree,
+            md5_a,
+            md5_b,
+            load_avg,
+            warnings,
+            samples: self.samples,
+        }
+    }
+}
+
+/// What the run loop's tick keeps between calls.
+struct Trace {
+    stage: Stage,
+    /// When each VM was added, and how long it took to its agent.
+    added: [Option<Instant>; 2],
+    boot_s: [f64; 2],
+    /// The read script's post (t = 0) and sequence numbers.
+    t0: Option<Instant>,
+    seqs: [u64; 2],
+    replies: [Option<(f64, Reply)>; 2],
+    /// When both replies were in (the idle window starts).
+    replied: Option<Instant>,
+    md5: Option<([Md5s; 2], bool)>,
+    base: Option<Stats>,
+    end: Option<Stats>,
+    samples: Vec<LinuxReadSample>,
+    last_sample: Option<Instant>,
+    last_progress_s: f64,
+    error: Option<String>,
+}
+
+impl Trace {
+    fn new() -> Self {
+        Self {
+            stage: Stage::BootA,
+            added: [None; 2],
+            boot_s: [0.0; 2],
+            t0: None,
+            seqs: [0; 2],
+            replies: [None, None],
+            replied: None,
+            md5: None,
+            base: None,
+            end: None,
+            samples: Vec::new(),
+            last_sample: None,
+            last_progress_s: 0.0,
+            error: None,
+        }
+    }
+
+    /// Takes a sample of the backend's counters (a zero sample for `off`)
+    /// at `t_s` seconds after the post.
+    fn sample(&mut self, r: &impl GuestHost, t_s: f64) -> Stats {
+        let st = r.stats();
+        self.samples.push(LinuxReadSample {
+            t_s,
+            npages: npages(&st),
+            pages_sharing: st.pages_sharing,
+            zero_pages: st.zero_pages,
+        });
+        self.last_sample = Some(Instant::now());
+        st
+    }
+}
+
+/// The console text of a VM (empty until the VM has written any).
+fn console_text(path: &Path) -> Result<String, String> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(format!("reading {}: {e}", path.display())),
+    }
+}
+
+/// `VM a: what (console log P); its last lines:\n...`.
+fn console_error(vm: &str, files: &AgentFiles, what: &str) -> String {
+    let text = console_text(&files.console).unwrap_or_default();
+    format!(
+        "VM {vm}: {what} (console log {}); its last lines:\n{}",
+        files.console.display(),
+        agent::tail(&text, TAIL_LINES)
+    )
+}
+
+impl SystemRun<'_> {
+    fn name(&self) -> &'static str {
+        self.s.name()
+    }
+
+    fn progress(&self, what: std::fmt::Arguments<'_>) {
+        if self.opts.progress {
+            eprintln!("[linux read] {}: {what}", self.name());
+        }
+    }
+
+    /// What a finished trace measured; Err: the stage it stopped in.
+    fn measured(tr: Trace) -> Result<Measured, Stage> {
+        match (tr.stage, tr.md5, tr.base, tr.end) {
+            (Stage::Done, Some((md5, md5s_agree)), Some(base), Some(end)) => Ok(Measured {
+                boot_s: tr.boot_s,
+                read_s: tr.replies.map(|x| x.map_or(0.0, |(t, _)| t)),
+                md5,
+                md5s_agree,
+                base,
+                end,
+                samples: tr.samples,
+            }),
+            (stage, ..) => Err(stage),
+        }
+    }
+
+    /// Fresh mailboxes and consoles, a fresh backend and both VMs; the
+    /// mailboxes are removed afterwards, the console logs kept.
+    fn run(&self) -> Result<Measured, BenchError> {
+        let files: Vec<AgentFiles> = LINUX_READ_VMS
+            .iter()
+            .map(|vm| agent_files(self.dir, self.name(), vm))
+            .collect();
+        let mut mailboxes = Vec::new();
+        for f in &files {
+            let _ = std::fs::remove_file(&f.console);
+            match Mailbox::create(&f.mailbox) {
+                Ok(m) => mailboxes.push(m),
+                Err(e) => {
+                    remove_mailboxes(&files);
+                    return Err(vm_err(e));
+                }
+            }
+        }
+        let configs: Vec<VmConfig> = LINUX_READ_VMS
+            .iter()
+            .zip(&files)
+            .zip(self.vm_cpus)
+            .map(|((vm, f), cpu)| agent_vm_config(self.opts, vm, f, cpu))
+            .collect();
+        let out = self.drive(&configs, &files, &mut mailboxes);
+        drop(mailboxes);
+        remove_mailboxes(&files);
+        out
+    }
+
+    fn drive(
+        &self,
+        configs: &[VmConfig],
+        files: &[AgentFiles],
+        mailboxes: &mut [Mailbox],
+    ) -> Result<Measured, BenchError> {
+        let (backend, _) = make_backend(self.s)?;
+        let mut runner = match Runner::new(backend.clone(), true) {
+            Ok(r) => r,
+            Err(err) => {
+                end_backend(self.s, backend.as_ref());
+                return Err(vm_err(err));
+            }
+        };
+        runner.echo = false;
+        let start = Instant::now();
+        let mut tr = Trace::new();
+        if let Err(err) = runner.add_vm(&configs[0]) {
+            drop(runner);
+            end_backend(self.s, backend.as_ref());
+            return Err(vm_err(err));
+        }
+        tr.added[0] = Some(Instant::now());
+        let report = runner.run(|r| {
+            if tr.stage == Stage::Done || tr.error.is_some() {
+                return;
+            }
+            if let Err(e) = self.tick(r, &mut tr, configs, files, mailboxes, start) {
+                tr.error = Some(e);
+                r.stop("the linux-read benchmark failed");
+            }
+        });
+        drop(runner);
+        end_backend(self.s, backend.as_ref());
+        let report = report.map_err(vm_err)?;
+        if let Some(e) = tr.error {
+            // How each VM ended says why a guest stopped (e.g. a KVM error).
+            let ends: Vec<String> = report
+                .vms
+                .iter()
+                .map(|v| format!("{}: {}", v.name, v.outcome))
+                .collect();
+            return Err(vm_err(format!(
+                "{}: {e}\nVMs ended: {}",
+                self.name(),
+                ends.join("; ")
+            )));
+        }
+        // Stopped from outside (a signal) before the end: Err.
+        Self::measured(tr).map_err(|stage| {
+            vm_err(format!(
+                "{}: the VMs stopped while waiting for {}",
+                self.name(),
+                stage.waiting_for()
+            ))
+        })
+    }
+
+    /// One turn of the run loop (about every 100 ms); Err ends the run.
+    fn tick(
+        &self,
+        r: &mut impl GuestHost,
+        tr: &mut Trace,
+        configs: &[VmConfig],
+        files: &[AgentFiles],
+        mailboxes: &mut [Mailbox],
+        start: Instant,
+    ) -> Result<(), String> {
+        if start.elapsed() > self.opts.timeout {
+            return Err(format!(
+                "not done within {:?} (--timeout) while waiting for {}",
+                self.opts.timeout,
+                tr.stage.waiting_for()
+            ));
+        }
+        match tr.stage {
+            Stage::BootA | Stage::BootB => self.boot(r, tr, configs, files, mailboxes)?,
+            Stage::Reading => self.read(r, tr, files)?,
+            Stage::Idle | Stage::Done => {}
+        }
+        // A VM that stops before the end (replies read first: it may have
+        // replied just before stopping).
+        for (i, vm) in LINUX_READ_VMS.iter().enumerate() {
+            if tr.added[i].is_some() && !r.running(vm) {
+                let what = format!("stopped while waiting for {}", tr.stage.waiting_for());
+                return Err(console_error(vm, &files[i], &what));
+            }
+        }
+        let Some(t0) = tr.t0 else { return Ok(()) };
+        let due = tr
+            .last_sample
+            .is_none_or(|l| l.elapsed() >= self.opts.sample_interval);
+        let over = tr.replied.is_some_and(|t| t.elapsed() >= self.opts.idle);
+        if due || over {
+            let t = t0.elapsed().as_secs_f64();
+            let st = tr.sample(r, t);
+            if t - tr.last_progress_s >= PROGRESS_EVERY_S {
+                tr.last_progress_s = t;
+                self.progress(format_args!(
+                    "{t:5.0} s: npages {} (sharing {}, zero {})",
+                    npages(&st),
+                    st.pages_sharing,
+                    st.zero_pages
+                ));
+            }
+            if over {
+                self.progress(format_args!(
+                    "done at {t:.1} s: npages {} (sharing {}, zero {}), engine {:.2} s",
+                    npages(&st),
+                    st.pages_sharing,
+                    st.zero_pages,
+                    st.cpu_seconds
+                ));
+                tr.end = Some(st);
+                tr.stage = Stage::Done;
+                r.stop("linux-read done");
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the agent of the VM booting; adds `b` once `a` is ready,
+    /// and posts the read script to both once `b` is.
+    fn boot(
+        &self,
+        r: &mut impl GuestHost,
+        tr: &mut Trace,
+        configs: &[VmConfig],
+        files: &[AgentFiles],
+        mailboxes: &mut [Mailbox],
+    ) -> Result<(), String> {
+        let i = usize::from(tr.stage == Stage::BootB);
+        let vm = LINUX_READ_VMS[i];
+        if !agent::is_ready(&files[i].console).map_err(|e| e.to_string())? {
+            return Ok(());
+        }
+        let added = tr.added[i].unwrap_or_else(Instant::now);
+        tr.boot_s[i] = added.elapsed().as_secs_f64();
+        self.progress(format_args!("{vm} ready after {:.1} s", tr.boot_s[i]));
+        if i == 0 {
+            // One after the other: two Linux guests booting at once under
+            // the emulated host sometimes crash (docs/linux-guests.md).
+            r.add(&configs[1])
+                .map_err(|e| format!("VM b: starting it: {e}"))?;
+            tr.added[1] = Some(Instant::now());
+            tr.stage = Stage::BootB;
+            return Ok(());
+        }
+        for (j, m) in mailboxes.iter_mut().enumerate() {
+            tr.seqs[j] = m
+                .post(READ_SCRIPT)
+                .map_err(|e| format!("VM {}: {e}", LINUX_READ_VMS[j]))?;
+        }
+        tr.t0 = Some(Instant::now());
+        tr.base = Some(tr.sample(r, 0.0));
+        tr.stage = Stage::Reading;
+        self.progress(format_args!("read script posted to a and b (t = 0)"));
+        Ok(())
+    }
+
+    /// Looks for the replies; once both are in, checks them and starts the
+    /// idle window.
+    fn read(&self, r: &impl GuestHost, tr: &mut Trace, files: &[AgentFiles]) -> Result<(), String> {
+        let t0 = tr.t0.unwrap_or_else(Instant::now);
+        for (i, vm) in LINUX_READ_VMS.iter().enumerate() {
+            if tr.replies[i].is_some() {
+                continue;
+            }
+            let text = console_text(&files[i].console)?;
+            if let Some(reply) = agent::find_reply(&text, tr.seqs[i]) {
+                let t = t0.elapsed().as_secs_f64();
+                self.progress(format_args!("{vm} replied after {t:.1} s"));
+                if reply.status != 0 {
+                    let what = format!(
+                        "the read script failed (status {}); its output:\n{}",
+                        reply.status, reply.output
+                    );
+                    return Err(console_error(vm, &files[i], &what));
+                }
+                tr.replies[i] = Some((t, reply));
+            } else if !r.running(vm) {
+                return Err(console_error(
+                    vm,
+                    &files[i],
+                    "stopped before replying to the read script",
+                ));
+            }
+        }
+        let [Some((_, ra)), Some((_, rb))] = &tr.replies else {
+            return Ok(());
+        };
+        let parse = |vm: &str, reply: &Reply| {
+            parse_md5s(&reply.output)
+                .map_err(|e| format!("VM {vm}: {e} in its reply:\n{}", reply.output))
+        };
+        let (a, b) = (parse("a", ra)?, parse("b", rb)?);
+        let agree = md5s_agree(&a, &b, self.reference);
+        if !agree {
+            self.progress(format_args!(
+                "GUEST DATA DIFFERS: a read {a:?}, b read {b:?}, the first system's guests {:?}",
+                self.reference
+            ));
+        }
+        tr.md5 = Some(([a, b], agree));
+        tr.replied = Some(Instant::now());
+        tr.stage = Stage::Idle;
+        self.progress(format_args!(
+            "both replied; md5s agree: {}; sampling for {:?} more",
+            if agree { "yes" } else { "NO" },
+            self.opts.idle
+        ));
+        Ok(())
+    }
+}
+
+fn remove_mailboxes(files: &[AgentFiles]) {
+    for f in files {
+        let _ = std::fs::remove_file(&f.mailbox);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linux_read::select_linux_read_systems;
+    use std::time::Duration;
+
+    #[test]
+    fn refuses_on_a_host_without_vmx_or_svm_before_touching_files() {
+        if emulated_host() || crate::kvm_host::linux_guest_refusal(host_kvm_kind(), "x").is_none() {
+            eprintln!("SKIPPED: this host runs Linux guests; the refusal is for the others");
+            return;
+        }
+        let work = std::env::temp_dir().join(format!("pagefold-lr-refusal-{}", std::process::id()));
+        let opts = LinuxReadOptions {
+            guest_dir: "/nonexistent".into(),
+            work_dir: Some(work.clone()),
+            progress: false,
+            ..LinuxReadOptions::default()
+        };
+        let t = Instant::now();
+        let e = run_linux_read_bench(&select_linux_read_systems(&[]).unwrap(), &opts).unwrap_err();
+        assert!(matches!(e, BenchError::HostUnsupported(_)), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with("pagefold bench linux-read needs a host with hardware virtualization"),
+            "{msg}"
+        );
+        assert!(msg.contains("scripts/emulated-host.sh"), "{msg}");
+        assert!(!work.exists(), "created {}", work.display());
+        assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    /// The runner's part, played by the test: which VMs were added and
+    /// which stopped, and the backend's counters.
+    #[derive(Default)]
+    struct Fake {
+        added: Vec<String>,
+        dead: Vec<String>,
+        stopped: Option<String>,
+        npages: u64,
+    }
+
+    impl GuestHost for Fake {
+        fn running(&self, vm: &str) -> bool {
+            self.added.iter().any(|v| v == vm) && !self.dead.iter().any(|v| v == vm)
+        }
+
+        fn add(&mut self, c: &VmConfig) -> Result<(), String> {
+            self.added.push(c.name.clone());
+            Ok(())
+        }
+
+        fn stats(&self) -> Stats {
+            Stats {
+                backend: "pagefold".into(),
+                pages_sharing: self.npages - self.npages / 4,
+                zero_pages: self.npages / 4,
+                merges: self.npages,
+                cpu_seconds: self.npages as f64 / 1000.0,
+                ..Stats::default()
+            }
+        }
+
+        fn stop(&mut self, reason: &str) {
+            self.stopped = Some(reason.into());
+        }
+    }
+
+    /// One system's run loop on files in a temporary directory, with the
+    /// test writing what the guests would print to their consoles.
+    struct Harness {
+        dir: tempfile::TempDir,
+        opts: LinuxReadOptions,
+        files: Vec<AgentFiles>,
+        mailboxes: Vec<Mailbox>,
+        configs: Vec<VmConfig>,
+        fake: Fake,
+        tr: Trace,
+        start: Instant,
+    }
+
+    const H64: &str = "0123456789abcdef0123456789abcdef";
+    const H16: &str = "fedcba9876543210fedcba9876543210";
+
+    impl Harness {
+        fn new() -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let opts = LinuxReadOptions {
+                guest_dir: dir.path().join("guest"),
+                sample_interval: Duration::from_millis(5),
+                // Long enough that the test's 10 ms nap stays inside it on a
+                // loaded machine.
+                idle: Duration::from_secs(1),
+                progress: false,
+                ..LinuxReadOptions::default()
+            };
+            let files: Vec<AgentFiles> = LINUX_READ_VMS
+                .iter()
+                .map(|vm| agent_files(dir.path(), "pagefold-on", vm))
+                .collect();
+            let mailboxes = files
+                .iter()
+                .map(|f| Mailbox::create(&f.mailbox).unwrap())
+                .collect();
+            let configs = LINUX_READ_VMS
+                .iter()
+                .zip(&files)
+                .map(|(vm, f)| agent_vm_config(&opts, vm, f, None))
+                .collect();
+            let mut tr = Trace::new();
+            tr.added[0] = Some(Instant::now());
+            let fake = Fake {
+                added: vec!["a".into()],
+                ..Fake::default()
+            };
+            Self {
+                dir,
+                opts,
+                files,
+                mailboxes,
+                configs,
+                fake,
+                tr,
+                start: Instant::now(),
+            }
+        }
+
+        fn tick(&mut self) -> Result<(), String> {
+            let run = SystemRun {
+                s: BuildSystem::PagefoldOn,
+                opts: &self.opts,
+                dir: self.dir.path(),
+                vm_cpus: [None; 2],
+                reference: None,
+            };
+            run.tick(
+                &mut self.fake,
+                &mut self.tr,
+                &self.configs,
+                &self.files,
+                &mut self.mailboxes,
+                self.start,
+            )
+        }
+
+        /// VM `i` prints `text` on its console.
+        fn print(&self, i: usize, text: &str) {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.files[i].console)
+                .unwrap();
+            f.write_all(text.as_bytes()).unwrap();
+        }
+
+        fn ready(&self, i: usize) {
+            self.print(
+                i,
+                "[    0.000000] Linux version 6.1.0\nPAGEFOLD-AGENT-READY 6.1.0\n",
+            );
+        }
+
+        fn reply(&self, i: usize, status: i32, h64: &str) {
+            self.print(
+                i,
+                &format!(
+                    "PAGEFOLD-AGENT-BEGIN 1\n{h64}  /data/random-64m.bin\n\
+                     {H16}  /data/random-16m.bin\n{H16}  /tmp/copy16\n\
+                     PAGEFOLD-AGENT-END 1 {status}\n"
+                ),
+            );
+        }
+
+        /// Boots both agents and posts the read.
+        fn boot_and_post(&mut self) {
+            self.ready(0);
+            self.tick().unwrap();
+            self.ready(1);
+            self.tick().unwrap();
+            assert_eq!(self.tr.stage, Stage::Reading);
+        }
+    }
+
+    #[test]
+    fn boots_a_then_b_posts_the_read_to_both_and_samples_until_the_idle_window_ends() {
+        let mut h = Harness::new();
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::BootA);
+        // b is added only once a's agent is ready.
+        assert_eq!(h.fake.added, ["a"]);
+        h.ready(0);
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::BootB);
+        assert_eq!(h.fake.added, ["a", "b"]);
+        assert!(h.tr.added[1].is_some() && h.tr.boot_s[0] > 0.0);
+        h.tick().unwrap();
+        // Nothing posted before b is ready; no samples before the post.
+        for f in &h.files {
+            let mbox = std::fs::read(&f.mailbox).unwrap();
+            assert!(mbox.iter().all(|&b| b == 0));
+        }
+        assert!(h.tr.samples.is_empty());
+        h.fake.npages = 100;
+        h.ready(1);
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::Reading);
+        for f in &h.files {
+            let mbox = String::from_utf8(std::fs::read(&f.mailbox).unwrap()).unwrap();
+            assert!(mbox.starts_with("PFAGENT 1 "), "{mbox:?}");
+            assert!(mbox.contains(READ_SCRIPT), "{mbox:?}");
+        }
+        // The base sample at t = 0.
+        assert_eq!(h.tr.samples.len(), 1);
+        assert_eq!((h.tr.samples[0].t_s, h.tr.samples[0].npages), (0.0, 100));
+        h.reply(0, 0, H64);
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::Reading);
+        assert!(h.tr.replies[0].is_some() && h.tr.replies[1].is_none());
+        h.fake.npages = 1000;
+        h.reply(1, 0, H64);
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::Idle);
+        assert!(h.fake.stopped.is_none());
+        std::thread::sleep(Duration::from_millis(10));
+        h.fake.npages = 2000;
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::Idle);
+        std::thread::sleep(h.opts.idle);
+        h.fake.npages = 2004;
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::Done);
+        assert_eq!(h.fake.stopped.as_deref(), Some("linux-read done"));
+        let n = h.tr.samples.len();
+        // The base sample, the one after 10 ms, the last one (others when
+        // ticks were slower than the 5 ms interval).
+        assert!(n >= 3, "{:?}", h.tr.samples);
+        assert!(h.tr.samples.windows(2).all(|w| w[0].t_s <= w[1].t_s));
+        let t_2000 = h.tr.samples.iter().find(|s| s.npages == 2000).unwrap().t_s;
+        let m = SystemRun::measured(h.tr).unwrap();
+        let row = m.into_row("pagefold-on", "emulated-svm", "6.1.0", [0.0; 3], vec![]);
+        assert_eq!((row.npages, row.peak_npages), (2004, 2004));
+        assert_eq!((row.pages_sharing, row.zero_pages), (1503, 501));
+        // Merges and CPU from the post (npages 100) to the end.
+        assert_eq!(row.merges, 1904);
+        assert!(
+            (row.engine_cpu_s - 1.904).abs() < 1e-9,
+            "{}",
+            row.engine_cpu_s
+        );
+        assert!((row.engine_cpu_total_s - 2.004).abs() < 1e-9);
+        // 95 % of 2004 is first reached by the 2000 sample.
+        assert_eq!(row.t_final_s, Some(t_2000));
+        assert!(row.md5s_agree);
+        assert_eq!(row.md5_a.random_64m, H64);
+        assert!(row.read_a_s <= row.read_b_s && row.read_s == row.read_b_s);
+        assert!(row.boot_a_s > 0.0 && row.boot_b_s > 0.0);
+    }
+
+    #[test]
+    fn differing_sums_are_recorded_not_fatal() {
+        let mut h = Harness::new();
+        h.boot_and_post();
+        h.reply(0, 0, H64);
+        h.reply(1, 0, H16);
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::Idle);
+        let (md5, agree) = h.tr.md5.clone().unwrap();
+        assert!(!agree);
+        assert_ne!(md5[0], md5[1]);
+    }
+
+    #[test]
+    fn a_vm_that_stops_fails_the_run_with_its_name_and_console() {
+        let mut h = Harness::new();
+        h.print(0, "[    1.0] Kernel panic - not syncing: VFS\n");
+        h.fake.dead.push("a".into());
+        let e = h.tick().unwrap_err();
+        assert!(
+            e.starts_with("VM a: stopped while waiting for a's agent (console log "),
+            "{e}"
+        );
+        assert!(e.ends_with("Kernel panic - not syncing: VFS"), "{e}");
+        // While reading: the VM that did not reply is named.
+        let mut h = Harness::new();
+        h.boot_and_post();
+        h.reply(0, 0, H64);
+        h.fake.dead.push("b".into());
+        let e = h.tick().unwrap_err();
+        assert!(
+            e.starts_with("VM b: stopped before replying to the read script"),
+            "{e}"
+        );
+        // After both replied, during the idle window.
+        let mut h = Harness::new();
+        h.boot_and_post();
+        h.reply(0, 0, H64);
+        h.reply(1, 0, H64);
+        h.tick().unwrap();
+        h.fake.dead.push("a".into());
+        let e = h.tick().unwrap_err();
+        assert!(
+            e.starts_with("VM a: stopped while waiting for the end of the idle window"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_failed_script_a_reply_without_sums_and_the_timeout_fail_the_run() {
+        let mut h = Harness::new();
+        h.boot_and_post();
+        h.reply(1, 1, H64);
+        let e = h.tick().unwrap_err();
+        assert!(
+            e.starts_with("VM b: the read script failed (status 1); its output:"),
+            "{e}"
+        );
+        let mut h = Harness::new();
+        h.boot_and_post();
+        h.reply(0, 0, "not-an-md5");
+        h.reply(1, 0, H64);
+        let e = h.tick().unwrap_err();
+        assert!(
+            e.starts_with("VM a: no md5 line for /data/random-64m.bin in its reply"),
+            "{e}"
+        );
+        let mut h = Harness::new();
+        h.opts.timeout = Duration::ZERO;
+        let e = h.tick().unwrap_err();
+        assert!(
+            e.starts_with("not done within 0ns (--timeout) while waiting for a's agent"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn stages_name_what_they_wait_for() {
+        for (s, w) in [
+            (Stage::BootA, "a's agent"),
+            (Stage::BootB, "b's agent"),
+            (Stage::Reading, "the guests' replies"),
+            (Stage::Idle, "the end of the idle window"),
+        ] {
+            assert_eq!(s.waiting_for(), w);
+        }
+    }
+
+    #[test]
+    fn console_errors_name_the_vm_and_show_the_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = agent_files(dir.path(), "off", "b");
+        let lines: Vec<String> = (0..50).map(|i| format!("line {i}")).collect();
+        std::fs::write(&f.console, lines.join("\n")).unwrap();
+        let e = console_error("b", &f, "stopped before replying to the read script");
+        assert!(
+            e.starts_with("VM b: stopped before replying to the read script (console log "),
+            "{e}"
+        );
+        assert!(e.contains("off-b.console"), "{e}");
+        assert!(e.ends_with("line 49") && e.contains("line 20\n"), "{e}");
+        assert!(!e.contains("line 19\n"), "{e}");
+        // No console yet: the message still names the VM.
+        let g = agent_files(dir.path(), "off", "a");
+        assert!(console_error("a", &g, "x").starts_with("VM a: x"));
+    }
+}
