@@ -24,7 +24,7 @@ use pagefold_vmm::runner::Runner;
 use serde::Serialize;
 
 use crate::auto_bench::{bench_auto_config, FREE_AFTER, FREE_BEFORE, TOTAL};
-use crate::error::BenchError;
+use crate::error::{vm_err, BenchError};
 use crate::host::{load_avg, other_ksm_users};
 use crate::region::PAGE;
 use crate::system::KSM_DEFAULT_KNOBS;
@@ -328,10 +328,6 @@ pub fn build_configs(image: &Path, tree: &TreeSpec) -> Vec<VmConfig> {
             vcpu_affinity: None,
         })
         .collect()
-}
-
-fn vm_err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Vm(e.to_string())
 }
 
 /// Guest-physical base of disk 0's virtio-mmio window, as

@@ -21,18 +21,10 @@ use crate::build_linux::{
     LinuxGuestInfo, LinuxVmResult, VmFiles, LINUX_BUILD_COMMAND, LINUX_BUILD_VMS,
 };
 use crate::disk_copy::copy_disk;
-use crate::error::BenchError;
+use crate::error::{input_err, linux_vm_err, BenchError};
 use crate::kvm_host::{host_kvm_kind, linux_guest_refusal};
 use crate::linux_console::ConsoleWatch;
 use crate::linux_result::LinuxBuildResult;
-
-fn vm_err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::LinuxVm(e.to_string())
-}
-
-fn input_err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::InvalidInput(e.to_string())
-}
 
 /// Runs every system `opts.runs` times (interleaved, as the workload
 /// form), holding the KSM lock; refuses at once on a host without
@@ -193,14 +185,14 @@ fn drive(
         Ok(r) => r,
         Err(err) => {
             end_backend(s, backend.as_ref());
-            return Err(vm_err(err));
+            return Err(linux_vm_err(err));
         }
     };
     runner.echo = false;
     if let Err(err) = runner.start_all(&cfg) {
         drop(runner);
         end_backend(s, backend.as_ref());
-        return Err(vm_err(err));
+        return Err(linux_vm_err(err));
     }
     let mut watches: Vec<ConsoleWatch> = files
         .iter()
@@ -276,7 +268,7 @@ fn drive(
     });
     drop(runner);
     end_backend(s, backend.as_ref());
-    let report = report.map_err(vm_err)?;
+    let report = report.map_err(linux_vm_err)?;
     if let Some(e) = tr.error {
         // How each VM ended says why a guest stopped (e.g. a KVM error).
         let ends: Vec<String> = report
@@ -284,10 +276,10 @@ fn drive(
             .iter()
             .map(|v| format!("{}: {}", v.name, v.outcome))
             .collect();
-        return Err(vm_err(format!("{e}\nVMs ended: {}", ends.join("; "))));
+        return Err(linux_vm_err(format!("{e}\nVMs ended: {}", ends.join("; "))));
     }
     if !tr.finished() {
-        return Err(vm_err("the builds did not finish"));
+        return Err(linux_vm_err("the builds did not finish"));
     }
     let results: Vec<LinuxBuildResult> = watches
         .into_iter()
@@ -299,7 +291,7 @@ fn drive(
     let checksums = results.iter().map(LinuxBuildResult::checksum).collect();
     let run = tr
         .into_run(real_s, guest_cpu_s, checksums)
-        .ok_or_else(|| vm_err("the builds did not finish"))?;
+        .ok_or_else(|| linux_vm_err("the builds did not finish"))?;
     Ok((run, results))
 }
 

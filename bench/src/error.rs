@@ -58,3 +58,18 @@ impl BenchError {
         }
     }
 }
+
+/// A workload VM's error, as text (`map_err`).
+pub(crate) fn vm_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::Vm(e.to_string())
+}
+
+/// A Linux VM's error, as text (`map_err`).
+pub(crate) fn linux_vm_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::LinuxVm(e.to_string())
+}
+
+/// Bad input (options, image files), as text (`map_err`).
+pub(crate) fn input_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::InvalidInput(e.to_string())
+}

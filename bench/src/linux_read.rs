@@ -39,11 +39,8 @@ pub const LINUX_READ_SYSTEM_NAMES: [&str; 4] = ["off", "pagefold-on", "ksm-4096"
 /// own knobs.
 pub const RATIO_BASE: &str = "ksm-4096";
 
-/// The agent VMs' kernel command line, as the Linux-guest tests boot them
-/// (tests/common/linux_vms.rs): the data disk is `/dev/vda`, mounted
-/// read-only at `/data`; the mailbox is `/dev/vdb`.
-pub const AGENT_CMDLINE: &str =
-    "console=ttyS0 panic=-1 quiet pagefold.data=/dev/vda pagefold.agent=/dev/vdb";
+/// The agent VMs' kernel command line (the guest image's agent mode).
+pub use pagefold_vmm::linux::agent::AGENT_CMDLINE;
 
 /// What both guests run: a tmpfs copy of the 16 MiB file (anonymous guest
 /// memory), a read of the 64 MiB file (page cache), and the md5 of all

@@ -14,7 +14,7 @@ use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
 use pagefold_vmm::runner::Runner;
 
 use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
-use crate::error::BenchError;
+use crate::error::{input_err, linux_vm_err, BenchError};
 use crate::host::kernel_release;
 use crate::kvm_host::{emulated_host, host_kind, host_kvm_kind, linux_guest_refusal_with};
 use crate::linux_read::{
@@ -58,14 +58,6 @@ impl GuestHost for Runner {
 const TAIL_LINES: usize = 30;
 /// Seconds between progress lines while sampling.
 const PROGRESS_EVERY_S: f64 = 10.0;
-
-fn vm_err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::LinuxVm(e.to_string())
-}
-
-fn input_err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::InvalidInput(e.to_string())
-}
 
 /// Runs every system in turn, holding the KSM lock, and checks that every
 /// KSM tunable is as found afterwards. Refuses at once on a host that
@@ -374,7 +366,7 @@ impl SystemRun<'_> {
                 Ok(m) => mailboxes.push(m),
                 Err(e) => {
                     remove_mailboxes(&files);
-                    return Err(vm_err(e));
+                    return Err(linux_vm_err(e));
                 }
             }
         }
@@ -401,7 +393,7 @@ impl SystemRun<'_> {
             Ok(r) => r,
             Err(err) => {
                 end_backend(self.s, backend.as_ref());
-                return Err(vm_err(err));
+                return Err(linux_vm_err(err));
             }
         };
         runner.echo = false;
@@ -410,7 +402,7 @@ impl SystemRun<'_> {
         if let Err(err) = runner.add_vm(&configs[0]) {
             drop(runner);
             end_backend(self.s, backend.as_ref());
-            return Err(vm_err(err));
+            return Err(linux_vm_err(err));
         }
         tr.added[0] = Some(Instant::now());
         let report = runner.run(|r| {
@@ -424,7 +416,7 @@ impl SystemRun<'_> {
         });
         drop(runner);
         end_backend(self.s, backend.as_ref());
-        let report = report.map_err(vm_err)?;
+        let report = report.map_err(linux_vm_err)?;
         if let Some(e) = tr.error {
             // How each VM ended says why a guest stopped (e.g. a KVM error).
             let ends: Vec<String> = report
@@ -432,7 +424,7 @@ impl SystemRun<'_> {
                 .iter()
                 .map(|v| format!("{}: {}", v.name, v.outcome))
                 .collect();
-            return Err(vm_err(format!(
+            return Err(linux_vm_err(format!(
                 "{}: {e}\nVMs ended: {}",
                 self.name(),
                 ends.join("; ")
@@ -440,7 +432,7 @@ impl SystemRun<'_> {
         }
         // Stopped from outside (a signal) before the end: Err.
         Self::measured(tr).map_err(|stage| {
-            vm_err(format!(
+            linux_vm_err(format!(
                 "{}: the VMs stopped while waiting for {}",
                 self.name(),
                 stage.waiting_for()

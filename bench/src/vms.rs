@@ -18,7 +18,7 @@ use pagefold_vmm::workload::Event;
 use serde::Serialize;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::error::BenchError;
+use crate::error::{vm_err, BenchError};
 
 /// Where the workload guest puts its data pages in guest memory: the
 /// `[vm.workload]` key `placement`. Two VMs with the same seed hold the
@@ -224,10 +224,6 @@ pub struct VmPair {
     pub expected: Expected,
     /// Wall time of the slower fill.
     pub fill_s: f64,
-}
-
-fn vm_err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Vm(e.to_string())
 }
 
 impl VmPair {

@@ -16,7 +16,7 @@ use pagefold_api::client::Client;
 use pagefold_api::dedup_view::DedupView;
 use pagefold_dedup::DedupSettings;
 use pagefold_vmm::config::VmConfig;
-use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
+use pagefold_vmm::linux::agent::{self, Mailbox, Reply, AGENT_CMDLINE};
 use pagefold_vmm::vm::VmInfo;
 
 use super::linux_host::image;
@@ -63,10 +63,6 @@ pub struct Served {
     /// VMs created so far (deleted ones included).
     created: usize,
 }
-
-/// The kernel command line of an agent VM.
-pub const AGENT_CMDLINE: &str =
-    "console=ttyS0 panic=-1 quiet pagefold.data=/dev/vda pagefold.agent=/dev/vdb";
 
 /// The host CPU VM number `n` (in creation order) is pinned to under the
 /// emulated host, None elsewhere: one VM per CPU, so that a VM's vCPU

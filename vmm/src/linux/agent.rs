@@ -24,6 +24,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The kernel command line of an agent VM whose first disk is the data
+/// disk (mounted read-only at `/data`) and second the mailbox: what the
+/// Linux-guest tests and `pagefold bench linux-read` boot.
+pub const AGENT_CMDLINE: &str =
+    "console=ttyS0 panic=-1 quiet pagefold.data=/dev/vda pagefold.agent=/dev/vdb";
+
 /// Bytes of the mailbox the guest reads each poll (and the file's size).
 pub const MAILBOX_BYTES: usize = 65536;
 /// Printed by the agent once it polls.
