@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
 use pagefold_dedup::Stats;
-use pagefold_vmm::config::VmConfig;
+use pagefold_vmm::config::{SerialOutput, VmConfig};
 use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
 use pagefold_vmm::runner::Runner;
 
@@ -93,16 +93,7 @@ pub fn run_linux_read_bench(
     let dir = opts.work_dir();
     let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
     let vm_cpus = [vm_cpu(emulated, 0, cpus), vm_cpu(emulated, 1, cpus)];
-    // Check the configs as the VMM will (kernel format, files, memory)
-    // before creating anything or taking the lock.
-    for (vm, cpu) in LINUX_READ_VMS.iter().zip(vm_cpus) {
-        let mut check = agent_vm_config(opts, vm, &agent_files(&dir, "check", vm), cpu);
-        // The mailbox does not exist yet: checked without it.
-        if let Some(k) = check.kernel.as_mut() {
-            k.disks.truncate(1);
-        }
-        check.validate().map_err(input_err)?;
-    }
+    check_vm_configs(opts, &dir, vm_cpus)?;
     std::fs::create_dir_all(&dir).map_err(|source| BenchError::Write {
         path: dir.display().to_string(),
         source,
@@ -597,6 +588,26 @@ impl SystemRun<'_> {
     }
 }
 
+/// Checks both VMs' configs as the VMM will (kernel format, files,
+/// memory) before anything is created or the lock taken.
+fn check_vm_configs(
+    opts: &LinuxReadOptions,
+    dir: &Path,
+    vm_cpus: [Option<usize>; 2],
+) -> Result<(), BenchError> {
+    for (vm, cpu) in LINUX_READ_VMS.iter().zip(vm_cpus) {
+        let mut check = agent_vm_config(opts, vm, &agent_files(dir, "check", vm), cpu);
+        // The mailbox does not exist yet, nor may the work directory that
+        // will hold it and the console logs: checked without them.
+        if let Some(k) = check.kernel.as_mut() {
+            k.disks.truncate(1);
+        }
+        check.serial = SerialOutput::Null;
+        check.validate().map_err(input_err)?;
+    }
+    Ok(())
+}
+
 fn remove_mailboxes(files: &[AgentFiles]) {
     for f in files {
         let _ = std::fs::remove_file(&f.mailbox);
@@ -633,6 +644,27 @@ mod tests {
         assert!(msg.contains("scripts/emulated-host.sh"), "{msg}");
         assert!(!work.exists(), "created {}", work.display());
         assert!(t.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_work_dir_still_to_create_passes_the_config_check_a_missing_file_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let guest = dir.path().join("guest");
+        std::fs::create_dir(&guest).unwrap();
+        // The config check reads the ELF magic; the rest is not loaded.
+        std::fs::write(guest.join("vmlinux"), b"\x7fELF\x02\x01\x01").unwrap();
+        std::fs::write(guest.join("initrd.img"), b"initrd").unwrap();
+        std::fs::write(guest.join("data.ext4"), vec![0u8; 4096]).unwrap();
+        let opts = LinuxReadOptions {
+            guest_dir: guest.clone(),
+            ..LinuxReadOptions::default()
+        };
+        let work = dir.path().join("out").join("consoles");
+        check_vm_configs(&opts, &work, [Some(0), Some(1)]).unwrap();
+        assert!(!work.exists(), "the check created {}", work.display());
+        std::fs::remove_file(guest.join("initrd.img")).unwrap();
+        let e = check_vm_configs(&opts, &work, [Some(0), Some(1)]).unwrap_err();
+        assert!(e.to_string().contains("initrd"), "{e}");
     }
 
     /// The runner's part, played by the test: which VMs were added and
