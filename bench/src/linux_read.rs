@@ -370,7 +370,7 @@ impl LinuxReadReport {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     const H64: &str = "0123456789abcdef0123456789abcdef";
@@ -404,15 +404,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn agent_vms_boot_the_guest_image_with_a_mailbox_each() {
-        let dir = tempfile::tempdir().unwrap();
-        let guest = dir.path().join("guest");
+    /// A guest directory `dir/guest` whose files pass the VMM's config
+    /// check: it reads the kernel's ELF magic; the rest is not loaded.
+    pub(crate) fn fake_guest_dir(dir: &Path) -> PathBuf {
+        let guest = dir.join("guest");
         std::fs::create_dir(&guest).unwrap();
-        // The config check reads the ELF magic; the rest is not loaded.
         std::fs::write(guest.join("vmlinux"), b"\x7fELF\x02\x01\x01").unwrap();
         std::fs::write(guest.join("initrd.img"), b"initrd").unwrap();
         std::fs::write(guest.join("data.ext4"), vec![0u8; 4096]).unwrap();
+        guest
+    }
+
+    #[test]
+    fn agent_vms_boot_the_guest_image_with_a_mailbox_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let guest = fake_guest_dir(dir.path());
         let opts = LinuxReadOptions {
             guest_dir: guest.clone(),
             ..LinuxReadOptions::default()

@@ -649,12 +649,7 @@ mod tests {
     #[test]
     fn a_work_dir_still_to_create_passes_the_config_check_a_missing_file_not() {
         let dir = tempfile::tempdir().unwrap();
-        let guest = dir.path().join("guest");
-        std::fs::create_dir(&guest).unwrap();
-        // The config check reads the ELF magic; the rest is not loaded.
-        std::fs::write(guest.join("vmlinux"), b"\x7fELF\x02\x01\x01").unwrap();
-        std::fs::write(guest.join("initrd.img"), b"initrd").unwrap();
-        std::fs::write(guest.join("data.ext4"), vec![0u8; 4096]).unwrap();
+        let guest = crate::linux_read::tests::fake_guest_dir(dir.path());
         let opts = LinuxReadOptions {
             guest_dir: guest.clone(),
             ..LinuxReadOptions::default()
