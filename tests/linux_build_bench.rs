@@ -10,16 +10,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use pagefold_vmm::host_kind::{host_kvm_kind, KvmKind};
 
-/// Hardware virtualization as `pagefold_bench::host_kvm_kind` sees it:
-/// no `kvm_pvm` module, and a vmx or svm CPU flag.
+/// Hardware virtualization as the bench sees it: no `kvm_pvm` module, and
+/// a vmx or svm CPU flag.
 fn hardware_virtualization() -> bool {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    !std::path::Path::new("/sys/module/kvm_pvm").exists()
-        && info
-            .lines()
-            .filter(|l| l.starts_with("flags"))
-            .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+    matches!(host_kvm_kind(), KvmKind::Hardware(_))
 }
 
 #[test]

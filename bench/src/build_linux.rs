@@ -7,7 +7,7 @@
 //! fill the same table.
 //!
 //! Needs hardware virtualization: on a PVM host it refuses before touching
-//! anything ([`crate::kvm_host`]).
+//! anything ([`pagefold_vmm::host_kind`]).
 //!
 //! This file: the options, the two VMs' configs and the report's types;
 //! the run loop is in `build_linux_run.rs`.

@@ -22,9 +22,9 @@ use crate::build_linux::{
 };
 use crate::disk_copy::copy_disk;
 use crate::error::{input_err, linux_vm_err, BenchError};
-use crate::kvm_host::{host_kvm_kind, linux_guest_refusal};
 use crate::linux_console::ConsoleWatch;
 use crate::linux_result::LinuxBuildResult;
+use pagefold_vmm::host_kind::{host_kvm_kind, linux_guest_refusal};
 
 /// Runs every system `opts.runs` times (interleaved, as the workload
 /// form), holding the KSM lock; refuses at once on a host without
@@ -310,7 +310,7 @@ mod tests {
     #[test]
     #[ignore]
     fn pvm_guests_stop_before_their_result_and_the_run_says_so() {
-        if host_kvm_kind() != crate::kvm_host::KvmKind::Pvm {
+        if host_kvm_kind() != pagefold_vmm::host_kind::KvmKind::Pvm {
             eprintln!("SKIPPED: not a PVM host");
             return;
         }

@@ -32,7 +32,6 @@ mod chart;
 mod disk_copy;
 mod error;
 mod host;
-mod kvm_host;
 mod linux_console;
 mod linux_read;
 mod linux_read_report;
@@ -72,10 +71,6 @@ pub use chart::{
 pub use disk_copy::{copy_disk, CopyKind};
 pub use error::BenchError;
 pub use host::{kernel_release, load_avg, mem_available, other_ksm_users};
-pub use kvm_host::{
-    classify, emulated_host, host_kind, host_kind_name, host_kvm_kind, linux_guest_refusal,
-    linux_guest_refusal_with, KvmKind, EMULATED_SVM, HOST_KIND_ENV,
-};
 pub use linux_console::ConsoleWatch;
 pub use linux_read::{
     agent_files, agent_vm_config, md5s_agree, parse_md5s, select_linux_read_systems, t_final_s,

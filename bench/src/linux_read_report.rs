@@ -116,7 +116,7 @@ pub fn linux_read_markdown(r: &LinuxReadReport) -> String {
     }
     let mut notes = Vec::new();
     notes.extend(comparison(r));
-    if r.host_kind == crate::kvm_host::EMULATED_SVM {
+    if r.host_kind == pagefold_vmm::host_kind::EMULATED_SVM {
         notes.push(
             "under the emulated host page counts are real; times compare only within this run"
                 .into(),

@@ -16,12 +16,12 @@ use pagefold_vmm::runner::Runner;
 use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
 use crate::error::{input_err, linux_vm_err, BenchError};
 use crate::host::kernel_release;
-use crate::kvm_host::{emulated_host, host_kind, host_kvm_kind, linux_guest_refusal_with};
 use crate::linux_read::{
     agent_files, agent_vm_config, md5s_agree, parse_md5s, t_final_s, vm_cpu, AgentFiles,
     LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample, Md5s,
     AGENT_CMDLINE, LINUX_READ_COMMAND, LINUX_READ_VMS, READ_SCRIPT,
 };
+use pagefold_vmm::host_kind::{emulated_host, host_kind, host_kvm_kind, linux_guest_refusal_with};
 
 /// What the run loop needs of the VMs' runner (a trait so that the loop's
 /// stages can be tested without booting Linux: this host cannot).
@@ -622,7 +622,9 @@ mod tests {
 
     #[test]
     fn refuses_on_a_host_without_vmx_or_svm_before_touching_files() {
-        if emulated_host() || crate::kvm_host::linux_guest_refusal(host_kvm_kind(), "x").is_none() {
+        if emulated_host()
+            || pagefold_vmm::host_kind::linux_guest_refusal(host_kvm_kind(), "x").is_none()
+        {
             eprintln!("SKIPPED: this host runs Linux guests; the refusal is for the others");
             return;
         }

@@ -22,53 +22,12 @@ use std::time::{Duration, Instant};
 
 use super::text;
 
-/// What kind of host this test process runs on (logged by every test).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostKind {
-    /// KVM with VMX or SVM: Linux guests run natively.
-    Hardware,
-    /// Inside scripts/emulated-host.sh: KVM on an emulated SVM CPU.
-    EmulatedSvm,
-    /// KVM through PVM: only CPL3 guest code runs natively.
-    Pvm,
-    /// No usable KVM for Linux guests.
-    Other,
-}
+pub use pagefold_vmm::host_kind::{host_kind, HostKind};
+use pagefold_vmm::host_kind::{host_kvm_kind, KvmKind};
 
-impl HostKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Hardware => "hardware",
-            Self::EmulatedSvm => "emulated-svm",
-            Self::Pvm => "pvm",
-            Self::Other => "other",
-        }
-    }
-
-    /// Linux guests boot to user space here.
-    pub fn runs_linux(self) -> bool {
-        matches!(self, Self::Hardware | Self::EmulatedSvm)
-    }
-}
-
-/// VMX or SVM in the CPU flags.
+/// KVM with VMX or SVM here (the emulated host's CPU included).
 pub fn hardware_virtualization() -> bool {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    info.lines()
-        .filter(|l| l.starts_with("flags"))
-        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
-}
-
-pub fn host_kind() -> HostKind {
-    if std::env::var("PAGEFOLD_HOST_KIND").as_deref() == Ok("emulated-svm") {
-        HostKind::EmulatedSvm
-    } else if Path::new("/sys/module/kvm_pvm").exists() {
-        HostKind::Pvm
-    } else if hardware_virtualization() {
-        HostKind::Hardware
-    } else {
-        HostKind::Other
-    }
+    matches!(host_kvm_kind(), KvmKind::Hardware(_))
 }
 
 fn root() -> &'static Path {

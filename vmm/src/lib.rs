@@ -7,6 +7,7 @@ pub mod control;
 pub mod dedup;
 pub mod dirty_log;
 pub mod disk;
+pub mod host_kind;
 pub mod linux;
 pub mod memory;
 pub mod quiesce;

@@ -1,12 +1,14 @@
-//! Which kind of KVM this host has, so that a benchmark needing a running
-//! Linux guest refuses at once on a host where Linux cannot boot, instead
-//! of spending minutes in KVM's instruction emulator before failing
-//! (docs/linux-guests.md, "What works where").
+//! Which kind of KVM host this is: whether a Linux guest can run to user
+//! space here, and what benchmark rows and test logs record as their host
+//! (docs/linux-guests.md, "What works where"). A command that needs a
+//! running Linux guest refuses at once on a host where Linux cannot boot,
+//! instead of spending minutes in KVM's instruction emulator before
+//! failing.
 //!
-//! Detection as in docs/linux-guests.md and tests/linux_guest.rs: PVM
-//! (`kvm_pvm`, where guest kernel-mode code is emulated) shows as
+//! PVM (`kvm_pvm`, where guest kernel-mode code is emulated) shows as
 //! `/sys/module/kvm_pvm`; hardware virtualization as the `vmx` or `svm`
-//! CPU flag.
+//! CPU flag; the emulated host of scripts/emulated-host.sh (whose CPU
+//! shows `svm`) by the variable it sets.
 
 use std::path::Path;
 
@@ -55,17 +57,52 @@ pub fn host_kvm_kind() -> KvmKind {
 pub const HOST_KIND_ENV: &str = "PAGEFOLD_HOST_KIND";
 pub const EMULATED_SVM: &str = "emulated-svm";
 
-/// What a benchmark row records as its host (the names
-/// tests/common/linux_host.rs logs): `emulated-svm` when the emulated host
-/// said so (its CPU shows `svm`, so the flags alone would read
-/// `hardware`, and its times are not a hardware host's), else `pvm`,
-/// `hardware` or `other` from the KVM kind.
-pub fn host_kind_name(emulated: bool, kind: KvmKind) -> &'static str {
-    match (emulated, kind) {
-        (true, _) => EMULATED_SVM,
-        (false, KvmKind::Pvm) => "pvm",
-        (false, KvmKind::Hardware(_)) => "hardware",
-        (false, KvmKind::NoHardware) => "other",
+/// What a benchmark row records and a test logs as its host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostKind {
+    /// KVM with VMX or SVM: Linux guests run natively.
+    Hardware,
+    /// Inside scripts/emulated-host.sh: KVM on QEMU's emulated SVM CPU.
+    /// Page counts are real; times compare only within one run.
+    EmulatedSvm,
+    /// KVM through PVM: only CPL3 guest code runs natively.
+    Pvm,
+    /// No usable KVM for Linux guests.
+    Other,
+}
+
+impl HostKind {
+    /// The kind of a host whose KVM is `kind`; `emulated` when the emulated
+    /// host said so (its CPU shows `svm`, so the flags alone would read
+    /// `hardware`, and its times are not a hardware host's).
+    pub fn of(emulated: bool, kind: KvmKind) -> Self {
+        match (emulated, kind) {
+            (true, _) => Self::EmulatedSvm,
+            (false, KvmKind::Pvm) => Self::Pvm,
+            (false, KvmKind::Hardware(_)) => Self::Hardware,
+            (false, KvmKind::NoHardware) => Self::Other,
+        }
+    }
+
+    /// The name rows and logs record.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hardware => "hardware",
+            Self::EmulatedSvm => EMULATED_SVM,
+            Self::Pvm => "pvm",
+            Self::Other => "other",
+        }
+    }
+
+    /// Linux guests boot to user space here.
+    pub fn runs_linux(self) -> bool {
+        matches!(self, Self::Hardware | Self::EmulatedSvm)
+    }
+}
+
+impl std::fmt::Display for HostKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -74,9 +111,9 @@ pub fn emulated_host() -> bool {
     std::env::var(HOST_KIND_ENV).as_deref() == Ok(EMULATED_SVM)
 }
 
-/// This host's kind, as rows record it ([`host_kind_name`]).
-pub fn host_kind() -> &'static str {
-    host_kind_name(emulated_host(), host_kvm_kind())
+/// This host's kind.
+pub fn host_kind() -> HostKind {
+    HostKind::of(emulated_host(), host_kvm_kind())
 }
 
 /// Why a Linux guest cannot run to user space on a host of `kind`, or
@@ -156,13 +193,13 @@ mod tests {
 
     #[test]
     fn names_host_kinds_as_the_rows_record_them() {
-        assert_eq!(host_kind_name(false, KvmKind::Hardware("vmx")), "hardware");
-        assert_eq!(host_kind_name(false, KvmKind::Pvm), "pvm");
-        assert_eq!(host_kind_name(false, KvmKind::NoHardware), "other");
+        let name = |e, k| HostKind::of(e, k).name();
+        assert_eq!(name(false, KvmKind::Hardware("vmx")), "hardware");
+        assert_eq!(name(false, KvmKind::Pvm), "pvm");
+        assert_eq!(name(false, KvmKind::NoHardware), "other");
         // Inside the emulated host the CPU shows svm: the variable decides.
-        assert_eq!(
-            host_kind_name(true, KvmKind::Hardware("svm")),
-            "emulated-svm"
-        );
+        assert_eq!(name(true, KvmKind::Hardware("svm")), "emulated-svm");
+        assert!(HostKind::of(true, KvmKind::Hardware("svm")).runs_linux());
+        assert!(!HostKind::of(false, KvmKind::Pvm).runs_linux());
     }
 }
