@@ -91,6 +91,9 @@ fn unmerge_returns_private_pages_with_contents_intact() {
         (0, 0, 0),
         "{s:?}"
     );
+    // The owner's figures too, with no pass after the unmerge.
+    let o = &s.per_owner["a"];
+    assert_eq!((o.pages_merged, o.bytes_saved), (0, 0), "{s:?}");
     for i in 0..200 {
         assert_eq!(a.read(i), pattern(1 + (i as u64 % 5)));
         let en = a.entry(&pm, i);
@@ -233,6 +236,12 @@ fn zero_pages_are_dropped_and_counted_apart() {
     assert!(e.wait_mode(Mode::Off, Duration::from_secs(20)));
     let s = e.stats();
     assert_eq!((s.zero_pages, s.pages_sharing), (0, 0), "{s:?}");
+    let o = &s.per_owner["a"];
+    assert_eq!(
+        (o.pages_merged, o.zero_pages, o.bytes_saved),
+        (0, 0, 0),
+        "{s:?}"
+    );
     // A page only read maps the host's zero page: its frame number.
     let probe = Mem::new(1);
     assert_eq!(probe.read(0), pattern(0));

@@ -143,7 +143,16 @@ impl Core {
         );
         let recount = key != self.recount_key;
         self.recount_key = key;
-        for r in self.regions.iter_mut().filter(|_| recount) {
+        if recount {
+            self.recount_savings();
+        }
+        self.refresh_map_count(false);
+    }
+
+    /// Recomputes each region's saved pages (its share of every pool page
+    /// it maps) and VMA estimate: O(pages).
+    pub(super) fn recount_savings(&mut self) {
+        for r in self.regions.iter_mut() {
             let mut saved = 0.0;
             let mut vmas = 0;
             let mut prev: Option<u32> = None;
@@ -163,7 +172,6 @@ impl Core {
             r.saved_pages = saved;
             r.vmas = vmas;
         }
-        self.refresh_map_count(false);
     }
 
     /// Gives the pages queued in `recheck` their second look now: a page

@@ -167,6 +167,9 @@ impl Core {
         let t2 = Instant::now();
         self.release_unmapped(&freed);
         self.unstable.reset(0);
+        // No pass follows in mode `off`: the per-owner savings are brought
+        // up to date here.
+        self.recount_savings();
         if t0.elapsed() >= SLOW_UNMERGE_STEP {
             // VM creation and deletion wait meanwhile.
             log::info!(
