@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::pagemap_audit::{wait_agreement, Claimed};
 use common::{pagefold, require_kvm, text, wait_bounded, TempDir};
 use serde_json::Value;
 
@@ -360,6 +361,23 @@ fn dedup_figures_and_knobs_over_the_api() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Once the guests wait, the engine's figures are the page tables'.
+    let claimed = || {
+        let d = curl_json(&sock, "GET", "/dedup", None, 200);
+        let n = |k: &str| d[k].as_u64().unwrap();
+        Claimed {
+            pages_shared: n("pages_shared"),
+            pages_sharing: n("pages_sharing"),
+            pool_pages: n("pool_pages"),
+        }
+    };
+    let (c, a) = wait_agreement(
+        "two workload VMs",
+        child.id(),
+        claimed,
+        Duration::from_secs(60),
+    );
+    assert!(c.pages_sharing > 1000 && a.ksm_sharing == 0, "{c:?} {a:?}");
     let (_, metrics) = curl(&sock, "GET", "/metrics", None);
     assert!(
         metrics.contains("pagefold_dedup_vm_pages_merged{vm=\"vm0\""),

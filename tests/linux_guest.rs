@@ -185,6 +185,8 @@ fn linux_guests_keep_their_files_through_merge_cow_and_unmerge() {
         merged.pages_sharing, merged.zero_pages
     );
     same_hashes("after merging", &s.run_all(HASHES, step), Some(&reference));
+    // The engine's books against the host kernel's page tables.
+    s.audit("merged", step);
     // 3. Writes break copy-on-write: the copy is rewritten in place, first
     // its first MiB with zeros (a different content that must land), then
     // all of it with the file again.
@@ -218,6 +220,9 @@ fn linux_guests_keep_their_files_through_merge_cow_and_unmerge() {
         "rewriting merged tmpfs pages broke {} shares",
         d.cow_breaks - cows
     );
+    // Copies made on write leave the books exact too.
+    let a = s.audit("after copy-on-write", step);
+    assert!(a.cow_copies > 0, "{a:?}");
     // 4. Unmerge: every page gets its own copy back.
     s.wait_dedup("merged again", step, |d| d.pages_sharing >= 20_000);
     s.set(serde_json::json!({"mode": "unmerge"}));
@@ -314,6 +319,10 @@ fn linux_guests_keep_their_files_through_a_ksm_assist_and_its_take_back() {
         &s.run_all(HASHES, step),
         Some(&reference),
     );
+    // KSM's merges as the engine's census counts them, against the page
+    // tables.
+    let a = s.audit("KSM assisting", step);
+    assert!(a.ksm_sharing >= 1000, "{a:?}");
     // The take-back: MADV_UNMERGEABLE gives each KSM page its own copy.
     s.set(serde_json::json!({"mode": "unmerge"}));
     let back = s.wait_dedup("taken back from KSM", step, |d| {

@@ -20,6 +20,7 @@ use pagefold_vmm::linux::agent::{self, Mailbox, Reply, AGENT_CMDLINE};
 use pagefold_vmm::vm::VmInfo;
 
 use super::linux_host::image;
+use super::pagemap_audit::{self, Audit, Claimed};
 use super::{api_client, bin, TempDir};
 
 /// How long a Linux guest may take to boot to its agent under the
@@ -281,6 +282,21 @@ impl Served {
             .dedup()
             .expect("GET /dedup")
             .expect("a dedup backend")
+    }
+
+    /// Waits for a quiet moment at which the engine's figures agree
+    /// exactly with the server's page tables ([`pagemap_audit`]).
+    pub fn audit(&self, what: &str, limit: Duration) -> Audit {
+        let pid = self.child.as_ref().expect("server running").id();
+        let claimed = || {
+            let d = self.dedup();
+            Claimed {
+                pages_shared: d.pages_shared,
+                pages_sharing: d.pages_sharing,
+                pool_pages: d.pool_pages,
+            }
+        };
+        pagemap_audit::wait_agreement(what, pid, claimed, limit).1
     }
 
     /// `PATCH /dedup` with a JSON body of settings (`{"mode": "unmerge"}`).

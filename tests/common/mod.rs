@@ -4,6 +4,7 @@
 pub mod dedup;
 pub mod linux_host;
 pub mod linux_vms;
+pub mod pagemap_audit;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,221 @@
+//! The host kernel's view of what a pagefold process has merged, read from
+//! its `/proc/<pid>/maps` and `/proc/<pid>/pagemap` (root: pagemap shows
+//! frame numbers only to CAP_SYS_ADMIN), to check the engine's own figures
+//! against. Nothing here asks the engine.
+//!
+//! * Pool pages: the engine maps pool pages into guest RAM as private
+//!   (`MAP_PRIVATE`) mappings of its pool memfd, so a guest page that
+//!   shares pool page `s` lies in such a VMA at file offset `s * 4096` and
+//!   is either not yet faulted in or present and file-backed; a present
+//!   anonymous page there is the guest's copy-on-write copy and shares
+//!   nothing. The pool's own mapping of the memfd is `MAP_SHARED` and is
+//!   not guest memory.
+//! * KSM's pages (the assist): an anonymous frame that two pages of the
+//!   process map. Without fork, only KSM (or the zero page, left out) puts
+//!   one frame under two anonymous pages of one process.
+//!
+//! Zero pages are not audited: a page the engine dropped and a guest page
+//! never touched look the same to pagemap.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+const PAGE: u64 = 4096;
+const PRESENT: u64 = 1 << 63;
+const FILE_PAGE: u64 = 1 << 61;
+const PFN_MASK: u64 = (1 << 55) - 1;
+/// The pool memfd's name (dedup/src/pool.rs) as `/proc/<pid>/maps` shows it.
+const POOL_PATH: &str = "/memfd:pagefold-pool";
+
+/// What the kernel's page tables say is shared.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Audit {
+    /// Pool pages that at least one guest page maps.
+    pub pool_mapped: u64,
+    /// Pool pages that two or more guest pages map.
+    pub pool_shared: u64,
+    /// Sum over pool pages of (guest pages mapping it - 1).
+    pub pool_sharing: u64,
+    /// Present anonymous pages inside pool VMAs: copies made on write.
+    pub cow_copies: u64,
+    /// Anonymous frames mapped by two or more pages (KSM's).
+    pub ksm_shared: u64,
+    /// Sum over those frames of (pages mapping it - 1).
+    pub ksm_sharing: u64,
+}
+
+impl Audit {
+    /// Pages saved, as the engine's `pages_sharing` counts them.
+    pub fn pages_sharing(&self) -> u64 {
+        self.pool_sharing + self.ksm_sharing
+    }
+
+    /// Frames shared, as the engine's `pages_shared` counts them.
+    pub fn pages_shared(&self) -> u64 {
+        self.pool_shared + self.ksm_shared
+    }
+}
+
+/// One line of `/proc/<pid>/maps`.
+#[derive(Debug, PartialEq, Eq)]
+struct Vma {
+    start: u64,
+    end: u64,
+    private: bool,
+    offset: u64,
+    inode: u64,
+    path: String,
+}
+
+fn parse_maps(text: &str) -> Vec<Vma> {
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (range, perms, offset) = (f.next()?, f.next()?, f.next()?);
+            let (_dev, inode) = (f.next()?, f.next()?);
+            let path = f.collect::<Vec<_>>().join(" ");
+            let (s, e) = range.split_once('-')?;
+            Some(Vma {
+                start: u64::from_str_radix(s, 16).ok()?,
+                end: u64::from_str_radix(e, 16).ok()?,
+                private: perms.as_bytes().get(3) == Some(&b'p'),
+                offset: u64::from_str_radix(offset, 16).ok()?,
+                inode: inode.parse().ok()?,
+                path,
+            })
+        })
+        .collect()
+}
+
+fn entries(pagemap: &File, v: &Vma) -> Vec<u64> {
+    let n = ((v.end - v.start) / PAGE) as usize;
+    let mut buf = vec![0u8; n * 8];
+    pagemap
+        .read_exact_at(&mut buf, v.start / PAGE * 8)
+        .unwrap_or_else(|e| panic!("pagemap at {:#x}: {e}", v.start));
+    buf.chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .collect()
+}
+
+/// Audits process `pid` now. `zero_pfn` is the zero page's frame
+/// (`common::dedup::zero_pfn`).
+pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
+    let pagemap = File::open(format!("/proc/{pid}/pagemap")).expect("open pagemap");
+    // Keyed by (memfd inode, page offset): one pool per engine.
+    let mut pool: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut anon: HashMap<u64, u64> = HashMap::new();
+    let mut a = Audit::default();
+    for v in parse_maps(&maps).iter().filter(|v| v.private) {
+        let pool_vma = v.path.starts_with(POOL_PATH);
+        if !pool_vma && !v.path.is_empty() {
+            continue; // files, heap, stack, vdso: not guest memory
+        }
+        for (i, e) in entries(&pagemap, v).into_iter().enumerate() {
+            let present = e & PRESENT != 0;
+            let file = e & FILE_PAGE != 0;
+            if pool_vma {
+                if present && !file {
+                    a.cow_copies += 1;
+                } else {
+                    *pool
+                        .entry((v.inode, v.offset / PAGE + i as u64))
+                        .or_default() += 1;
+                }
+            } else if present && !file {
+                let pfn = e & PFN_MASK;
+                assert!(pfn != 0, "pagemap hides frame numbers: run as root");
+                if pfn != zero_pfn {
+                    *anon.entry(pfn).or_default() += 1;
+                }
+            }
+        }
+    }
+    a.pool_mapped = pool.len() as u64;
+    for &m in pool.values() {
+        a.pool_shared += u64::from(m >= 2);
+        a.pool_sharing += m - 1;
+    }
+    for &m in anon.values().filter(|&&m| m >= 2) {
+        a.ksm_shared += 1;
+        a.ksm_sharing += m - 1;
+    }
+    a
+}
+
+/// The engine's figures the audit checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimed {
+    pub pages_shared: u64,
+    pub pages_sharing: u64,
+    pub pool_pages: u64,
+}
+
+impl Claimed {
+    /// Whether the kernel shows exactly what the engine claims.
+    pub fn agrees(&self, a: &Audit) -> bool {
+        // The engine's KSM share comes from its census, its own share from
+        // its books: both must match the page tables. Its pool pages are
+        // the pool pages some guest page maps (a page whose partners all
+        // copied on write keeps its slot until that last mapper goes).
+        self.pages_sharing == a.pages_sharing()
+            && self.pages_shared == a.pages_shared()
+            && self.pool_pages == a.pool_mapped
+    }
+}
+
+/// Waits (up to `limit`) for a quiet moment at which the engine's figures
+/// (`claimed()`, read before and after the audit and unchanged) agree
+/// exactly with the page tables of process `pid`; returns both, or panics
+/// with the last pair seen. The engine notices a copy-on-write break at
+/// its next visit of the page and KSM's merges at its next census, so
+/// they may differ for a moment while guests write or KSM merges.
+pub fn wait_agreement(
+    what: &str,
+    pid: u32,
+    mut claimed: impl FnMut() -> Claimed,
+    limit: std::time::Duration,
+) -> (Claimed, Audit) {
+    let zero_pfn = super::dedup::zero_pfn();
+    let start = std::time::Instant::now();
+    loop {
+        let before = claimed();
+        let a = audit(pid, zero_pfn);
+        let after = claimed();
+        if before == after && before.agrees(&a) {
+            eprintln!("{what}: the page tables agree with the engine: {a:?}");
+            return (after, a);
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what}: the engine's figures never agreed with the page tables within {limit:?}: \
+             engine {after:?}, kernel {a:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_maps_lines_with_and_without_paths() {
+        let v = parse_maps(
+            "7f00a0000000-7f00a0002000 rw-p 00003000 00:01 77 /memfd:pagefold-pool (deleted)\n\
+             7f00b0000000-7f00b0100000 rw-s 00000000 00:01 77 /memfd:pagefold-pool (deleted)\n\
+             7f00c0000000-7f00c0200000 rw-p 00000000 00:00 0 \n",
+        );
+        assert_eq!(v.len(), 3);
+        assert_eq!(
+            (v[0].start, v[0].end, v[0].offset),
+            (0x7f00a0000000, 0x7f00a0002000, 0x3000)
+        );
+        assert!(v[0].private && v[0].path.starts_with(POOL_PATH));
+        assert_eq!(v[0].inode, 77);
+        assert!(!v[1].private);
+        assert!(v[2].private && v[2].path.is_empty());
+    }
+}
