@@ -290,10 +290,11 @@ impl Served {
         let pid = self.child.as_ref().expect("server running").id();
         let claimed = || {
             let d = self.dedup();
+            let engine = d.backend == "pagefold";
             Claimed {
-                pages_shared: d.pages_shared,
                 pages_sharing: d.pages_sharing,
-                pool_pages: d.pool_pages,
+                pages_shared: engine.then_some(d.pages_shared),
+                pool_pages: engine.then_some(d.pool_pages),
             }
         };
         pagemap_audit::wait_agreement(what, pid, claimed, limit).1

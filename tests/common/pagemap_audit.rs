@@ -145,24 +145,27 @@ pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
     a
 }
 
-/// The engine's figures the audit checks.
+/// The backend's figures the audit checks. The kernel-KSM backend reports
+/// KSM's system-wide `pages_sharing` only (its `pages_shared` counts KSM
+/// pages a copy-on-write left with one mapper until ksmd looks again; it
+/// has no pool): the others are None there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claimed {
-    pub pages_shared: u64,
     pub pages_sharing: u64,
-    pub pool_pages: u64,
+    pub pages_shared: Option<u64>,
+    pub pool_pages: Option<u64>,
 }
 
 impl Claimed {
-    /// Whether the kernel shows exactly what the engine claims.
+    /// Whether the kernel shows exactly what the backend claims.
     pub fn agrees(&self, a: &Audit) -> bool {
         // The engine's KSM share comes from its census, its own share from
         // its books: both must match the page tables. Its pool pages are
         // the pool pages some guest page maps (a page whose partners all
         // copied on write keeps its slot until that last mapper goes).
         self.pages_sharing == a.pages_sharing()
-            && self.pages_shared == a.pages_shared()
-            && self.pool_pages == a.pool_mapped
+            && self.pages_shared.is_none_or(|n| n == a.pages_shared())
+            && self.pool_pages.is_none_or(|n| n == a.pool_mapped)
     }
 }
 
