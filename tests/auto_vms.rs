@@ -6,6 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::dedup::*;
+use common::linux_host::{self, Emulation};
 use pagefold_dedup::auto::{MemSample, ScriptedSource};
 use pagefold_dedup::Mode;
 
@@ -101,6 +102,110 @@ fn auto_mode_merges_only_while_memory_is_short() {
     assert!(s.pages_sharing > 0);
     assert_eq!(auto_status(&r).triggered_times, 1);
     finish_ok(r);
+}
+
+/// Auto mode on the host's own memory, not a script: inside a throwaway
+/// emulated host of 2 GiB (its free memory is host-wide state), a process
+/// takes memory until `MemAvailable` is below the trigger line; the engine
+/// starts merging the two VMs; once that memory is given back and
+/// available memory is above the stop line again, it stops merging and
+/// what it merged stays merged.
+#[test]
+fn auto_mode_follows_the_hosts_own_available_memory() {
+    let test = "auto_mode_follows_the_hosts_own_available_memory";
+    if !linux_host::run_here(
+        test,
+        &Emulation {
+            memory: "2G",
+            disposable: true,
+            timeout: Duration::from_secs(600),
+            ..Emulation::default()
+        },
+    ) {
+        return;
+    }
+    let mut r = start(&config(
+        "auto",
+        "pagefold",
+        "auto_threshold = 40",
+        r#""fill", "wait", "verify""#,
+        "",
+    ));
+    wait_phases(&mut r, 1, T);
+    std::thread::sleep(Duration::from_millis(1500));
+    let a = auto_status(&r);
+    assert!(
+        !a.auto_triggered && a.available_bytes > a.stop_bytes,
+        "{a:?}"
+    );
+    assert_eq!(stats(&r).merges, 0, "merged with memory to spare: {a:?}");
+
+    // Take memory until 256 MiB under the trigger line.
+    let take = a.available_bytes - (a.trigger_bytes - 256 * MIB);
+    let hog = Hog::take(take as usize);
+    wait_for(&mut r, "merging once memory is short", T, |r| {
+        stats(r).pages_sharing > 1000
+    });
+    let a = auto_status(&r);
+    assert!(a.auto_triggered && a.triggered_times == 1, "{a:?}");
+    assert!(a.available_bytes < a.trigger_bytes, "{a:?}");
+    eprintln!(
+        "{test}: took {} MiB; merging at {} MiB available (trigger {} MiB)",
+        take / MIB,
+        a.available_bytes / MIB,
+        a.trigger_bytes / MIB
+    );
+
+    // Given back: above the stop line, merging stops; merged pages stay.
+    drop(hog);
+    wait_for(&mut r, "auto mode to stop", T, |r| {
+        !auto_status(r).auto_triggered
+    });
+    let m = stats(&r).merges;
+    std::thread::sleep(Duration::from_millis(1000));
+    let s = stats(&r);
+    assert_eq!(s.merges, m, "merged after memory recovered: {s:?}");
+    assert!(s.pages_sharing > 1000, "{s:?}");
+    finish_ok(r);
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Anonymous memory this process has written, so that the host counts it
+/// used; unmapped on drop.
+struct Hog {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Hog {
+    fn take(len: usize) -> Hog {
+        // SAFETY: a fresh private anonymous mapping, ours alone.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED, "mmap {len} bytes");
+        for off in (0..len).step_by(4096) {
+            // SAFETY: inside the mapping. A written page is backed, which
+            // is what the host must count as used.
+            unsafe { *(addr as *mut u8).add(off) = (off / 4096) as u8 | 1 };
+        }
+        Hog { addr, len }
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, unmapped once.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
 }
 
 /// on -> auto -> unmerge -> off while the guests rewrite memory: no write
