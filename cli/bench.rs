@@ -220,8 +220,11 @@ pub struct BuildArgs {
 pub struct LinuxReadArgs {
     #[command(flatten)]
     pub out: Outputs,
-    /// Comma-separated subset of off, pagefold-on, ksm-4096, ksm-default
-    /// (default: all, in that order).
+    /// Comma-separated subset of off, pagefold-on, pagefold-on-nohints,
+    /// pagefold-on-nolog, ksm-4096, ksm-default, run in that order
+    /// (default: off, pagefold-on, ksm-4096, ksm-default). The engine
+    /// without its I/O hints or without its write log tells what each
+    /// costs the guests.
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
     /// The guest image directory of scripts/guest-image.sh (vmlinux,

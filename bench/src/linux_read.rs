@@ -34,7 +34,17 @@ pub const LINUX_READ_VMS: [&str; 2] = ["a", "b"];
 /// Their dedup group.
 pub const LINUX_READ_GROUP: &str = "linux-read";
 /// Names accepted by [`select_linux_read_systems`], in run order.
-pub const LINUX_READ_SYSTEM_NAMES: [&str; 4] = ["off", "pagefold-on", "ksm-4096", "ksm-default"];
+pub const LINUX_READ_SYSTEM_NAMES: [&str; 6] = [
+    "off",
+    "pagefold-on",
+    "pagefold-on-nohints",
+    "pagefold-on-nolog",
+    "ksm-4096",
+    "ksm-default",
+];
+/// The systems run when none are named: the engine without its I/O hints
+/// or without its write log only tells, when named, what each costs.
+const LINUX_READ_DEFAULT: [&str; 4] = ["off", "pagefold-on", "ksm-4096", "ksm-default"];
 /// The system the ratio columns compare with: kernel KSM at pagefold's
 /// own knobs.
 pub const RATIO_BASE: &str = "ksm-4096";
@@ -80,11 +90,19 @@ pub fn select_linux_read_systems(names: &[String]) -> Result<Vec<BuildSystem>, B
     Ok([
         BuildSystem::Off,
         BuildSystem::PagefoldOn,
+        BuildSystem::PagefoldOnNoHints,
+        BuildSystem::PagefoldOnNoLog,
         BuildSystem::Ksm("ksm-4096", KSM_4096_KNOBS),
         BuildSystem::Ksm("ksm-default", KSM_DEFAULT_KNOBS),
     ]
     .into_iter()
-    .filter(|s| names.is_empty() || names.iter().any(|n| n == s.name()))
+    .filter(|s| {
+        if names.is_empty() {
+            LINUX_READ_DEFAULT.contains(&s.name())
+        } else {
+            names.iter().any(|n| n == s.name())
+        }
+    })
     .collect())
 }
 
@@ -384,7 +402,22 @@ pub(crate) mod tests {
     fn selects_systems_in_run_order_with_the_same_knobs_for_ksm_4096() {
         let all = select_linux_read_systems(&[]).unwrap();
         let names: Vec<_> = all.iter().map(|s| s.name()).collect();
-        assert_eq!(names, LINUX_READ_SYSTEM_NAMES);
+        assert_eq!(names, LINUX_READ_DEFAULT);
+        // The engine without hints or log runs only when named, in order.
+        let named = select_linux_read_systems(&[
+            "pagefold-on-nolog".into(),
+            "pagefold-on".into(),
+            "pagefold-on-nohints".into(),
+        ])
+        .unwrap();
+        assert_eq!(
+            named,
+            [
+                BuildSystem::PagefoldOn,
+                BuildSystem::PagefoldOnNoHints,
+                BuildSystem::PagefoldOnNoLog
+            ]
+        );
         let two = select_linux_read_systems(&["ksm-default".into(), "pagefold-on".into()]).unwrap();
         assert_eq!(
             two,
