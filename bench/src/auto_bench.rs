@@ -13,7 +13,7 @@ use pagefold_dedup::{DedupBackend, DedupSettings, Engine, Mode, DEFAULT_KNOBS};
 use serde::Serialize;
 
 use crate::error::BenchError;
-use crate::host::{load_avg, mem_available, other_ksm_users};
+use crate::host::{load_avg, mem_available, other_ksm_users, HostId};
 use crate::region::PAGE;
 use crate::system::KSM_DEFAULT_KNOBS;
 use crate::target::{Attached, Case, RegionSizes};
@@ -185,6 +185,11 @@ pub struct AutoRow {
     pub possible_saved_bytes: u64,
     /// Merging-side CPU per second over `after` (steady while triggered).
     pub triggered_cpu_pct_after: Option<f64>,
+    /// `hardware`, `pvm`, `emulated-svm` or `other`: times under emulation
+    /// compare only within one run.
+    pub host_kind: String,
+    /// The host kernel's release.
+    pub host_kernel: String,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
 }
@@ -278,6 +283,7 @@ pub fn run_auto(
         }
     }
     let load = load_avg();
+    let host = HostId::current();
     let src = ScriptedSource::new(ScriptedSource::sample(TOTAL, FREE_BEFORE));
     let script = src.handle();
     let backend: Arc<dyn DedupBackend> = Arc::from((system.factory)(Box::new(src)).map_err(&e)?);
@@ -317,6 +323,7 @@ pub fn run_auto(
     detached?;
     off?;
     row.possible_saved_bytes = possible;
+    (row.host_kind, row.host_kernel) = (host.kind, host.kernel);
     row.load_avg = load;
     row.warnings = warnings;
     Ok((row, samples))
@@ -426,6 +433,9 @@ fn measure(
             saved_bytes: last.saved_bytes,
             possible_saved_bytes: possible,
             triggered_cpu_pct_after: after_pct,
+            // The caller fills in the run's context.
+            host_kind: String::new(),
+            host_kernel: String::new(),
             load_avg: [0.0; 3],
             warnings: Vec::new(),
         },
@@ -469,6 +479,8 @@ mod tests {
         // KSM does not run at all while untriggered.
         assert_eq!(row.untriggered_cpu_pct, Some(0.0));
         assert!(row.trigger_to_90pct_s.is_some(), "{row:?}");
+        assert_eq!(row.host_kind, HostId::current().kind, "{row:?}");
+        assert_eq!(row.host_kernel, crate::host::kernel_release());
         assert!(
             row.saved_bytes >= row.possible_saved_bytes * 9 / 10,
             "{row:?}"

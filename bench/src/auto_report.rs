@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use crate::auto_bench::{AutoReport, AutoRow};
 use crate::chart::{Chart, Line, Panel};
 use crate::error::BenchError;
+use crate::host::host_line;
 use crate::ratio::{fmt_ratio, ratio, Goal};
 
 const MIB: f64 = 1048576.0;
@@ -14,6 +15,16 @@ const GIB: f64 = 1073741824.0;
 fn num(v: Option<f64>, prec: usize) -> String {
     v.map(|v| format!("{v:.prec$}"))
         .unwrap_or_else(|| "-".into())
+}
+
+/// Where the rows ran, said once above the table: their times compare
+/// only with rows from the same host.
+fn host(r: &AutoReport) -> Option<String> {
+    host_line(
+        r.rows
+            .iter()
+            .map(|x| (x.host_kind.as_str(), x.host_kernel.as_str())),
+    )
 }
 
 fn find<'a>(r: &'a AutoReport, name: &str) -> Option<&'a AutoRow> {
@@ -50,8 +61,12 @@ pub fn auto_goals(r: &AutoReport) -> Vec<Goal> {
     out
 }
 
+/// The plain-text table under the host line, then goals and warnings.
 pub fn auto_table(r: &AutoReport) -> String {
     let mut out = String::new();
+    if let Some(h) = host(r) {
+        let _ = writeln!(out, "{h}");
+    }
     let _ = writeln!(
         out,
         "{:<14} {:>12} {:>15} {:>14} {:>14} {:>11} {:>10} {:>11} {:>9}",
@@ -94,8 +109,10 @@ pub fn auto_table(r: &AutoReport) -> String {
     out
 }
 
+/// The markdown table under the host line, then the goal checks.
 pub fn auto_markdown(r: &AutoReport) -> String {
-    let mut out = String::from(
+    let mut out = host(r).map_or_else(String::new, |h| format!("{h}\n\n"));
+    out.push_str(
         "| system | trigger -> 90 % (s) | CPU untriggered (% core) | CPU trigger -> 90 % (s) | CPU after 90 % (% core) | saved (MiB) | possible (MiB) | speed-up vs ksm-default | load avg 1m |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in &r.rows {
@@ -211,6 +228,8 @@ mod tests {
             saved_bytes: 256 << 20,
             possible_saved_bytes: 260 << 20,
             triggered_cpu_pct_after: Some(1.0),
+            host_kind: "emulated-svm".into(),
+            host_kernel: "6.1.0-28-cloud-amd64".into(),
             load_avg: [0.5; 3],
             warnings: vec![],
         }
@@ -277,11 +296,20 @@ mod tests {
             "untriggered_cpu_pct",
             "triggered_cpu_s",
             "saved_bytes",
+            "host_kind",
+            "host_kernel",
         ] {
             assert!(v[0].get(k).is_some(), "{k}");
         }
         assert!(v[1]["untriggered_cpu_pct"].is_null());
-        assert!(auto_markdown(&r).contains("| pagefold-auto | 1.500 |"));
+        assert_eq!(v[2]["host_kind"], "emulated-svm");
+        let md = auto_markdown(&r);
+        assert!(md.contains("| pagefold-auto | 1.500 |"), "{md}");
+        // The host once, above the table.
+        let host = "host emulated-svm (Linux 6.1.0-28-cloud-amd64)";
+        assert!(md.starts_with(&format!("{host}\n\n| system |")), "{md}");
+        assert_eq!(t.lines().next(), Some(host), "{t}");
+        assert_eq!(t.matches("emulated-svm").count(), 1, "{t}");
     }
 
     #[test]

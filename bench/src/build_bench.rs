@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::auto_bench::{bench_auto_config, FREE_AFTER, FREE_BEFORE, TOTAL};
 use crate::error::{vm_err, BenchError};
-use crate::host::{load_avg, other_ksm_users};
+use crate::host::{load_avg, other_ksm_users, HostId};
 use crate::region::PAGE;
 use crate::system::KSM_DEFAULT_KNOBS;
 
@@ -240,6 +240,11 @@ pub struct BuildRow {
     pub hint_merge_delay_mean_ms: Option<f64>,
     pub t_final_npages_s: Option<f64>,
     pub checksums_agree: bool,
+    /// `hardware`, `pvm`, `emulated-svm` or `other`: build times under
+    /// emulation compare only within one run.
+    pub host_kind: String,
+    /// The host kernel's release.
+    pub host_kernel: String,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
     pub per_run: Vec<BuildRun>,
@@ -395,6 +400,7 @@ pub fn run_build_bench(
         }
     };
     let mut runs: Vec<Vec<BuildRun>> = vec![Vec::new(); systems.len()];
+    let host = HostId::current();
     let mut loads = vec![[0.0; 3]; systems.len()];
     let mut warnings: Vec<Vec<String>> = vec![Vec::new(); systems.len()];
     let mut result = Ok(());
@@ -436,7 +442,7 @@ pub fn run_build_bench(
         .iter()
         .zip(runs)
         .zip(loads.into_iter().zip(warnings))
-        .map(|((s, r), (load, w))| row(s.name(), r, want.checksum, load, w))
+        .map(|((s, r), (load, w))| row(s.name(), r, want.checksum, &host, load, w))
         .collect();
     Ok(BuildReport {
         tree: TreeInfo {
@@ -473,11 +479,12 @@ pub(crate) fn npages_time_mean(samples: &[BuildSample]) -> f64 {
 }
 
 /// Mean and stdev of `runs` for one system; checksums agree when every
-/// run's two VMs reported `want`.
+/// run's two VMs reported `want`. `host` is where the runs ran.
 pub(crate) fn row(
     system: &str,
     runs: Vec<BuildRun>,
     want: u64,
+    host: &HostId,
     load_avg: [f64; 3],
     warnings: Vec<String>,
 ) -> BuildRow {
@@ -528,6 +535,8 @@ pub(crate) fn row(
         hint_merge_delay_mean_ms,
         t_final_npages_s,
         checksums_agree,
+        host_kind: host.kind.clone(),
+        host_kernel: host.kernel.clone(),
         load_avg,
         warnings,
         per_run: runs,
@@ -1027,6 +1036,8 @@ mod tests {
             "engine_us_per_merge",
             "t_final_npages_s",
             "checksums_agree",
+            "host_kind",
+            "host_kernel",
         ] {
             assert!(v["rows"][0].get(key).is_some(), "{key} missing");
         }

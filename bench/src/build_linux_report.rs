@@ -88,8 +88,18 @@ mod tests {
             trigger_s: None,
             samples: Vec::new(),
         };
-        let row =
-            crate::build_bench::row("ksm-10000", vec![run], result.checksum(), [1.0; 3], vec![]);
+        let host = crate::host::HostId {
+            kind: "hardware".into(),
+            kernel: "6.1.0-28-amd64".into(),
+        };
+        let row = crate::build_bench::row(
+            "ksm-10000",
+            vec![run],
+            result.checksum(),
+            &host,
+            [1.0; 3],
+            vec![],
+        );
         let r = LinuxBuildReport {
             guest: LinuxGuestInfo {
                 kernel: "/pf/vmlinux".into(),
@@ -118,13 +128,25 @@ mod tests {
         let t = linux_build_table(&r);
         assert!(t.starts_with("build (Linux guests, make defconfig && make -j2): kernel /pf/vmlinux, disk /pf/build.ext4 (8192 MiB)"), "{t}");
         assert!(t.contains(&hash), "{t}");
+        assert_eq!(
+            t.lines().nth(1),
+            Some("host hardware (Linux 6.1.0-28-amd64)"),
+            "{t}"
+        );
         assert!(
             t.contains("600.50 ± 0.00") && t.contains("120000 ± 0"),
             "{t}"
         );
         let v: serde_json::Value = serde_json::from_str(&linux_build_json(&r).unwrap()).unwrap();
         assert_eq!(v["rows"][0]["real_mean_s"], 600.5);
+        assert_eq!(v["rows"][0]["host_kind"], "hardware");
+        assert_eq!(v["rows"][0]["host_kernel"], "6.1.0-28-amd64");
         assert_eq!(v["results"][0]["result"]["sha256"], hash.as_str());
-        assert!(linux_build_markdown(&r).contains("| ksm-10000 | 1 | 600.50 ± 0.00 |"));
+        let md = linux_build_markdown(&r);
+        assert!(md.contains("| ksm-10000 | 1 | 600.50 ± 0.00 |"), "{md}");
+        assert!(
+            md.contains(".\n\nhost hardware (Linux 6.1.0-28-amd64)\n\n| system |"),
+            "{md}"
+        );
     }
 }

@@ -22,6 +22,7 @@ use crate::build_linux::{
 };
 use crate::disk_copy::copy_disk;
 use crate::error::{input_err, linux_vm_err, BenchError};
+use crate::host::HostId;
 use crate::linux_console::ConsoleWatch;
 use crate::linux_result::LinuxBuildResult;
 use pagefold_vmm::host_kind::{host_kvm_kind, linux_guest_refusal};
@@ -65,6 +66,7 @@ pub fn run_linux_build_bench(
     let root = Path::new(KSM_SYSFS);
     let before = snapshot_tunables(root);
     let mut runs: Vec<Vec<BuildRun>> = vec![Vec::new(); systems.len()];
+    let host = HostId::current();
     let mut loads = vec![[0.0; 3]; systems.len()];
     let mut warnings: Vec<Vec<String>> = vec![Vec::new(); systems.len()];
     let mut results = Vec::new();
@@ -110,7 +112,7 @@ pub fn run_linux_build_bench(
         .iter()
         .zip(runs)
         .zip(loads.into_iter().zip(warnings))
-        .map(|((s, r), (load, w))| row(s.name(), r, want, load, w))
+        .map(|((s, r), (load, w))| row(s.name(), r, want, &host, load, w))
         .collect();
     Ok(LinuxBuildReport {
         guest: LinuxGuestInfo {

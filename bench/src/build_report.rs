@@ -9,8 +9,18 @@ use serde::Serialize;
 use crate::build_bench::{BuildReport, BuildRow};
 use crate::chart::{simplify, Chart, Line, Panel};
 use crate::error::BenchError;
+use crate::host::host_line;
 
 const MIB: f64 = (1 << 20) as f64;
+
+/// Where the rows ran, said once with the table: build times compare
+/// only with rows from the same host.
+fn host(rows: &[BuildRow]) -> Option<String> {
+    host_line(
+        rows.iter()
+            .map(|r| (r.host_kind.as_str(), r.host_kernel.as_str())),
+    )
+}
 
 /// The columns as text rows (shared by the table and markdown).
 fn cells(r: &BuildRow) -> Vec<String> {
@@ -62,13 +72,15 @@ pub fn build_table(r: &BuildReport) -> String {
     rows_table(&header, &r.rows, &r.unrestored)
 }
 
-/// The table's text under a first line saying what was built (shared
-/// with the Linux form, `crate::build_linux_report`).
+/// The table's text under a first line saying what was built and a
+/// second naming the host (shared with the Linux form,
+/// `crate::build_linux_report`).
 pub(crate) fn rows_table(header: &str, rows: &[BuildRow], unrestored: &[String]) -> String {
-    let rows: Vec<Vec<String>> = rows.iter().map(cells).collect();
+    let texts: Vec<Vec<String>> = rows.iter().map(cells).collect();
     let widths: Vec<usize> = (0..HEADERS.len())
         .map(|i| {
-            rows.iter()
+            texts
+                .iter()
                 .map(|c| c[i].chars().count())
                 .chain([HEADERS[i].len()])
                 .max()
@@ -83,11 +95,14 @@ pub(crate) fn rows_table(header: &str, rows: &[BuildRow], unrestored: &[String])
         out.push('\n');
     };
     let _ = writeln!(out, "{header}");
+    if let Some(h) = host(rows) {
+        let _ = writeln!(out, "{h}");
+    }
     line(
         &mut out,
         &HEADERS.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
     );
-    for c in &rows {
+    for c in &texts {
         line(&mut out, c);
     }
     for u in unrestored {
@@ -114,9 +129,13 @@ pub fn build_markdown(r: &BuildReport) -> String {
     out
 }
 
-/// The markdown table and the rows' warnings (shared with the Linux form).
+/// The host line, the markdown table and the rows' warnings (shared with
+/// the Linux form).
 pub(crate) fn rows_markdown(rows: &[BuildRow]) -> String {
     let mut out = String::new();
+    if let Some(h) = host(rows) {
+        let _ = writeln!(out, "{h}\n");
+    }
     let _ = writeln!(out, "| {} |", HEADERS.join(" | "));
     let _ = writeln!(out, "|{}", "---|".repeat(HEADERS.len()));
     for row in rows {
@@ -154,6 +173,8 @@ pub(crate) struct JsonRow<'a> {
     hint_merge_delay_mean_ms: Option<f64>,
     t_final_npages_s: Option<f64>,
     checksums_agree: bool,
+    host_kind: &'a str,
+    host_kernel: &'a str,
     load_avg: [f64; 3],
     warnings: &'a [String],
     per_run: &'a [crate::build_bench::BuildRun],
@@ -194,6 +215,8 @@ pub(crate) fn json_rows(rows: &[BuildRow]) -> Vec<JsonRow<'_>> {
             hint_merge_delay_mean_ms: x.hint_merge_delay_mean_ms,
             t_final_npages_s: x.t_final_npages_s,
             checksums_agree: x.checksums_agree,
+            host_kind: &x.host_kind,
+            host_kernel: &x.host_kernel,
             load_avg: x.load_avg,
             warnings: &x.warnings,
             per_run: &x.per_run,

@@ -1,5 +1,6 @@
-//! Facts about the host that qualify a measurement: load from other work
-//! (the machine is shared with builds), other KSM users, real free memory.
+//! Facts about the host that qualify a measurement: its kind and kernel,
+//! load from other work (the machine is shared with builds), other KSM
+//! users, real free memory.
 //! The `/proc` files are read with the procfs crate.
 
 use std::collections::BTreeMap;
@@ -29,6 +30,51 @@ pub fn kernel_release() -> String {
         .unwrap_or_default()
         .trim()
         .to_string()
+}
+
+/// The host a row ran on. Times under an emulated host, or on PVM, are
+/// not a hardware host's and compare only within one run (issue 32), so
+/// every benchmark row records this next to its figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostId {
+    /// `hardware`, `pvm`, `emulated-svm` or `other`
+    /// ([`pagefold_vmm::host_kind::HostKind::name`]).
+    pub kind: String,
+    /// [`kernel_release`].
+    pub kernel: String,
+}
+
+impl HostId {
+    /// This host, as rows record it.
+    pub fn current() -> Self {
+        Self {
+            kind: pagefold_vmm::host_kind::host_kind().name().to_string(),
+            kernel: kernel_release(),
+        }
+    }
+}
+
+/// The line a report prints once to say where its rows ran, from each
+/// row's (`host_kind`, `host_kernel`): "host pvm (Linux 6.18.0)". Rows
+/// of one run share their host; rows put together from several runs may
+/// not, and then the line lists each host once ("hosts differ: ...") so a
+/// reader does not compare their times. None without rows.
+pub fn host_line<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<String> {
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    for h in hosts {
+        if !seen.contains(&h) {
+            seen.push(h);
+        }
+    }
+    let name = |(kind, kernel): &(&str, &str)| format!("{kind} (Linux {kernel})");
+    match seen.as_slice() {
+        [] => None,
+        [one] => Some(format!("host {}", name(one))),
+        many => Some(format!(
+            "hosts differ: {}",
+            many.iter().map(name).collect::<Vec<_>>().join(", ")
+        )),
+    }
 }
 
 /// `MemAvailable` of `/proc/meminfo` in bytes.
@@ -181,6 +227,24 @@ mod tests {
         drain_ksm_items();
         assert_eq!(rmap_items(), 0);
         assert_eq!(unrestored_tunables(root, &before), Vec::<String>::new());
+    }
+
+    #[test]
+    fn names_the_rows_host_once_or_says_they_differ() {
+        assert_eq!(host_line([]), None);
+        let same = [("pvm", "6.18.0"), ("pvm", "6.18.0")];
+        assert_eq!(host_line(same).as_deref(), Some("host pvm (Linux 6.18.0)"));
+        let mixed = [("pvm", "6.18.0"), ("hardware", "6.1.0"), ("pvm", "6.18.0")];
+        assert_eq!(
+            host_line(mixed).as_deref(),
+            Some("hosts differ: pvm (Linux 6.18.0), hardware (Linux 6.1.0)")
+        );
+        let h = HostId::current();
+        assert!(
+            ["hardware", "pvm", "emulated-svm", "other"].contains(&h.kind.as_str()),
+            "{h:?}"
+        );
+        assert_eq!(h.kernel, kernel_release());
     }
 
     #[test]

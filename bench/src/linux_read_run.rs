@@ -15,13 +15,13 @@ use pagefold_vmm::runner::Runner;
 
 use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
 use crate::error::{input_err, linux_vm_err, BenchError};
-use crate::host::kernel_release;
+use crate::host::HostId;
 use crate::linux_read::{
     agent_files, agent_vm_config, md5s_agree, parse_md5s, t_final_s, vm_cpu, AgentFiles,
     LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample, Md5s,
     AGENT_CMDLINE, LINUX_READ_COMMAND, LINUX_READ_VMS, READ_SCRIPT,
 };
-use pagefold_vmm::host_kind::{emulated_host, host_kind, host_kvm_kind, linux_guest_refusal_with};
+use pagefold_vmm::host_kind::{emulated_host, host_kvm_kind, linux_guest_refusal_with};
 
 /// What the run loop needs of the VMs' runner (a trait so that the loop's
 /// stages can be tested without booting Linux: this host cannot).
@@ -98,7 +98,7 @@ pub fn run_linux_read_bench(
         path: dir.display().to_string(),
         source,
     })?;
-    let (kind, kernel) = (host_kind().to_string(), kernel_release());
+    let HostId { kind, kernel } = HostId::current();
     let _lock = ksm_exclusive()?;
     let root = Path::new(KSM_SYSFS);
     let before = snapshot_tunables(root);

@@ -6,12 +6,22 @@ use std::fmt::Write as _;
 
 use crate::chart::{Chart, Line, Panel};
 use crate::error::BenchError;
+use crate::host::host_line;
 use crate::ratio::{fmt_ratio, ratio, Goal};
 use crate::seed::{saved, SeedReport, SeedRow};
 use crate::target::Case;
 
 fn find<'a>(rows: &'a [SeedRow], system: &str, case: Case) -> Option<&'a SeedRow> {
     rows.iter().find(|r| r.system == system && r.shape == case)
+}
+
+/// Where the rows ran, said once above the table: their times compare
+/// only with rows from the same host.
+fn host(rows: &[SeedRow]) -> Option<String> {
+    host_line(
+        rows.iter()
+            .map(|r| (r.host_kind.as_str(), r.host_kernel.as_str())),
+    )
 }
 
 fn num(v: Option<f64>, prec: usize) -> String {
@@ -94,10 +104,14 @@ pub fn seed_goals(report: &SeedReport) -> Vec<Goal> {
     out
 }
 
-/// The human-readable table: one line per run, then goals and warnings.
+/// The human-readable table under the host line: one line per run, then
+/// goals and warnings.
 pub fn table(report: &SeedReport) -> String {
     let rows = &report.rows;
     let mut out = String::new();
+    if let Some(h) = host(rows) {
+        let _ = writeln!(out, "{h}");
+    }
     let _ = writeln!(
         out,
         "{:<17} {:<9} {:>10} {:>7} {:>10} {:>10} {:>13} {:>6} {:>7} {:>8} {:>7} {:>8} {:>6} {:>12} {:>11} {:>8}",
@@ -181,10 +195,14 @@ pub fn table(report: &SeedReport) -> String {
     out
 }
 
-/// The same results as a markdown table plus the goal checks.
+/// The same results as a markdown table under the host line, plus the
+/// goal checks.
 pub fn seed_markdown(report: &SeedReport) -> String {
     let rows = &report.rows;
     let mut out = String::new();
+    if let Some(h) = host(rows) {
+        let _ = writeln!(out, "{h}\n");
+    }
     out.push_str(
         "| system | shape | converge (s) | CPU to converge (s) | steady CPU (% core) | pages_sharing | zero_pages | saved (pages) | % of KSM's saving | VMAs | map_count_limited | speed-up vs ksm-default | CPU vs ksm-max | load avg 1m |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -290,6 +308,8 @@ mod tests {
             vmas: Some(1300),
             max_map_count: Some(65530),
             map_count_limited: false,
+            host_kind: "pvm".into(),
+            host_kernel: "6.18.0".into(),
             load_avg: [1.0, 2.0, 3.0],
             warnings: vec![],
         }
@@ -445,5 +465,26 @@ mod tests {
             3
         );
         assert!(md.contains("- [met]") && md.contains("- [MISSED]"), "{md}");
+        assert!(
+            md.starts_with("host pvm (Linux 6.18.0)\n\n| system |"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn names_the_host_once_or_says_the_rows_differ() {
+        let mut r = report();
+        let t = table(&r);
+        assert_eq!(t.lines().next(), Some("host pvm (Linux 6.18.0)"), "{t}");
+        assert_eq!(t.matches("pvm").count(), 1, "{t}");
+        let v: serde_json::Value = serde_json::from_str(&rows_json(&r).unwrap()).unwrap();
+        assert_eq!(v[0]["host_kind"], "pvm");
+        assert_eq!(v[0]["host_kernel"], "6.18.0");
+        r.rows[2].host_kind = "emulated-svm".into();
+        let md = seed_markdown(&r);
+        assert!(
+            md.starts_with("hosts differ: pvm (Linux 6.18.0), emulated-svm (Linux 6.18.0)\n"),
+            "{md}"
+        );
     }
 }

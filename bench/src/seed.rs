@@ -11,7 +11,7 @@ use pagefold_dedup::{mm, DedupBackend, Mode};
 use serde::Serialize;
 
 use crate::error::BenchError;
-use crate::host::{load_avg, other_ksm_users};
+use crate::host::{load_avg, other_ksm_users, HostId};
 use crate::region::{Shape, PAGE, SCATTERED_REGION_BYTES, SEED_REGION_BYTES};
 use crate::settle::{Sample, Settled, Settler};
 use crate::system::System;
@@ -135,6 +135,11 @@ pub struct SeedRow {
     /// The backend reported at some sample that it held back merges
     /// because the process neared `vm.max_map_count` (always false for KSM).
     pub map_count_limited: bool,
+    /// `hardware`, `pvm`, `emulated-svm` or `other`: times under emulation
+    /// compare only within one run.
+    pub host_kind: String,
+    /// The host kernel's release (KSM's behaviour changes between kernels).
+    pub host_kernel: String,
     /// Host load average (1, 5, 15 min) when the run started.
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
@@ -223,6 +228,7 @@ pub fn run_seed_once(
         }
     }
     let load = load_avg();
+    let host = HostId::current();
     let backend: Arc<dyn DedupBackend> = Arc::from(system.build()?);
     if let Some(k) = system.knobs {
         if let Err(e) = k
@@ -294,6 +300,8 @@ pub fn run_seed_once(
         vmas,
         max_map_count: Some(mm::max_map_count()),
         map_count_limited: run.map_count_limited,
+        host_kind: host.kind,
+        host_kernel: host.kernel,
         load_avg: load,
         warnings,
     };
