@@ -77,6 +77,51 @@ pub fn host_line<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a str)>) -> Opt
     }
 }
 
+/// Interrupts of the kinds in `/proc/interrupts` that a merger makes
+/// other CPUs take, summed over CPUs: `TLB` (TLB shootdowns: every change
+/// to the VMM's page tables, a remap or a write protection, flushes the
+/// TLBs of the CPUs running its vCPUs, each one an exit from the guest)
+/// and `RES` (rescheduling: threads woken on other CPUs). None where the
+/// file or the line is missing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Ipis {
+    pub tlb_shootdowns: u64,
+    pub reschedules: u64,
+}
+
+impl Ipis {
+    /// Now.
+    pub fn current() -> Option<Ipis> {
+        parse_ipis(&std::fs::read_to_string("/proc/interrupts").ok()?)
+    }
+
+    /// Those taken since `before`.
+    pub fn since(self, before: Ipis) -> Ipis {
+        Ipis {
+            tlb_shootdowns: self.tlb_shootdowns.saturating_sub(before.tlb_shootdowns),
+            reschedules: self.reschedules.saturating_sub(before.reschedules),
+        }
+    }
+}
+
+/// [`Ipis`] from the text of `/proc/interrupts`: a line `TLB: n0 n1 ...
+/// TLB shootdowns` holds one count per CPU before its description.
+fn parse_ipis(text: &str) -> Option<Ipis> {
+    let sum = |name: &str| -> Option<u64> {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{name}:")))?;
+        let counts = line.trim_start()[name.len() + 1..]
+            .split_whitespace()
+            .map_while(|w| w.parse::<u64>().ok());
+        Some(counts.sum())
+    };
+    Some(Ipis {
+        tlb_shootdowns: sum("TLB")?,
+        reschedules: sum("RES")?,
+    })
+}
+
 /// `MemAvailable` of `/proc/meminfo` in bytes.
 pub fn mem_available() -> Option<u64> {
     Meminfo::current().ok()?.mem_available
@@ -255,5 +300,21 @@ mod tests {
         let r = kernel_release();
         assert!(r.starts_with(|c: char| c.is_ascii_digit()), "{r:?}");
         assert_eq!(r.trim(), r);
+    }
+
+    #[test]
+    fn sums_shootdowns_and_reschedules_over_cpus() {
+        let text = "           CPU0       CPU1\n  0:         40          0   IO-APIC   2-edge      timer\n\
+                    RES:       1200         34   Rescheduling interrupts\n\
+                    CAL:         10         11   Function call interrupts\n\
+                    TLB:        500          7   TLB shootdowns\n";
+        let i = parse_ipis(text).unwrap();
+        assert_eq!((i.tlb_shootdowns, i.reschedules), (507, 1234));
+        let later = Ipis {
+            tlb_shootdowns: 600,
+            reschedules: 1234,
+        };
+        assert_eq!(later.since(i).tlb_shootdowns, 93);
+        assert_eq!(parse_ipis("CPU0\nRES: 5 Rescheduling\n"), None);
     }
 }

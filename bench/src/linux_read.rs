@@ -17,6 +17,8 @@
 //! `linux_read_report.rs`.
 
 use std::path::{Path, PathBuf};
+
+use crate::host::Ipis;
 use std::time::Duration;
 
 use pagefold_dedup::DedupSettings;
@@ -349,6 +351,12 @@ pub struct LinuxReadRow {
     /// What each VM printed.
     pub md5_a: Md5s,
     pub md5_b: Md5s,
+    /// TLB-shootdown and rescheduling interrupts the host's CPUs took from
+    /// the backend's start to the end (both boots included; None where
+    /// `/proc/interrupts` lacks them). Each one taken on a CPU that runs
+    /// a vCPU is an exit from the guest; a merger that changes the VMM's
+    /// page tables causes the shootdowns, ksmd's merges cause them too.
+    pub ipis: Option<Ipis>,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
     pub samples: Vec<LinuxReadSample>,

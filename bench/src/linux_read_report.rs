@@ -9,7 +9,7 @@ use crate::error::BenchError;
 use crate::linux_read::{LinuxReadReport, LinuxReadRow, RATIO_BASE, T_FINAL_SHARE};
 use crate::ratio::{fmt_ratio, ratio};
 
-const HEADERS: [&str; 17] = [
+const HEADERS: [&str; 18] = [
     "system",
     "npages",
     "pages_sharing",
@@ -22,6 +22,7 @@ const HEADERS: [&str; 17] = [
     "COW breaks",
     "merges",
     "KSM assist",
+    "TLB shootdowns",
     "boot a (s)",
     "boot b (s)",
     "read (s)",
@@ -68,6 +69,8 @@ fn cells(row: &LinuxReadRow, base: Option<&LinuxReadRow>) -> Vec<String> {
         row.cow_breaks.to_string(),
         row.merges.to_string(),
         assist,
+        row.ipis
+            .map_or("-".into(), |i| i.tlb_shootdowns.to_string()),
         format!("{:.1}", row.boot_a_s),
         format!("{:.1}", row.boot_b_s),
         format!("{:.1}", row.read_s),
@@ -183,6 +186,7 @@ pub fn linux_read_chart(r: &LinuxReadReport) -> Chart {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::Ipis;
     use crate::linux_read::{LinuxReadGuest, LinuxReadSample, Md5s};
 
     fn md5() -> Md5s {
@@ -231,6 +235,10 @@ mod tests {
             md5s_agree: true,
             md5_a: md5(),
             md5_b: md5(),
+            ipis: Some(Ipis {
+                tlb_shootdowns: 1234,
+                reschedules: 99,
+            }),
             load_avg: [1.5, 1.0, 0.5],
             warnings: vec![],
             samples,
@@ -279,11 +287,11 @@ mod tests {
         assert_eq!(lines[3].matches("---|").count(), HEADERS.len());
         assert_eq!(
             lines[4],
-            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | 1.25 | 3 | 0 | - | 15.0 | 16.0 | 4.5 | yes | 1.50 |"
+            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 1.50 |"
         );
         assert_eq!(
             lines[5],
-            "| pagefold-on | 30000 | 27000 | 3000 | 30000 | 1.50x | 2.0 | 0.25x | 1.25 | 3 | 29000 | standby | 15.0 | 16.0 | 4.5 | yes | 1.50 |"
+            "| pagefold-on | 30000 | 27000 | 3000 | 30000 | 1.50x | 2.0 | 0.25x | 1.25 | 3 | 29000 | standby | 1234 | 15.0 | 16.0 | 4.5 | yes | 1.50 |"
         );
         assert!(lines[6]
             .starts_with("| ksm-4096 | 20000 | 18000 | 2000 | 20000 | 1.00x | 8.0 | 1.00x |"));
@@ -351,6 +359,7 @@ mod tests {
             "md5s_agree",
             "md5_a",
             "md5_b",
+            "ipis",
             "load_avg",
             "warnings",
         ] {

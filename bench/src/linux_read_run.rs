@@ -16,6 +16,7 @@ use pagefold_vmm::runner::Runner;
 use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
 use crate::error::{input_err, linux_vm_err, BenchError};
 use crate::host::HostId;
+use crate::host::Ipis;
 use crate::linux_read::{
     agent_files, agent_vm_config, md5s_agree, parse_md5s, t_final_s, vm_cpu, AgentFiles,
     LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample, Md5s,
@@ -185,6 +186,7 @@ impl Stage {
 
 /// What one system's run measured.
 struct Measured {
+    ipis: Option<Ipis>,
     boot_s: [f64; 2],
     read_s: [f64; 2],
     md5: [Md5s; 2],
@@ -234,6 +236,7 @@ impl Measured {
             md5s_agree: self.md5s_agree,
             md5_a,
             md5_b,
+            ipis: self.ipis,
             load_avg,
             warnings,
             samples: self.samples,
@@ -256,6 +259,8 @@ struct Trace {
     md5: Option<([Md5s; 2], bool)>,
     base: Option<Stats>,
     end: Option<Stats>,
+    /// The host's IPI counts before the backend started and at the end.
+    ipis: [Option<Ipis>; 2],
     samples: Vec<LinuxReadSample>,
     last_sample: Option<Instant>,
     last_progress_s: f64,
@@ -275,6 +280,7 @@ impl Trace {
             md5: None,
             base: None,
             end: None,
+            ipis: [None; 2],
             samples: Vec::new(),
             last_sample: None,
             last_progress_s: 0.0,
@@ -331,6 +337,10 @@ impl SystemRun<'_> {
     fn measured(tr: Trace) -> Result<Measured, Stage> {
         match (tr.stage, tr.md5, tr.base, tr.end) {
             (Stage::Done, Some((md5, md5s_agree)), Some(base), Some(end)) => Ok(Measured {
+                ipis: match tr.ipis {
+                    [Some(a), Some(b)] => Some(b.since(a)),
+                    _ => None,
+                },
                 boot_s: tr.boot_s,
                 read_s: tr.replies.map(|x| x.map_or(0.0, |(t, _)| t)),
                 md5,
@@ -379,6 +389,7 @@ impl SystemRun<'_> {
         files: &[AgentFiles],
         mailboxes: &mut [Mailbox],
     ) -> Result<Measured, BenchError> {
+        let ipis_before = Ipis::current();
         let (backend, _) = make_backend(self.s)?;
         let mut runner = match Runner::new(backend.clone(), true) {
             Ok(r) => r,
@@ -390,6 +401,7 @@ impl SystemRun<'_> {
         runner.echo = false;
         let start = Instant::now();
         let mut tr = Trace::new();
+        tr.ipis[0] = ipis_before;
         if let Err(err) = runner.add_vm(&configs[0]) {
             drop(runner);
             end_backend(self.s, backend.as_ref());
@@ -487,6 +499,7 @@ impl SystemRun<'_> {
                     st.cpu_seconds
                 ));
                 tr.end = Some(st);
+                tr.ipis[1] = Ipis::current();
                 tr.stage = Stage::Done;
                 r.stop("linux-read done");
             }
