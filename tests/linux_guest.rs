@@ -248,12 +248,11 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str) {
         );
         assert!(a.cow_copies > 0, "{a:?}");
     }
-    // 4. Unmerge: every page gets its own copy back.
+    // 4. Unmerge: every shared page gets its own copy back (pages the
+    // engine dropped to the zero page stay dropped: docs/engine.md).
     s.wait_dedup("merged again", step, |d| d.pages_sharing >= 20_000);
     s.set(serde_json::json!({"mode": "unmerge"}));
-    s.wait_dedup("unmerged", step, |d| {
-        d.pages_sharing == 0 && d.zero_pages == 0
-    });
+    s.wait_dedup("unmerged", step, |d| d.pages_sharing == 0);
     same_hashes("after unmerge", &s.run_all(HASHES, step), Some(&reference));
     // 5. VMs come and go through the API while the others run: a third
     // guest joins the group and merges with the two, then the second is

@@ -7,10 +7,6 @@ use std::os::fd::RawFd;
 
 /// `MADV_POPULATE_READ` (Linux 5.14), not in every libc release.
 pub const MADV_POPULATE_READ: libc::c_int = 22;
-/// `MADV_POPULATE_WRITE` (Linux 5.14): write-faults every page of the range
-/// in without changing its content (a page already present and writable is
-/// left as it is).
-pub const MADV_POPULATE_WRITE: libc::c_int = 23;
 
 /// Errors of the mm helpers.
 #[derive(Debug, thiserror::Error)]

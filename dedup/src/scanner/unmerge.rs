@@ -1,7 +1,5 @@
 //! Unmerging: giving merged pages private copies again.
 use super::*;
-use crate::mm;
-use crate::PAGE_SIZE;
 
 /// An unmerge step this long is logged (the core is held through it).
 const SLOW_UNMERGE_STEP: Duration = Duration::from_millis(200);
@@ -94,50 +92,6 @@ impl Core {
         Some(left)
     }
 
-    /// Gives every page of region `ri` that the engine dropped to the zero
-    /// page its own zeroed page again (`MADV_POPULATE_WRITE`), as KSM's
-    /// unmerge does for the zero pages it placed (Linux 6.4 on): after
-    /// mode `unmerge` no page of a guest is backed by less than its own
-    /// memory. Returns the pages left on the zero page (the host had no
-    /// memory for them).
-    ///
-    /// Safe against concurrent writers without protection: a populating
-    /// write fault only allocates a zeroed page where the PTE is empty or
-    /// maps the zero page, under the page-table lock, so a page the guest
-    /// wrote meanwhile is already its own and stays untouched. ZERO pages
-    /// carry no write protection (the drop zapped the PTE), so no fault
-    /// waits for the engine, which holds the core here.
-    pub(super) fn repopulate_zero_pages(&mut self, ri: usize) -> u64 {
-        let npages = self.regions[ri].npages;
-        let mut left = 0;
-        let mut i = 0;
-        while i < npages {
-            if region::kind(self.regions[ri].state[i]) != ZERO {
-                i += 1;
-                continue;
-            }
-            let s = i;
-            while i < npages && region::kind(self.regions[ri].state[i]) == ZERO {
-                i += 1;
-            }
-            let addr = self.regions[ri].page_addr(s);
-            match mm::madvise(addr, (i - s) * PAGE_SIZE, mm::MADV_POPULATE_WRITE) {
-                Ok(()) => {
-                    for p in s..i {
-                        // NEW at level 0: visited (and dropped again, in
-                        // mode `on`) like any page the guest wrote.
-                        self.regions[ri].set_kind(p, NEW);
-                    }
-                }
-                Err(e) => {
-                    log::warn!("pagefold: unmerge of zero pages: {e}");
-                    left += (i - s) as u64;
-                }
-            }
-        }
-        left
-    }
-
     /// Unmerges every region (mode `unmerge`); returns the pages left
     /// merged, or None when it stopped early for a thread waiting for the
     /// core (VM creation or deletion; the caller lets it in and calls
@@ -153,10 +107,7 @@ impl Core {
             left = Some(0);
             for ri in 0..self.regions.len() {
                 match self.unmerge_region(ri, &mut freed, true) {
-                    Some(n) => {
-                        let z = self.repopulate_zero_pages(ri);
-                        left = left.map(|l| l + n + z);
-                    }
+                    Some(n) => left = left.map(|l| l + n),
                     None => {
                         left = None;
                         break;
