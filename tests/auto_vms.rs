@@ -171,40 +171,25 @@ fn auto_mode_follows_the_hosts_own_available_memory() {
 
 const MIB: u64 = 1 << 20;
 
-/// Anonymous memory this process has written, so that the host counts it
-/// used; unmapped on drop.
+/// Anonymous memory this process has faulted in for writing
+/// (`MAP_POPULATE` on a private writable mapping), so that the host counts
+/// it used; unmapped on drop.
 struct Hog {
-    addr: *mut libc::c_void,
+    addr: *mut u8,
     len: usize,
 }
 
 impl Hog {
     fn take(len: usize) -> Hog {
-        // SAFETY: a fresh private anonymous mapping, ours alone.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(addr, libc::MAP_FAILED, "mmap {len} bytes");
-        for off in (0..len).step_by(4096) {
-            // SAFETY: inside the mapping. A written page is backed, which
-            // is what the host must count as used.
-            unsafe { *(addr as *mut u8).add(off) = (off / 4096) as u8 | 1 };
-        }
+        let addr = pagefold_dedup::mm::map_anon_populated(len)
+            .unwrap_or_else(|e| panic!("take {len} bytes: {e}"));
         Hog { addr, len }
     }
 }
 
 impl Drop for Hog {
     fn drop(&mut self) {
-        // SAFETY: our mapping, unmapped once.
-        unsafe { libc::munmap(self.addr, self.len) };
+        pagefold_dedup::mm::unmap(self.addr, self.len);
     }
 }
 

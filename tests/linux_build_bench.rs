@@ -9,14 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::linux_host::hardware_virtualization;
 use common::*;
-use pagefold_vmm::host_kind::{host_kvm_kind, KvmKind};
-
-/// Hardware virtualization as the bench sees it: no `kvm_pvm` module, and
-/// a vmx or svm CPU flag.
-fn hardware_virtualization() -> bool {
-    matches!(host_kvm_kind(), KvmKind::Hardware(_))
-}
 
 #[test]
 fn linux_form_needs_kernel_and_disk() {

@@ -15,8 +15,7 @@ use pagefold_vmm::runner::Runner;
 
 use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
 use crate::error::{input_err, linux_vm_err, BenchError};
-use crate::host::HostId;
-use crate::host::Ipis;
+use crate::host::{HostId, Ipis};
 use crate::linux_read::{
     agent_files, agent_vm_config, md5s_agree, parse_md5s, t_final_s, vm_cpu, AgentFiles,
     LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample, Md5s,

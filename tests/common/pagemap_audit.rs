@@ -21,10 +21,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
+use pagefold_dedup::pagemap::{PM_FILE, PM_PFN_MASK, PM_PRESENT};
+
 const PAGE: u64 = 4096;
-const PRESENT: u64 = 1 << 63;
-const FILE_PAGE: u64 = 1 << 61;
-const PFN_MASK: u64 = (1 << 55) - 1;
 /// The pool memfd's name (dedup/src/pool.rs) as `/proc/<pid>/maps` shows it.
 const POOL_PATH: &str = "/memfd:pagefold-pool";
 
@@ -114,8 +113,8 @@ pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
             continue; // files, heap, stack, vdso: not guest memory
         }
         for (i, e) in entries(&pagemap, v).into_iter().enumerate() {
-            let present = e & PRESENT != 0;
-            let file = e & FILE_PAGE != 0;
+            let present = e & PM_PRESENT != 0;
+            let file = e & PM_FILE != 0;
             if pool_vma {
                 if present && !file {
                     a.cow_copies += 1;
@@ -125,7 +124,7 @@ pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
                         .or_default() += 1;
                 }
             } else if present && !file {
-                let pfn = e & PFN_MASK;
+                let pfn = e & PM_PFN_MASK;
                 assert!(pfn != 0, "pagemap hides frame numbers: run as root");
                 if pfn != zero_pfn {
                     *anon.entry(pfn).or_default() += 1;
