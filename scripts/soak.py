@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak test driver for `pagefold serve` (issue 9). Run through scripts/soak.sh.
+"""Soak test driver for `pagefold serve`. Run through scripts/soak.sh.
 
 Starts `pagefold serve --api-sock S --dedup on` and, for the given duration,
 keeps 2-6 workload VMs alive through the API (created and deleted, in reused

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak test of `pagefold serve` (issue 9): VMs created and deleted through the
+# Soak test of `pagefold serve`: VMs created and deleted through the
 # API, dedup mode/knob changes, auto-threshold flapping and concurrent API load
 # for DURATION, then checks for guest mismatches, leaked pool pages, fds and
 # mappings, RSS, engine stalls, 5xx answers and crashes.

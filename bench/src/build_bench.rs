@@ -235,7 +235,7 @@ pub struct BuildRow {
     pub merges_mean: f64,
     pub engine_us_per_merge: Option<f64>,
     /// Mean over runs of each run's mean delay from a device fill to its
-    /// hinted merge (issue 10's "within 1 s of the read"); None when no
+    /// hinted merge (the goal: within 1 s of the read); None when no
     /// run merged on hints.
     pub hint_merge_delay_mean_ms: Option<f64>,
     pub t_final_npages_s: Option<f64>,

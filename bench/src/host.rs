@@ -33,7 +33,7 @@ pub fn kernel_release() -> String {
 }
 
 /// The host a row ran on. Times under an emulated host, or on PVM, are
-/// not a hardware host's and compare only within one run (issue 32), so
+/// not a hardware host's and compare only within one run, so
 /// every benchmark row records this next to its figures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostId {

@@ -1,4 +1,4 @@
-//! When has a run converged? As in ksm-baseline.md: `pages_sharing` first
+//! When has a run converged? When `pages_sharing` first
 //! reached the value it then held for N full scans. Zero pages are counted
 //! apart (pagefold's `zero_pages`, KSM's `ksm_zero_pages`), so the settled
 //! value is the pair (`pages_sharing`, `zero_pages`).

@@ -33,7 +33,7 @@ pub const KSM_DEFAULT_KNOBS: DedupSettings = DedupSettings {
     ..DedupSettings::NONE
 };
 
-/// The max-effort setting of ksm-baseline.md.
+/// KSM at max effort: 10,000 pages per batch, no sleep.
 pub const MAX_KNOBS: DedupSettings = DedupSettings {
     pages_to_scan: Some(10_000),
     sleep_millisecs: Some(0),

@@ -9,7 +9,7 @@
 //! engine sees that a group's duplicates are scattered (many new VMAs for
 //! few pages) or out of VMA budget, it hands that group's regions to KSM:
 //!
-//! * **Never both on one page** (../shared/notes/merge-races.md): KSM drops
+//! * **Never both on one page** (docs/merge-races.md §16): KSM drops
 //!   the uffd-wp bit of a page it merges, so a page the engine holds
 //!   write-protected could lose its protection and a guest write be lost.
 //!   A region is therefore either the engine's or KSM's: the engine stops

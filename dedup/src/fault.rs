@@ -1,5 +1,6 @@
 //! The userfaultfd handler thread. It never takes the engine's core lock and
-//! never waits for the merging thread (merge-races 3): for a write fault on a
+//! never waits for the merging thread (docs/merge-races.md §7): for a write
+//! fault on a
 //! page that is part of a merge in flight it does nothing, because the merger
 //! always unprotects or wakes that range when the merge ends; for any other
 //! write-protect fault (a leftover that must not exist, handled anyway) it
@@ -132,7 +133,8 @@ pub fn run(
             let page = m.address as usize & !(PAGE_SIZE - 1);
             let mut p = prot.lock().unwrap_or_else(|e| e.into_inner());
             if p.busy_contains(page) {
-                // The merger wakes this range when it is done (merge-races 2).
+                // The merger wakes this range when it is done
+                // (docs/merge-races.md §6).
                 p.deferred += 1;
                 counters.in_merge.fetch_add(1, Ordering::Relaxed);
             } else if p.region_contains(page) {

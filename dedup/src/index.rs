@@ -3,7 +3,7 @@
 //! * [`StableIndex`]: (group, hash) -> pool slots holding that content, in
 //!   ascending slot order (so lookups prefer the start of a stripe and runs
 //!   keep coalescing). Keyed by group, so a hit from another dedup group is
-//!   impossible by construction (merge-races 12).
+//!   impossible by construction (docs/merge-races.md §15).
 //! * [`UnstableIndex`]: hash -> candidate guest pages seen this pass, rebuilt
 //!   every pass (KSM's unstable tree). An open-addressing table of 4-byte
 //!   page ids whose keys live in the engine's per-page array, so it costs
@@ -11,7 +11,7 @@
 //!   hashes but different content coexist and are told apart by comparing.
 //!
 //! A hash match never merges by itself: callers confirm every merge with a
-//! full compare under write-protection (merge-races 11).
+//! full compare under write-protection (docs/merge-races.md §3).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -5,14 +5,16 @@
 //!    `UFFDIO_WRITEPROTECT` the range: from here every writer (vCPU through
 //!    KVM, device thread, kernel copy_to_user) blocks in userfaultfd;
 //! 2. read pagemap: only pages present, anonymous and carrying the uffd-wp
-//!    bit are really protected; any other page drops out (merge-races 1, 8).
+//!    bit are really protected; any other page drops out (docs/merge-races.md
+//!    §5).
 //!    Not needed where the uffd has `WP_UNPOPULATED` (Linux 6.4+): the
 //!    protect then covers every page of the window, mapped or not;
 //! 3. final compare: against the pool page, or for a new pool page copy the
 //!    protected page into it (a snapshot no writer can race), or check zero;
 //! 4. `mmap(MAP_FIXED|MAP_PRIVATE, pool_fd)` per run of consecutive slots
 //!    (one call per run: 0.3 us/page instead of 10 us), or `MADV_DONTNEED`
-//!    for zero pages; `ENOMEM` (map count) abandons the rest (merge-races 10);
+//!    for zero pages; `ENOMEM` (map count) abandons the rest
+//!    (docs/merge-races.md §13);
 //! 5. re-register the new VMAs with the uffd (MAP_FIXED VMAs are not);
 //! 6. always, even on error or panic ([`Busy`]'s `Drop`): unprotect the
 //!    pages still on their original mapping, unmark the range, and wake it
@@ -21,7 +23,7 @@
 //!    whose message it reads later).
 //!
 //! A blocked writer wakes up to a fresh private mapping of the pool page and
-//! the kernel copies it on write: its write lands (merge-races 2).
+//! the kernel copies it on write: its write lands (docs/merge-races.md §4).
 
 use std::sync::Mutex;
 

@@ -40,7 +40,8 @@ fn err(op: &'static str, addr: usize, len: usize) -> MmError {
 }
 
 /// Maps `len` bytes of the pool file at `off` privately over `addr`
-/// (`MAP_FIXED`): the merge primitive. Never `MAP_POPULATE` (merge-races 7).
+/// (`MAP_FIXED`): the merge primitive. Never `MAP_POPULATE`: on a writable
+/// private mapping it copies every page at once (docs/merge-races.md §2).
 pub fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Result<(), MmError> {
     // SAFETY: MAP_FIXED replaces whatever is mapped at addr..+len; callers
     // only pass ranges of a registered region whose pages are write-protected

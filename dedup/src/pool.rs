@@ -2,7 +2,7 @@
 //! merged by mapping pool pages privately over them, so the kernel does
 //! copy-on-write when they are written.
 //!
-//! Rules (merge-races 4-6): a slot is written once, before any guest maps it,
+//! Rules (docs/merge-races.md §11, §12): a slot is written once, before any guest maps it,
 //! and never again; it is hole-punched only when the engine's own count says
 //! nothing maps it (pagemap cannot tell: untouched merged pages read "not
 //! present"), after it left the stable index; a freed slot is reused only

@@ -9,7 +9,8 @@
 //! (`Uffd::protects_unpopulated`). `EVENT_UNMAP/REMOVE/REMAP` would make
 //! every merge `mmap(MAP_FIXED)` and `MADV_DONTNEED` wait for the uffd
 //! reader (deadlock if the merger reads), and `UFFD_USER_MODE_ONLY` makes
-//! `KVM_RUN` fail with EFAULT (platform.md): neither is used.
+//! KVM's kernel-mode accesses fail, so `KVM_RUN` returns EFAULT instead of
+//! waiting (docs/merge-races.md §7): neither is used.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

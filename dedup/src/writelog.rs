@@ -2,7 +2,7 @@
 //! looked at them.
 //!
 //! A VMM knows what its guests write: KVM's dirty log records every guest
-//! write to a memslot (exactly, on this host too: ../docs/engine.md), and
+//! write to a memslot (exactly, on this host too: docs/engine.md), and
 //! the VMM's own devices report what they fill (I/O hints). A page nobody
 //! wrote since its last visit needs neither a pagemap read nor a new hash:
 //! a merged page is still merged, a hashed page still has its hash, and

@@ -38,7 +38,8 @@ fn two_regions_same_group_reach_exact_sharing() {
         "{}",
         e.stats().vmas_created
     );
-    // Stats vs kernel (merge-races 13): distinct PFNs = pages_shared.
+    // Stats vs kernel (docs/merge-races.md §21): distinct PFNs =
+    // pages_shared.
     let mut pfns: HashMap<u64, u32> = HashMap::new();
     for i in 0..64 {
         *pfns.entry(a.pfn(&pm, i)).or_default() += 1;

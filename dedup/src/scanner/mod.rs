@@ -8,7 +8,7 @@
 //!
 //! * merged: present and anonymous means the kernel copied it on write (the
 //!   share is broken): drop its pool reference. Not present or file-mapped
-//!   means still merged (merge-races 4). Never re-hashed.
+//!   means still merged (docs/merge-races.md §11). Never re-hashed.
 //! * zero (dropped by us): present and not the zero page means written.
 //! * otherwise, if present and anonymous: hash it. A changed hash marks the
 //!   page volatile (KSM's rule: only pages unchanged since their previous
@@ -638,7 +638,7 @@ impl Core {
     }
 
     /// Frees the slots in `slots` that nothing maps any more: out of the
-    /// stable index first, then the hole punch (merge-races 5).
+    /// stable index first, then the hole punch (docs/merge-races.md §12).
     fn release_slots(&mut self, slots: &[u32]) {
         let mut free = Vec::with_capacity(slots.len());
         for &s in slots {

@@ -207,8 +207,8 @@ impl Core {
     /// share that stays intact is checked less often (level L: once every
     /// 2^L passes, L up to `MAX_LEVEL`), as unique pages are hashed less
     /// often: each check is a pagemap walk over the page's own VMA (one per
-    /// scattered merge), which was most of the engine's CPU while two
-    /// guests built (issue 10). A broken share is noticed at most
+    /// scattered merge), the largest part of the engine's CPU when
+    /// guests' merges are scattered. A broken share is noticed at most
     /// 2^MAX_LEVEL passes late; until then the pool keeps the page's
     /// reference (the guest's new copy is already its own).
     pub(super) fn merged_due(&self, ri: usize, p: usize, st: u8) -> bool {
