@@ -1,5 +1,7 @@
 //! Quick convergence/CPU measurement of the engine on a 300 MiB region, the
-//! two shapes of the KSM baseline (docs/engine.md has the results).
+//! two shapes of the KSM baseline (`identical`: every page the same,
+//! `distinct`: every page unique but 43; figures belong in
+//! docs/benchmarks.md).
 //!
 //! `cargo bench -p pagefold-dedup --bench converge -- [identical|distinct|scattered] [default|max] [steady_secs]`
 //!

@@ -64,17 +64,18 @@ pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 pub const MAX_IDLE_SLEEP_MS: u64 = 1000;
 
 /// A KSM sysfs or procfs access in [`KsmAssist::drive`] this long is
-/// logged: the engine holds its core through it, and one assist step held
-/// it 241 ms in a soak of 2026-12-02 (VM creation and deletion wait).
+/// logged: the engine holds its core through it, and VM creation and
+/// deletion wait meanwhile.
 const SLOW_KSM_ACCESS: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Most pages ksmd is asked to scan per batch. ksmd holds its thread mutex
 /// through a whole batch, and writing `run` (pausing KSM, restoring its
-/// knobs) waits for that mutex while the engine holds its core: with the
-/// engine's pages per wake-up times `CONVERGE_BOOST` (up to 262,144) in one
-/// batch, such writes took 0.54-1.25 s in a 10-minute soak of 2026-12-02,
-/// and VM creation and deletion waited behind them. KSM's own "max effort"
-/// setting is 10,000 pages per batch (~50 ms of ksmd here).
+/// knobs) waits for that mutex while the engine holds its core, with VM
+/// creation and deletion waiting behind it: a batch must stay short enough
+/// that such a write waits tens of milliseconds, not seconds, whatever the
+/// engine's pace (its pages per wake-up times `CONVERGE_BOOST` would be one
+/// batch otherwise). This is below KSM's own "max effort" batch of 10,000
+/// pages.
 pub const KSM_BATCH_MAX: u64 = 8192;
 
 /// KSM's `pages_to_scan` and `sleep_millisecs` for a pace of `pages` every
@@ -184,15 +185,15 @@ impl Default for AssistConfig {
     fn default() -> Self {
         AssistConfig {
             mode: AssistMode::Off,
-            // Per merged page a one-page VMA costs ~10 us of mmap and ~390 B
-            // of kernel memory (dedup/benches/vma_cost.rs); KSM costs ~5 us
-            // per merge but also ~3 us and 64 B for *every* page of the
-            // group it scans. Break-even lies between 1/6 (memory) and 3/5
-            // (CPU) of the group's pages being scattered merges; but tens of
-            // thousands of VMAs also slow every pagemap walk and maps read
-            // of the process (measured: the census pass over 2 x 512 MiB
-            // took ~150 ms with 28k VMAs). Hand over at 1/16 of the group's
-            // pages in a pass, or when the VMA budget refuses merges.
+            // A one-page VMA per merged page costs more mmap time and
+            // kernel memory than a KSM merge, but KSM pays CPU and an rmap
+            // item for *every* page of the group it scans
+            // (dedup/benches/vma_cost.rs measures both), so KSM wins only
+            // once a good part of the group's pages are scattered merges.
+            // Tens of thousands of VMAs also slow every pagemap walk and
+            // maps read of the process, so the hand-over comes earlier than
+            // that break-even: at 1/16 of the group's pages in a pass, or
+            // when the VMA budget refuses merges.
             flip_vmas: 4096,
             flip_group_den: 16,
             flip_run_pages: 8,
@@ -220,9 +221,8 @@ pub struct KsmAssist {
 
 /// An ended engagement, its knobs not yet put back (the cooperative lock
 /// still held). Writing `run` waits for ksmd's mutex, which ksmd holds
-/// through a whole batch, and the assist ends under the engine's core: in
-/// the soaks of 2026-12-02 the restore held the core 50-272 ms, with VM
-/// creation and deletion waiting. The engine takes it out of the core
+/// through a whole batch, and the assist ends under the engine's core,
+/// which VM creation and deletion wait for. The engine takes it out of the core
 /// ([`KsmAssist::take_retired`]) and restores after releasing the core;
 /// dropped unrestored, `KsmSysfs` still puts the knobs back.
 #[derive(Debug)]
@@ -385,8 +385,8 @@ impl KsmAssist {
                 // Paused by scanning no pages per batch, not by `run` 0:
                 // writing `run` waits for ksmd's mutex, which it holds
                 // through a whole batch, and the engine's core is held
-                // meanwhile (4.3 s once under a soak's load, batches capped
-                // at 8,192 pages). ksmd reads `pages_to_scan` at its next
+                // meanwhile (seconds under load, even with batches capped
+                // at `KSM_BATCH_MAX`). ksmd reads `pages_to_scan` at its next
                 // batch; the long sleep keeps it from waking for nothing.
                 if write("pages_to_scan", 0) {
                     e.running = false;

@@ -72,10 +72,11 @@ impl From<EngineError> for backend::Error {
     }
 }
 
-/// Default knobs: see docs/engine.md. 4096 pages every 20 ms is 41x KSM's
-/// default rate (100 pages / 20 ms): a 300 MiB region is hashed in ~0.4 s
-/// and merged in the second pass (< 1 s), while each wake-up hashes only
-/// ~2 ms worth. Idle passes then back the sleep off (up to 1 s).
+/// Default knobs (docs/engine.md): 4096 pages every 20 ms, 41 times KSM's
+/// default rate of 100 pages every 20 ms, so that a VM of a few hundred MiB
+/// is hashed within a second and merged in its second pass, while each
+/// wake-up stays a few milliseconds of work. Idle passes then back the
+/// sleep off.
 pub const DEFAULT_KNOBS: Knobs = Knobs {
     pages_to_scan: 4096,
     sleep_millisecs: 20,
@@ -181,9 +182,9 @@ struct Ctl {
     last_round_merges: u64,
     /// Set by anything that can make work appear (a new region, a mode or
     /// knob change, a new round policy): the scanner then drops its idle
-    /// back-off before its next wake-up. Without it, back-off earned while
-    /// nothing changed (e.g. hundreds of idle passes at `sleep_millisecs`
-    /// 0) kept a freshly registered VM waiting at the 1 s cap per wake-up.
+    /// back-off before its next wake-up: back-off earned while nothing
+    /// changed (many idle passes) would otherwise keep a freshly registered
+    /// VM waiting the back-off's cap per wake-up.
     reset_backoff: bool,
     /// When the scanner last started a wake-up, and the sleep it planned
     /// after it (the watchdog's reference).
@@ -519,7 +520,7 @@ fn effective_sleep(sh: &Shared, knobs: &Knobs, mode: Mode, idle: u32) -> Duratio
 }
 
 /// A hold of the core this long by the scanner is logged: VM creation and
-/// deletion wait for it (soaks of 2026-12-02: 0.35-6.4 s).
+/// deletion wait for it.
 const SLOW_HOLD: Duration = Duration::from_millis(200);
 
 fn scanner_loop(sh: &Arc<Shared>) {

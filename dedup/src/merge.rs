@@ -12,7 +12,7 @@
 //! 3. final compare: against the pool page, or for a new pool page copy the
 //!    protected page into it (a snapshot no writer can race), or check zero;
 //! 4. `mmap(MAP_FIXED|MAP_PRIVATE, pool_fd)` per run of consecutive slots
-//!    (one call per run: 0.3 us/page instead of 10 us), or `MADV_DONTNEED`
+//!    (one call per run, far cheaper than one per page), or `MADV_DONTNEED`
 //!    for zero pages; `ENOMEM` (map count) abandons the rest
 //!    (docs/merge-races.md §13);
 //! 5. re-register the new VMAs with the uffd (MAP_FIXED VMAs are not);
@@ -36,18 +36,16 @@ use crate::uffd::{Uffd, UffdError};
 use crate::{low_bits, PAGE_SIZE};
 
 /// Most pages protected at once, for a gapless window (a run of pages of
-/// one content, the full shape): bounds how long a writer waits (~100 us).
-/// A window with gaps spans at most [`GAPPED_WINDOW_PAGES`]. At 128 instead
-/// of 64, each window's protect, pagemap read and register serve twice the
-/// pages (the `mmap`s stay one per run of consecutive slots): engine CPU
-/// to converge the full shape (`converge -- identical max 0`, eight
-/// alternated runs) 0.067-0.075 s against 0.073-0.094 s. 256
-/// gained nothing more: the `mmap`s' per-page work (zapping, freeing)
-/// and the compare's read are what remains (docs/engine.md).
+/// one content): bounds how long a writer waits for a window. A window
+/// with gaps spans at most [`GAPPED_WINDOW_PAGES`]. Longer windows make
+/// each protect, pagemap read and register serve more pages (the `mmap`s
+/// stay one per run of consecutive slots); beyond this length the
+/// `mmap`s' per-page work (zapping, freeing) and the compare's read are
+/// what remains, so longer windows would only make writers wait longer
+/// (docs/engine.md).
 pub const CHUNK_PAGES: usize = 128;
 /// Longest window with gaps: a gap page is protected and released for
-/// nothing (~0.1 us each), so scattered ops keep the 64-page windows they
-/// had before runs got longer ones.
+/// nothing, so scattered ops get shorter windows than runs.
 pub const GAPPED_WINDOW_PAGES: usize = 64;
 
 /// A window's page mask: bit i is window page i (or, in [`ChunkResult`],
@@ -144,8 +142,9 @@ fn mark_busy(prot: &Mutex<ProtState>, addr: usize, end: usize) -> u64 {
 /// Unmarks `addr..end` and wakes its writers if the fault handler left one
 /// to us while it was busy. Without a deferred fault there is no writer to
 /// wake: a writer whose message the handler reads after the unmark is woken
-/// by the handler (the page is not busy, and no longer protected). The
-/// wake was one ioctl per merge window, nearly always for nobody.
+/// by the handler (the page is not busy, and no longer protected), so an
+/// unconditional wake would be one ioctl per window, nearly always for
+/// nobody (docs/merge-races.md §6).
 fn unmark_busy(ctx: &Ctx<'_>, addr: usize, end: usize, deferred_at: u64) {
     let deferred = {
         let mut p = ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
@@ -283,8 +282,8 @@ pub fn exec_chunk(
     // `WP_UNPOPULATED`, all of them: present, swapped, migrating and
     // empty PTEs alike (an empty one gets a marker; the compare's read
     // maps the zero page write-protected), so nothing can write an op's
-    // page until the window ends, and this pagemap read (4 % of the full
-    // shape's first pass) is not needed. An op's page is private and
+    // page until the window ends, and this pagemap read is not needed
+    // (docs/merge-races.md §5). An op's page is private and
     // anonymous: only the engine maps pool pages, and it planned this op
     // from the page's state under the core lock it still holds.
     let verify = !ctx.uffd.protects_unpopulated();
@@ -429,9 +428,8 @@ pub fn exec_chunk(
 ///
 /// Pool VMAs are file-backed, so write-protecting a PTE that is not
 /// populated leaves a uffd-wp marker: the protection covers every page
-/// without populating the range first. Populating cost 46 ms of a 168 ms
-/// unmerge of 76,800 pages (a read fault per never-touched merged page,
-/// and `mremap` then zapped those PTEs again).
+/// without populating the range first, which would cost a read fault per
+/// never-touched merged page, PTEs that `mremap` then zaps again.
 pub fn unmerge_chunk(
     ctx: &Ctx<'_>,
     addr: usize,
@@ -490,9 +488,9 @@ pub fn unmerge_chunk(
 }
 
 /// Pages unmerged per protected chunk: writers to the chunk wait for one
-/// 1 MiB copy and one `mremap` (~0.3 ms); larger chunks amortise the
-/// per-chunk syscalls (protect, pagemap, mmap, mremap, register,
-/// wake) that dominated with 64-page chunks.
+/// 1 MiB copy and one `mremap`, short enough for a vCPU; shorter chunks
+/// would spend most of the unmerge in the per-chunk syscalls (protect,
+/// pagemap, mmap, mremap, register, wake).
 pub const UNMERGE_CHUNK_PAGES: usize = 256;
 
 /// A protected range of any length (the unmerge path), released like

@@ -91,8 +91,7 @@ pub fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
 
 /// Maps a fresh private anonymous area of `len` bytes with every page
 /// allocated up front (`MAP_POPULATE`): one kernel call allocates and zeroes
-/// them all, instead of one page fault per page when first written (measured
-/// in the unmerge path: 2.5 us per first-touch fault).
+/// them all, instead of one page fault per page when first written.
 pub fn map_anon_populated(len: usize) -> Result<*mut u8, MmError> {
     // SAFETY: a new mapping at a kernel-chosen address touches nothing else.
     let r = unsafe {
@@ -173,9 +172,9 @@ pub fn madvise(addr: usize, len: usize, advice: libc::c_int) -> Result<(), MmErr
 /// Costs about a microsecond per VMA in the kernel, so callers rate-limit it.
 ///
 /// Hand-written rather than procfs's `Process::maps().len()`, which parses
-/// every line into a struct only to count them: at 40k VMAs (the scanner's
-/// headroom check runs there) this took 210 ms against procfs's 380-510 ms
-/// (3 runs each, release build, on the shared 2-core machine under load).
+/// every line into a struct only to count them: counting newlines costs
+/// about half as much at the tens of thousands of VMAs where the scanner's
+/// headroom check runs.
 pub fn vma_count() -> io::Result<u64> {
     use std::io::Read;
     let mut f = std::fs::File::open("/proc/self/maps")?;

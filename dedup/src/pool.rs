@@ -163,9 +163,9 @@ impl Pool {
 
     /// Starts loading slot `s`'s metadata into the cache. A scan walks
     /// merged pages in guest order, and on scattered layouts their slots
-    /// are in no order at all: the metadata read (a stripe's content hash,
-    /// `Core::note_run`) was a cache miss per page, most of the scan
-    /// loop's own CPU while two guests built. Harmless for any `s`.
+    /// are in no order at all: without a prefetch the metadata read (a
+    /// stripe's content hash, `Core::note_run`) is a cache miss per page,
+    /// the largest part of the scan loop's own CPU. Harmless for any `s`.
     #[inline]
     pub fn prefetch_meta(&self, s: u32) {
         #[cfg(target_arch = "x86_64")]
@@ -252,8 +252,7 @@ impl Pool {
         );
         // Written through the file, not the view: a store through the view
         // takes a page fault that allocates and zeroes a shmem page before
-        // the copy (13 % of the engine's CPU while two guests built), and
-        // leaves a view mapping that every later hole punch must zap. A
+        // the copy, and leaves a view mapping that every later hole punch must zap. A
         // full-page write allocates the page without zeroing it.
         // SAFETY: src is readable for a page (contract); pwrite reads it.
         let n = unsafe {
@@ -325,11 +324,10 @@ impl Pool {
 
     /// [`Pool::release`] for many slots (sorted here): one hole punch per
     /// run of consecutive written slots instead of one per slot. A VM that
-    /// leaves frees the slots of its region's window, mostly consecutive:
-    /// one punch each (~25 us) held the engine's core for most of a
-    /// second while the VM's deletion waited (soak of 2026-12-02). Returns
-    /// the punches that failed; their slots stay allocated (leaked, still
-    /// correct).
+    /// leaves frees the slots of its region's window, mostly consecutive,
+    /// and one punch per slot would hold the engine's core (and the VM's
+    /// deletion) for thousands of punches. Returns the punches that failed;
+    /// their slots stay allocated (leaked, still correct).
     pub fn release_many(&mut self, slots: &mut Vec<u32>) -> Vec<PoolError> {
         slots.sort_unstable();
         slots.dedup();
@@ -377,8 +375,8 @@ impl Pool {
 
     /// Frees every slot at once when nothing maps any (the engine's own
     /// count, as for [`Pool::release`]): one hole punch over the whole file
-    /// instead of one per slot. Deleting the last of two VMs that shared
-    /// 7.7k pages made 7.7k punches of ~25 us each on the VMM's thread.
+    /// instead of one per slot, which the VMM's thread would otherwise make
+    /// when the last VM of a group leaves.
     /// Returns false (nothing changed) if a page is still counted as mapped
     /// or a slot is reserved for a merge in flight.
     pub fn release_all(&mut self) -> bool {
@@ -400,9 +398,10 @@ impl Pool {
     /// copy-on-write copies included (shmem's `unmap_mapping_range` with
     /// `even_cows`). A guest page merged once and written since is such a
     /// copy, still inside its pool VMA: truncating the pool when no slot
-    /// had a mapper left destroyed those pages, and the guest then read
-    /// zeros (the file had grown again) or its KVM_RUN failed with EFAULT
-    /// (past the end of the file). A hole punch spares private copies.
+    /// has a mapper left would destroy those pages, and the guest would
+    /// read zeros (once the file grows again) or its KVM_RUN fail with
+    /// EFAULT (past the end of the file). A hole punch spares private
+    /// copies (docs/merge-races.md §12).
     fn punch(&self, first: u64, n: u64) -> io::Result<()> {
         if n == 0 {
             return Ok(());

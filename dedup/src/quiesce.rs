@@ -4,14 +4,14 @@
 //! remap, unprotect), and each change flushes the TLB of every CPU that is
 //! running a thread of the process at that moment: an inter-processor
 //! interrupt that the engine waits for. On a host where IPIs trap to the
-//! hypervisor (nested or PVM, as here) one such flush costs ~80 us while a
-//! vCPU runs on the other CPU, against a few us when it does not: during
-//! the two-VM build benchmark 70 % of the engine's CPU sat in
-//! `smp_call_function_many_cond`. A VMM that can park its vCPUs between
+//! hypervisor (nested or PVM) such a flush costs far more while a vCPU runs
+//! on another CPU than when none does, and the flushes can become most of
+//! the engine's CPU. A VMM that can park its vCPUs between
 //! guest exits offers a [`Quiesce`]; the engine parks them around a batch
 //! of merges that is worth it, so the batch's flushes stay local. Nothing
 //! depends on it for correctness (write-protection keeps every merge
-//! race-free): a VM that does not stop in time simply keeps running.
+//! race-free, docs/merge-races.md §8): a VM that does not stop in time
+//! simply keeps running.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

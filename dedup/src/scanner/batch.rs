@@ -106,7 +106,8 @@ impl Core {
             let t = Instant::now();
             self.count_census();
             // The census pass cost (pagemap walks over the assisted
-            // regions' VMAs, the sort): keep it under ~2 % of a core.
+            // regions' VMAs, the sort), which `census_interval` keeps to a
+            // small share of a core.
             self.census_cost = std::mem::take(&mut self.census_spans) + t.elapsed();
             self.census_at = Some(Instant::now());
             if self.census.sharing != ksm_before {

@@ -5,14 +5,14 @@ use super::*;
 impl Core {
     /// Re-reads the VMA count: at most every 10 s unless `force` or the
     /// running estimate (decremented per VMA we create) gets low. Reading
-    /// /proc/self/maps costs about 1 us per VMA.
+    /// /proc/self/maps costs kernel time for every VMA.
     pub fn refresh_map_count(&mut self, force: bool) {
         // "Low" re-reads (at most every second) only matter near the end of
         // the budget while the engine is still making VMAs. The running
         // estimate charges each new run the two VMAs a scattered merge
         // really costs, so a re-read far from the end finds the headroom
-        // it already had, at ~1.5 us per VMA: two reads at 20k VMAs were
-        // 65 ms of a 580 ms engine in `bench build`.
+        // it already had, at a cost per VMA that is a visible part of the
+        // engine's CPU at tens of thousands of VMAs.
         let low = self.map_budget.headroom < (self.max_map_count / 64).max(256) as i64
             && self.map_budget.headroom != self.headroom_at_check;
         if !force

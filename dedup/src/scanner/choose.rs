@@ -118,10 +118,11 @@ impl Core {
 
     /// Stripe length worth having for a same-content run of the current
     /// length r: a stripe of L pool pages turns the run into r/L VMAs. Pure
-    /// memory would favour L = sqrt(r/8) (4 KiB per pool page vs ~512 B per
-    /// VMA and split), but every VMA also costs a ~15 us mmap and one of
-    /// only 65530 map slots, so L = sqrt(r): a run of 16 pages gets 4 pool
-    /// pages, 4096 pages get 64. Under map-count pressure: the full stripe.
+    /// memory would favour shorter stripes (a pool page costs several times
+    /// a VMA's kernel memory), but every VMA also costs an mmap and one of
+    /// the process's limited map slots, so L = sqrt(r): a run of 16 pages
+    /// gets 4 pool pages, 4096 pages get 64. Under map-count pressure: the
+    /// full stripe.
     pub(super) fn wanted_stripe(&self) -> u32 {
         if self.map_budget.headroom < (self.max_map_count / 4) as i64 {
             return self.stripe_max;
@@ -158,14 +159,13 @@ impl Core {
     /// `wanted_stripe`, unless the run of pages it would extend spans
     /// `stripe_max` pages already while the stripe's first slot has room.
     /// That stripe is short because its first slots filled up
-    /// (`max_page_sharing`) one after the other; growing it there made the
-    /// run one page longer at each filled slot, and runs of `stripe_max +
-    /// 1` pages no longer fitted two to a window: on the full shape 236 of
-    /// the first pass's ~740 windows held 65 pages instead of 128. The page
-    /// starts a new run at the stripe's first slot instead (`choose`'s
-    /// stable index), and the stripe grows at that run's end. A stripe
-    /// whose slots are all full grows as before: a fresh one continues the
-    /// run.
+    /// (`max_page_sharing`) one after the other; growing it there would
+    /// make the run one page longer at each filled slot, and runs of
+    /// `stripe_max + 1` pages do not fit two to a window, which would
+    /// nearly halve the pages per window. The page starts a new run at the
+    /// stripe's first slot instead (`choose`'s stable index), and the
+    /// stripe grows at that run's end. A stripe whose slots are all full
+    /// grows: a fresh one continues the run.
     pub(super) fn grows_stripe(&self, ri: usize, p: usize, ps: u32, h: u32, group: u32) -> bool {
         if !self.stripe_continues(ps, h, group) {
             return false;
@@ -279,8 +279,8 @@ impl Core {
             // in this very span (hinted pages are visited out of cursor
             // order), where its provisional MERGED state would meet a
             // pagemap entry read before the merge and be taken for a
-            // copy-on-write break (its pool reference dropped twice: the
-            // soak's mapper-count underflow). It pairs with this page when
+            // copy-on-write break (its pool reference dropped twice: a
+            // mapper-count underflow). It pairs with this page when
             // its own visit comes.
             return None;
         }
@@ -291,9 +291,8 @@ impl Core {
         // in; else next to the partner's left neighbour's. On a scattered
         // layout the left neighbour's run keeps the visited region
         // contiguous from the first merge on, where the window first would
-        // leave both sides fragmented until the earlier region filled in:
-        // 0.8 VMAs a merge against 0.5, and 50k merges in 4 s against
-        // 80k, on 2 x 256 MiB (`registering_memory_waits_for_a_span...`).
+        // leave both sides fragmented until the earlier region filled in,
+        // costing more VMAs per merge and fewer merges per second.
         let (lr, lp) = if cr <= ri { (cr, cp) } else { (ri, p) };
         let hint = prev
             .map(|x| x.wrapping_add(1))

@@ -7,8 +7,8 @@ impl Core {
     /// Executes the planned ops in address order (region, page), window by
     /// window: a slot's creator runs in the same window as the joins after
     /// it, so a run that starts with its slot's creator is one window and
-    /// one `mmap` (creators used to run first, each alone in its window:
-    /// 320 of the full shape's 947 windows). A join whose slot
+    /// one `mmap`, not a window for the creator and one for the joins. A
+    /// join whose slot
     /// a page after it creates (an unstable partner: the later page
     /// creates the pair's slot) waits for a second sweep; before its
     /// creator it would find the slot unwritten and fail. Once
@@ -17,8 +17,8 @@ impl Core {
     /// their final compare had failed (`commit` with `done` false: the
     /// pages keep their private copies and are due again at the next
     /// pass). The plan is made before the execution and the waiter may
-    /// come after it: a span of 4,096 scattered pairs took 0.87 s to
-    /// execute in CI's debug build, and a registration waited all of it.
+    /// come after it: executing a span of scattered pairs can take most of
+    /// a second in a debug build, too long for a registration to wait.
     pub(super) fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
         let _parked = self.park_guests(ops.len());
         ops.sort_by_key(|o| (o.region, o.page));
@@ -301,7 +301,7 @@ mod tests {
         };
         let ops: Vec<Op> = run(0..100, 0).chain(run(100..200, 1000)).collect();
         assert_eq!(windows(&ops), vec![100, 100]);
-        // A run that starts in the window's first half is cut as before:
+        // A run that starts in the window's first half is not trimmed:
         // trimming would halve the window.
         let ops: Vec<Op> = run(0..40, 0).chain(run(40..300, 1000)).collect();
         assert_eq!(
@@ -392,8 +392,8 @@ mod tests {
             let ids: Vec<_> = self.core.regions.iter().map(|r| r.id).collect();
             for id in ids {
                 let done = self.core.unregister(id, true);
-                // Checked as the tests did before the fixture; not while a
-                // failed assertion unwinds (a second panic would abort).
+                // Checked, but not while a failed assertion unwinds (a
+                // second panic would abort).
                 if !std::thread::panicking() {
                     done.unwrap();
                 }

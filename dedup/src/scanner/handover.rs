@@ -7,9 +7,8 @@ use super::*;
 const SLOW_TAKE_BACK: Duration = Duration::from_millis(200);
 
 /// Bytes a take-back from KSM gives back per `MADV_UNMERGEABLE`: the core
-/// is held through each, and one call over a whole region held it 207-450
-/// ms for 128-192 MiB in the soaks of 2026-12-02 (VM creation and deletion
-/// waited behind it).
+/// is held through each, and one call over a whole region would hold it
+/// for hundreds of milliseconds while VM creation and deletion wait.
 const TAKE_BACK_CHUNK: usize = 16 << 20;
 
 /// How a take-back from KSM ended.
@@ -212,7 +211,7 @@ impl Core {
     /// budget depends on it (with KSM to take over, the engine keeps to half
     /// of the process's limit), so the budget is recomputed at once from
     /// `new`'s maps read (nothing has used it since): a budget left from
-    /// before would hold until the next read, 10 s later, and let the
+    /// before would hold until the next periodic read, and let the
     /// engine's first pass of a large scattered group fill the whole limit.
     pub(crate) fn set_assist(&mut self, cfg: AssistConfig) {
         self.assist = KsmAssist::new(cfg);

@@ -76,10 +76,10 @@ pub(super) fn drop_mapper(pool: &mut Pool, stable: &mut StableIndex, s: u32) -> 
 /// Pages per pagemap read.
 pub const SPAN_PAGES: usize = 4096;
 /// Merges a span plans, or executes, before it ends early for a thread
-/// waiting for the core (VM creation or deletion). A span of 4,096
-/// scattered pages planned 2,570 merges and held the core 244 ms in a soak
-/// of 2026-12-02 (~95 us a merge on two loaded CPUs); 512 keep the wait
-/// near 50 ms. Planning checks for a waiter as it goes, and so does the
+/// waiting for the core (VM creation or deletion). A span of scattered
+/// pages can plan thousands of merges, and a VM's creation would wait for
+/// all of them; this many keep that wait to tens of milliseconds on a
+/// loaded machine. Planning checks for a waiter as it goes, and so does the
 /// execution (a waiter who came after the plan: the planned merges left are
 /// abandoned, see `Core::execute`). Without a waiter spans run whole (one
 /// pagemap read and one vCPU park each).
@@ -88,8 +88,9 @@ const OPS_BEFORE_YIELD: usize = 512;
 /// (a wake-up of N page visits has N x `HASH_COST` units to spend).
 const HASH_COST: u64 = 4;
 /// Longest a batch walks KSM's regions for the census (the core lock is
-/// held meanwhile): a census of 2 x 2 GiB takes ~150 ms, so it is done in
-/// slices, on consecutive wake-ups (see [`BatchReport::census_pending`]).
+/// held meanwhile): a census of gigabytes of KSM regions takes far longer
+/// than a wake-up should, so it is done in slices, on consecutive wake-ups
+/// (see [`BatchReport::census_pending`]).
 const CENSUS_SLICE: Duration = Duration::from_millis(20);
 /// `read_needed`'s verdict on a span's page, in pagemap entry bits 58-60,
 /// which the kernel leaves zero: not due on this pass, or due; a due page
@@ -184,9 +185,8 @@ pub struct BatchReport {
 /// is counted at once: the figure a converging group settles on), at most
 /// 5 % of a core (20x the cost apart, and 1 s); in between, while KSM
 /// works, at most 2 % (50x apart: progress shows); once it idles, every
-/// 2 s at most 0.5 % (200x apart: 2 x 512 MiB take ~36 ms, so ~7 s apart,
-/// and the engine's share of an idle assisted group then costs about what
-/// idle KSM at its defaults does).
+/// 2 s at most 0.5 % (200x apart, so that the engine's share of an idle
+/// assisted group costs about what idle KSM at its defaults does).
 fn census_interval(cost: Duration, ksm_scanned: bool, ksm_busy: bool) -> Duration {
     let floor = Duration::from_secs(1).max(cost * 20);
     if ksm_scanned {
@@ -251,10 +251,9 @@ enum Target {
 }
 
 /// Default smallest batch that parks the VMs' vCPUs (`Core::quiesce_min_ops`):
-/// every batch. Two-VM build benchmark, engine CPU: 2.38 s never parking,
-/// 1.76 s from 4 ops, 1.67 s from 16, 1.00 s from 1 (and the build 18 %
-/// faster than never parking): one merge's flushes, while a vCPU runs on
-/// the other CPU, cost more than a park and resume.
+/// every batch, because on a host whose IPIs trap (PVM) one merge's
+/// flushes, while a vCPU runs on another CPU, cost more than a park and
+/// resume (docs/engine.md, "Parking the vCPUs").
 /// `PAGEFOLD_QUIESCE_MIN_OPS` overrides it (0 turns it off), for
 /// side-by-side measurements.
 fn quiesce_min_ops() -> usize {
@@ -328,8 +327,8 @@ pub struct Core {
     /// Threads other than the scanner waiting for the core (VM creation and
     /// deletion through the engine's API): a batch ends at its next span
     /// boundary when this is non-zero, so they wait for one span, not for a
-    /// whole batch (1.5 s measured with `pages_to_scan` 20000 on two
-    /// 256 MiB scattered regions). Shared with the engine, which counts.
+    /// whole batch (seconds at high `pages_to_scan` on scattered regions).
+    /// Shared with the engine, which counts.
     pub waiters: Arc<std::sync::atomic::AtomicUsize>,
     census_at: Option<Instant>,
     /// `map_budget.headroom` right after the last maps read.
@@ -611,9 +610,8 @@ impl Core {
     /// after: one unmap of every VMA, one batch of TLB flushes. Without it,
     /// the uffd unregistration (a write-protect clear and TLB flush per VMA)
     /// and the hole punches of the freed slots (a zap and flush per VMA still
-    /// mapping them) each interrupted the CPUs running the other VMs'
-    /// vCPUs: 0.2-0.8 s per deletion in a soak (20-30 ms on a quiet
-    /// machine, with or without). The new mapping is not registered with
+    /// mapping them) would each interrupt the CPUs running the other VMs'
+    /// vCPUs, once per VMA. The new mapping is not registered with
     /// userfaultfd, and nothing maps the freed slots any more when they are
     /// punched. False (nothing changed) when the mmap fails.
     fn drop_mappings(&self, ri: usize) -> bool {

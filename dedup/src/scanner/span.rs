@@ -24,9 +24,9 @@ impl Core {
         }
         // A census span is a pagemap read and a frame list, not a scan: it
         // is paced by time (`CENSUS_SLICE` per batch, a pass every second
-        // or two), not by `pages_to_scan`. Charged by visit units, a census
-        // of 2 x 512 MiB at an idle engine's 1 s wake-ups took 18 s, and
-        // the sharing KSM had reached went unreported all that while.
+        // or two), not by `pages_to_scan`: charged by visit units, a census
+        // at an idle engine's slow wake-ups would take many seconds, and
+        // the sharing KSM reached would go unreported all that while.
         let t = Instant::now();
         let mut units = n as u64 * HASH_COST;
         let used = self.scan_span_inner(ri, start, n, &mut units, merge);
@@ -246,8 +246,8 @@ impl Core {
         debug_assert!(n <= SPAN_PAGES);
         // Each page is judged once (smart-scan schedule, write log); the
         // span's loop and `visit` take the verdict from the entry's marker
-        // instead of judging again (twice, with the checks of the log,
-        // it was a sixth of the engine's CPU over two building guests).
+        // instead of judging again: the judgement, with the checks of the
+        // log, is a visible part of the engine's CPU.
         let mut read = [0u64; SPAN_PAGES / 64];
         let mut not_due = [0u64; SPAN_PAGES / 64];
         let mut clean = [0u64; SPAN_PAGES / 64];
@@ -269,8 +269,8 @@ impl Core {
                 // An unmerged page its log saw written is mapped, private
                 // and anonymous (`Written::recorded`): the visit only needs
                 // to hash it. Written pages of a guest are scattered, so
-                // each was a pagemap read of its own: 16k of the engine's
-                // 25k reads per `bench build` run. A merged or zero page
+                // each would be a pagemap read of its own, most of the
+                // engine's reads while guests build. A merged or zero page
                 // still gets its entry read: a write recorded before its
                 // merge does not mean the share broke, and the slot's
                 // mapper count depends on knowing that.

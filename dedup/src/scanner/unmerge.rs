@@ -23,9 +23,8 @@ impl Core {
         let npages = self.regions[ri].npages;
         // The vCPUs stay parked over a slice of chunks (a scattered region's
         // chunks are a page or two each, a park costs a kick and a wait):
-        // every chunk flushes the TLB. With both VMs' vCPUs running, the
-        // engine's part of unmerging two scattered 256 MiB VMs took
-        // 0.41-0.66 s unparked, 0.09-0.11 s parked (scripts/unmerge_under_load.py).
+        // every chunk flushes the TLB, which costs most while vCPUs run
+        // (scripts/unmerge_under_load.py measures both ways).
         let (mut parked, mut parked_pages) = (None, 0);
         let mut left = 0;
         let mut i = 0;

@@ -127,13 +127,11 @@ impl Core {
                 // are scattered anyway: pairing first-sight pages a wake-up
                 // later paired two filling guests' pages in the order
                 // their fill fronts met the scan, a VMA each where the
-                // scan's order would have made runs (two 512 MiB VMs,
-                // `bench ksm-seed --vms-only`: 11,783 VMAs against 618, and
-                // 4x the time to converge). Where every merge is a VMA of
-                // its own whatever the order (guests that place pages as
-                // real ones do), it only brings the merge a pass sooner:
-                // the pages a build writes last waited for that pass while
-                // the build ended.
+                // scan's order makes runs (`bench ksm-seed --vms-only`
+                // shows the difference). Where every merge is a VMA of its
+                // own whatever the order (guests that place pages as real
+                // ones do), it brings the merge a pass sooner: the pages a
+                // build writes last need not wait for that pass.
                 self.recheck.push(self.regions[ri].gid_base + p as u32);
             }
             if first_sight && merge {
@@ -168,10 +166,10 @@ impl Core {
     }
 
     /// The head of a run of one pattern: the pages of the run visited
-    /// before it was `SEED_RUN` long. KSM's rule left them volatile, so
-    /// they waited a whole pass while the rest of the run merged in this
-    /// one (on the full shape the first pass merged 76,473 of 76,480
-    /// pages, and convergence took a second pass). When page `p` seeds the
+    /// before it was `SEED_RUN` long. KSM's rule leaves them volatile, so
+    /// without this they would wait a whole pass while the rest of the run
+    /// merged in this one, and convergence would take a second pass. When
+    /// page `p` seeds the
     /// run, they are placed first, in order, as seeded pages (same stored
     /// hash `h` as the run, first seen this pass, not rewritten after a
     /// broken share: `REHASH`), so the run's stripe starts at its first
@@ -318,9 +316,8 @@ impl Core {
                 // check is conservative), a stable slot, a partner: a fresh
                 // hash decides. A candidate partner (unstable or hinted) is
                 // not compared here: the full visit's `choose` compares it,
-                // and comparing it twice was half the engine's page
-                // compares over two building guests (2,543 of 5,508 per
-                // run).
+                // and comparing it twice would double the engine's page
+                // compares for such pages.
                 if prev.is_some_and(|ps| self.stripe_continues(ps, h, group))
                     || !self.stable.get(group, h).is_empty()
                     || self.unstable_partner(ri, p, h, group, None).is_some()
@@ -399,11 +396,11 @@ impl Core {
     /// instead of its second, and its first pass hashes each page once.
     /// Pairs and new slots still wait for a page seen unchanged (KSM's
     /// volatility rule; runs of one pattern excepted, see `SEED_RUN`):
-    /// pairing pages at first sight while guests were
-    /// still filling them formed pairs in whatever order the fill fronts
-    /// met the scan, and each took a VMA (two 64 MiB workload VMs: 1,500
-    /// to 3,600 VMAs against 430, and the KSM assist engaged for a layout
-    /// that is linear). The final compare under write-protection decides
+    /// pairing pages at first sight while guests are
+    /// still filling them forms pairs in whatever order the fill fronts
+    /// meet the scan, and each takes a VMA (several times the VMAs of a
+    /// linear layout, enough to engage the KSM assist for one). The final
+    /// compare under write-protection decides
     /// the merge; a failed one leaves the page HASHED with this hash.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn join_first_seen(
@@ -435,8 +432,8 @@ impl Core {
     /// first) if that slot can take a mapper and, when already written,
     /// agrees with the page on a few sampled cache lines. Identical guests
     /// and page-cache extents repeat runs of content, so most of a new VM's
-    /// pages continue a run: this skips their hash (15 % of the engine's
-    /// merge CPU, `converge -- identical max`). The final compare under
+    /// pages continue a run: this skips their hash, a good part of the
+    /// engine's merge CPU (`converge -- identical max`). The final compare under
     /// write-protection decides the merge as always; a wrong guess costs
     /// that compare, and the page keeps `REHASH` and kind NEW, so its next
     /// visit hashes it (first sight makes it a candidate there).
