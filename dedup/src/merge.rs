@@ -456,9 +456,14 @@ pub fn unmerge_chunk(
     let tmp = mm::map_anon_populated(len)?;
     let mut i = 0;
     while i < n {
-        // Runs of pages read in place (mapped, or faulted in: a read fault
-        // keeps the marker's protection) go in one copy.
-        let from_slot = |k: usize| (!pm[k].present()).then_some(slots[k]).flatten();
+        // A page with no page behind its PTE maps its slot's content: copied
+        // from the slot, without faulting it in. Every other page is read in
+        // place (mapped, or faulted in: a read fault keeps the marker's
+        // protection), in runs of one copy each. That includes a page in
+        // swap or under migration: it is the copy-on-write copy of a write
+        // the scanner has not seen yet, and the slot no longer holds its
+        // content (docs/merge-races.md §14).
+        let from_slot = |k: usize| pm[k].no_page().then_some(slots[k]).flatten();
         if let Some(src) = from_slot(i) {
             // SAFETY: `src` is a written pool slot this page maps (immutable
             // while mapped); tmp has room for page i.

@@ -24,6 +24,14 @@ pub enum PagemapError {
 
 /// Bit 63: page present in RAM.
 pub const PM_PRESENT: u64 = 1 << 63;
+/// Bit 62: the PTE is a swap-format entry: the page is in swap or under
+/// migration, or the PTE is a marker with no page (userfaultfd's
+/// write-protect marker on an empty PTE). Bits 0-4 then hold the entry's
+/// type (with CAP_SYS_ADMIN; zero without).
+pub const PM_SWAP: u64 = 1 << 62;
+/// The swap-entry type of PTE markers: the highest of the 5-bit type field
+/// (`SWP_PTE_MARKER` in the kernel's `swap.h`, always `(1 << 5) - 1`).
+pub const SWP_PTE_MARKER: u64 = (1 << 5) - 1;
 /// Bit 61: page is file-backed or shared-anonymous (for us: a pool page).
 pub const PM_FILE: u64 = 1 << 61;
 /// Bit 57: the PTE carries the userfaultfd write-protect bit.
@@ -45,6 +53,18 @@ impl Entry {
     }
     pub fn uffd_wp(self) -> bool {
         self.0 & PM_UFFD_WP != 0
+    }
+    /// A swap-format entry: swapped out, migrating, or a PTE marker.
+    pub fn swap(self) -> bool {
+        self.0 & PM_SWAP != 0
+    }
+    /// No page behind the PTE at all: it is empty or a PTE marker, so a read
+    /// finds what the VMA's file holds there. A page in swap or under
+    /// migration is a page of its own (for a pool VMA: a copy-on-write copy
+    /// holding a guest's write), and so is any entry whose type is hidden
+    /// (no CAP_SYS_ADMIN): this errs towards "a page of its own".
+    pub fn no_page(self) -> bool {
+        !self.present() && (!self.swap() || self.0 & PM_PFN_MASK & 0x1f == SWP_PTE_MARKER)
     }
     pub fn pfn(self) -> u64 {
         if self.present() {

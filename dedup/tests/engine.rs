@@ -157,6 +157,88 @@ fn unmerge_copies_each_page_from_where_its_content_is() {
     e.check_consistency().unwrap();
 }
 
+/// Whether the host has swap space (`/proc/swaps` lists a device or file).
+/// CI adds a swap file (.ci/run); elsewhere the test that needs it says
+/// that it did not run.
+fn swap_active() -> bool {
+    let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+    let active = swaps.lines().count() > 1;
+    if !active && std::env::var_os("CI").is_some() {
+        panic!(
+            "CI runs this test with swap space (.ci/run adds a swap file); /proc/swaps lists none"
+        );
+    }
+    active
+}
+
+#[test]
+fn unmerge_keeps_a_written_page_that_went_to_swap() {
+    // A merged page the guest wrote is a private copy-on-write page inside
+    // the pool VMA. If reclaim swaps that copy out before a scan notices
+    // the write, its PTE is a swap entry, not present: the unmerge must
+    // read the page back from swap, not take its old content from the pool
+    // slot (docs/merge-races.md §14).
+    if !swap_active() {
+        eprintln!("SKIPPED: no swap space on this host (swapon a file to run it)");
+        return;
+    }
+    let e = engine(256);
+    let pm = Pagemap::open().unwrap();
+    let a = Mem::new(192);
+    for i in 0..192 {
+        a.fill(i, 1 + (i as u64 % 3));
+    }
+    a.register(&e, "a", "g");
+    e.scan_now(2);
+    assert!(e.stats().pages_sharing > 150, "{:?}", e.stats());
+    let mut want: Vec<Vec<u8>> = (0..192).map(|i| pattern(1 + (i as u64 % 3))).collect();
+    let mut written = Vec::new();
+    for (i, w) in want.iter_mut().enumerate() {
+        let en = a.entry(&pm, i);
+        if en.present() && !en.file() {
+            continue; // a page kept private (a stripe's own)
+        }
+        if i % 2 == 0 {
+            a.fill(i, 700 + i as u64);
+            *w = pattern(700 + i as u64);
+            written.push(i);
+        }
+    }
+    assert!(written.len() > 50, "{} pages written", written.len());
+    // SAFETY: the range is our own mapping; MADV_PAGEOUT only reclaims
+    // pages (contents are kept, in swap or in the file).
+    let rc = unsafe {
+        libc::madvise(
+            a.addr as *mut libc::c_void,
+            a.pages * PS,
+            libc::MADV_PAGEOUT,
+        )
+    };
+    assert_eq!(rc, 0, "MADV_PAGEOUT: {}", std::io::Error::last_os_error());
+    let swapped = written
+        .iter()
+        .filter(|&&i| {
+            let en = a.entry(&pm, i);
+            !en.present() && en.swap()
+        })
+        .count();
+    assert!(
+        swapped > written.len() / 2,
+        "only {swapped} of {} written pages went to swap",
+        written.len()
+    );
+    e.set_mode(Mode::Unmerge).unwrap();
+    assert!(e.wait_mode(Mode::Off, Duration::from_secs(20)));
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(
+            &a.read(i),
+            w,
+            "page {i} ({swapped} written pages were in swap)"
+        );
+    }
+    e.check_consistency().unwrap();
+}
+
 #[test]
 fn max_page_sharing_is_respected() {
     let e = engine(10);
