@@ -341,6 +341,10 @@ pub struct Core {
     census_slice: Duration,
     /// Counters at the last per-region recount (see `end_pass`).
     recount_key: (u64, u64, u64, u64),
+    /// Slot references of pages that still mapped their slot when their
+    /// region left after a failed unmerge (one entry per page). The owner
+    /// keeps using that memory, so those slots are never freed.
+    orphans: Vec<u32>,
     /// Set while visiting hinted pages: they were just filled by a device,
     /// so they are merge candidates on their first visit (no "unchanged
     /// since the previous scan" wait, no smart-scan skip).
@@ -428,6 +432,7 @@ impl Core {
             census_cost: Duration::ZERO,
             census_slice: Duration::ZERO,
             recount_key: (u64::MAX, 0, 0, 0),
+            orphans: Vec::new(),
             trusted: false,
             hint_index: HashMap::new(),
             hint_fifo: std::collections::VecDeque::new(),
@@ -565,14 +570,31 @@ impl Core {
         }
         {
             let r = &mut self.regions[ri];
+            let orphans_before = self.orphans.len();
             for i in 0..r.npages {
                 if region::kind(r.state[i]) == MERGED {
                     let s = r.word[i];
-                    if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
+                    if unmerge {
+                        // The unmerge failed here, so the page still maps
+                        // its slot, and the owner goes on using the memory.
+                        // Freeing the slot would make the page read zeros,
+                        // and later another page's content: its reference
+                        // stays, and the slot is kept (docs/merge-races.md
+                        // §14).
+                        self.orphans.push(s);
+                    } else if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
                         freed.push(s);
                     }
                     r.set_kind(i, NEW);
                 }
+            }
+            let kept = self.orphans.len() - orphans_before;
+            if kept > 0 {
+                log::warn!(
+                    "pagefold: region {} left with {kept} pages it could not unmerge; \
+                     their pool pages stay allocated while this process runs",
+                    id.0
+                );
             }
         }
         let r = self.regions.remove(ri);
@@ -700,6 +722,9 @@ impl Core {
             ));
         }
         let mut count: HashMap<u32, u32> = HashMap::new();
+        for &s in &self.orphans {
+            *count.entry(s).or_default() += 1;
+        }
         for r in &self.regions {
             let mut e = vec![Entry(0); r.npages];
             self.pagemap
