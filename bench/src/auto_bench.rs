@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use pagefold_dedup::auto::{AutoConfig, AutoController, MemorySource, ScriptedSource};
 use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KsmBackend, KsmOptions, KSM_SYSFS};
 use pagefold_dedup::{DedupBackend, DedupSettings, Engine, Mode, DEFAULT_KNOBS};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::BenchError;
 use crate::host::{load_avg, mem_available, other_ksm_users, HostId};
@@ -168,7 +168,7 @@ impl Default for AutoOptions {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AutoRow {
     pub system: String,
     /// From the threshold crossing (always-on: from switching on, content
@@ -186,9 +186,12 @@ pub struct AutoRow {
     /// Merging-side CPU per second over `after` (steady while triggered).
     pub triggered_cpu_pct_after: Option<f64>,
     /// `hardware`, `pvm`, `emulated-svm` or `other`: times under emulation
-    /// compare only within one run.
+    /// compare only within one run. Empty in rows written before it was
+    /// recorded.
+    #[serde(default)]
     pub host_kind: String,
     /// The host kernel's release.
+    #[serde(default)]
     pub host_kernel: String,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,

@@ -21,7 +21,7 @@ use pagefold_vmm::config::{
     Config, DiskConfig, SerialOutput, SizeValue, VmConfig, VmDedup, WorkloadConfig,
 };
 use pagefold_vmm::runner::Runner;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::auto_bench::{bench_auto_config, FREE_AFTER, FREE_BEFORE, TOTAL};
 use crate::error::{vm_err, BenchError};
@@ -150,7 +150,7 @@ impl Default for BuildOptions {
 }
 
 /// One observation during a run (time from the start of the builds).
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct BuildSample {
     pub t_s: f64,
     /// `pages_sharing + zero_pages` (see [`BuildRun::npages`]).
@@ -158,7 +158,7 @@ pub struct BuildSample {
 }
 
 /// One run of one system.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BuildRun {
     /// Guest build time: the slower VM's BUILD phase (host-measured).
     pub real_s: f64,
@@ -202,7 +202,7 @@ pub struct BuildRun {
 }
 
 /// Mean and stdev over runs, one per system.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BuildRow {
     pub system: String,
     pub runs: usize,
@@ -241,23 +241,26 @@ pub struct BuildRow {
     pub t_final_npages_s: Option<f64>,
     pub checksums_agree: bool,
     /// `hardware`, `pvm`, `emulated-svm` or `other`: build times under
-    /// emulation compare only within one run.
+    /// emulation compare only within one run. Empty in rows written
+    /// before it was recorded.
+    #[serde(default)]
     pub host_kind: String,
     /// The host kernel's release.
+    #[serde(default)]
     pub host_kernel: String,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
     pub per_run: Vec<BuildRun>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BuildReport {
     pub tree: TreeInfo,
     pub rows: Vec<BuildRow>,
     pub unrestored: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TreeInfo {
     pub seed: u64,
     pub files: u32,

@@ -10,6 +10,7 @@ use crate::build_bench::{BuildReport, BuildRow};
 use crate::chart::{simplify, Chart, Line, Panel};
 use crate::error::BenchError;
 use crate::host::host_line;
+use crate::ratio::{ratio, Goal};
 
 const MIB: f64 = (1 << 20) as f64;
 
@@ -63,13 +64,85 @@ const HEADERS: [&str; 15] = [
     "checksums agree",
 ];
 
-/// A plain-text table for stdout.
+fn find<'a>(r: &'a BuildReport, system: &str) -> Option<&'a BuildRow> {
+    r.rows.iter().find(|x| x.system == system)
+}
+
+/// The project's goals for the build benchmark: merging costs the build
+/// (almost) nothing, saves as much as KSM scanning 10,000 pages a wake-up
+/// for half its CPU, merges what a device read soon after the read, and
+/// I/O hints merge more over the build than no hints. Each goal needs the
+/// systems it compares; the checksums are judged whatever ran.
+pub fn build_goals(r: &BuildReport) -> Vec<Goal> {
+    let mut out = Vec::new();
+    let on = find(r, "pagefold-on");
+    if let (Some(on), Some(off)) = (on, find(r, "off")) {
+        out.push(Goal::at_most(
+            "pagefold-on build time <= 1.01x off's".into(),
+            ratio(Some(on.real_mean_s), Some(off.real_mean_s)),
+            1.01,
+            format!("{:.2} s against {:.2} s", on.real_mean_s, off.real_mean_s),
+        ));
+    }
+    if let (Some(on), Some(k)) = (on, find(r, "ksm-10000")) {
+        out.push(Goal::at_least(
+            "pagefold-on npages at the end >= ksm-10000's (ratio)".into(),
+            ratio(Some(on.npages_mean), Some(k.npages_mean)),
+            1.0,
+            format!(
+                "{:.0} ± {:.0} against {:.0} ± {:.0}",
+                on.npages_mean, on.npages_stdev, k.npages_mean, k.npages_stdev
+            ),
+        ));
+        out.push(Goal::at_most(
+            "pagefold-on engine CPU <= 0.5x ksm-10000's".into(),
+            ratio(Some(on.engine_cpu_mean_s), Some(k.engine_cpu_mean_s)),
+            0.5,
+            format!(
+                "{:.3} s against {:.3} s",
+                on.engine_cpu_mean_s, k.engine_cpu_mean_s
+            ),
+        ));
+    }
+    if let Some(on) = on {
+        out.push(Goal::at_most(
+            "pagefold-on merges hinted pages within 1 s of the read (mean ms)".into(),
+            on.hint_merge_delay_mean_ms,
+            1000.0,
+            String::new(),
+        ));
+    }
+    if let (Some(on), Some(no)) = (on, find(r, "pagefold-on-nohints")) {
+        out.push(Goal::at_least(
+            "pagefold-on npages mean over the build >= pagefold-on-nohints' (ratio)".into(),
+            ratio(Some(on.npages_time_mean), Some(no.npages_time_mean)),
+            1.0,
+            String::new(),
+        ));
+    }
+    if !r.rows.is_empty() {
+        let agree = r.rows.iter().filter(|x| x.checksums_agree).count();
+        out.push(Goal::at_least(
+            "every system's guests write the expected checksums (share of systems)".into(),
+            Some(agree as f64 / r.rows.len() as f64),
+            1.0,
+            String::new(),
+        ));
+    }
+    out
+}
+
+/// A plain-text table for stdout, then the goal checks.
 pub fn build_table(r: &BuildReport) -> String {
     let header = format!(
         "build: {} files, {} pages, {} rounds; expected output checksum {:#018x}; possible npages {}",
         r.tree.files, r.tree.tree_pages, r.tree.rounds, r.tree.expected_checksum, r.tree.possible_npages
     );
-    rows_table(&header, &r.rows, &r.unrestored)
+    let mut out = rows_table(&header, &r.rows, &r.unrestored);
+    for g in build_goals(r) {
+        let _ = writeln!(out, "{}", g.line());
+    }
+    out
 }
 
 /// The table's text under a first line saying what was built and a
@@ -111,7 +184,7 @@ pub(crate) fn rows_table(header: &str, rows: &[BuildRow], unrestored: &[String])
     out
 }
 
-/// A markdown table plus the tree and notes.
+/// A markdown table plus the tree, notes and the goal checks.
 pub fn build_markdown(r: &BuildReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -126,6 +199,13 @@ pub fn build_markdown(r: &BuildReport) -> String {
         r.tree.possible_npages
     );
     out.push_str(&rows_markdown(&r.rows));
+    let goals = build_goals(r);
+    if !goals.is_empty() {
+        out.push('\n');
+    }
+    for g in goals {
+        let _ = writeln!(out, "- {}", g.line());
+    }
     out
 }
 

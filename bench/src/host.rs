@@ -58,11 +58,12 @@ impl HostId {
 /// row's (`host_kind`, `host_kernel`): "host pvm (Linux 6.18.0)". Rows
 /// of one run share their host; rows put together from several runs may
 /// not, and then the line lists each host once ("hosts differ: ...") so a
-/// reader does not compare their times. None without rows.
+/// reader does not compare their times. Rows written before the host was
+/// recorded (an empty kind) say nothing; None when no row names a host.
 pub fn host_line<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a str)>) -> Option<String> {
     let mut seen: Vec<(&str, &str)> = Vec::new();
     for h in hosts {
-        if !seen.contains(&h) {
+        if !h.0.is_empty() && !seen.contains(&h) {
             seen.push(h);
         }
     }
@@ -83,7 +84,7 @@ pub fn host_line<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a str)>) -> Opt
 /// TLBs of the CPUs running its vCPUs, each one an exit from the guest)
 /// and `RES` (rescheduling: threads woken on other CPUs). None where the
 /// file or the line is missing.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Ipis {
     pub tlb_shootdowns: u64,
     pub reschedules: u64,
@@ -283,6 +284,13 @@ mod tests {
         assert_eq!(
             host_line(mixed).as_deref(),
             Some("hosts differ: pvm (Linux 6.18.0), hardware (Linux 6.1.0)")
+        );
+        // Rows from before the host was recorded name none.
+        assert_eq!(host_line([("", ""), ("", "")]), None);
+        let partly = [("", ""), ("pvm", "6.18.0")];
+        assert_eq!(
+            host_line(partly).as_deref(),
+            Some("host pvm (Linux 6.18.0)")
         );
         let h = HostId::current();
         assert!(

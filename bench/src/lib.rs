@@ -64,7 +64,7 @@ pub use build_linux_report::{
     linux_build_chart, linux_build_json, linux_build_markdown, linux_build_table,
 };
 pub use build_linux_run::run_linux_build_bench;
-pub use build_report::{build_chart, build_json, build_markdown, build_table};
+pub use build_report::{build_chart, build_goals, build_json, build_markdown, build_table};
 pub use chart::{
     nice_step, png_path, simplify, Chart, ChartError, Line, Panel, PANEL_HEIGHT, WIDTH,
 };
@@ -79,7 +79,9 @@ pub use linux_read::{
     LINUX_READ_GROUP, LINUX_READ_SYSTEM_NAMES, LINUX_READ_VMS, RATIO_BASE, READ_SCRIPT,
     T_FINAL_SHARE,
 };
-pub use linux_read_report::{linux_read_chart, linux_read_json, linux_read_markdown};
+pub use linux_read_report::{
+    linux_read_chart, linux_read_goals, linux_read_json, linux_read_markdown,
+};
 pub use linux_read_run::run_linux_read_bench;
 pub use linux_result::{
     parse_result_line, LinuxBuildResult, ResultLineError, RESULT_MARKER, START_MARKER,

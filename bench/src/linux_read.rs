@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use pagefold_dedup::DedupSettings;
 use pagefold_vmm::config::{DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig, VmDedup};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::build_bench::BuildSystem;
 use crate::error::BenchError;
@@ -227,7 +227,7 @@ pub fn agent_vm_config(
 }
 
 /// The md5 sums one guest printed for [`HASHED_FILES`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Md5s {
     pub random_64m: String,
     pub random_16m: String,
@@ -275,7 +275,7 @@ pub fn md5s_agree(a: &Md5s, b: &Md5s, reference: Option<&Md5s>) -> bool {
 }
 
 /// One observation, `t_s` seconds after the read script was posted.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LinuxReadSample {
     pub t_s: f64,
     /// `pages_sharing + zero_pages`.
@@ -303,7 +303,7 @@ pub fn t_final_s(samples: &[LinuxReadSample], final_npages: u64) -> Option<f64> 
 }
 
 /// One system's run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinuxReadRow {
     pub system: String,
     /// `hardware`, `pvm`, `emulated-svm` or `other` (times compare only
@@ -363,7 +363,7 @@ pub struct LinuxReadRow {
 }
 
 /// What was run on.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinuxReadGuest {
     pub kernel: String,
     pub initrd: String,
@@ -379,7 +379,7 @@ pub struct LinuxReadGuest {
     pub console_dir: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinuxReadReport {
     pub host_kind: String,
     pub host_kernel: String,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pagefold_dedup::ksm::{count_ksm_pages, ksm_exclusive, snapshot_tunables, KSM_SYSFS};
 use pagefold_dedup::{mm, DedupBackend, Mode};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::BenchError;
 use crate::host::{load_avg, other_ksm_users, HostId};
@@ -81,8 +81,9 @@ impl Default for SeedOptions {
     }
 }
 
-/// One result row (the JSON array's element).
-#[derive(Debug, Clone, Serialize)]
+/// One result row (the JSON array's element). Rows read back from older
+/// JSON lack the fields added since: those read as their defaults.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SeedRow {
     pub system: String,
     /// `full`, `sparse`, `scattered` or `vms`.
@@ -137,8 +138,10 @@ pub struct SeedRow {
     pub map_count_limited: bool,
     /// `hardware`, `pvm`, `emulated-svm` or `other`: times under emulation
     /// compare only within one run.
+    #[serde(default)]
     pub host_kind: String,
     /// The host kernel's release (KSM's behaviour changes between kernels).
+    #[serde(default)]
     pub host_kernel: String,
     /// Host load average (1, 5, 15 min) when the run started.
     pub load_avg: [f64; 3],

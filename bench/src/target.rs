@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use pagefold_dedup::{DedupBackend, RegionId, RegionSpec};
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::error::BenchError;
 use crate::region::{Region, Shape, SCATTERED_SEED};
@@ -35,6 +35,23 @@ impl fmt::Display for Case {
 impl Serialize for Case {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
+    }
+}
+
+/// Read back from the `shape` string a row was written with.
+impl<'de> Deserialize<'de> for Case {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "full" => Ok(Case::Region(Shape::Full)),
+            "sparse" => Ok(Case::Region(Shape::Sparse)),
+            "scattered" => Ok(Case::Region(Shape::Scattered)),
+            "vms" => Ok(Case::Vms),
+            other => Err(serde::de::Error::unknown_variant(
+                other,
+                &["full", "sparse", "scattered", "vms"],
+            )),
+        }
     }
 }
 
