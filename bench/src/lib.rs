@@ -18,6 +18,9 @@
 //!   same files; how much of it each system merges, and how soon (hosts
 //!   with VMX/SVM, or the emulated host).
 //!
+//! docs/results/results.md is rendered from the runs' JSON by
+//! [`results_page`] (the `results-page` binary, scripts/results-page.sh).
+//!
 //! All hold the KSM lock ([`pagefold_dedup::ksm::ksm_exclusive`]) and leave
 //! every KSM tunable as found. See docs/benchmarks.md.
 
@@ -40,6 +43,7 @@ mod linux_result;
 mod ratio;
 mod region;
 mod report;
+mod results_page;
 mod seed;
 mod settle;
 mod system;
@@ -93,6 +97,10 @@ pub use region::{Region, Shape, PAGE, SCATTERED_REGION_BYTES, SCATTERED_SEED, SE
 pub use report::{
     cpu_vs_ksm_max, rows_json, seed_chart, seed_goals, seed_markdown, speedup_vs_ksm_default,
     table, write_file,
+};
+pub use results_page::{
+    read_runs, results_page, PageBench, PageError, PageRun, MAX_PAGE_LINES, MAX_RESULT_FILES,
+    PAGE_FILE, RUNS_FILE,
 };
 pub use seed::{
     fill_pct_of_ksm, run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series,
