@@ -99,8 +99,7 @@ pub use report::{
     table, write_file,
 };
 pub use results_page::{
-    read_runs, results_page, PageBench, PageError, PageRun, MAX_PAGE_LINES, MAX_RESULT_FILES,
-    PAGE_FILE, RUNS_FILE,
+    results_page, PageError, MAX_PAGE_LINES, MAX_RESULT_FILES, PAGE_FILE, RUNS_FILE,
 };
 pub use seed::{
     fill_pct_of_ksm, run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series,
