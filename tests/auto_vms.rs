@@ -189,7 +189,8 @@ impl Hog {
 
 impl Drop for Hog {
     fn drop(&mut self) {
-        pagefold_dedup::mm::unmap(self.addr, self.len);
+        // SAFETY: exactly what `take` mapped; nothing else refers to it.
+        unsafe { pagefold_dedup::mm::unmap(self.addr, self.len) };
     }
 }
 

@@ -58,8 +58,9 @@ impl Mem {
 
 impl Drop for Mem {
     fn drop(&mut self) {
-        // Ours, no longer registered (the engine is gone by then).
-        pagefold_dedup::mm::unmap(self.0 as *mut u8, N * PAGE_SIZE);
+        // SAFETY: ours, no longer registered (the engine is gone by then)
+        // and not used after the drop.
+        unsafe { pagefold_dedup::mm::unmap(self.0 as *mut u8, N * PAGE_SIZE) };
     }
 }
 

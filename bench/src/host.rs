@@ -268,7 +268,8 @@ mod tests {
         }
         // ...then KSM stopped and the memory gone, as a backend leaves it.
         drop(sysfs);
-        pagefold_dedup::mm::unmap(p, len);
+        // SAFETY: exactly the test's own mapping, which it no longer uses.
+        unsafe { pagefold_dedup::mm::unmap(p, len) };
         assert!(rmap_items() >= 256, "{:?}", self_ksm_stat());
         drain_ksm_items();
         assert_eq!(rmap_items(), 0);

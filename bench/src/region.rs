@@ -263,7 +263,9 @@ impl Drop for Region {
             )
         };
         if r == libc::MAP_FAILED {
-            mm::unmap(self.ptr, self.len);
+            // SAFETY: as above, exactly what map() mapped (the failed mmap
+            // left it in place), which nothing uses any more.
+            unsafe { mm::unmap(self.ptr, self.len) };
         }
     }
 }

@@ -36,7 +36,9 @@ const PAGES: usize = 76800;
 /// A fresh private anonymous mapping of `pages` pages, base pages only.
 fn anon(pages: usize) -> *mut u64 {
     let p = pagefold_dedup::mm::map_anon(pages * PS).expect("mmap");
-    pagefold_dedup::mm::madvise(p as usize, pages * PS, libc::MADV_NOHUGEPAGE).expect("madvise");
+    // SAFETY: the mapping just made; MADV_NOHUGEPAGE changes no content.
+    unsafe { pagefold_dedup::mm::madvise(p as usize, pages * PS, libc::MADV_NOHUGEPAGE) }
+        .expect("madvise");
     p as *mut u64
 }
 

@@ -163,7 +163,8 @@ fn thread_cpu_ns() -> u64 {
 /// An anonymous private region of `n` pages, every page written once.
 fn touched_region(n: usize) -> Result<usize, String> {
     let base = mm::map_anon(n * PS).map_err(|e| format!("region of {n} pages: {e}"))? as usize;
-    mm::madvise(base, n * PS, libc::MADV_NOHUGEPAGE).map_err(|e| e.to_string())?;
+    // SAFETY: the mapping just made; MADV_NOHUGEPAGE changes no content.
+    unsafe { mm::madvise(base, n * PS, libc::MADV_NOHUGEPAGE) }.map_err(|e| e.to_string())?;
     for i in 0..n {
         // SAFETY: inside the mapping just made.
         unsafe { std::ptr::write_volatile((base + i * PS) as *mut u64, 1) };
@@ -172,9 +173,12 @@ fn touched_region(n: usize) -> Result<usize, String> {
 }
 
 fn map_pool(addr: usize, pages: usize, pool: i32, off_page: usize) -> Result<(), String> {
-    // The engine's merge primitive, over a range of our own region (nothing
-    // else lives there); the pool fd is open and at least off_page + pages long.
-    mm::map_pool_fixed(addr, pages * PS, pool, (off_page * PS) as u64)
+    // SAFETY: the engine's merge primitive, over page-aligned pages of a
+    // region of our own (`touched_region`: nothing else lives there); no
+    // reference into it exists, and the measurement reads it only through
+    // raw pointers, expecting the pool's content. The pool fd is open and
+    // at least off_page + pages long.
+    unsafe { mm::map_pool_fixed(addr, pages * PS, pool, (off_page * PS) as u64) }
         .map_err(|e| format!("pool page {off_page}: {e}"))
 }
 

@@ -462,11 +462,15 @@ impl Engine {
         lock(&self.shared.core).counters.pages_hashed
     }
 
-    fn do_unregister(&self, id: RegionId, unmerge: bool) -> backend::Result<()> {
+    /// # Safety
+    /// As [`Core::unregister`]: without `unmerge`, the caller unmaps the
+    /// region right after this returns and never reads or writes it again.
+    unsafe fn do_unregister(&self, id: RegionId, unmerge: bool) -> backend::Result<()> {
         let t0 = Instant::now();
         let mut core = self.shared.lock_core_yielding();
         let t1 = Instant::now();
-        core.unregister(id, unmerge)?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { core.unregister(id, unmerge) }?;
         self.shared.publish(&core);
         unlock_core(core);
         if t0.elapsed() >= SLOW_HOLD {
@@ -722,7 +726,10 @@ impl DedupBackend for Engine {
 
     unsafe fn register(&self, spec: RegionSpec) -> backend::Result<RegionId> {
         let mut core = self.shared.lock_core_yielding();
-        let id = core.register(spec.host_addr, spec.len, spec.owner, spec.group)?;
+        // SAFETY: forwarded from this function's contract: the range is a
+        // private anonymous mapping that stays mapped until the region's
+        // unregister (or unregister_unmapping) has returned.
+        let id = unsafe { core.register(spec.host_addr, spec.len, spec.owner, spec.group) }?;
         self.shared.publish(&core);
         drop(core);
         self.shared.kick();
@@ -730,11 +737,14 @@ impl DedupBackend for Engine {
     }
 
     fn unregister(&self, id: RegionId) -> backend::Result<()> {
-        self.do_unregister(id, true)
+        // SAFETY: with unmerge the region keeps its content.
+        unsafe { self.do_unregister(id, true) }
     }
 
     unsafe fn unregister_unmapping(&self, id: RegionId) -> backend::Result<()> {
-        self.do_unregister(id, false)
+        // SAFETY: this function's caller unmaps the region right after and
+        // never touches it again (its contract).
+        unsafe { self.do_unregister(id, false) }
     }
 
     fn hint(&self, host_addr: usize, len: usize) {

@@ -359,7 +359,13 @@ pub fn exec_chunk(
         let run_mask = low_bits(i - s) << s;
         let (a, l) = (addr0 + s * PAGE_SIZE, (i - s) * PAGE_SIZE);
         if c == Class::ZeroDontneed {
-            match mm::madvise(a, l, libc::MADV_DONTNEED) {
+            // SAFETY: `a..+l` is a page-aligned run of this window's op
+            // pages in a registered region (a private anonymous mapping by
+            // the register contract), none in a pool VMA (class
+            // ZeroDontneed), each verified all-zero in step 3 and still
+            // write-protected (`busy` lives to step 6): the dropped pages
+            // read as zeros, as before.
+            match unsafe { mm::madvise(a, l, libc::MADV_DONTNEED) } {
                 Ok(()) => done |= run_mask,
                 Err(e) => log::warn!("pagefold: zero-page drop: {e}"),
             }
@@ -371,9 +377,21 @@ pub fn exec_chunk(
             continue;
         }
         let r = if c == Class::Pool {
-            mm::map_pool_fixed(a, l, pool.raw_fd(), op_at(s).slot as u64 * PAGE_SIZE as u64)
+            // SAFETY: `a..+l` is a page-aligned run of this window's op
+            // pages in a registered region (a private anonymous mapping by
+            // the register contract); each page is
+            // write-protected until `busy` drops (step 6) and in step 3
+            // either compared equal to its written pool page or copied
+            // into it (`continues_run`: the run's slots are consecutive
+            // from `op_at(s).slot`), so the mapping shows the same bytes.
+            unsafe {
+                mm::map_pool_fixed(a, l, pool.raw_fd(), op_at(s).slot as u64 * PAGE_SIZE as u64)
+            }
         } else {
-            mm::map_anon_fixed(a, l)
+            // SAFETY: as above; class ZeroAnon: each page was verified
+            // all-zero in step 3 under write-protection, so fresh zero
+            // memory shows the same bytes.
+            unsafe { mm::map_anon_fixed(a, l) }
         };
         match r {
             Ok(()) => {
@@ -444,7 +462,9 @@ pub fn unmerge_chunk(
     if !pm.iter().all(|e| e.uffd_wp()) {
         // Some page took no marker (not a pool VMA after all?): make every
         // PTE present, protect again, and require it of every page.
-        let _ = mm::madvise(addr, len, mm::MADV_POPULATE_READ);
+        // SAFETY: `addr..+len` lies in a registered region (mapped, the
+        // register contract); populating for read changes no content.
+        let _ = unsafe { mm::madvise(addr, len, mm::MADV_POPULATE_READ) };
         ctx.uffd.protect(addr, len)?;
         ctx.pagemap.read(addr, &mut pm)?;
         if !pm.iter().all(|e| e.present() && e.uffd_wp()) {
@@ -480,8 +500,15 @@ pub fn unmerge_chunk(
         // our fresh mapping of the same length.
         unsafe { std::ptr::copy_nonoverlapping((addr + off) as *const u8, tmp.add(off), l) };
     }
-    if let Err(e) = mm::mremap_fixed(tmp, len, addr) {
-        mm::unmap(tmp, len);
+    // SAFETY: `tmp` is our fresh private mapping of `len` bytes, used no
+    // more after this; `addr..+len` lies in a registered region (a private
+    // mapping, the register contract), is write-protected until `busy`
+    // drops, and `tmp` holds a copy of every page of it made under that
+    // protection: readers see the same bytes.
+    if let Err(e) = unsafe { mm::mremap_fixed(tmp, len, addr) } {
+        // SAFETY: the move failed, so `tmp` is still our mapping; unused
+        // from here.
+        unsafe { mm::unmap(tmp, len) };
         return Err(e.into());
     }
     busy.replaced = true;

@@ -42,11 +42,22 @@ fn err(op: &'static str, addr: usize, len: usize) -> MmError {
 /// Maps `len` bytes of the pool file at `off` privately over `addr`
 /// (`MAP_FIXED`): the merge primitive. Never `MAP_POPULATE`: on a writable
 /// private mapping it copies every page at once (docs/merge-races.md §2).
-pub fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Result<(), MmError> {
-    // SAFETY: MAP_FIXED replaces whatever is mapped at addr..+len; callers
-    // only pass ranges of a registered region whose pages are write-protected
-    // and verified identical to the pool pages, so the replacement is
-    // invisible to the memory's users.
+///
+/// # Safety
+/// `MAP_FIXED` silently replaces whatever is mapped at `addr..addr + len`.
+/// The caller guarantees that:
+/// * `addr` and `len` are page-aligned and the range lies inside a private
+///   mapping the caller owns (a registered region), which nothing relies on
+///   for more than its bytes (no pinned pages, no shared mapping);
+/// * every page of the range holds, and cannot change before the call
+///   returns, the same bytes as the pool page that replaces it (for
+///   example: write-protected, then compared), so every reader, a Rust
+///   reference included, sees the same bytes before and after; or no Rust
+///   reference into the range is live and nothing relies on its old
+///   content (a measurement that reads the range only as the pool's).
+pub unsafe fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Result<(), MmError> {
+    // SAFETY: MAP_FIXED replaces addr..+len; the caller's contract makes the
+    // replacement invisible to the memory's users.
     let r = unsafe {
         libc::mmap(
             addr as *mut libc::c_void,
@@ -67,12 +78,19 @@ pub fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Result<()
 /// zero-page drop for pages that lie in a pool VMA, where `MADV_DONTNEED`
 /// would reveal the pool page instead of zeros; and a region's teardown,
 /// where one mapping replaces a VMA per scattered merge.
-pub fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
-    // SAFETY: callers pass either a write-protected range verified
-    // all-zero (the content users see is unchanged) or a region whose owner
-    // unmaps it right after and never reads it again
-    // (`DedupBackend::unregister_unmapping`); a stray access would find
-    // zeros, never another mapping's memory.
+///
+/// # Safety
+/// `MAP_FIXED` silently replaces whatever is mapped at `addr..addr + len`
+/// with zeros. The caller guarantees that `addr` and `len` are
+/// page-aligned, that the range lies inside a private mapping the caller
+/// owns, and either that every page of the range is all-zero and cannot
+/// change before the call returns (write-protected and checked), so every
+/// reader sees the same bytes; or that nothing reads or writes the range
+/// again, through a reference or a pointer (a region whose owner unmaps it
+/// next).
+pub unsafe fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
+    // SAFETY: MAP_FIXED replaces addr..+len; the caller's contract makes the
+    // lost content either zeros already or never read again.
     let r = unsafe {
         libc::mmap(
             addr as *mut libc::c_void,
@@ -129,18 +147,33 @@ pub fn map_anon(len: usize) -> Result<*mut u8, MmError> {
     Ok(r as *mut u8)
 }
 
-/// Unmaps a range this crate mapped itself (errors are ignored: the range
-/// was ours and munmap of it cannot fail for a valid range).
-pub fn unmap(addr: *mut u8, len: usize) {
-    // SAFETY: callers pass mappings they created and no longer use.
+/// Unmaps a range (errors are ignored: for a range the caller mapped,
+/// munmap cannot fail).
+///
+/// # Safety
+/// `addr..addr + len` is page-aligned and lies inside a mapping the caller
+/// created (for example with [`map_anon`]) and owns; nothing uses the range
+/// afterwards: no Rust reference or pointer into it is dereferenced again.
+pub unsafe fn unmap(addr: *mut u8, len: usize) {
+    // SAFETY: the caller owns the range and never touches it again.
     unsafe { libc::munmap(addr as *mut libc::c_void, len) };
 }
 
 /// Moves the pages of `src..+len` over `dst..+len` atomically (the unmerge
 /// primitive: the old mapping at `dst` is discarded in the same step).
-pub fn mremap_fixed(src: *mut u8, len: usize, dst: usize) -> Result<(), MmError> {
-    // SAFETY: src is a private mapping owned by the caller; dst is a range of
-    // a registered region, write-protected, whose content src already holds.
+///
+/// # Safety
+/// The caller guarantees that:
+/// * `src`, `dst` and `len` are page-aligned; `src..src + len` is a private
+///   mapping the caller owns and uses no more after the call (on success
+///   it is gone);
+/// * `dst..dst + len` lies inside a private mapping the caller owns;
+/// * `src` already holds the bytes `dst` holds, and `dst` cannot change
+///   before the call returns (write-protected), so every reader sees the
+///   same bytes before and after.
+pub unsafe fn mremap_fixed(src: *mut u8, len: usize, dst: usize) -> Result<(), MmError> {
+    // SAFETY: per the caller's contract both ranges are the caller's and the
+    // move leaves the content users see at `dst` unchanged.
     let r = unsafe {
         libc::mremap(
             src as *mut libc::c_void,
@@ -157,10 +190,20 @@ pub fn mremap_fixed(src: *mut u8, len: usize, dst: usize) -> Result<(), MmError>
 }
 
 /// `madvise(addr, len, advice)`.
-pub fn madvise(addr: usize, len: usize, advice: libc::c_int) -> Result<(), MmError> {
-    // SAFETY: madvise with DONTNEED/POPULATE_READ on a registered range is
-    // only issued while the caller guarantees the content is preserved
-    // (zero pages under write-protection) or unaffected (populate).
+///
+/// # Safety
+/// `addr` and `len` are page-aligned and the range lies inside mappings the
+/// caller owns. Some advice changes content: `MADV_DONTNEED` on a private
+/// anonymous page makes it read as zeros, and on a private file mapping
+/// (a pool VMA) as the file's page. For such advice the caller guarantees
+/// that the bytes every reader sees do not change: the pages are all-zero
+/// private anonymous pages and cannot be written before the call returns
+/// (write-protected). Advice that preserves content
+/// (`MADV_POPULATE_READ`, `MADV_NOHUGEPAGE`, `MADV_MERGEABLE`,
+/// `MADV_UNMERGEABLE`) needs only the range to be the caller's.
+pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> Result<(), MmError> {
+    // SAFETY: the range is the caller's, and the caller's contract makes the
+    // advice preserve the content users see.
     let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
     if r != 0 {
         return Err(err("madvise", addr, len));
@@ -203,7 +246,8 @@ pub fn zero_pfn(pm: &crate::pagemap::Pagemap) -> u64 {
     // faults in the shared zero page.
     let _ = unsafe { std::ptr::read_volatile(p) };
     let pfn = pm.entry(p as usize).map(|e| e.pfn()).unwrap_or(0);
-    unmap(p, crate::PAGE_SIZE);
+    // SAFETY: p is our own one-page mapping, used no more.
+    unsafe { unmap(p, crate::PAGE_SIZE) };
     pfn
 }
 

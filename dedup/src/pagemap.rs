@@ -136,6 +136,7 @@ mod tests {
         assert!(e[0].present());
         assert!(!e[0].file());
         assert!(!e[1].present());
-        crate::mm::unmap(map, 4 * PAGE_SIZE);
+        // SAFETY: exactly the test's own mapping, used no more.
+        unsafe { crate::mm::unmap(map, 4 * PAGE_SIZE) };
     }
 }

@@ -246,7 +246,8 @@ impl Uffd {
                 }
             })
         };
-        crate::mm::unmap(p, len);
+        // SAFETY: p..+len is the probe's own mapping, used no more.
+        unsafe { crate::mm::unmap(p, len) };
         r
     }
 
@@ -457,7 +458,8 @@ mod tests {
         t.join().unwrap();
         // SAFETY: p is still mapped.
         assert_eq!(unsafe { *p }, 9);
-        crate::mm::unmap(p, len);
+        // SAFETY: the test's own mapping; the writer thread has ended.
+        unsafe { crate::mm::unmap(p, len) };
     }
 
     /// A range over several VMAs is protected and released whole, on
@@ -503,7 +505,9 @@ mod tests {
         }
         // An unregistered VMA is an error, not a split: map a fresh page
         // over page 1 (MAP_FIXED VMAs are not registered).
-        crate::mm::map_anon_fixed(addr + PAGE_SIZE, PAGE_SIZE).unwrap();
+        // SAFETY: page 1 is part of the test's own mapping, and no
+        // reference into it is live; its old content is not read again.
+        unsafe { crate::mm::map_anon_fixed(addr + PAGE_SIZE, PAGE_SIZE) }.unwrap();
         assert!(u.protect(addr, len).is_err());
         assert!(u.unprotect(addr, len).is_err());
         // The unprotect went on past it: nothing stays protected.
@@ -513,7 +517,8 @@ mod tests {
                 "page {i}"
             );
         }
-        crate::mm::unmap(p, len);
+        // SAFETY: the test's own mapping; the writer thread has ended.
+        unsafe { crate::mm::unmap(p, len) };
     }
 
     /// The merge path trusts a protect to cover every page of its window
@@ -545,6 +550,7 @@ mod tests {
         t.join().unwrap();
         // SAFETY: p is still mapped.
         assert_eq!(unsafe { *p }, 5);
-        crate::mm::unmap(p, len);
+        // SAFETY: the test's own mapping; the writer thread has ended.
+        unsafe { crate::mm::unmap(p, len) };
     }
 }

@@ -1058,11 +1058,11 @@ fn freeing_every_slot_keeps_pages_written_since_their_merge() {
     a.fill_from(3000);
     b.fill_from(3000);
     let mut core = driven_core();
-    core.register(a.addr, N * PS, "a".into(), "g".into())
-        .unwrap();
-    let b_id = core
-        .register(b.addr, N * PS, "b".into(), "g".into())
-        .unwrap();
+    // SAFETY: `a` and `b` are private anonymous mappings declared before
+    // the core, so they stay mapped for as long as it lives.
+    unsafe { core.register(a.addr, N * PS, "a".into(), "g".into()) }.unwrap();
+    // SAFETY: as for `a`.
+    let b_id = unsafe { core.register(b.addr, N * PS, "b".into(), "g".into()) }.unwrap();
     core.run_passes(3);
     assert!(
         (0..N).all(|i| a.pfn(&pm, i) == b.pfn(&pm, i)),
@@ -1076,7 +1076,9 @@ fn freeing_every_slot_keeps_pages_written_since_their_merge() {
     core.run_passes(9);
     core.check_consistency().unwrap();
     // b leaves: no slot has a mapper left, all are freed together.
-    core.unregister(b_id, false).unwrap();
+    // SAFETY: the test never reads or writes `b` again; it is unmapped
+    // when it drops.
+    unsafe { core.unregister(b_id, false) }.unwrap();
     core.check_consistency().unwrap();
     for i in 0..N {
         assert!(
@@ -1243,8 +1245,9 @@ fn a_waiter_ends_a_span_after_512_planned_merges() {
         a.fill(2 * k + 1, 40_000 + k as u64);
     }
     let mut core = driven_core();
-    core.register(a.addr, N * PS, "a".into(), "g".into())
-        .unwrap();
+    // SAFETY: `a` is a private anonymous mapping declared before the core,
+    // so it stays mapped for as long as the core lives.
+    unsafe { core.register(a.addr, N * PS, "a".into(), "g".into()) }.unwrap();
     // First pass: hashes only (KSM's volatility rule).
     core.run_passes(1);
     core.waiters.store(1, std::sync::atomic::Ordering::Release);

@@ -105,8 +105,10 @@ fn hints_outside_regions_or_while_off_are_harmless() {
 fn core_over(m: &Mem) -> pagefold_dedup::scanner::Core {
     let mut core = driven_core();
     assert_eq!(m.pages, 256);
-    core.register(m.addr, 256 * PS, "a".into(), "g".into())
-        .unwrap();
+    // SAFETY: `m` is a private anonymous mapping that the caller keeps
+    // mapped for as long as it uses the returned core (declared before it,
+    // so dropped after).
+    unsafe { core.register(m.addr, 256 * PS, "a".into(), "g".into()) }.unwrap();
     core
 }
 
@@ -142,7 +144,8 @@ fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
     core.check_consistency().unwrap();
     let pm = Pagemap::open().unwrap();
     assert_eq!(m.pfn(&pm, 10), m.pfn(&pm, 100), "the pair never merged");
-    core.unregister(core.regions[0].id, true).unwrap();
+    // SAFETY: with unmerge the region keeps its content.
+    unsafe { core.unregister(core.regions[0].id, true) }.unwrap();
     core.check_consistency().unwrap();
 }
 
@@ -190,6 +193,7 @@ fn overlapping_hints_in_one_wake_up_keep_exact_refcounts() {
         assert_eq!(m.pfn(&pm, i), m.pfn(&pm, i - 128), "page {i} not merged");
         assert_eq!(m.read(i), pattern(9000 + (i as u64 % 128)));
     }
-    core.unregister(core.regions[0].id, true).unwrap();
+    // SAFETY: with unmerge the region keeps its content.
+    unsafe { core.unregister(core.regions[0].id, true) }.unwrap();
     core.check_consistency().unwrap();
 }

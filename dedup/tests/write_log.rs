@@ -24,8 +24,10 @@ fn core_over(a: &Mem, b: &Mem, logs: Option<(&Arc<Recorded>, &Arc<Recorded>)>) -
         .iter()
         .zip(["a", "b"])
         .map(|(m, o)| {
-            core.register(m.addr, m.pages * PS, o.into(), "g".into())
-                .unwrap()
+            // SAFETY: `m` is a private anonymous mapping that the caller's
+            // `Mem` keeps mapped for as long as it uses the returned core
+            // (declared before it, so dropped after).
+            unsafe { core.register(m.addr, m.pages * PS, o.into(), "g".into()) }.unwrap()
         })
         .collect();
     if let Some((la, lb)) = logs {

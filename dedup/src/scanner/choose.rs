@@ -369,8 +369,9 @@ mod tests {
             unsafe { std::ptr::write_bytes(a, 7, len) };
             let mut core = Core::driven(1 << 30).unwrap();
             core.knobs.max_page_sharing = m;
-            core.register(a as usize, len, "a".into(), "g".into())
-                .unwrap();
+            // SAFETY: `a..+len` is our own private anonymous mapping,
+            // unmapped only after the unregister in `drop`.
+            unsafe { core.register(a as usize, len, "a".into(), "g".into()) }.unwrap();
             core.run_passes(1);
             OnePattern { core, a, len }
         }
@@ -379,12 +380,16 @@ mod tests {
     impl Drop for OnePattern {
         fn drop(&mut self) {
             let id = self.core.regions[0].id;
-            let done = self.core.unregister(id, true);
+            // SAFETY: with unmerge the region keeps its content.
+            let done = unsafe { self.core.unregister(id, true) };
             // Not while a failed assertion unwinds (a second panic aborts).
             if !std::thread::panicking() {
                 done.unwrap();
             }
-            crate::mm::unmap(self.a, self.len);
+            // SAFETY: our own mapping, used no more: a driven core touches
+            // its regions only when called, and this one is not called
+            // again (even if the unregister failed).
+            unsafe { crate::mm::unmap(self.a, self.len) };
         }
     }
 

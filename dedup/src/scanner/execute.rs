@@ -356,10 +356,11 @@ mod tests {
                 fill(b, i, Pair::tag_b(n, i));
             }
             let mut core = Core::driven(1 << 26).unwrap();
-            core.register(a as usize, len, "a".into(), "g".into())
-                .unwrap();
-            core.register(b as usize, len, "b".into(), "g".into())
-                .unwrap();
+            // SAFETY: `a` and `b` are our own private anonymous mappings
+            // of `len` bytes, unmapped only after the unregisters in `drop`.
+            unsafe { core.register(a as usize, len, "a".into(), "g".into()) }.unwrap();
+            // SAFETY: as for `a`.
+            unsafe { core.register(b as usize, len, "b".into(), "g".into()) }.unwrap();
             core.run_passes(1);
             assert_eq!(core.counters.merges, 0, "first sight only hashes");
             Pair { core, a, b, n }
@@ -391,15 +392,19 @@ mod tests {
         fn drop(&mut self) {
             let ids: Vec<_> = self.core.regions.iter().map(|r| r.id).collect();
             for id in ids {
-                let done = self.core.unregister(id, true);
-                // Checked, but not while a failed assertion unwinds (a
-                // second panic would abort).
+                // SAFETY: with unmerge the region keeps its content.
+                let done = unsafe { self.core.unregister(id, true) };
+                // Checked, but not while a failed assertion unwinds (a second panic
+                // would abort).
                 if !std::thread::panicking() {
                     done.unwrap();
                 }
             }
             for r in [self.a, self.b] {
-                crate::mm::unmap(r, self.n * crate::PAGE_SIZE);
+                // SAFETY: our own mappings, used no more: a driven core
+                // touches its regions only when called, and this one is
+                // not called again (even if an unregister failed).
+                unsafe { crate::mm::unmap(r, self.n * crate::PAGE_SIZE) };
             }
         }
     }

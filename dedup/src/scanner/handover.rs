@@ -28,7 +28,10 @@ impl Core {
     /// engine holds no page of it write-protected (assist.rs).
     pub(super) fn hand_to_ksm(&mut self, ri: usize) {
         let r = &mut self.regions[ri];
-        match crate::mm::madvise(r.addr, r.len(), libc::MADV_MERGEABLE) {
+        // SAFETY: a registered region is a page-aligned private anonymous
+        // mapping of this process (register contract); MADV_MERGEABLE
+        // changes no content.
+        match unsafe { crate::mm::madvise(r.addr, r.len(), libc::MADV_MERGEABLE) } {
             Ok(()) => {
                 r.assisted = true;
                 self.assist.new_work();
@@ -68,7 +71,11 @@ impl Core {
                 // Each KSM page given back is a copy-on-write fault and a
                 // TLB flush.
                 let _parked = self.park_guests(n / crate::PAGE_SIZE);
-                crate::mm::madvise(addr, n, libc::MADV_UNMERGEABLE)
+                // SAFETY: `addr..+n` is a page-aligned part of a registered
+                // region (register contract; `TAKE_BACK_CHUNK` and the
+                // region's length are whole pages); MADV_UNMERGEABLE gives
+                // each KSM page a private copy of the same bytes.
+                unsafe { crate::mm::madvise(addr, n, libc::MADV_UNMERGEABLE) }
             };
             let r = &mut self.regions[ri];
             if let Err(e) = res {
@@ -112,7 +119,10 @@ impl Core {
             .iter_mut()
             .filter(|r| r.assisted && r.taken_back > 0)
         {
-            match crate::mm::madvise(r.addr, r.taken_back, libc::MADV_MERGEABLE) {
+            // SAFETY: the region's first `taken_back` bytes (whole chunks)
+            // lie in the registered region (register contract);
+            // MADV_MERGEABLE changes no content.
+            match unsafe { crate::mm::madvise(r.addr, r.taken_back, libc::MADV_MERGEABLE) } {
                 Ok(()) => r.taken_back = 0,
                 Err(e) => log::warn!("pagefold: KSM assist: {e}"),
             }
@@ -288,7 +298,9 @@ mod tests {
         let ptr = crate::mm::map_anon(len).unwrap();
         let mem = ptr as usize;
         let mut core = Core::driven(1 << 26).unwrap();
-        core.register(mem, len, "a".into(), "g".into()).unwrap();
+        // SAFETY: `mem..+len` is the test's own private anonymous mapping,
+        // unmapped only after the unregister below.
+        unsafe { core.register(mem, len, "a".into(), "g".into()) }.unwrap();
         core.hand_to_ksm(0);
         assert!(core.regions[0].assisted);
         assert!(mergeable(mem, len).iter().all(|&m| m));
@@ -327,7 +339,9 @@ mod tests {
         assert!(!core.regions[0].assisted);
         assert_eq!(core.regions[0].taken_back, 0);
         assert!(mergeable(mem, len).iter().all(|&m| !m));
-        core.unregister(core.regions[0].id, true).unwrap();
-        crate::mm::unmap(ptr, len);
+        // SAFETY: with unmerge the region keeps its content.
+        unsafe { core.unregister(core.regions[0].id, true) }.unwrap();
+        // SAFETY: the test's own mapping, no longer registered or used.
+        unsafe { crate::mm::unmap(ptr, len) };
     }
 }

@@ -485,7 +485,15 @@ impl Core {
     }
 
     /// Adds a region and registers it with the uffd.
-    pub fn register(
+    ///
+    /// # Safety
+    /// `addr..addr + len` must be a private anonymous mapping of this
+    /// process that stays mapped while the region is registered: until
+    /// [`Core::unregister`] for the returned id has returned, or the core
+    /// is dropped. Until then the engine reads it, write-protects it,
+    /// and replaces its pages with mappings that hold the same bytes
+    /// (`mm::map_pool_fixed` and the other primitives of the merge path).
+    pub unsafe fn register(
         &mut self,
         addr: usize,
         len: usize,
@@ -545,7 +553,12 @@ impl Core {
     /// to unmap it right away, so its pool references are simply dropped,
     /// and the region's mappings are first replaced by one fresh anonymous
     /// mapping (see [`Core::drop_mappings`]).
-    pub fn unregister(&mut self, id: RegionId, unmerge: bool) -> Result<(), ScanError> {
+    ///
+    /// # Safety
+    /// Without `unmerge`, the region's memory reads as zeros afterwards: the
+    /// caller never reads or writes it again (it is about to unmap it).
+    /// With `unmerge` there is nothing to guarantee.
+    pub unsafe fn unregister(&mut self, id: RegionId, unmerge: bool) -> Result<(), ScanError> {
         self.quiescers.remove(&id);
         let ri = self
             .regions
@@ -557,7 +570,9 @@ impl Core {
                 "could not take the region back from KSM".into(),
             ));
         }
-        let dropped = !unmerge && self.drop_mappings(ri);
+        // SAFETY: without `unmerge`, this function's caller never touches
+        // the region again (its contract).
+        let dropped = !unmerge && unsafe { self.drop_mappings(ri) };
         let mut freed = Vec::new();
         if unmerge {
             // Retry a few times: a page that cannot be protected right now
@@ -636,9 +651,16 @@ impl Core {
     /// vCPUs, once per VMA. The new mapping is not registered with
     /// userfaultfd, and nothing maps the freed slots any more when they are
     /// punched. False (nothing changed) when the mmap fails.
-    fn drop_mappings(&self, ri: usize) -> bool {
+    ///
+    /// # Safety
+    /// The region's owner never reads or writes it again (it is about to
+    /// unmap it).
+    unsafe fn drop_mappings(&self, ri: usize) -> bool {
         let r = &self.regions[ri];
-        match crate::mm::map_anon_fixed(r.addr, r.len()) {
+        // SAFETY: the region is a page-aligned private mapping of this
+        // process (register contract) that nothing reads or writes again
+        // (this function's contract).
+        match unsafe { crate::mm::map_anon_fixed(r.addr, r.len()) } {
             Ok(()) => true,
             Err(e) => {
                 log::warn!("pagefold: dropping the mappings of region {}: {e}", r.id.0);

@@ -17,7 +17,9 @@ pub struct Mem {
 impl Mem {
     pub fn new(pages: usize) -> Mem {
         let p = mm::map_anon(pages * PS).expect("mmap");
-        mm::madvise(p as usize, pages * PS, libc::MADV_NOHUGEPAGE).expect("madvise");
+        // SAFETY: our fresh mapping of `pages` pages; MADV_NOHUGEPAGE
+        // changes no content.
+        unsafe { mm::madvise(p as usize, pages * PS, libc::MADV_NOHUGEPAGE) }.expect("madvise");
         Mem {
             addr: p as usize,
             pages,
@@ -40,7 +42,9 @@ impl Mem {
             )
         };
         assert_eq!(p as usize, addr, "could not map at {addr:#x}");
-        mm::madvise(addr, pages * PS, libc::MADV_NOHUGEPAGE).expect("madvise");
+        // SAFETY: the mapping just made at `addr`; MADV_NOHUGEPAGE changes
+        // no content.
+        unsafe { mm::madvise(addr, pages * PS, libc::MADV_NOHUGEPAGE) }.expect("madvise");
         Mem { addr, pages }
     }
 
@@ -108,7 +112,9 @@ impl Mem {
 
 impl Drop for Mem {
     fn drop(&mut self) {
-        mm::unmap(self.addr as *mut u8, self.pages * PS);
+        // SAFETY: exactly our mapping; no engine has it registered any more
+        // (see `register`), and Mem hands out no reference into it.
+        unsafe { mm::unmap(self.addr as *mut u8, self.pages * PS) };
     }
 }
 

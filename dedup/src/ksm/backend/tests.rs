@@ -53,8 +53,9 @@ impl Anon {
 
 impl Drop for Anon {
     fn drop(&mut self) {
-        // Exactly what new() mapped.
-        crate::mm::unmap(self.ptr, self.len);
+        // SAFETY: exactly what new() mapped; `bytes` borrows self, so no
+        // slice of it outlives the drop.
+        unsafe { crate::mm::unmap(self.ptr, self.len) };
     }
 }
 
