@@ -30,7 +30,7 @@ pub fn is_zero(page: &[u8]) -> bool {
 
 /// Cache lines `sampled_lines_agree` compares: the first, one in the
 /// middle, the last.
-const SAMPLED_LINES: [usize; 3] = [0, PAGE_SIZE / 2, PAGE_SIZE - 64];
+pub(crate) const SAMPLED_LINES: [usize; 3] = [0, PAGE_SIZE / 2, PAGE_SIZE - 64];
 
 /// True if two pages agree on a few sampled cache lines: a cheap filter
 /// before a guess that a full compare will check anyway (a page that

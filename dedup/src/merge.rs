@@ -28,10 +28,10 @@
 use std::sync::Mutex;
 
 use crate::fault::ProtState;
-use crate::hash::is_zero;
 use crate::mm::{self, MmError};
 use crate::pagemap::{Entry, Pagemap, PM_PRESENT, PM_UFFD_WP};
 use crate::pool::{Pool, SlotState};
+use crate::region::GuestPage;
 use crate::uffd::{Uffd, UffdError};
 use crate::{low_bits, PAGE_SIZE};
 
@@ -303,14 +303,19 @@ pub fn exec_chunk(
             continue;
         }
         let addr = addr0 + o * PAGE_SIZE;
-        // SAFETY: the page is mapped (register contract) and write-protected,
-        // so no one writes it while we read it.
-        let page = unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE_SIZE) };
+        // Read here, after the protect (step 1) and its check (step 2): no
+        // writer can change the page until `busy` drops, so what is
+        // compared or copied is what the merge maps. Compared through a
+        // snapshot, never a slice over guest memory (`GuestPage`).
+        // SAFETY: the page is page-aligned and mapped (register contract),
+        // and stays so while the core is held: `exec_chunk`'s caller holds
+        // it (it lends the core's pool).
+        let page = unsafe { GuestPage::new(addr) };
         let good = match op.kind {
             OpKind::New => {
                 if pool.state(op.slot) == SlotState::Reserved {
-                    // SAFETY: `page` is a readable, protected page.
-                    unsafe { pool.write(op.slot, page.as_ptr()) };
+                    // SAFETY: `addr` is a readable page (above), protected.
+                    unsafe { pool.write(op.slot, addr as *const u8) };
                     written |= 1 << o;
                     true
                 } else {
@@ -318,9 +323,9 @@ pub fn exec_chunk(
                 }
             }
             OpKind::Existing => {
-                pool.state(op.slot) == SlotState::Written && pool.page(op.slot) == page
+                pool.state(op.slot) == SlotState::Written && page.equals(pool.page(op.slot))
             }
-            OpKind::Zero => is_zero(page),
+            OpKind::Zero => page.is_zero(),
         };
         if good {
             ok |= 1 << o;

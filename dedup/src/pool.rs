@@ -236,7 +236,13 @@ impl Pool {
     /// Slot `s` content as a slice (only for Written slots).
     pub fn page(&self, s: u32) -> &[u8] {
         debug_assert_eq!(self.state(s), SlotState::Written);
-        // SAFETY: written slots are inside the file and immutable.
+        // SAFETY: written slots are inside the file and immutable. Unlike
+        // guest memory (`region::GuestPage`), a slice is sound here: only
+        // the engine writes the pool file (`write`, once, before the slot
+        // is Written), guests map it privately so their writes copy the
+        // page instead of reaching the file, and a slot is punched out only
+        // through `&mut self`, which this slice's borrow of `self` rules
+        // out while it lives.
         unsafe { std::slice::from_raw_parts(self.page_ptr(s), PAGE_SIZE) }
     }
 

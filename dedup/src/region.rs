@@ -7,6 +7,9 @@
 //!   (1 bit), rehash flag (1 bit); 2 bits free. Which passes a page at
 //!   level L is hashed on is not stored per page: see [`due`].
 
+use std::cell::{Cell, UnsafeCell};
+use std::mem::MaybeUninit;
+
 use crate::backend::RegionId;
 use crate::PAGE_SIZE;
 
@@ -129,6 +132,149 @@ pub struct Region {
     /// First pool slot of this region's window (`crate::slots`): page `p`'s
     /// own slot is `slot_base + p`. None if the pool had no room.
     pub slot_base: Option<u32>,
+}
+
+/// A page of guest memory as the scanner reads it: never through a Rust
+/// reference. vCPUs and device threads write guest pages at any moment,
+/// and a `&[u8]` over memory that changes under it is undefined behaviour.
+/// Like rust-vmm's `VolatileSlice`, the page is read with volatile loads
+/// (the writers are the guest, outside the Rust abstract machine, and the
+/// VMM's devices, which write through vm-memory's volatile accesses): once,
+/// into a snapshot of its own, the first time its bytes are needed
+/// ([`GuestPage::bytes`]). Hashing and the compares that pick a merge
+/// target then read the snapshot, which may be stale by the time the merge
+/// runs: the merge path's compare under write-protection decides every
+/// merge (`merge::exec_chunk`, step 3).
+pub struct GuestPage {
+    addr: usize,
+    /// The snapshot holds the page's bytes (set once, never cleared).
+    filled: Cell<bool>,
+    snap: UnsafeCell<MaybeUninit<PageBuf>>,
+}
+
+/// A page-sized, cache-line-aligned buffer.
+#[repr(C, align(64))]
+struct PageBuf([u8; PAGE_SIZE]);
+
+impl GuestPage {
+    /// The page at `addr`; nothing is read yet.
+    ///
+    /// # Safety
+    /// `addr` is page-aligned, and `addr..addr + PAGE_SIZE` stays mapped and
+    /// readable while the value is used.
+    pub unsafe fn new(addr: usize) -> Self {
+        debug_assert_eq!(addr % PAGE_SIZE, 0);
+        GuestPage {
+            addr,
+            filled: Cell::new(false),
+            snap: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// The page's bytes as of the first call (a snapshot, not the page).
+    pub fn bytes(&self) -> &[u8] {
+        let snap = self.snap.get() as *mut u8;
+        if !self.filled.get() {
+            // SAFETY: the page is mapped and readable (the contract of
+            // `new`); the snapshot is this value's own buffer of
+            // PAGE_SIZE bytes, 64-byte aligned, and nothing refers to it
+            // yet: references to it are only handed out below, after
+            // `filled` is set, and `GuestPage` is not `Sync`.
+            unsafe { copy_volatile(self.addr as *const u8, snap, PAGE_SIZE) };
+            self.filled.set(true);
+        }
+        // SAFETY: every byte of the snapshot is initialised (`filled`) and
+        // never written again.
+        unsafe { std::slice::from_raw_parts(snap, PAGE_SIZE) }
+    }
+
+    /// Does the page hold `other`'s bytes? Compares the snapshot (taken
+    /// now if it is not yet): a wide copy and a compare within the cache
+    /// cost less than comparing the page in place word by word.
+    pub fn equals(&self, other: &[u8]) -> bool {
+        self.bytes() == other
+    }
+
+    /// Is the page all zeros? As [`GuestPage::equals`], on the snapshot.
+    pub fn is_zero(&self) -> bool {
+        crate::hash::is_zero(self.bytes())
+    }
+
+    /// Do the page and `other` (a pool page) agree on the sampled cache
+    /// lines of [`crate::hash::sampled_lines_agree`]? Reads only those
+    /// lines of the page, unless its snapshot is already taken.
+    pub fn sampled_lines_agree(&self, other: &[u8]) -> bool {
+        if self.filled.get() {
+            return crate::hash::sampled_lines_agree(self.bytes(), other);
+        }
+        crate::hash::SAMPLED_LINES.iter().all(|&o| {
+            let mut line = Line([0; 64]);
+            // SAFETY: `o..o + 64` lies inside the page (a sampled line), which
+            // is mapped and readable (the contract of `new`); `line` is a
+            // 64-byte aligned buffer of our own.
+            unsafe { copy_volatile((self.addr + o) as *const u8, line.0.as_mut_ptr(), 64) };
+            line.0[..] == other[o..o + 64]
+        })
+    }
+}
+
+/// One cache line's buffer.
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Copies `len` bytes (a multiple of 32) from `src` to `dst` with volatile
+/// loads, as wide as the CPU allows: 32 bytes with AVX2, else 16 (SSE2 is
+/// part of x86-64), 8 on other targets. The width is most of the
+/// snapshot's cost, which every hashed page pays. Plain stores: `dst` is
+/// the caller's own buffer.
+///
+/// # Safety
+/// `src..src + len` is readable and 32-byte aligned; `dst..dst + len` is
+/// writable, 32-byte aligned, and no reference into it is live.
+unsafe fn copy_volatile(src: *const u8, dst: *mut u8, len: usize) {
+    debug_assert!(len % 32 == 0 && src as usize % 32 == 0 && dst as usize % 32 == 0);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked); the ranges as the
+            // contract says.
+            unsafe { copy_volatile_avx2(src, dst, len) };
+            return;
+        }
+        // SAFETY: the contract, passed on.
+        unsafe { copy_volatile_words::<std::arch::x86_64::__m128i>(src, dst, len) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the contract, passed on.
+    unsafe {
+        copy_volatile_words::<u64>(src, dst, len)
+    };
+}
+
+/// [`copy_volatile`] with 32-byte loads.
+///
+/// # Safety
+/// As [`copy_volatile`], on a CPU with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn copy_volatile_avx2(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: the contract, passed on; with AVX2 enabled here, the 32-byte
+    // words are single loads.
+    unsafe { copy_volatile_words::<std::arch::x86_64::__m256i>(src, dst, len) }
+}
+
+/// [`copy_volatile`] in words of type `W` (plain data whose size divides
+/// 32).
+///
+/// # Safety
+/// As [`copy_volatile`].
+#[inline(always)]
+unsafe fn copy_volatile_words<W: Copy>(src: *const u8, dst: *mut u8, len: usize) {
+    let (s, d) = (src as *const W, dst as *mut W);
+    for k in 0..len / std::mem::size_of::<W>() {
+        // SAFETY: word k lies inside both ranges, aligned (the contract).
+        unsafe { d.add(k).write(s.add(k).read_volatile()) };
+    }
 }
 
 /// Checks that `addr..addr + len` is a non-empty, page-aligned range that
@@ -272,28 +418,19 @@ impl Region {
         }
     }
 
-    /// Page `i` as bytes.
-    ///
-    /// Reads of guest memory race with its users by design (like KSM): the
-    /// value is a hint, and only the compare made after write-protection
-    /// decides a merge.
-    ///
-    /// # Safety
-    /// The region must still be mapped (guaranteed by the register contract
-    /// while the region is in the engine's table).
-    pub unsafe fn page(&self, i: usize) -> &[u8] {
-        // SAFETY: per the contract the page is mapped and readable.
-        unsafe { std::slice::from_raw_parts(self.page_addr(i) as *const u8, PAGE_SIZE) }
-    }
-
-    /// Page `i` as bytes, not tied to a borrow of the region (the engine
+    /// Page `i`, to be read without a reference into guest memory (see
+    /// [`GuestPage`]); not tied to a borrow of the region (the engine
     /// mutates the region's metadata while looking at the page).
     ///
     /// # Safety
-    /// As [`Region::page`]; the slice must not outlive the registration.
-    pub unsafe fn page_detached<'a>(&self, i: usize) -> &'a [u8] {
-        // SAFETY: per the contract the page is mapped and readable.
-        unsafe { std::slice::from_raw_parts(self.page_addr(i) as *const u8, PAGE_SIZE) }
+    /// The region must stay mapped while the returned value is used
+    /// (guaranteed by the register contract while the region is in the
+    /// engine's table).
+    pub unsafe fn guest_page(&self, i: usize) -> GuestPage {
+        debug_assert!(i < self.npages);
+        // SAFETY: the page is page-aligned (regions are) and stays mapped
+        // while the value is used (this function's contract).
+        unsafe { GuestPage::new(self.page_addr(i)) }
     }
 
     /// Metadata bytes.
@@ -384,6 +521,36 @@ mod tests {
             due_per_pass.iter().all(|&n| (700..1300).contains(&n)),
             "{due_per_pass:?}"
         );
+    }
+
+    #[test]
+    fn a_guest_page_answers_from_its_snapshot_once_taken() {
+        let a = crate::mm::map_anon(PAGE_SIZE).unwrap();
+        let write = |o: usize, b: u8| {
+            // SAFETY: byte o of our own one-page mapping; no reference into
+            // it is live.
+            unsafe { a.add(o).write_volatile(b) }
+        };
+        // SAFETY: `a` is our page-aligned mapping, unmapped at the end.
+        let page = unsafe { GuestPage::new(a as usize) };
+        let zero = vec![0u8; PAGE_SIZE];
+        // Before the snapshot, the sampled lines are read as they are now.
+        write(PAGE_SIZE / 2 + 5, 9);
+        assert!(!page.sampled_lines_agree(&zero));
+        let mut want = zero.clone();
+        want[PAGE_SIZE / 2 + 5] = 9;
+        assert!(page.sampled_lines_agree(&want));
+        // A byte outside the sampled lines is not sampled.
+        write(100, 1);
+        assert!(page.sampled_lines_agree(&want));
+        want[100] = 1;
+        assert_eq!(page.bytes(), &want[..]);
+        // From the snapshot on, the answers are the snapshot's.
+        write(PAGE_SIZE - 1, 3);
+        assert_eq!(page.bytes(), &want[..]);
+        assert!(page.equals(&want) && page.sampled_lines_agree(&want) && !page.is_zero());
+        // SAFETY: our own mapping; `page` is not used any more.
+        unsafe { crate::mm::unmap(a, PAGE_SIZE) };
     }
 
     #[test]

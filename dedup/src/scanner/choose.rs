@@ -46,11 +46,11 @@ impl Core {
     /// Can a page with hash `h` of `group` join slot `s` by its stored
     /// hash: room, the hash, and a written slot's content (unless hashes
     /// are strong)?
-    fn joinable(&self, s: u32, h: u32, group: u32, page: &[u8]) -> bool {
+    fn joinable(&self, s: u32, h: u32, group: u32, page: &GuestPage) -> bool {
         let st = self.pool.state(s);
         self.has_room(s, group)
             && self.pool.meta(s).hash == h
-            && (self.strong_hash || st == SlotState::Reserved || self.pool.page(s) == page)
+            && (self.strong_hash || st == SlotState::Reserved || page.equals(self.pool.page(s)))
     }
 
     /// `choose`'s answer when it is a plain join of an existing slot, by the
@@ -62,7 +62,7 @@ impl Core {
         h: u32,
         group: u32,
         prev: Option<u32>,
-        page: &[u8],
+        page: &GuestPage,
     ) -> Option<u32> {
         if let Some(ps) = prev {
             let s1 = ps.wrapping_add(1);
@@ -132,7 +132,7 @@ impl Core {
     }
 
     /// Is slot `s` usable for a page with hash `h` in `group`?
-    pub(super) fn usable(&self, s: u32, h: u32, group: u32, page: &[u8]) -> bool {
+    pub(super) fn usable(&self, s: u32, h: u32, group: u32, page: &GuestPage) -> bool {
         let st = self.pool.state(s);
         let m = self.pool.meta(s);
         self.has_room(s, group)
@@ -140,7 +140,7 @@ impl Core {
             && if self.strong_hash {
                 m.hash_hi == self.cur_hi
             } else {
-                st == SlotState::Reserved || self.pool.page(s) == page
+                st == SlotState::Reserved || page.equals(self.pool.page(s))
             }
     }
 
@@ -221,7 +221,7 @@ impl Core {
         h: u32,
         group: u32,
         prev: Option<u32>,
-        page: &[u8],
+        page: &GuestPage,
     ) -> Option<Target> {
         // 1. Continue the left neighbour's run: no new VMA.
         if let Some(ps) = prev {
@@ -322,7 +322,7 @@ impl Core {
         p: usize,
         h: u32,
         group: u32,
-        page: Option<&[u8]>,
+        page: Option<&GuestPage>,
     ) -> Option<u32> {
         let me = self.regions[ri].gid_base + p as u32;
         let regions = &self.regions;
@@ -341,9 +341,10 @@ impl Core {
             let Some((r, pp)) = locate(gid) else {
                 return false;
             };
-            // SAFETY: registered regions are mapped.
-            let other = unsafe { regions[r].page(pp) };
-            other == page
+            // SAFETY: registered regions are mapped, and stay so while we
+            // hold the core (unregister needs it).
+            let other = unsafe { regions[r].guest_page(pp) };
+            other.equals(page.bytes())
         })
     }
 }

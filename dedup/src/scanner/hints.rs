@@ -134,7 +134,7 @@ impl Core {
         p: usize,
         h: u32,
         group: u32,
-        page: Option<&[u8]>,
+        page: Option<&GuestPage>,
     ) -> Option<u32> {
         let key = (group as u64) << 32 | h as u64;
         let gid = *self.hint_index.get(&key)?;
@@ -146,8 +146,9 @@ impl Core {
             && rg.group == group
             && region::kind(rg.state[pp]) == HASHED
             && rg.word[pp] == h
-            // SAFETY: registered regions are mapped.
-            && page.is_none_or(|page| unsafe { rg.page(pp) } == page);
+            // SAFETY: registered regions are mapped, and stay so while we
+            // hold the core (unregister needs it).
+            && page.is_none_or(|page| unsafe { rg.guest_page(pp) }.equals(page.bytes()));
         ok.then_some(gid)
     }
 }

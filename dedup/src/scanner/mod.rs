@@ -40,13 +40,13 @@ use std::time::{Duration, Instant};
 use crate::assist::{AssistConfig, Census, KsmAssist};
 use crate::backend::{Knobs, RegionId};
 use crate::fault::ProtState;
-use crate::hash::{fold, is_zero, sampled_lines_agree, HashFn};
+use crate::hash::{fold, HashFn};
 use crate::index::{StableIndex, UnstableIndex};
 use crate::merge::{self, Ctx, MapBudget, Op, OpKind, CHUNK_PAGES, GAPPED_WINDOW_PAGES};
 use crate::pagemap::{Entry, Pagemap, PM_PRESENT};
 use crate::pool::{Pool, SlotState};
 use crate::quiesce::{Parked, Quiesce};
-use crate::region::{self, Region, HASHED, MAX_LEVEL, MERGED, NEW, ZERO};
+use crate::region::{self, GuestPage, Region, HASHED, MAX_LEVEL, MERGED, NEW, ZERO};
 use crate::uffd::Uffd;
 use crate::writelog::{WriteLog, Written, VERIFY_BLOCK, VERIFY_PASSES};
 

@@ -70,20 +70,20 @@ impl Core {
         *visit_units = visit_units.saturating_sub(HASH_COST);
         // SAFETY: the region is registered, hence mapped (register contract),
         // and stays so while we hold the core (unregister needs it).
-        let page = unsafe { self.regions[ri].page_detached(p) };
+        let page = unsafe { self.regions[ri].guest_page(p) };
         // A hinted page was just rewritten: its stored hash is stale.
         if kind == HASHED && merge && !self.trusted && !region::needs_rehash(st) {
-            if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
+            if let Some(s) = self.join_unhashed(ri, p, prev, &page, ops) {
                 return Some(s);
             }
         }
         if kind == NEW && merge && !self.trusted && !region::needs_rehash(st) {
-            if let Some(s) = self.continue_run_unhashed(ri, p, prev, page, ops) {
+            if let Some(s) = self.continue_run_unhashed(ri, p, prev, &page, ops) {
                 return Some(s);
             }
         }
         self.counters.pages_hashed += 1;
-        let h64 = (self.hash_fn)(page);
+        let h64 = (self.hash_fn)(page.bytes());
         let h = fold(h64);
         self.cur_hi = (h64 >> 32) as u32;
         self.note_run(Some(h));
@@ -135,7 +135,7 @@ impl Core {
                 self.recheck.push(self.regions[ri].gid_base + p as u32);
             }
             if first_sight && merge {
-                return self.join_first_seen(ri, p, h, prev, page, ops);
+                return self.join_first_seen(ri, p, h, prev, &page, ops);
             }
             return None;
         }
@@ -143,7 +143,7 @@ impl Core {
             return None;
         }
         let st = self.regions[ri].state[p];
-        if h == self.zero_hash && is_zero(page) {
+        if h == self.zero_hash && page.is_zero() {
             let in_pool = self.regions[ri].in_pool(p);
             ops.push(Op {
                 region: ri,
@@ -162,7 +162,7 @@ impl Core {
         } else {
             prev
         };
-        self.place(ri, p, h, group, prev, page, st, ops)
+        self.place(ri, p, h, group, prev, &page, st, ops)
     }
 
     /// The head of a run of one pattern: the pages of the run visited
@@ -211,8 +211,8 @@ impl Core {
             self.regions[ri].set_volatile(q, false);
             let st = self.regions[ri].state[q];
             // SAFETY: as for `p` in `visit`: registered, hence mapped.
-            let page = unsafe { self.regions[ri].page_detached(q) };
-            prev = self.place(ri, q, h, group, prev, page, st, ops);
+            let page = unsafe { self.regions[ri].guest_page(q) };
+            prev = self.place(ri, q, h, group, prev, &page, st, ops);
         }
         prev
     }
@@ -227,7 +227,7 @@ impl Core {
         h: u32,
         group: u32,
         prev: Option<u32>,
-        page: &[u8],
+        page: &GuestPage,
         st: u8,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
@@ -307,8 +307,8 @@ impl Core {
             // SAFETY: the region is registered, hence mapped (register
             // contract), and stays so while we hold the core (unregister
             // needs it).
-            let page = unsafe { self.regions[ri].page_detached(p) };
-            if let Some(s) = self.join_unhashed(ri, p, prev, page, ops) {
+            let page = unsafe { self.regions[ri].guest_page(p) };
+            if let Some(s) = self.join_unhashed(ri, p, prev, &page, ops) {
                 Some(s)
             } else {
                 let group = self.regions[ri].group;
@@ -369,7 +369,7 @@ impl Core {
         ri: usize,
         p: usize,
         prev: Option<u32>,
-        page: &[u8],
+        page: &GuestPage,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let h = self.regions[ri].word[p];
@@ -409,7 +409,7 @@ impl Core {
         p: usize,
         h: u32,
         prev: Option<u32>,
-        page: &[u8],
+        page: &GuestPage,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let group = self.regions[ri].group;
@@ -442,7 +442,7 @@ impl Core {
         ri: usize,
         p: usize,
         prev: Option<u32>,
-        page: &[u8],
+        page: &GuestPage,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let ps = prev?;
@@ -461,7 +461,7 @@ impl Core {
         if !self.has_room(s1, group)
             || (self.pool.state(s1) == SlotState::Written
                 && !same_run
-                && !sampled_lines_agree(page, self.pool.page(s1)))
+                && !page.sampled_lines_agree(self.pool.page(s1)))
         {
             return None;
         }
