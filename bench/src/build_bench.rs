@@ -563,6 +563,7 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
             let engine = Engine::new(EngineConfig {
                 io_hints: s != BuildSystem::PagefoldOnNoHints,
                 write_log: s != BuildSystem::PagefoldOnNoLog,
+                quiesce_min_ops: pagefold_vmm::dedup::quiesce_min_ops(),
                 ..EngineConfig::vmm_default()
             })
             .map_err(pagefold_dedup::Error::from)

@@ -48,6 +48,7 @@ pub const SYSTEM_NAMES: [&str; 4] = ["ksm-default", "ksm-max", "pagefold-default
 pub fn engine_config_locked() -> EngineConfig {
     let mut c = EngineConfig::vmm_default();
     c.assist.lock_held = true;
+    c.quiesce_min_ops = pagefold_vmm::dedup::quiesce_min_ops();
     c
 }
 

@@ -17,7 +17,7 @@ use crate::policy::{RoundPlan, RoundPolicy};
 use crate::pool::Pool;
 use crate::region::RegionError;
 use crate::scanner::BatchReport;
-use crate::scanner::{Core, Hint, ScanError, DEFAULT_STRIPE};
+use crate::scanner::{Core, Hint, ScanError, DEFAULT_QUIESCE_MIN_OPS, DEFAULT_STRIPE};
 use crate::settings::{CheckedSettings, Knobs, Mode};
 use crate::stats::{self, Clocks};
 use crate::thread_init::{DedupThread, ThreadInit};
@@ -136,6 +136,11 @@ pub struct EngineConfig {
     pub write_log: bool,
     /// Run by each engine thread before anything else.
     pub thread_init: Option<ThreadInit>,
+    /// Smallest batch of page-table changes (merges, unmerges, take-backs
+    /// from KSM) that parks the threads running guest code around it
+    /// (`crate::quiesce`), so that its TLB flushes stay on the engine's
+    /// CPU; 0 never parks them. Default [`DEFAULT_QUIESCE_MIN_OPS`].
+    pub quiesce_min_ops: usize,
 }
 
 impl EngineConfig {
@@ -168,6 +173,7 @@ impl Default for EngineConfig {
             io_hints: true,
             write_log: true,
             thread_init: None,
+            quiesce_min_ops: DEFAULT_QUIESCE_MIN_OPS,
         }
     }
 }
@@ -303,6 +309,7 @@ impl Engine {
             cfg.stripe_pages,
         )?;
         core.set_assist(cfg.assist);
+        core.quiesce_min_ops = cfg.quiesce_min_ops;
         let core_waiters = core.waiters.clone();
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(stats::build(&core)),

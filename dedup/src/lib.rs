@@ -37,6 +37,7 @@ pub use assist::{AssistConfig, AssistMode};
 pub use backend::{DedupBackend, Error, RegionId, RegionSpec, Stats};
 pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
 pub use policy::{RoundPlan, RoundPolicy};
+pub use scanner::DEFAULT_QUIESCE_MIN_OPS;
 pub use settings::{
     BackendKind, CheckedSettings, DedupSettings, Knobs, MemorySignal, Mode, SettingsError,
 };

@@ -833,6 +833,38 @@ fn merge_batches_park_the_regions_quiescers() {
     e.shutdown();
 }
 
+/// The quiesce threshold is the engine's configuration: at 0 no batch parks
+/// the guests, and a batch smaller than the threshold does not either.
+#[test]
+fn batches_below_the_configured_quiesce_threshold_do_not_park() {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    for min_ops in [0, 1000] {
+        let e = Engine::new(EngineConfig {
+            knobs: Knobs {
+                pages_to_scan: 1 << 16,
+                sleep_millisecs: 0,
+                max_page_sharing: 256,
+            },
+            quiesce_min_ops: min_ops,
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let (a, b) = (Mem::new(32), Mem::new(32));
+        a.fill_from(700);
+        b.fill_from(700);
+        let ra = a.register(&e, "vm-a", "g");
+        let _rb = b.register(&e, "vm-b", "g");
+        let q = Arc::new(CountingQuiescer::default());
+        e.set_quiesce(ra, Some(q.clone()));
+        e.scan_now(2);
+        assert_eq!(e.stats().pages_sharing, 32, "threshold {min_ops}");
+        assert_eq!(q.requests.load(Ordering::SeqCst), 0, "threshold {min_ops}");
+        e.check_consistency().unwrap();
+        e.shutdown();
+    }
+}
+
 /// Mode `unmerge` parks the guests too (each chunk flushes the TLB), but
 /// over slices of chunks: on a scattered layout a chunk is a page or two,
 /// and a park per chunk cost more than the flushes it saved. Half of B's

@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use pagefold_dedup::auto::{AutoConfig, AutoController, AutoHandle, MemorySource, ProcMemSource};
 use pagefold_dedup::ksm::{KsmBackend, KsmOptions};
-use pagefold_dedup::{BackendKind, DedupBackend, Engine, EngineConfig, Mode, DEFAULT_KNOBS};
+use pagefold_dedup::{
+    BackendKind, DedupBackend, Engine, EngineConfig, Mode, DEFAULT_KNOBS, DEFAULT_QUIESCE_MIN_OPS,
+};
 
 use crate::config::Config;
 
@@ -24,6 +26,31 @@ pub enum Error {
 pub struct Dedup {
     pub backend: Arc<dyn DedupBackend>,
     pub auto: Option<AutoHandle>,
+}
+
+/// The environment variable that overrides the engine's quiesce threshold
+/// ([`EngineConfig::quiesce_min_ops`]; 0: never park the vCPUs) in the VMM
+/// and the benchmarks, for side-by-side measurements.
+pub const QUIESCE_MIN_OPS_ENV: &str = "PAGEFOLD_QUIESCE_MIN_OPS";
+
+/// The quiesce threshold for an engine this process creates:
+/// [`QUIESCE_MIN_OPS_ENV`] when it is set, else the engine's default. A
+/// value that is not a whole number is reported and ignored: the knob only
+/// serves measurements, and a typo must not stop the VMs.
+pub fn quiesce_min_ops() -> usize {
+    match std::env::var(QUIESCE_MIN_OPS_ENV) {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            log::warn!(
+                "pagefold: {QUIESCE_MIN_OPS_ENV}={v:?} is not a whole number; using {DEFAULT_QUIESCE_MIN_OPS}"
+            );
+            DEFAULT_QUIESCE_MIN_OPS
+        }),
+        Err(std::env::VarError::NotPresent) => DEFAULT_QUIESCE_MIN_OPS,
+        Err(e) => {
+            log::warn!("pagefold: {QUIESCE_MIN_OPS_ENV}: {e}; using {DEFAULT_QUIESCE_MIN_OPS}");
+            DEFAULT_QUIESCE_MIN_OPS
+        }
+    }
 }
 
 fn backend_err(backend: BackendKind, e: impl std::fmt::Display) -> Error {
@@ -95,6 +122,7 @@ pub fn create_backend_with_source(
                 io_hints: d.io_hints,
                 write_log: d.write_log,
                 thread_init: thread_init(),
+                quiesce_min_ops: quiesce_min_ops(),
                 ..EngineConfig::default()
             })
             .map_err(|e| backend_err(d.backend, e))?;

@@ -254,14 +254,10 @@ enum Target {
 /// every batch, because on a host whose IPIs trap (PVM) one merge's
 /// flushes, while a vCPU runs on another CPU, cost more than a park and
 /// resume (docs/engine.md, "Parking the vCPUs").
-/// `PAGEFOLD_QUIESCE_MIN_OPS` overrides it (0 turns it off), for
-/// side-by-side measurements.
-fn quiesce_min_ops() -> usize {
-    std::env::var("PAGEFOLD_QUIESCE_MIN_OPS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1)
-}
+/// [`crate::EngineConfig::quiesce_min_ops`] sets it per engine (0 turns it
+/// off); the VMM and the benchmarks read it from `PAGEFOLD_QUIESCE_MIN_OPS`
+/// when set, for side-by-side measurements.
+pub const DEFAULT_QUIESCE_MIN_OPS: usize = 1;
 
 /// The engine's state, owned by one mutex.
 pub struct Core {
@@ -417,7 +413,7 @@ impl Core {
             run_len: 0,
             strong_hash,
             quiescers: HashMap::new(),
-            quiesce_min_ops: quiesce_min_ops(),
+            quiesce_min_ops: DEFAULT_QUIESCE_MIN_OPS,
             cur_hi: 0,
             assist: KsmAssist::new(AssistConfig::default()),
             pass_groups: HashMap::new(),
