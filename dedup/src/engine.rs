@@ -124,6 +124,7 @@ pub struct EngineConfig {
     /// rate, as kernel KSM.
     pub boost_max: u64,
     /// Test hook: replace xxh3 (e.g. with a weak hash to force collisions).
+    #[cfg(any(test, feature = "testing"))]
     pub hash_override: Option<HashFn>,
     /// Kernel KSM for groups whose duplicates sit at scattered addresses
     /// (off by default in the library; the VMM turns it on).
@@ -168,6 +169,7 @@ impl Default for EngineConfig {
             adaptive: true,
             max_backoff_millis: 1000,
             boost_max: DEFAULT_BOOST_MAX,
+            #[cfg(any(test, feature = "testing"))]
             hash_override: None,
             assist: AssistConfig::default(),
             io_hints: true,
@@ -299,13 +301,21 @@ impl Engine {
         let uffd = Arc::new(Uffd::new()?);
         let prot = Arc::new(Mutex::new(ProtState::default()));
         let pool = Pool::new(cfg.pool_max_bytes)?;
+        // xxh3 with 64-bit checks, unless a test plugs in its own hash.
+        #[cfg(any(test, feature = "testing"))]
+        let (hash_fn, strong_hash) = (
+            cfg.hash_override.unwrap_or(crate::hash::xxh3),
+            cfg.hash_override.is_none(),
+        );
+        #[cfg(not(any(test, feature = "testing")))]
+        let (hash_fn, strong_hash): (HashFn, bool) = (crate::hash::xxh3, true);
         let mut core = Core::new(
             pool,
             uffd.clone(),
             prot.clone(),
             cfg.knobs,
-            cfg.hash_override.unwrap_or(crate::hash::xxh3),
-            cfg.hash_override.is_none(),
+            hash_fn,
+            strong_hash,
             cfg.stripe_pages,
         )?;
         core.set_assist(cfg.assist);
@@ -425,6 +435,7 @@ impl Engine {
 
     /// Runs `passes` full scans with merging on the calling thread, whatever
     /// the mode (tests and benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn scan_now(&self, passes: u64) {
         let mut core = lock(&self.shared.core);
         core.knobs = lock(&self.shared.ctl).knobs;
@@ -433,17 +444,20 @@ impl Engine {
     }
 
     /// Verifies pool reference counts against page states and pagemap.
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_consistency(&self) -> Result<(), String> {
         lock(&self.shared.core).check_consistency()
     }
 
     /// Engine metadata bytes per tracked page (scaling part: per-page
     /// state, indices, pool metadata; fixed buffers excluded).
+    #[cfg(any(test, feature = "testing"))]
     pub fn metadata_per_page(&self) -> f64 {
         lock(&self.shared.core).metadata_per_page()
     }
 
     /// Write faults that hit a page under merge, and stray WP faults.
+    #[cfg(any(test, feature = "testing"))]
     pub fn fault_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (
@@ -454,17 +468,20 @@ impl Engine {
 
     /// Merges abandoned at the final compare, for lack of VMAs, or left
     /// unexecuted for a thread waiting for the core.
+    #[cfg(any(test, feature = "testing"))]
     pub fn abandoned(&self) -> u64 {
         lock(&self.shared.core).counters.abandoned
     }
 
     /// Of [`Engine::abandoned`]: planned merges left unexecuted because a
     /// thread (VM creation or deletion) waited for the core.
+    #[cfg(any(test, feature = "testing"))]
     pub fn left_for_waiters(&self) -> u64 {
         lock(&self.shared.core).counters.left_for_waiters
     }
 
     /// Pages hashed so far.
+    #[cfg(any(test, feature = "testing"))]
     pub fn pages_hashed(&self) -> u64 {
         lock(&self.shared.core).counters.pages_hashed
     }

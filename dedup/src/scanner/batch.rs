@@ -81,6 +81,7 @@ impl Core {
     }
 
     /// Runs whole passes synchronously (tests, benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn run_passes(&mut self, passes: u64) {
         for _ in 0..passes {
             if self.regions.is_empty() {

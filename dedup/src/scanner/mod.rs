@@ -444,6 +444,7 @@ impl Core {
     /// A core with no engine thread and no regions, at max effort
     /// (`max_page_sharing` 256, xxh3, 64-bit hash checks): what tests
     /// drive pass by pass.
+    #[cfg(any(test, feature = "testing"))]
     pub fn driven(pool_max_bytes: u64) -> Result<Self, ScanError> {
         Core::new(
             Pool::new(pool_max_bytes)?,
@@ -732,6 +733,7 @@ impl Core {
     /// slot's mapper count equals the pages whose state says they map it,
     /// and every page the engine believes merged is either not present or
     /// maps the pool (file bit); returns a description of the first problem.
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_consistency(&self) -> Result<(), String> {
         if self.pool.underflows > 0 {
             return Err(format!(
@@ -792,6 +794,7 @@ impl Core {
     }
 
     /// Sanity bound for tests: bytes per tracked page.
+    #[cfg(any(test, feature = "testing"))]
     pub fn metadata_per_page(&self) -> f64 {
         let t = self.tracked_pages().max(1);
         let fixed = (self.scratch.capacity() * 8) as u64;
