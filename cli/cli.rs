@@ -379,6 +379,7 @@ fn run_vms(
     let dedup =
         pagefold_vmm::dedup::create(&cfg, false).map_err(|e| Error::Dedup(e.to_string()))?;
     let mut runner = Runner::with_dedup(dedup, cfg.vms.len() > 1)?;
+    runner.allow_late_dedup(&cfg);
     let status_sock = api.api_sock.clone();
     let api = client::start_api(&runner, api, false)?;
     runner.start_all(&cfg)?;

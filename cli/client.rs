@@ -174,12 +174,14 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     if !cfg.vms.is_empty() {
         cfg.validate(pagefold_vmm::memory::host_mem_total())?;
     }
-    // Always a backend (unless the mode is off): VMs created through the
-    // API later may want dedup.
+    // A backend now unless the mode is off (VMs created through the API
+    // later may want dedup); with the mode off, the first `PATCH /dedup`
+    // starts it.
     let always = cfg.dedup.mode() != pagefold_dedup::Mode::Off;
     let dedup =
         pagefold_vmm::dedup::create(&cfg, always).map_err(|e| Error::Dedup(e.to_string()))?;
     let mut runner = Runner::with_dedup(dedup, true)?;
+    runner.allow_late_dedup(&cfg);
     runner.keep_alive = true;
     let api = start_api(&runner, &a.api, true)?;
     runner.start_all(&cfg)?;

@@ -684,3 +684,74 @@ fn run_with_a_closed_stdout_still_runs_its_vms() {
     let r = common::read_json(&json);
     assert_eq!(common::vm(&r, "vm0")["exit_status"], 0, "{r}");
 }
+
+/// A daemon started without `--dedup` turns it on through the API, without
+/// a restart: the running VMs' memory is registered with the new backend
+/// and merged, and a VM created afterwards is registered too.
+#[test]
+fn a_daemon_started_without_dedup_turns_it_on() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-late-dedup");
+    let sock = dir.path("api.sock");
+    let mut child = spawn(&["serve", "--api-sock", sock.to_str().unwrap()]);
+    wait_for_api(&mut child, &sock);
+    let body = r#"{"memory": "64M", "serial": "null", "dedup": {"group": "g"}, "workload": {"seed": 7, "shared": "24M", "private": "8M", "phases": ["fill", "wait"]}}"#;
+    for vm in ["vm0", "vm1"] {
+        curl_json(&sock, "PUT", &format!("/vms/{vm}"), Some(body), 201);
+    }
+    let e = curl_json(&sock, "GET", "/dedup", None, 404);
+    assert!(
+        e["error"].as_str().unwrap().contains("no dedup backend"),
+        "{e}"
+    );
+    // Let both guests fill their memory before the backend exists.
+    std::thread::sleep(Duration::from_secs(1));
+    let d = curl_json(&sock, "PATCH", "/dedup", Some(r#"{"mode": "on"}"#), 200);
+    assert_eq!(d["backend"], "pagefold");
+    assert_eq!(d["mode"], "on");
+    let h = curl_json(&sock, "GET", "/health", None, 200);
+    assert_eq!(h["dedup_backend"], "pagefold", "{h}");
+    // The two identical guests get merged.
+    let start = Instant::now();
+    loop {
+        let d = curl_json(&sock, "GET", "/dedup", None, 200);
+        let merged = |vm: &str| d["per_owner"][vm]["pages_merged"].as_u64().unwrap_or(0);
+        if d["pages_sharing"].as_u64().unwrap() > 1000 && merged("vm0") > 0 && merged("vm1") > 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no merging seen: {d}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // A VM created now registers with the backend as it is created.
+    curl_json(&sock, "PUT", "/vms/vm2", Some(body), 201);
+    let d = curl_json(&sock, "GET", "/dedup", None, 200);
+    assert!(
+        d["per_owner"]["vm2"]["pages_tracked"].as_u64().unwrap() > 0,
+        "{d}"
+    );
+    // The engine's figures are the page tables' (nothing claimed that is
+    // not mapped so).
+    let claimed = || {
+        let d = curl_json(&sock, "GET", "/dedup", None, 200);
+        let n = |k: &str| d[k].as_u64().unwrap();
+        Claimed {
+            pages_sharing: n("pages_sharing"),
+            pages_shared: Some(n("pages_shared")),
+            pool_pages: Some(n("pool_pages")),
+        }
+    };
+    let (c, _) = wait_agreement(
+        "three workload VMs, dedup started late",
+        child.id(),
+        claimed,
+        Duration::from_secs(60),
+    );
+    assert!(c.pages_sharing > 1000, "{c:?}");
+    curl_json(&sock, "PUT", "/shutdown", None, 202);
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

@@ -16,6 +16,7 @@ use crate::dedup_view::DedupView;
 use crate::error::ApiError;
 use crate::responses::{BadRequest, Conflict, Internal, NoBackend, SlowBody, TooLarge};
 use crate::state::{blocking, AppState};
+use pagefold_vmm::control::Request;
 
 /// The `GET /dedup` body: every statistic, the knobs, their limits, and
 /// auto mode's status and settings when the backend has a controller.
@@ -42,13 +43,14 @@ pub async fn get(State(s): State<AppState>) -> Result<Json<DedupView>, ApiError>
 }
 
 /// Change the mode and/or knobs. Validated as a whole before anything
-/// changes.
+/// changes. A process without a backend starts one first (its VMs' memory
+/// registered with it), so dedup can be turned on in a daemon started
+/// without it; if that fails, nothing changes.
 #[utoipa::path(patch, path = "/dedup", operation_id = "patchDedup", tag = "dedup",
     request_body(content = DedupSettings, content_type = "application/json"),
     responses(
         (status = 200, description = "Changed; the new state.", body = DedupView),
         (status = 400, response = BadRequest),
-        (status = 404, response = NoBackend),
         (status = 408, response = SlowBody),
         (status = 409, response = Conflict),
         (status = 413, response = TooLarge),
@@ -59,15 +61,19 @@ pub async fn patch(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<DedupView>, ApiError> {
+    let p: DedupSettings = body::json(&headers, body, s.max_body, s.body_timeout).await?;
+    // The one check of this input, before anything changes: a bad knob
+    // never leaves the mode changed (or the other way round), nor a
+    // backend started.
+    let p = p
+        .validate()
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    if s.handle.dedup().is_none() {
+        s.call(Request::StartDedup).await?;
+    }
     let b = s.backend()?;
     let auto = s.handle.auto().cloned();
-    let p: DedupSettings = body::json(&headers, body, s.max_body, s.body_timeout).await?;
     let v = blocking(move || -> Result<DedupView, ApiError> {
-        // The one check of this input, before anything changes: a bad knob
-        // never leaves the mode changed (or the other way round).
-        let p = p
-            .validate()
-            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         if p.touches_auto() {
             let a = auto.as_ref().ok_or_else(|| {
                 ApiError::Conflict("this dedup backend has no auto-mode controller".into())

@@ -378,14 +378,61 @@ async fn dedup_patch_validates_like_the_cli() {
 }
 
 #[tokio::test]
-async fn dedup_without_backend_is_404() {
+async fn dedup_without_backend_is_404_and_a_refused_start_changes_nothing() {
     let vmm = FakeVmm::start(false, &["vm0"]);
     let app = app(&vmm);
-    for m in ["GET", "PATCH"] {
-        let a = send(&app, m, "/api/v1/dedup", Some(r#"{"mode":"on"}"#)).await;
-        assert_eq!(a.status, StatusCode::NOT_FOUND, "{m}");
-        assert!(a.error().contains("no dedup backend"));
-    }
+    let a = send(&app, "GET", "/api/v1/dedup", None).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+    assert!(a.error().contains("no dedup backend"), "{}", a.error());
+    // The VMM cannot start a backend: the reason, and still none.
+    let a = send(&app, "PATCH", "/api/v1/dedup", Some(r#"{"mode":"on"}"#)).await;
+    assert_eq!(a.status, StatusCode::CONFLICT);
+    assert!(
+        a.error().contains("cannot start deduplication") && a.error().contains("userfaultfd"),
+        "{}",
+        a.error()
+    );
+    let a = send(&app, "GET", "/api/v1/dedup", None).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn patch_starts_a_backend_in_a_process_without_one() {
+    let vmm = FakeVmm::start_late(&["vm0"]);
+    let app = app(&vmm);
+    // Bad input is refused before anything starts.
+    let a = send(
+        &app,
+        "PATCH",
+        "/api/v1/dedup",
+        Some(r#"{"mode":"sideways"}"#),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    let a = send(
+        &app,
+        "PATCH",
+        "/api/v1/dedup",
+        Some(r#"{"pages_to_scan":0}"#),
+    )
+    .await;
+    assert_eq!(a.status, StatusCode::BAD_REQUEST);
+    assert!(vmm.late_backend().is_none());
+    assert_eq!(
+        send(&app, "GET", "/api/v1/dedup", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let a = send(&app, "PATCH", "/api/v1/dedup", Some(r#"{"mode":"on"}"#)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    assert_eq!(a.json()["mode"], "on");
+    let b = vmm.late_backend().expect("a backend was started");
+    assert_eq!(
+        pagefold_dedup::DedupBackend::mode(b.as_ref()),
+        pagefold_dedup::Mode::On
+    );
+    let a = send(&app, "GET", "/api/v1/dedup", None).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(a.json()["mode"], "on");
 }
 
 #[tokio::test]

@@ -267,7 +267,7 @@ async fn answers_match_the_spec() {
         "PATCH",
         &p("/dedup"),
         Some(json!({"mode": "on"})),
-        404,
+        409,
     )
     .await;
 }

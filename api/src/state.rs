@@ -48,7 +48,7 @@ impl AppState {
     pub fn backend(&self) -> Result<Arc<dyn DedupBackend>, ApiError> {
         self.handle.dedup().cloned().ok_or_else(|| {
             ApiError::NotFound(
-                "deduplication is off in this process: no dedup backend (start pagefold with --dedup on or auto and VMs with dedup enabled)"
+                "deduplication is off in this process: no dedup backend (PATCH /dedup with a mode starts one)"
                     .into(),
             )
         })

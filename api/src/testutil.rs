@@ -16,6 +16,7 @@ use pagefold_dedup::{
     CheckedSettings, DedupBackend, Error, Knobs, Mode, RegionId, RegionSpec, Stats,
 };
 use pagefold_vmm::control::{self, Handle, Request, RequestError, Response};
+use pagefold_vmm::dedup::Dedup;
 use pagefold_vmm::state::RunState;
 use pagefold_vmm::vm::VmInfo;
 
@@ -107,6 +108,7 @@ pub struct FakeVmm {
     pub handle: Handle,
     /// The test backend (when started with one), to steer from tests.
     pub backend: Option<Arc<TestBackend>>,
+    late: Arc<Mutex<Option<Arc<TestBackend>>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -161,12 +163,31 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
             Ok(Response::Done)
         }
         Request::Shutdown => Ok(Response::Done),
+        // Answered by the loop, which holds the backend slot.
+        Request::StartDedup => Err(RequestError::Internal("unreachable".into())),
     }
 }
 
 impl FakeVmm {
     /// Starts the loop; `vm_names` are VMs that exist from the start.
+    /// Without a backend, it refuses to start one (as a host without
+    /// userfaultfd permission would).
     pub fn start(with_backend: bool, vm_names: &[&str]) -> FakeVmm {
+        Self::start_with(with_backend, false, vm_names)
+    }
+
+    /// Starts the loop without a backend; `PATCH /dedup` starts one (a
+    /// [`TestBackend`], found in [`FakeVmm::late_backend`]).
+    pub fn start_late(vm_names: &[&str]) -> FakeVmm {
+        Self::start_with(false, true, vm_names)
+    }
+
+    /// The backend started through the API, once there is one.
+    pub fn late_backend(&self) -> Option<Arc<TestBackend>> {
+        self.late.lock().unwrap().clone()
+    }
+
+    fn start_with(with_backend: bool, can_start: bool, vm_names: &[&str]) -> FakeVmm {
         let test_backend = with_backend.then(|| Arc::new(TestBackend::new()));
         let backend: Option<Arc<dyn DedupBackend>> =
             test_backend.clone().map(|b| b as Arc<dyn DedupBackend>);
@@ -179,7 +200,10 @@ impl FakeVmm {
                 .unwrap()
                 .handle()
         });
-        let (handle, inbox) = control::channel(backend, auto).unwrap();
+        let slot = control::dedup_slot(backend.map(|backend| Dedup { backend, auto }));
+        let (handle, inbox) = control::channel(slot.clone()).unwrap();
+        let late = Arc::new(Mutex::new(None));
+        let late2 = late.clone();
         let mut vms = BTreeMap::new();
         for n in vm_names
             .iter()
@@ -209,7 +233,23 @@ impl FakeVmm {
             while !s.load(Ordering::Relaxed) {
                 while let Some((req, reply)) = inbox.try_next() {
                     let shutdown = matches!(req, Request::Shutdown);
-                    let _ = reply.send(serve(&mut vms, req));
+                    let r = match req {
+                        Request::StartDedup if slot.get().is_some() => Ok(Response::Done),
+                        Request::StartDedup if can_start => {
+                            let b = Arc::new(TestBackend::new());
+                            *late2.lock().unwrap() = Some(b.clone());
+                            let _ = slot.set(Dedup {
+                                backend: b,
+                                auto: None,
+                            });
+                            Ok(Response::Done)
+                        }
+                        Request::StartDedup => Err(RequestError::Conflict(
+                            "cannot start deduplication: dedup backend pagefold: userfaultfd: Operation not permitted".into(),
+                        )),
+                        req => serve(&mut vms, req),
+                    };
+                    let _ = reply.send(r);
                     if shutdown {
                         // Like the runner: once it is done, the channel closes.
                         return;
@@ -221,6 +261,7 @@ impl FakeVmm {
         FakeVmm {
             handle,
             backend: test_backend,
+            late,
             stop,
             thread: Some(thread),
         }

@@ -3,7 +3,7 @@
 //! VM state is only ever changed by one thread. A request carries its own
 //! reply channel; an eventfd wakes the loop.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use pagefold_dedup::auto::AutoHandle;
@@ -27,6 +27,10 @@ pub enum Request {
     DeleteVm(String),
     /// Stop every VM and end the process (`serve` mode too).
     Shutdown,
+    /// Create the process's dedup backend if it has none yet, and register
+    /// the running VMs' memory with it (the API turning dedup on in a
+    /// process started without it). Done when a backend exists.
+    StartDedup,
 }
 
 /// Replies to [`Request`]s.
@@ -58,13 +62,27 @@ type Envelope = (
     crossbeam_channel::Sender<Result<Response, RequestError>>,
 );
 
+/// The process's dedup backend, shared by the runner (which sets it, once:
+/// at start, or when the API turns dedup on) and every [`Handle`]. Once
+/// set it stays for the life of the process; "off" is a mode of it.
+pub type DedupSlot = Arc<OnceLock<crate::dedup::Dedup>>;
+
+/// A slot holding `dedup`, if given.
+pub fn dedup_slot(dedup: Option<crate::dedup::Dedup>) -> DedupSlot {
+    let slot = DedupSlot::default();
+    if let Some(d) = dedup {
+        // A new slot is empty: this cannot fail.
+        let _ = slot.set(d);
+    }
+    slot
+}
+
 /// A cloneable handle for other threads.
 #[derive(Clone)]
 pub struct Handle {
     tx: crossbeam_channel::Sender<Envelope>,
     wake: Arc<EventFd>,
-    dedup: Option<Arc<dyn DedupBackend>>,
-    auto: Option<AutoHandle>,
+    dedup: DedupSlot,
 }
 
 /// The runner's end.
@@ -73,11 +91,8 @@ pub struct Inbox {
     pub(crate) wake: Arc<EventFd>,
 }
 
-/// Makes a connected handle and inbox.
-pub fn channel(
-    dedup: Option<Arc<dyn DedupBackend>>,
-    auto: Option<AutoHandle>,
-) -> std::io::Result<(Handle, Inbox)> {
+/// Makes a connected handle and inbox sharing the backend slot `dedup`.
+pub fn channel(dedup: DedupSlot) -> std::io::Result<(Handle, Inbox)> {
     let (tx, rx) = crossbeam_channel::unbounded();
     let wake = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
     Ok((
@@ -85,7 +100,6 @@ pub fn channel(
             tx,
             wake: wake.clone(),
             dedup,
-            auto,
         },
         Inbox { rx, wake },
     ))
@@ -109,12 +123,12 @@ impl Handle {
 
     /// The dedup backend, for status and knob changes (thread-safe itself).
     pub fn dedup(&self) -> Option<&Arc<dyn DedupBackend>> {
-        self.dedup.as_ref()
+        self.dedup.get().map(|d| &d.backend)
     }
 
     /// The auto-mode controller's handle (status, thresholds), if any.
     pub fn auto(&self) -> Option<&AutoHandle> {
-        self.auto.as_ref()
+        self.dedup.get().and_then(|d| d.auto.as_ref())
     }
 }
 

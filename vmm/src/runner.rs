@@ -216,6 +216,9 @@ pub struct Runner {
     /// Where the request being served spent its time, for the slow-request
     /// log line (one line per slow request, not one per part).
     request_parts: Option<String>,
+    /// The dedup configuration a backend started at run time gets
+    /// ([`Runner::allow_late_dedup`]); none: the API cannot start one.
+    late_dedup: Option<Config>,
     /// Print guest reports as they arrive.
     pub echo: bool,
     /// Keep running with no VM (daemon mode) until a shutdown request or a
@@ -240,8 +243,7 @@ impl Runner {
         dedup: Option<crate::dedup::Dedup>,
         prefix_output: bool,
     ) -> Result<Runner, Error> {
-        let auto = dedup.as_ref().and_then(|d| d.auto.clone());
-        let dedup = dedup.map(|d| d.backend);
+        let dedup = control::dedup_slot(dedup);
         let started = *PROCESS_START.get_or_init(Instant::now);
         let kvm = Kvm::new().map_err(Error::Kvm)?;
         let v = kvm.get_api_version();
@@ -251,7 +253,7 @@ impl Runner {
         let cpuid = x86::cpuid::supported(&kvm)?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let (handle, inbox) =
-            control::channel(dedup.clone(), auto).map_err(|e| Error::EventLoop(e.to_string()))?;
+            control::channel(dedup.clone()).map_err(|e| Error::EventLoop(e.to_string()))?;
         let mut em: EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>> =
             EventManager::new().map_err(|e| Error::EventLoop(format!("{e:?}")))?;
         let report_wake = Arc::new(
@@ -287,9 +289,75 @@ impl Runner {
             last_sample: started,
             subscriber_ids: BTreeMap::new(),
             request_parts: None,
+            late_dedup: None,
             echo: true,
             keep_alive: false,
         })
+    }
+
+    /// Lets the API start a dedup backend at run time (`PATCH /dedup` in a
+    /// process started without one), configured by `cfg`'s `[dedup]`
+    /// (its VMs are ignored), with [`crate::dedup::create`] as at start-up.
+    pub fn allow_late_dedup(&mut self, cfg: &Config) {
+        self.late_dedup = Some(Config {
+            dedup: cfg.dedup.clone(),
+            vms: Vec::new(),
+            stdin: None,
+            seccomp: cfg.seccomp,
+        });
+    }
+
+    /// Creates the dedup backend if the process has none, and registers
+    /// every live VM that wants dedup with it (VMs created later register
+    /// as they are created). The backend starts with its mode off and gets
+    /// the configured settings once every VM is registered, so no merge
+    /// runs before each VM can have its vCPUs parked. Any failure leaves
+    /// the process as it was: no backend, no VM registered.
+    fn start_dedup(&mut self) -> Result<Response, RequestError> {
+        if self.res.dedup.get().is_some() {
+            return Ok(Response::Done);
+        }
+        let Some(cfg) = &self.late_dedup else {
+            return Err(RequestError::Conflict(
+                "this process cannot start a dedup backend at run time".into(),
+            ));
+        };
+        let settings = cfg.dedup.settings;
+        let mut quiet = cfg.clone();
+        quiet.dedup.settings =
+            pagefold_dedup::CheckedSettings::from(pagefold_dedup::Mode::Off).or(settings);
+        let refused =
+            |e: String| RequestError::Conflict(format!("cannot start deduplication: {e}"));
+        let d = crate::dedup::create(&quiet, true)
+            .map_err(|e| refused(e.to_string()))?
+            .ok_or_else(|| refused("no backend was created".into()))?;
+        let mut failed = None;
+        for vm in &mut self.vms {
+            if let Err(e) = vm.attach_dedup(d.backend.clone()) {
+                failed = Some(format!("VM {:?}: {e}", vm.name()));
+                break;
+            }
+        }
+        if failed.is_none() {
+            if let Err(e) = d.backend.apply(&settings) {
+                failed = Some(e.to_string());
+            }
+        }
+        if let Some(e) = failed {
+            for vm in &mut self.vms {
+                vm.detach_dedup();
+            }
+            d.backend.shutdown();
+            return Err(refused(e));
+        }
+        log::info!(
+            "dedup backend {} started with {} VM(s) registered",
+            d.backend.name(),
+            self.vms.len()
+        );
+        // Only this thread sets the slot, and it was empty above.
+        let _ = self.res.dedup.set(d);
+        Ok(Response::Done)
     }
 
     /// A handle for other threads (the API) to send requests.
@@ -466,6 +534,12 @@ impl Runner {
                     .insert(n.clone(), VmReport::new(n, outcome, summary, wall_s));
                 Ok(Response::Done)
             }
+            Request::StartDedup => {
+                if self.shutdown_requested {
+                    return Err(RequestError::Gone);
+                }
+                self.start_dedup()
+            }
             Request::Shutdown => {
                 self.shutdown_requested = true;
                 self.stop_all("shutdown requested through the API");
@@ -481,8 +555,8 @@ impl Runner {
             return;
         }
         self.last_sample = Instant::now();
-        if let Some(d) = &self.res.dedup {
-            let s = d.stats();
+        if let Some(d) = self.res.dedup.get() {
+            let s = d.backend.stats();
             // The watchdog: say so once when the engine's own judgement
             // is that a wake-up is overdue (GET /health answers 503 then).
             if s.wakeup_overdue != self.engine_stalled {
@@ -564,7 +638,7 @@ impl Runner {
     }
 
     pub fn dedup(&self) -> Option<&Arc<dyn DedupBackend>> {
-        self.res.dedup.as_ref()
+        self.res.dedup.get().map(|d| &d.backend)
     }
 
     /// Starts stopping every VM.
@@ -667,7 +741,7 @@ impl Runner {
         Ok(RunReport {
             vms: std::mem::take(&mut self.ended).into_values().collect(),
             signal,
-            dedup: self.res.dedup.as_ref().map(|d| d.stats()),
+            dedup: self.dedup().map(|d| d.stats()),
             dedup_peak: self.dedup_peak.take(),
             first_report_ms: self.first_report,
         })
@@ -682,8 +756,8 @@ impl Drop for Runner {
                 reason: "pagefold is exiting".into(),
             });
         }
-        if let Some(d) = &self.res.dedup {
-            d.shutdown();
+        if let Some(d) = self.res.dedup.get() {
+            d.backend.shutdown();
         }
     }
 }

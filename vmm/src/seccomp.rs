@@ -549,6 +549,14 @@ pub const VM_CREATE: &[i64] = &[
     libc::SYS_pipe2,
 ];
 
+/// Starting the dedup backend on a main thread that serves the API (the
+/// API turning dedup on in a process started without it): the engine's
+/// userfaultfd (the syscall; `/dev/userfaultfd` is [`FILES`] and an ioctl
+/// of type 0xAA). Its pool memfd, threads and their filters are
+/// [`VM_CREATE`]'s; its threads start under this filter, so it holds
+/// theirs too (the write log's `KVM_GET_DIRTY_LOG` is a KVM ioctl).
+const DEDUP_START: &[i64] = &[libc::SYS_userfaultfd];
+
 /// The KSM backend's auto-mode driver: [`FILES`] only (KSM's sysfs knobs
 /// through the journal, `/proc/self/ksm_stat`, `/proc/meminfo`).
 const KSM: &[i64] = &[];
@@ -633,6 +641,7 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
             add(MAIN);
             add(VCPU);
             add(VM_CREATE);
+            add(DEDUP_START);
         }
     }
     match kind {
@@ -661,6 +670,10 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
         ThreadKind::MainCreatesVms => {
             let mut r = main_ioctls();
             r.extend(ioctl_type(KVMIO));
+            // Covered by the KVM type above; listed as the engine's
+            // filter lists it, so that the engine's threads started here
+            // are seen to keep working (the unit test compares rules).
+            r.extend(ioctl_requests(&[KVM_GET_DIRTY_LOG]));
             m.insert(libc::SYS_ioctl, r);
         }
     }
@@ -727,6 +740,9 @@ mod tests {
             (ThreadKind::Api, ThreadKind::Ksm),
             (ThreadKind::Main, ThreadKind::Ksm),
             (ThreadKind::MainCreatesVms, ThreadKind::Ksm),
+            // A dedup backend started through the API.
+            (ThreadKind::MainCreatesVms, ThreadKind::Engine),
+            (ThreadKind::MainCreatesVms, ThreadKind::Fault),
         ] {
             allows_all(parent, child).unwrap();
         }

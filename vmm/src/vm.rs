@@ -93,7 +93,8 @@ impl Error {
 pub struct VmResources {
     pub kvm: Arc<Kvm>,
     pub cpuid: CpuId,
-    pub dedup: Option<Arc<dyn DedupBackend>>,
+    /// The process's dedup backend, if it has one yet.
+    pub dedup: crate::control::DedupSlot,
     pub events: crossbeam_channel::Sender<workload::Event>,
     /// Written when a guest may have reported something.
     pub report_wake: Arc<EventFd>,
@@ -148,6 +149,29 @@ pub struct Vm {
     dirty_logged: bool,
 }
 
+/// Maps guest RAM into the VM (memslot `i` = region `i` of `mem`), logging
+/// guest writes if `dirty_logged`. Called again on a live VM, it changes
+/// only the flags (KVM keeps the slot's pages mapped).
+fn set_memslots(vm_fd: &VmFd, mem: &GuestMemoryMmap, dirty_logged: bool) -> Result<(), Error> {
+    for (slot, region) in mem.iter().enumerate() {
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: if dirty_logged {
+                kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES
+            } else {
+                0
+            },
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+        };
+        // SAFETY: the region is a live mapping owned by `mem`, which the VM
+        // keeps until after the VM fd (and so the memslot) is gone.
+        unsafe { vm_fd.set_user_memory_region(r) }.map_err(Error::Memslot)?;
+    }
+    Ok(())
+}
+
 fn setup<T>(what: &'static str, r: Result<T, kvm_ioctls::Error>) -> Result<T, Error> {
     r.map_err(|source| Error::Setup { what, source })
 }
@@ -167,27 +191,13 @@ impl Vm {
         setup("PIT", vm_fd.create_pit2(pit))?;
 
         let mem = memory::create(config.memory_bytes())?;
+        let backend = res.dedup.get().map(|d| d.backend.clone());
         // The dedup engine reads KVM's dirty log of guest RAM (see
         // `crate::dirty_log`): logging starts with the memslot, so the
         // engine's first collection covers every write the guest made.
         let dirty_logged =
-            config.dedup.enabled && res.dedup.as_ref().is_some_and(|d| d.wants_write_log());
-        for (slot, region) in mem.iter().enumerate() {
-            let r = kvm_userspace_memory_region {
-                slot: slot as u32,
-                flags: if dirty_logged {
-                    kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES
-                } else {
-                    0
-                },
-                guest_phys_addr: region.start_addr().0,
-                memory_size: region.len(),
-                userspace_addr: region.as_ptr() as u64,
-            };
-            // SAFETY: the region is a live mapping owned by `mem`, which this
-            // VM keeps until after the VM fd (and so the memslot) is gone.
-            unsafe { vm_fd.set_user_memory_region(r) }.map_err(Error::Memslot)?;
-        }
+            config.dedup.enabled && backend.as_ref().is_some_and(|d| d.wants_write_log());
+        set_memslots(&vm_fd, &mem, dirty_logged)?;
 
         // Devices on the port-I/O bus.
         let mut pio = Bus::new();
@@ -221,18 +231,20 @@ impl Vm {
 
         // I/O hints: ranges virtio-blk reads fill go to the dedup backend
         // (host addresses), which visits those pages first.
+        // The hook reads the process's backend slot at each call, so a
+        // backend started after this VM (the API turning dedup on) gets the
+        // hints too.
         let filled: Option<pagefold_devices::virtio::block::WriteHook> =
-            match (&res.dedup, config.dedup.enabled) {
-                (Some(d), true) => {
-                    let (d, m) = (d.clone(), mem.clone());
-                    Some(Arc::new(move |gpa: u64, len: usize| {
-                        if let Ok(h) = m.get_host_address(vm_memory::GuestAddress(gpa)) {
-                            d.hint(h as usize, len);
-                        }
-                    }))
-                }
-                _ => None,
-            };
+            config.dedup.enabled.then(|| {
+                let (slot, m) = (res.dedup.clone(), mem.clone());
+                Arc::new(move |gpa: u64, len: usize| {
+                    if let (Some(d), Ok(h)) =
+                        (slot.get(), m.get_host_address(vm_memory::GuestAddress(gpa)))
+                    {
+                        d.backend.hint(h as usize, len);
+                    }
+                }) as pagefold_devices::virtio::block::WriteHook
+            });
         // The guest: a Linux kernel, or the built-in workload.
         let ranges = memory::ram_ranges(config.memory_bytes())?;
         let subscribers;
@@ -297,7 +309,7 @@ impl Vm {
             threads: Vec::new(),
             regions: Vec::new(),
             quiescer: None,
-            dedup: res.dedup.clone(),
+            dedup: backend,
             workload,
             workload_params,
             serial,
@@ -398,6 +410,13 @@ impl Vm {
             )?;
             self.threads.push(t);
         }
+        self.attach_quiescer();
+        Ok(())
+    }
+
+    /// Gives the dedup backend a way to park this VM's vCPUs for its
+    /// regions (once the vCPU threads exist).
+    fn attach_quiescer(&mut self) {
         if let Some(d) = self.dedup.as_ref().filter(|_| !self.regions.is_empty()) {
             let q = Arc::new(VcpuQuiescer::new(
                 self.shared.clone(),
@@ -416,7 +435,61 @@ impl Vm {
             }
             self.quiescer = Some(q);
         }
+    }
+
+    /// Registers this running VM's RAM with a dedup backend the process
+    /// started after the VM (the API turning dedup on): the same steps as
+    /// for a VM created with the backend there (dirty logging of the
+    /// memslots, [`Vm::register_dedup`], the vCPU quiescer). A VM without
+    /// dedup enabled, or already registered, is left as it is. On failure
+    /// nothing stays registered and the VM runs on as before.
+    pub fn attach_dedup(&mut self, backend: Arc<dyn DedupBackend>) -> Result<(), Error> {
+        if self.dedup.is_some() || !self.config.dedup.enabled || self.finished {
+            return Ok(());
+        }
+        // Logging must start no later than registration (the engine's
+        // first collection then covers every write since). A memslot whose
+        // flags cannot change only costs the engine pagemap reads.
+        if backend.wants_write_log() {
+            match set_memslots(&self.vm_fd, &self.mem, true) {
+                Ok(()) => self.dirty_logged = true,
+                Err(e) => log::warn!(
+                    "VM {}: no write log for the dedup engine (pagemap instead): {e}",
+                    self.config.name
+                ),
+            }
+        }
+        self.dedup = Some(backend);
+        if let Err(e) = self.register_dedup() {
+            self.detach_dedup();
+            return Err(e);
+        }
+        if self.ctx.is_none() {
+            self.attach_quiescer();
+        }
         Ok(())
+    }
+
+    /// Undoes [`Vm::attach_dedup`] (a later VM's registration failed): the
+    /// regions leave the backend, each page given back privately.
+    pub fn detach_dedup(&mut self) {
+        let Some(d) = self.dedup.take() else {
+            return;
+        };
+        if self.quiescer.take().is_some() || self.dirty_logged {
+            d.detach_guest(&self.regions);
+        }
+        for id in self.regions.drain(..) {
+            if let Err(e) = d.unregister(id) {
+                log::error!("VM {}: dedup unregister: {e}", self.config.name);
+            }
+        }
+        if self.dirty_logged {
+            self.dirty_logged = false;
+            if let Err(e) = set_memslots(&self.vm_fd, &self.mem, false) {
+                log::warn!("VM {}: dirty logging stays on: {e}", self.config.name);
+            }
+        }
     }
 
     /// Pauses the VM. Returns at once (the event loop must never wait on a
