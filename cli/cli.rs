@@ -192,18 +192,16 @@ pub struct KernelArgs {
     pub disk: Vec<String>,
 }
 
-/// `run`'s dedup flags: the settings the config file's `[dedup]` has
-/// (the same type, flattened), and what only `run` can say.
+/// The process's dedup flags, one definition flattened into `run` and
+/// `serve`: the settings the config file's `[dedup]` has (the same type,
+/// flattened) and the backend's construction options.
 #[derive(Args, Debug, Default)]
-pub struct DedupArgs {
+pub struct DedupFlags {
     #[command(flatten)]
     pub settings: DedupSettings,
     /// Dedup backend: pagefold's userspace engine or the kernel's KSM.
     #[arg(long, help_heading = "Deduplication", value_parser = flag::named::<BackendKind>())]
     pub dedup_backend: Option<BackendKind>,
-    /// Dedup group of the VM (pages are shared only within a group).
-    #[arg(long, help_heading = "Deduplication")]
-    pub dedup_group: Option<String>,
     /// Let kernel KSM merge the duplicates of a group whose layout is
     /// scattered (pagefold backend): auto or off.
     #[arg(long, help_heading = "Deduplication")]
@@ -215,6 +213,17 @@ pub struct DedupArgs {
     /// pagemap).
     #[arg(long, help_heading = "Deduplication")]
     pub no_write_log: bool,
+}
+
+/// `run`'s dedup flags: the process's ([`DedupFlags`]) and the one VM's
+/// group.
+#[derive(Args, Debug, Default)]
+pub struct DedupArgs {
+    #[command(flatten)]
+    pub flags: DedupFlags,
+    /// Dedup group of the VM (pages are shared only within a group).
+    #[arg(long, help_heading = "Deduplication")]
+    pub dedup_group: Option<String>,
 }
 
 fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
@@ -244,14 +253,15 @@ fn serial_output(s: &str) -> SerialOutput {
 
 /// Checks the dedup settings given as flags (their one check) and puts
 /// them over those of the config file.
-pub fn settings_over(flags: &DedupSettings, d: &mut DedupConfig) -> Result<(), Error> {
+fn settings_over(flags: &DedupSettings, d: &mut DedupConfig) -> Result<(), Error> {
     let flags = flags.validate().map_err(|e| Error::Usage(e.to_string()))?;
     d.settings = flags.or(d.settings);
     Ok(())
 }
 
-impl DedupArgs {
-    fn apply(&self, d: &mut DedupConfig) -> Result<(), Error> {
+impl DedupFlags {
+    /// Checks the flags and puts them over the config file's `[dedup]`.
+    pub fn apply(&self, d: &mut DedupConfig) -> Result<(), Error> {
         settings_over(&self.settings, d)?;
         if let Some(b) = self.dedup_backend {
             d.backend = b;
@@ -346,7 +356,7 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
             }
         }
     };
-    a.dedup.apply(&mut cfg.dedup)?;
+    a.dedup.flags.apply(&mut cfg.dedup)?;
     if a.stdin_vm.is_some() {
         cfg.stdin = a.stdin_vm.clone();
     }
@@ -641,11 +651,11 @@ mod tests {
         assert!(e.to_string().contains("unknown memory signal"), "{e}");
     }
 
+    /// `serve` and `run` share one definition of the dedup flags: every
+    /// one `run` takes, `serve` takes and applies the same way.
     #[test]
-    fn serve_takes_the_dedup_settings_flags() {
-        let cli = Cli::try_parse_from([
-            "pagefold",
-            "serve",
+    fn serve_takes_every_dedup_flag_run_takes() {
+        let flags = [
             "--dedup",
             "auto",
             "--auto-threshold",
@@ -654,21 +664,36 @@ mod tests {
             "4",
             "--memory-signal",
             "available",
-        ])
-        .unwrap();
+            "--dedup-backend",
+            "ksm",
+            "--ksm-assist",
+            "off",
+            "--no-io-hints",
+            "--no-write-log",
+        ];
+        let cli = Cli::try_parse_from(["pagefold", "serve"].iter().chain(&flags)).unwrap();
         let Command::Serve(a) = cli.cmd else {
             panic!("not a serve command")
         };
-        assert_eq!(a.settings.mode, Some(Mode::Auto));
-        assert_eq!(a.settings.auto_threshold, Some(30));
-        assert_eq!(a.settings.max_scanning_factor, Some(4));
+        let mut served = DedupConfig::default();
+        a.dedup.apply(&mut served).unwrap();
+        let ran = run_config(&run_args(&flags).unwrap()).unwrap().dedup;
+        assert_eq!(served, ran);
+        assert_eq!(served.backend, BackendKind::Ksm);
+        assert_eq!(served.ksm_assist, pagefold_dedup::AssistMode::Off);
+        assert!(!served.io_hints && !served.write_log);
+        assert_eq!(served.mode(), Mode::Auto);
+        assert_eq!(served.settings.auto_threshold, Some(30));
         assert_eq!(
-            a.settings.memory_signal,
+            served.settings.memory_signal,
             Some(pagefold_dedup::MemorySignal::Available)
         );
         let e =
             Cli::try_parse_from(["pagefold", "serve", "--max-scanning-factor", "x"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
+        // The VM's group is `run`'s alone (serve's VMs come from a config
+        // or the API).
+        assert!(Cli::try_parse_from(["pagefold", "serve", "--dedup-group", "g"]).is_err());
     }
 
     #[test]

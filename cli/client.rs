@@ -106,9 +106,9 @@ pub struct ServeArgs {
     /// VMs to start right away (TOML, as for `run`); more can be created through the API.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
-    /// Dedup settings (override the config's).
+    /// Dedup flags, as `run` takes them (override the config's).
     #[command(flatten)]
-    pub settings: pagefold_dedup::DedupSettings,
+    pub dedup: crate::cli::DedupFlags,
     #[command(flatten)]
     pub api: ApiServeArgs,
     #[command(flatten)]
@@ -170,7 +170,7 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     };
     a.seccomp.apply(&mut cfg);
     pagefold_vmm::seccomp::configure(cfg.seccomp_enabled())?;
-    crate::cli::settings_over(&a.settings, &mut cfg.dedup)?;
+    a.dedup.apply(&mut cfg.dedup)?;
     if !cfg.vms.is_empty() {
         cfg.validate(pagefold_vmm::memory::host_mem_total())?;
     }
