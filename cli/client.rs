@@ -164,6 +164,9 @@ impl SeccompArgs {
 
 /// `pagefold serve`: a daemon that runs VMs until SIGTERM or an API shutdown.
 pub fn serve(a: ServeArgs) -> Result<i32, Error> {
+    // First: a SIGTERM while the daemon sets up stops it cleanly once its
+    // loop runs, rather than killing it half set up.
+    pagefold_vmm::signals::install().map_err(|e| Error::Io(format!("signal handlers: {e}")))?;
     let mut cfg = match &a.config {
         Some(p) => Config::from_file(p)?,
         None => Config::default(),
@@ -185,6 +188,16 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
     runner.keep_alive = true;
     let api = start_api(&runner, &a.api, true)?;
     runner.start_all(&cfg)?;
+    // Ready: the API answers and the config's VMs run. Before the seccomp
+    // filter, which allows no new socket.
+    let status = api
+        .as_ref()
+        .and_then(|s| s.socket_path())
+        .map(|p| format!("STATUS=API on {}\n", p.display()))
+        .unwrap_or_default();
+    if let Err(e) = crate::notify::notify(&format!("READY=1\n{status}")) {
+        log::warn!("telling the service manager: {e}");
+    }
     // VMs created through the API later are created on this thread.
     pagefold_vmm::seccomp::install(pagefold_vmm::seccomp::ThreadKind::main(api.is_some()))?;
     let report = runner.run(|_| {})?;
@@ -195,11 +208,9 @@ pub fn serve(a: ServeArgs) -> Result<i32, Error> {
 }
 
 /// Like [`RunReport::exit_code`], except that VMs stopped on request (API
-/// delete or shutdown) are a normal end for a daemon.
+/// delete or shutdown, SIGTERM or SIGINT) are a normal end for a daemon:
+/// a supervisor that stops it (`systemctl stop`) sees exit status 0.
 fn serve_exit_code(r: &RunReport) -> i32 {
-    if r.signal.is_some() {
-        return r.exit_code();
-    }
     r.vms
         .iter()
         .map(|v| match &v.outcome {
@@ -535,8 +546,16 @@ mod tests {
             message: "x".into(),
         }));
         assert_eq!(serve_exit_code(&r), 3);
-        r.signal = Some("SIGTERM");
-        assert_eq!(serve_exit_code(&r), 143);
+        // Stopped by a signal: a requested end too.
+        let stopped = RunReport {
+            vms: vec![rep(Outcome::Stopped {
+                reason: "SIGTERM received".into(),
+            })],
+            signal: Some("SIGTERM"),
+            ..r
+        };
+        assert_eq!(serve_exit_code(&stopped), 0);
+        assert_eq!(stopped.exit_code(), 143, "run keeps the signal's status");
     }
 
     fn health(status: HealthStatus, responding: bool, age: Option<u64>) -> Health {

@@ -172,11 +172,7 @@ impl RunReport {
     /// failure; 3 a VM failed (guest crash or VMM error); 128+N on signal N.
     pub fn exit_code(&self) -> i32 {
         if let Some(sig) = self.signal {
-            return signals::exit_code(if sig == "SIGINT" {
-                libc::SIGINT
-            } else {
-                libc::SIGTERM
-            });
+            return signals::exit_code(signals::number(sig));
         }
         let mut code = 0;
         for v in &self.vms {
@@ -717,7 +713,18 @@ impl Runner {
                 .map_err(|e| Error::EventLoop(format!("{e:?}")))?;
             self.drain_events();
             self.serve_requests();
-            let sig = signals::received();
+            let mut sig = signals::received();
+            if signals::take_hangup() {
+                if self.keep_alive {
+                    // A daemon has no terminal to lose and no configuration
+                    // to reload: SIGHUP changes nothing (systemd's
+                    // convention for services without a reload).
+                    log::warn!("SIGHUP ignored: pagefold serve stops on SIGTERM or SIGINT");
+                } else if sig == 0 {
+                    // The terminal went away: stop as on SIGTERM, cleanly.
+                    sig = libc::SIGHUP;
+                }
+            }
             if sig != 0 && signal.is_none() {
                 signal = Some(signals::name(sig));
                 eprintln!(
