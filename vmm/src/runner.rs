@@ -212,6 +212,9 @@ pub struct Runner {
     /// Where the request being served spent its time, for the slow-request
     /// log line (one line per slow request, not one per part).
     request_parts: Option<String>,
+    /// The process's backend (shared with the API's handles); `res.dedup`
+    /// is the same backend, for the VMs.
+    dedup: control::DedupSlot,
     /// The dedup configuration a backend started at run time gets
     /// ([`Runner::allow_late_dedup`]); none: the API cannot start one.
     late_dedup: Option<Config>,
@@ -239,6 +242,7 @@ impl Runner {
         dedup: Option<crate::dedup::Dedup>,
         prefix_output: bool,
     ) -> Result<Runner, Error> {
+        let backend = dedup.as_ref().map(|d| d.backend.clone());
         let dedup = control::dedup_slot(dedup);
         let started = *PROCESS_START.get_or_init(Instant::now);
         let kvm = Kvm::new().map_err(Error::Kvm)?;
@@ -264,7 +268,7 @@ impl Runner {
             res: VmResources {
                 kvm: Arc::new(kvm),
                 cpuid,
-                dedup,
+                dedup: backend,
                 events: tx,
                 report_wake,
                 prefix_output,
@@ -285,6 +289,7 @@ impl Runner {
             last_sample: started,
             subscriber_ids: BTreeMap::new(),
             request_parts: None,
+            dedup,
             late_dedup: None,
             echo: true,
             keep_alive: false,
@@ -310,7 +315,7 @@ impl Runner {
     /// runs before each VM can have its vCPUs parked. Any failure leaves
     /// the process as it was: no backend, no VM registered.
     fn start_dedup(&mut self) -> Result<Response, RequestError> {
-        if self.res.dedup.get().is_some() {
+        if self.dedup.get().is_some() {
             return Ok(Response::Done);
         }
         let Some(cfg) = &self.late_dedup else {
@@ -351,8 +356,9 @@ impl Runner {
             d.backend.name(),
             self.vms.len()
         );
+        self.res.dedup = Some(d.backend.clone());
         // Only this thread sets the slot, and it was empty above.
-        let _ = self.res.dedup.set(d);
+        let _ = self.dedup.set(d);
         Ok(Response::Done)
     }
 
@@ -551,8 +557,8 @@ impl Runner {
             return;
         }
         self.last_sample = Instant::now();
-        if let Some(d) = self.res.dedup.get() {
-            let s = d.backend.stats();
+        if let Some(d) = &self.res.dedup {
+            let s = d.stats();
             // The watchdog: say so once when the engine's own judgement
             // is that a wake-up is overdue (GET /health answers 503 then).
             if s.wakeup_overdue != self.engine_stalled {
@@ -634,7 +640,7 @@ impl Runner {
     }
 
     pub fn dedup(&self) -> Option<&Arc<dyn DedupBackend>> {
-        self.res.dedup.get().map(|d| &d.backend)
+        self.res.dedup.as_ref()
     }
 
     /// Starts stopping every VM.
@@ -763,8 +769,8 @@ impl Drop for Runner {
                 reason: "pagefold is exiting".into(),
             });
         }
-        if let Some(d) = self.res.dedup.get() {
-            d.backend.shutdown();
+        if let Some(d) = &self.res.dedup {
+            d.shutdown();
         }
     }
 }

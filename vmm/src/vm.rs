@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::thread::JoinHandleExt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -93,8 +93,7 @@ impl Error {
 pub struct VmResources {
     pub kvm: Arc<Kvm>,
     pub cpuid: CpuId,
-    /// The process's dedup backend, if it has one yet.
-    pub dedup: crate::control::DedupSlot,
+    pub dedup: Option<Arc<dyn DedupBackend>>,
     pub events: crossbeam_channel::Sender<workload::Event>,
     /// Written when a guest may have reported something.
     pub report_wake: Arc<EventFd>,
@@ -133,6 +132,9 @@ pub struct Vm {
     threads: Vec<JoinHandle<()>>,
     regions: Vec<RegionId>,
     dedup: Option<Arc<dyn DedupBackend>>,
+    /// Where the virtio-blk devices send their I/O hints: the backend once
+    /// the VM is registered with one.
+    hint_target: Arc<RwLock<Option<Arc<dyn DedupBackend>>>>,
     /// Given to the dedup backend for its regions once the vCPUs run.
     quiescer: Option<Arc<VcpuQuiescer>>,
     workload: Option<Arc<workload::Control>>,
@@ -191,7 +193,7 @@ impl Vm {
         setup("PIT", vm_fd.create_pit2(pit))?;
 
         let mem = memory::create(config.memory_bytes())?;
-        let backend = res.dedup.get().map(|d| d.backend.clone());
+        let backend = res.dedup.clone();
         // The dedup engine reads KVM's dirty log of guest RAM (see
         // `crate::dirty_log`): logging starts with the memslot, so the
         // engine's first collection covers every write the guest made.
@@ -231,17 +233,18 @@ impl Vm {
 
         // I/O hints: ranges virtio-blk reads fill go to the dedup backend
         // (host addresses), which visits those pages first.
-        // The hook reads the process's backend slot at each call, so a
-        // backend started after this VM (the API turning dedup on) gets the
-        // hints too.
+        // The hook reads the VM's hint target at each call, so a backend
+        // started after this VM ([`Vm::attach_dedup`]) gets the hints too.
+        let hint_target = Arc::new(RwLock::new(backend.clone()));
         let filled: Option<pagefold_devices::virtio::block::WriteHook> =
             config.dedup.enabled.then(|| {
-                let (slot, m) = (res.dedup.clone(), mem.clone());
+                let (target, m) = (hint_target.clone(), mem.clone());
                 Arc::new(move |gpa: u64, len: usize| {
+                    let d = target.read().unwrap_or_else(|e| e.into_inner());
                     if let (Some(d), Ok(h)) =
-                        (slot.get(), m.get_host_address(vm_memory::GuestAddress(gpa)))
+                        (d.as_ref(), m.get_host_address(vm_memory::GuestAddress(gpa)))
                     {
-                        d.backend.hint(h as usize, len);
+                        d.hint(h as usize, len);
                     }
                 }) as pagefold_devices::virtio::block::WriteHook
             });
@@ -310,6 +313,7 @@ impl Vm {
             regions: Vec::new(),
             quiescer: None,
             dedup: backend,
+            hint_target,
             workload,
             workload_params,
             serial,
@@ -459,11 +463,12 @@ impl Vm {
                 ),
             }
         }
-        self.dedup = Some(backend);
+        self.dedup = Some(backend.clone());
         if let Err(e) = self.register_dedup() {
             self.detach_dedup();
             return Err(e);
         }
+        *self.hint_target.write().unwrap_or_else(|e| e.into_inner()) = Some(backend);
         if self.ctx.is_none() {
             self.attach_quiescer();
         }
@@ -476,6 +481,7 @@ impl Vm {
         let Some(d) = self.dedup.take() else {
             return;
         };
+        *self.hint_target.write().unwrap_or_else(|e| e.into_inner()) = None;
         if self.quiescer.take().is_some() || self.dirty_logged {
             d.detach_guest(&self.regions);
         }
