@@ -94,8 +94,9 @@ pub enum PlacementArg {
 /// Output files shared by both benchmarks.
 #[derive(Args, Debug)]
 pub struct Outputs {
-    /// Write the rows as a JSON array here.
-    #[arg(long)]
+    /// Write the rows as a JSON array to this file (`--json` is the old
+    /// spelling, still accepted).
+    #[arg(long = "json-file", alias = "json", value_name = "FILE")]
     pub json: Option<String>,
     /// Write an SVG chart here, and the same chart as PNG beside it (X.svg -> X.png).
     #[arg(long)]

@@ -21,10 +21,36 @@ mod client;
 
 pub use crate::error::Error;
 
+// The `bench` feature, in words, for `VERSION` (`concat!` takes literals).
+#[cfg(feature = "bench")]
+macro_rules! benchmarks_built_in {
+    () => {
+        "benchmarks built in"
+    };
+}
+#[cfg(not(feature = "bench"))]
+macro_rules! benchmarks_built_in {
+    () => {
+        "without benchmarks: build with --features bench"
+    };
+}
+
+/// `pagefold --version`: the crate version, the git commit it was built
+/// from (build.rs; "unknown" without git), and whether the benchmarks are
+/// built in (the `bench` feature).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PAGEFOLD_GIT_COMMIT"),
+    "; ",
+    benchmarks_built_in!(),
+    ")"
+);
+
 #[derive(Parser, Debug)]
 #[command(
     name = "pagefold",
-    version,
+    version = VERSION,
     about = "A KVM VMM with a userspace guest-memory deduplication engine",
     long_about = "pagefold runs KVM virtual machines — small built-in workload guests or Linux kernels — \
 several per process, and merges identical guest pages copy-on-write, in the VMM, \
@@ -55,9 +81,12 @@ pub enum Command {
     /// Manage the VMs of a running pagefold.
     #[command(subcommand)]
     Vm(client::VmCommand),
-    /// Change a running pagefold's dedup mode and knobs.
+    /// Change a running pagefold's dedup mode and knobs (in a daemon
+    /// started without dedup, `dedup set mode=on` starts it).
     #[command(subcommand)]
     Dedup(client::DedupCommand),
+    /// Stop a running pagefold daemon: every VM stops and it exits.
+    Shutdown(client::ShutdownArgs),
     /// Benchmarks: pagefold against the kernel's KSM, side by side.
     // Hidden in builds without the `bench` feature, where it only says so.
     #[cfg_attr(not(feature = "bench"), command(hide = true))]
@@ -76,8 +105,9 @@ pub struct DemoArgs {
     /// Memory per VM.
     #[arg(long, default_value = "256M")]
     pub memory: String,
-    /// Write the final report as JSON to this file.
-    #[arg(long)]
+    /// Write the final report as JSON to this file (`--json` is the old
+    /// spelling, still accepted).
+    #[arg(long = "json-file", alias = "json", value_name = "FILE")]
     pub json: Option<PathBuf>,
     #[command(flatten)]
     pub api: client::ApiServeArgs,
@@ -119,8 +149,9 @@ pub struct RunArgs {
     /// the first VM that boots a kernel).
     #[arg(long)]
     pub stdin_vm: Option<String>,
-    /// Write the final report as JSON to this file.
-    #[arg(long)]
+    /// Write the final report as JSON to this file (`--json` is the old
+    /// spelling, still accepted).
+    #[arg(long = "json-file", alias = "json", value_name = "FILE")]
     pub json: Option<PathBuf>,
     #[command(flatten)]
     pub api: client::ApiServeArgs,
@@ -465,6 +496,7 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
         Command::Status(a) => client::status(a),
         Command::Vm(c) => client::vm(c),
         Command::Dedup(c) => client::dedup(c),
+        Command::Shutdown(a) => client::shutdown(a),
         Command::Bench(c) => bench::run(c),
         Command::Ksm(c) => ksm::run(c),
     }
@@ -694,6 +726,65 @@ mod tests {
         // The VM's group is `run`'s alone (serve's VMs come from a config
         // or the API).
         assert!(Cli::try_parse_from(["pagefold", "serve", "--dedup-group", "g"]).is_err());
+    }
+
+    /// Every subcommand and argument a user sees says what it is for.
+    #[test]
+    fn no_help_text_is_empty() {
+        fn walk(cmd: &clap::Command, path: &str, empty: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if a.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    empty.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.is_hide_set() || sub.get_name() == "help" {
+                    continue;
+                }
+                let p = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    empty.push(p.clone());
+                }
+                walk(sub, &p, empty);
+            }
+        }
+        let mut empty = Vec::new();
+        walk(
+            &<Cli as clap::CommandFactory>::command(),
+            "pagefold",
+            &mut empty,
+        );
+        assert!(empty.is_empty(), "without help text: {empty:?}");
+    }
+
+    #[test]
+    fn version_names_the_commit_and_the_benchmarks() {
+        let v = <Cli as clap::CommandFactory>::command().render_version();
+        assert!(v.starts_with("pagefold 0."), "{v}");
+        let commit = env!("PAGEFOLD_GIT_COMMIT");
+        assert!(
+            commit == "unknown" || commit.chars().all(|c| c.is_ascii_hexdigit()),
+            "{commit}"
+        );
+        assert!(v.contains(&format!("(commit {commit}; ")), "{v}");
+        assert_eq!(
+            v.contains("benchmarks built in"),
+            cfg!(feature = "bench"),
+            "{v}"
+        );
+    }
+
+    /// Report files: `--json-file`, with the old `--json FILE` still taken.
+    #[test]
+    fn report_files_are_json_file_and_json_still_works() {
+        for flag in ["--json-file", "--json"] {
+            let a = run_args(&[flag, "r.json"]).unwrap();
+            assert_eq!(a.json.as_deref(), Some(std::path::Path::new("r.json")));
+        }
     }
 
     #[test]

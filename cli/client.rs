@@ -36,11 +36,15 @@ pub struct ApiServeArgs {
     pub api_tcp_allow_remote: bool,
 }
 
+/// The environment variable naming the API socket, for the client
+/// commands and `serve` alike (`--api-sock` wins over it).
+pub const SOCKET_ENV: &str = "PAGEFOLD_API_SOCK";
+
 /// The socket a client command talks to.
 #[derive(Args, Debug, Clone)]
 pub struct ClientArgs {
     /// The API socket of the pagefold to talk to (default $XDG_RUNTIME_DIR/pagefold/api.sock, or /run/pagefold/api.sock as root).
-    #[arg(long)]
+    #[arg(long, env = SOCKET_ENV)]
     pub api_sock: Option<PathBuf>,
 }
 
@@ -53,10 +57,28 @@ pub struct StatusArgs {
     pub client: ClientArgs,
 }
 
+/// `pagefold shutdown`.
+#[derive(Args, Debug)]
+pub struct ShutdownArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum VmCommand {
     /// List the VMs.
     List {
+        /// Print the VMs as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// One VM: its state, size, group, uptime, outcome and dedup figures.
+    Info {
+        /// The VM's name.
+        name: String,
+        /// Print the VM (and its dedup figures) as JSON.
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -64,6 +86,7 @@ pub enum VmCommand {
     },
     /// Create and start the VMs of a config file (TOML `[[vm]]` tables, or one JSON VM object).
     Create {
+        /// The file: TOML with `[[vm]]` tables or one VM's keys, or a .json file with one VM object.
         #[arg(long, short = 'c')]
         config: PathBuf,
         #[command(flatten)]
@@ -71,18 +94,21 @@ pub enum VmCommand {
     },
     /// Pause a VM.
     Pause {
+        /// The VM's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Resume a paused VM.
     Resume {
+        /// The VM's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
     },
     /// Stop a VM and release its memory.
     Delete {
+        /// The VM's name.
         name: String,
         #[command(flatten)]
         client: ClientArgs,
@@ -94,8 +120,12 @@ pub enum DedupCommand {
     /// Change the dedup mode or knobs: mode=off|on|unmerge|auto, pages_to_scan=N, sleep_millisecs=N,
     /// max_page_sharing=N, auto_threshold=PCT, max_scanning_factor=N, memory_signal=free|available.
     Set {
+        /// The settings to change, e.g. mode=on pages_to_scan=4096.
         #[arg(required = true, value_name = "KEY=VALUE")]
         settings: Vec<String>,
+        /// Print the new state as JSON (as `GET /api/v1/dedup` has it).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -117,9 +147,14 @@ pub struct ServeArgs {
 
 /// Starts the API server for `runner`, if asked to (always for `serve`).
 pub fn start_api(runner: &Runner, a: &ApiServeArgs, daemon: bool) -> Result<Option<Server>, Error> {
+    let from_env = || {
+        std::env::var_os(SOCKET_ENV)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+    };
     let unix = match (&a.api_sock, daemon) {
         (Some(p), _) => Some(p.clone()),
-        (None, true) => Some(pagefold_api::default_socket_path()),
+        (None, true) => Some(from_env().unwrap_or_else(pagefold_api::default_socket_path)),
         (None, false) => None,
     };
     if unix.is_none() && a.api_tcp.is_none() {
@@ -387,7 +422,7 @@ pub fn status(a: StatusArgs) -> Result<i32, Error> {
             dedup: dedup.as_ref(),
         };
         outln!("{}", pretty(&all)?)?;
-        return Ok(0);
+        return Ok(health_exit_code(&health));
     }
     let mut text = format!("pagefold at {}: {} VM(s)\n", c.target(), vms.len());
     text += &stall_line(&health);
@@ -397,7 +432,57 @@ pub fn status(a: StatusArgs) -> Result<i32, Error> {
     }
     text += &vm_table(&vms, dedup.as_ref());
     out!("{text}")?;
+    Ok(health_exit_code(&health))
+}
+
+/// `status`'s exit status: 0 when the daemon reports itself healthy, 1
+/// when not (the dedup engine stalled), so that scripts and monitors can
+/// test it.
+fn health_exit_code(h: &Health) -> i32 {
+    match h.status {
+        HealthStatus::Ok => 0,
+        _ => 1,
+    }
+}
+
+/// `pagefold shutdown`: the daemon stops every VM and exits.
+pub fn shutdown(a: ShutdownArgs) -> Result<i32, Error> {
+    let c = client(&a.client)?;
+    c.shutdown().map_err(api_err)?;
+    outln!("shutting down pagefold at {}", c.target())?;
     Ok(0)
+}
+
+/// What `pagefold vm info --json` prints: the VM as `GET /vms/NAME` has
+/// it, and its dedup figures (null without a backend or registration).
+#[derive(Serialize)]
+struct VmInfoJson<'a> {
+    vm: &'a VmInfo,
+    dedup: Option<&'a OwnerView>,
+}
+
+/// `pagefold vm info NAME`: one VM, as a list of fields.
+fn vm_info_text(v: &VmInfo, owner: Option<&OwnerView>) -> String {
+    let mut s = format!("name         {}\n", v.name);
+    s += &format!("state        {}\n", state_name(v.state));
+    s += &format!("vcpus        {}\n", v.vcpus);
+    s += &format!("memory       {}\n", fmt_size(v.memory_bytes));
+    s += &format!("uptime       {:.1} s\n", v.uptime_s);
+    s += &format!(
+        "dedup group  {}\n",
+        v.dedup_group.as_deref().unwrap_or("- (dedup disabled)")
+    );
+    s += &format!("outcome      {}\n", outcome_text(v.outcome.as_ref()));
+    match owner {
+        Some(o) => {
+            s += &format!("tracked      {} pages\n", o.pages_tracked);
+            s += &format!("merged       {} pages\n", o.pages_merged);
+            s += &format!("zero         {} pages\n", o.zero_pages);
+            s += &format!("saved        {}\n", fmt_size(o.bytes_saved));
+        }
+        None => s += "dedup        - (not registered with a dedup backend)\n",
+    }
+    s
 }
 
 /// Reads VMs from a TOML config (`[[vm]]` tables or one VM's keys) or JSON.
@@ -426,7 +511,8 @@ fn vms_from_file(path: &Path) -> Result<Vec<VmConfig>, Error> {
 pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
     if let VmCommand::Pause { name, .. }
     | VmCommand::Resume { name, .. }
-    | VmCommand::Delete { name, .. } = &cmd
+    | VmCommand::Delete { name, .. }
+    | VmCommand::Info { name, .. } = &cmd
     {
         // Such a name cannot exist, and as a URL path segment it might not
         // even reach the VM's resource (`..`).
@@ -446,6 +532,27 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
                 // `status`'s: the backend's per-owner statistics.
                 let dedup = c.dedup().map_err(api_err)?;
                 out!("{}", vm_table(&vms, dedup.as_ref()))?;
+            }
+        }
+        VmCommand::Info {
+            name,
+            json,
+            client: ca,
+        } => {
+            let c = client(&ca)?;
+            let info = c.vm(&name).map_err(api_err)?;
+            let dedup = c.dedup().map_err(api_err)?;
+            let owner = dedup.as_ref().and_then(|d| d.per_owner.get(&name));
+            if json {
+                outln!(
+                    "{}",
+                    pretty(&VmInfoJson {
+                        vm: &info,
+                        dedup: owner
+                    })?
+                )?;
+            } else {
+                out!("{}", vm_info_text(&info, owner))?;
             }
         }
         VmCommand::Create { config, client: ca } => {
@@ -478,12 +585,17 @@ fn set_state(ca: &ClientArgs, name: &str, state: VmTarget) -> Result<(), Error> 
 pub fn dedup(cmd: DedupCommand) -> Result<i32, Error> {
     let DedupCommand::Set {
         settings,
+        json,
         client: ca,
     } = cmd;
     let settings = patch::from_pairs(&settings).map_err(|e| Error::Usage(e.to_string()))?;
     let c = client(&ca)?;
     let d = c.patch_dedup(&settings).map_err(api_err)?;
-    out!("{}", dedup_summary(&d)?)?;
+    if json {
+        outln!("{}", pretty(&d)?)?;
+    } else {
+        out!("{}", dedup_summary(&d)?)?;
+    }
     Ok(0)
 }
 
@@ -587,6 +699,18 @@ mod tests {
             );
         }
         DedupView::new(stats, pagefold_dedup::DEFAULT_KNOBS, None)
+    }
+
+    #[test]
+    fn status_fails_when_the_daemon_is_unhealthy() {
+        assert_eq!(
+            health_exit_code(&health(HealthStatus::Ok, true, Some(20))),
+            0
+        );
+        assert_eq!(
+            health_exit_code(&health(HealthStatus::Stalled, true, Some(12500))),
+            1
+        );
     }
 
     #[test]

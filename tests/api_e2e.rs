@@ -756,3 +756,67 @@ fn a_daemon_started_without_dedup_turns_it_on() {
     let o = wait_bounded(child, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+/// Runs a client command with the socket from `PAGEFOLD_API_SOCK`.
+fn cli_env(args: &[&str], sock: &Path) -> std::process::Output {
+    let child = pagefold()
+        .args(args)
+        .env("PAGEFOLD_API_SOCK", sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pagefold");
+    wait_bounded(child, Duration::from_secs(60))
+}
+
+/// `serve` and the client commands find the socket in
+/// `PAGEFOLD_API_SOCK`; `vm info` shows one VM; `dedup set --json` prints
+/// the new state as JSON; `shutdown` ends the daemon.
+#[test]
+fn vm_info_shutdown_and_the_socket_variable() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-env");
+    let sock = dir.path("api.sock");
+    let mut child = pagefold()
+        .arg("serve")
+        .env("PAGEFOLD_API_SOCK", &sock)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pagefold serve");
+    wait_for_api(&mut child, &sock);
+    let body = r#"{"memory": "32M", "serial": "null", "workload": {"shared": "8M", "private": "4M", "phases": ["fill", "wait"]}}"#;
+    curl_json(&sock, "PUT", "/vms/vm0", Some(body), 201);
+
+    let o = cli_env(&["status"], &sock);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = cli_env(&["vm", "info", "vm0"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for line in [
+        "name         vm0",
+        "state        running",
+        "memory       32 MiB",
+    ] {
+        assert!(out.contains(line), "{line:?} missing in {out}");
+    }
+    assert!(out.contains("not registered with a dedup backend"), "{out}");
+    let o = cli_env(&["vm", "info", "ghost"], &sock);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+
+    let o = cli_env(&["dedup", "set", "mode=on", "--json"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    let d: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(d["mode"], "on");
+    let o = cli_env(&["vm", "info", "vm0", "--json"], &sock);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(v["vm"]["name"], "vm0");
+    assert!(v["dedup"]["pages_tracked"].as_u64().unwrap() > 0, "{v}");
+
+    let o = cli_env(&["shutdown"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!sock.exists(), "socket left behind");
+}

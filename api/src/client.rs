@@ -332,6 +332,18 @@ impl Client {
         decode("PATCH", &path, &r)
     }
 
+    /// `GET /vms/{name}`.
+    pub fn vm(&self, name: &str) -> Result<VmInfo, ClientError> {
+        let path = format!("/vms/{name}");
+        let r = self.typed("GET", &path, None::<&()>)?;
+        decode("GET", &path, &r)
+    }
+
+    /// `PUT /shutdown`: the daemon stops every VM and exits.
+    pub fn shutdown(&self) -> Result<(), ClientError> {
+        self.typed("PUT", "/shutdown", None::<&()>).map(drop)
+    }
+
     /// `DELETE /vms/{name}`.
     pub fn delete_vm(&self, name: &str) -> Result<(), ClientError> {
         self.typed("DELETE", &format!("/vms/{name}"), None::<&()>)
