@@ -57,9 +57,10 @@ several per process, and merges identical guest pages copy-on-write, in the VMM,
 faster than the kernel's KSM and only when memory is short (auto mode)."
 )]
 pub struct Cli {
-    /// Log level for pagefold's own diagnostics (error, warn, info, debug).
-    #[arg(long, global = true, default_value = "warn")]
-    pub log: String,
+    /// Level of the diagnostics on stderr (default: from RUST_LOG, e.g.
+    /// `info,pagefold_dedup=debug`, else warn).
+    #[arg(long, global = true, value_enum, value_name = "LEVEL")]
+    pub log: Option<crate::logging::Level>,
     #[command(subcommand)]
     pub cmd: Command,
 }
@@ -442,7 +443,7 @@ fn run_vms(
             };
             match client::status(args) {
                 Ok(_) | Err(Error::StdoutClosed) => {}
-                Err(e) => eprintln!("pagefold status: {e}"),
+                Err(e) => log::warn!("demo: pagefold status: {e}"),
             }
             let _ = write_out_or_drop("\n");
         });
@@ -472,7 +473,10 @@ fn run_vms(
 }
 
 pub fn dispatch(cli: Cli) -> Result<i32, Error> {
-    init_log(&cli.log);
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = crate::logging::filter(cli.log, rust_log.as_deref())
+        .map_err(|e| Error::Usage(e.to_string()))?;
+    crate::logging::init(filter);
     match cli.cmd {
         Command::Run(a) => {
             let json = a.json.clone();
@@ -500,37 +504,6 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
         Command::Bench(c) => bench::run(c),
         Command::Ksm(c) => ksm::run(c),
     }
-}
-
-fn init_log(level: &str) {
-    let l = match level {
-        "error" => log::LevelFilter::Error,
-        "info" => log::LevelFilter::Info,
-        "debug" => log::LevelFilter::Debug,
-        "trace" => log::LevelFilter::Trace,
-        _ => log::LevelFilter::Warn,
-    };
-    static LOGGER: StderrLogger = StderrLogger;
-    let _ = log::set_logger(&LOGGER);
-    log::set_max_level(l);
-}
-
-struct StderrLogger;
-
-impl log::Log for StderrLogger {
-    fn enabled(&self, m: &log::Metadata) -> bool {
-        m.level() <= log::max_level()
-    }
-    fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
-            eprintln!(
-                "pagefold: {}: {}",
-                r.level().as_str().to_lowercase(),
-                r.args()
-            );
-        }
-    }
-    fn flush(&self) {}
 }
 
 #[cfg(test)]

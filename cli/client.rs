@@ -171,10 +171,10 @@ pub fn start_api(runner: &Runner, a: &ApiServeArgs, daemon: bool) -> Result<Opti
             other => Error::Io(other.to_string()),
         })?;
     if let Some(p) = server.socket_path() {
-        eprintln!("pagefold: API on {}", p.display());
+        log::info!("API on {}", p.display());
     }
     if let Some(t) = server.tcp_addr() {
-        eprintln!("pagefold: API on http://{t}/api/v1");
+        log::info!("API on http://{t}/api/v1");
     }
     Ok(Some(server))
 }

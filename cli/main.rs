@@ -10,6 +10,7 @@ mod bench;
 mod cli;
 mod error;
 mod ksm;
+mod logging;
 mod notify;
 mod output;
 mod report;

@@ -77,7 +77,7 @@ fn thread_init() -> Option<pagefold_dedup::ThreadInit> {
             DedupThread::KsmDriver => ThreadKind::Ksm,
         };
         if let Err(e) = seccomp::install(kind) {
-            eprintln!("pagefold: error: {e}");
+            log::error!("{e}");
             std::process::exit(3);
         }
     })))

@@ -733,10 +733,7 @@ impl Runner {
             }
             if sig != 0 && signal.is_none() {
                 signal = Some(signals::name(sig));
-                eprintln!(
-                    "pagefold: {} received, stopping all VMs",
-                    signals::name(sig)
-                );
+                log::warn!("{} received, stopping all VMs", signals::name(sig));
                 self.stop_all(&format!("{} received", signals::name(sig)));
             }
             self.sample_dedup();
