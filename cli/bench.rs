@@ -110,6 +110,7 @@ pub struct Outputs {
 pub struct SeedArgs {
     #[command(flatten)]
     pub out: Outputs,
+    /// Which memory shapes to run.
     #[arg(long, value_enum, default_value = "both")]
     pub shape: ShapeArg,
     /// Size of each of the two regions of the scattered shape, in MiB.
@@ -159,6 +160,8 @@ pub struct AutoArgs {
     /// Seconds untriggered (content in place) before free memory drops.
     #[arg(long, default_value_t = 20)]
     pub untriggered_secs: u64,
+    /// Seconds after the trigger a system may take to reach 90 % of the
+    /// saving; its run then ends without it.
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
 }
