@@ -107,6 +107,12 @@ def crate_graph(quiet):
             if d["name"] not in LAYER:
                 continue
             kind = d["kind"] or "normal"
+            if d["name"] == name and kind == "dev":
+                # A crate's dev-dependency on itself turns on its test-only
+                # features (e.g. dedup's `testing` hooks) for its own
+                # integration tests and benches: no arrow to another crate.
+                deps.append(f"{name} (dev; itself, test features)")
+                continue
             note = [] if kind == "normal" else [kind]
             if d.get("optional"):
                 feats = [
