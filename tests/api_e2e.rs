@@ -349,33 +349,12 @@ fn dedup_figures_and_knobs_over_the_api() {
     assert_eq!(d["knobs"]["sleep_millisecs"], 5);
 
     // The two identical guests get merged: figures move, per VM too.
-    let start = Instant::now();
-    loop {
-        let d = curl_json(&sock, "GET", "/dedup", None, 200);
-        let merged = |vm: &str| d["per_owner"][vm]["pages_merged"].as_u64().unwrap_or(0);
-        if d["pages_sharing"].as_u64().unwrap() > 1000 && merged("vm0") > 0 && merged("vm1") > 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no merging seen: {d}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_merged_vm0_vm1(&sock);
     // Once the guests wait, the engine's figures are the page tables'.
-    let claimed = || {
-        let d = curl_json(&sock, "GET", "/dedup", None, 200);
-        let n = |k: &str| d[k].as_u64().unwrap();
-        Claimed {
-            pages_sharing: n("pages_sharing"),
-            pages_shared: Some(n("pages_shared")),
-            pool_pages: Some(n("pool_pages")),
-        }
-    };
     let (c, a) = wait_agreement(
         "two workload VMs",
         child.id(),
-        claimed,
+        || engine_claims(&sock),
         Duration::from_secs(60),
     );
     assert!(c.pages_sharing > 1000 && a.ksm_sharing == 0, "{c:?} {a:?}");
@@ -686,6 +665,36 @@ fn run_with_a_closed_stdout_still_runs_its_vms() {
     assert_eq!(common::vm(&r, "vm0")["exit_status"], 0, "{r}");
 }
 
+/// Waits (up to 60 s) until the engine shares over 1000 pages and has
+/// merged pages of both `vm0` and `vm1`.
+fn wait_merged_vm0_vm1(sock: &Path) {
+    let start = Instant::now();
+    loop {
+        let d = curl_json(sock, "GET", "/dedup", None, 200);
+        let merged = |vm: &str| d["per_owner"][vm]["pages_merged"].as_u64().unwrap_or(0);
+        if d["pages_sharing"].as_u64().unwrap() > 1000 && merged("vm0") > 0 && merged("vm1") > 0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no merging seen: {d}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The pagefold engine's figures from `GET /dedup`, for the page-table
+/// audit.
+fn engine_claims(sock: &Path) -> Claimed {
+    let d = curl_json(sock, "GET", "/dedup", None, 200);
+    let n = |k: &str| d[k].as_u64().unwrap();
+    Claimed {
+        pages_sharing: n("pages_sharing"),
+        pages_shared: Some(n("pages_shared")),
+        pool_pages: Some(n("pool_pages")),
+    }
+}
+
 /// A daemon started without `--dedup` turns it on through the API, without
 /// a restart: the running VMs' memory is registered with the new backend
 /// and merged, and a VM created afterwards is registered too.
@@ -714,19 +723,7 @@ fn a_daemon_started_without_dedup_turns_it_on() {
     let h = curl_json(&sock, "GET", "/health", None, 200);
     assert_eq!(h["dedup_backend"], "pagefold", "{h}");
     // The two identical guests get merged.
-    let start = Instant::now();
-    loop {
-        let d = curl_json(&sock, "GET", "/dedup", None, 200);
-        let merged = |vm: &str| d["per_owner"][vm]["pages_merged"].as_u64().unwrap_or(0);
-        if d["pages_sharing"].as_u64().unwrap() > 1000 && merged("vm0") > 0 && merged("vm1") > 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no merging seen: {d}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_merged_vm0_vm1(&sock);
     // A VM created now registers with the backend as it is created.
     curl_json(&sock, "PUT", "/vms/vm2", Some(body), 201);
     let d = curl_json(&sock, "GET", "/dedup", None, 200);
@@ -736,19 +733,10 @@ fn a_daemon_started_without_dedup_turns_it_on() {
     );
     // The engine's figures are the page tables' (nothing claimed that is
     // not mapped so).
-    let claimed = || {
-        let d = curl_json(&sock, "GET", "/dedup", None, 200);
-        let n = |k: &str| d[k].as_u64().unwrap();
-        Claimed {
-            pages_sharing: n("pages_sharing"),
-            pages_shared: Some(n("pages_shared")),
-            pool_pages: Some(n("pool_pages")),
-        }
-    };
     let (c, _) = wait_agreement(
         "three workload VMs, dedup started late",
         child.id(),
-        claimed,
+        || engine_claims(&sock),
         Duration::from_secs(60),
     );
     assert!(c.pages_sharing > 1000, "{c:?}");
