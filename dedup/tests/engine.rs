@@ -115,14 +115,10 @@ fn unmerge_copies_each_page_from_where_its_content_is() {
     // merged: its own content, not the slot's, must survive).
     let e = engine(256);
     let pm = Pagemap::open().unwrap();
-    let a = Mem::new(192);
-    for i in 0..192 {
-        a.fill(i, 1 + (i as u64 % 3));
-    }
-    a.register(&e, "a", "g");
-    e.scan_now(2);
-    assert!(e.stats().pages_sharing > 150, "{:?}", e.stats());
-    let mut want: Vec<Vec<u8>> = (0..192).map(|i| pattern(1 + (i as u64 % 3))).collect();
+    let (a, _) = merged_three_patterns(&e);
+    let mut want: Vec<Vec<u8>> = (0..THREE_PATTERN_PAGES)
+        .map(|i| pattern(three_pattern(i)))
+        .collect();
     let (mut untouched, mut read, mut written) = (0, 0, 0);
     for (i, w) in want.iter_mut().enumerate() {
         let en = a.entry(&pm, i);
@@ -184,14 +180,10 @@ fn unmerge_keeps_a_written_page_that_went_to_swap() {
     }
     let e = engine(256);
     let pm = Pagemap::open().unwrap();
-    let a = Mem::new(192);
-    for i in 0..192 {
-        a.fill(i, 1 + (i as u64 % 3));
-    }
-    a.register(&e, "a", "g");
-    e.scan_now(2);
-    assert!(e.stats().pages_sharing > 150, "{:?}", e.stats());
-    let mut want: Vec<Vec<u8>> = (0..192).map(|i| pattern(1 + (i as u64 % 3))).collect();
+    let (a, _) = merged_three_patterns(&e);
+    let mut want: Vec<Vec<u8>> = (0..THREE_PATTERN_PAGES)
+        .map(|i| pattern(three_pattern(i)))
+        .collect();
     let mut written = Vec::new();
     for (i, w) in want.iter_mut().enumerate() {
         let en = a.entry(&pm, i);

@@ -36,15 +36,8 @@ fn a_region_leaving_after_a_failed_unmerge_keeps_its_pages() {
     // reused another page's content (docs/merge-races.md §14).
     let e = engine(256);
     let pm = Pagemap::open().unwrap();
-    let a = Mem::new(192);
-    for i in 0..192 {
-        a.fill(i, 1 + (i as u64 % 3));
-    }
-    let id = a.register(&e, "a", "g");
-    e.scan_now(2);
-    let before = e.stats();
-    assert!(before.pages_sharing > 150, "{before:?}");
-    let in_pool = (0..192)
+    let (a, id) = merged_three_patterns(&e);
+    let in_pool = (0..THREE_PATTERN_PAGES)
         .filter(|&i| {
             let en = a.entry(&pm, i);
             !en.present() || en.file()
@@ -58,8 +51,8 @@ fn a_region_leaving_after_a_failed_unmerge_keeps_its_pages() {
     set_as_limit(libc::RLIM_INFINITY);
     res.unwrap();
 
-    for i in 0..192 {
-        assert_eq!(a.read(i), pattern(1 + (i as u64 % 3)), "page {i}");
+    for i in 0..THREE_PATTERN_PAGES {
+        assert_eq!(a.read(i), pattern(three_pattern(i)), "page {i}");
     }
     assert!(
         e.stats().pool_pages > 0,

@@ -207,6 +207,29 @@ pub fn scattered_pair(n: usize) -> (Mem, Mem, Vec<usize>) {
     (a, b, perm)
 }
 
+/// Pages of [`merged_three_patterns`]'s region.
+pub const THREE_PATTERN_PAGES: usize = 192;
+
+/// The pattern value of page `i` of [`merged_three_patterns`]'s region.
+pub fn three_pattern(i: usize) -> u64 {
+    1 + (i as u64 % 3)
+}
+
+/// A region of [`THREE_PATTERN_PAGES`] pages holding three contents in
+/// turn ([`three_pattern`]), registered as owner "a" in group "g" and
+/// merged by two driven passes: over 150 of its pages share. The tests
+/// of the unmerge and removal paths start from it.
+pub fn merged_three_patterns(e: &Engine) -> (Mem, RegionId) {
+    let a = Mem::new(THREE_PATTERN_PAGES);
+    for i in 0..THREE_PATTERN_PAGES {
+        a.fill(i, three_pattern(i));
+    }
+    let id = a.register(e, "a", "g");
+    e.scan_now(2);
+    assert!(e.stats().pages_sharing > 150, "{:?}", e.stats());
+    (a, id)
+}
+
 /// Engine with fast knobs for tests.
 pub fn engine(max_sharing: u64) -> Engine {
     Engine::new(EngineConfig {
