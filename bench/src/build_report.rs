@@ -120,15 +120,11 @@ pub fn build_goals(r: &BuildReport) -> Vec<Goal> {
             String::new(),
         ));
     }
-    if !r.rows.is_empty() {
-        let agree = r.rows.iter().filter(|x| x.checksums_agree).count();
-        out.push(Goal::at_least(
-            "every system's guests write the expected checksums (share of systems)".into(),
-            Some(agree as f64 / r.rows.len() as f64),
-            1.0,
-            String::new(),
-        ));
-    }
+    out.extend(Goal::every_system(
+        "guests write the expected checksums",
+        &r.rows,
+        |x| x.checksums_agree,
+    ));
     out
 }
 

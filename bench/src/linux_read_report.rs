@@ -132,15 +132,11 @@ pub fn linux_read_goals(r: &LinuxReadReport) -> Vec<Goal> {
             ),
         ));
     }
-    if !r.rows.is_empty() {
-        let agree = r.rows.iter().filter(|x| x.md5s_agree).count();
-        out.push(Goal::at_least(
-            "every system's guests read intact data (share of systems)".into(),
-            Some(agree as f64 / r.rows.len() as f64),
-            1.0,
-            String::new(),
-        ));
-    }
+    out.extend(Goal::every_system(
+        "guests read intact data",
+        &r.rows,
+        |x| x.md5s_agree,
+    ));
     out
 }
 

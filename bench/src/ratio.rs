@@ -48,6 +48,21 @@ impl Goal {
         }
     }
 
+    /// "every system's {what} (share of systems)": the share of `rows`
+    /// for which `ok` holds must be 1. None without rows.
+    pub fn every_system<T>(what: &str, rows: &[T], ok: impl Fn(&T) -> bool) -> Option<Goal> {
+        if rows.is_empty() {
+            return None;
+        }
+        let agree = rows.iter().filter(|r| ok(r)).count();
+        Some(Goal::at_least(
+            format!("every system's {what} (share of systems)"),
+            Some(agree as f64 / rows.len() as f64),
+            1.0,
+            String::new(),
+        ))
+    }
+
     /// `[met] name: 41.20 (goal >= 20); note`.
     pub fn line(&self) -> String {
         let mut s = format!(
