@@ -29,9 +29,12 @@ pub const PM_PRESENT: u64 = 1 << 63;
 /// write-protect marker on an empty PTE). Bits 0-4 then hold the entry's
 /// type (with CAP_SYS_ADMIN; zero without).
 pub const PM_SWAP: u64 = 1 << 62;
-/// The swap-entry type of PTE markers: the highest of the 5-bit type field
-/// (`SWP_PTE_MARKER` in the kernel's `swap.h`, always `(1 << 5) - 1`).
-pub const SWP_PTE_MARKER: u64 = (1 << 5) - 1;
+/// A swap entry's type: bits 0-4 of its pagemap entry (the kernel's
+/// `MAX_SWAPFILES_SHIFT` is 5).
+pub const SWP_TYPE_MASK: u64 = (1 << 5) - 1;
+/// The swap-entry type of PTE markers: the highest type there is
+/// (`SWP_PTE_MARKER` in the kernel's `swap.h`).
+pub const SWP_PTE_MARKER: u64 = SWP_TYPE_MASK;
 /// Bit 61: page is file-backed or shared-anonymous (for us: a pool page).
 pub const PM_FILE: u64 = 1 << 61;
 /// Bit 57: the PTE carries the userfaultfd write-protect bit.
@@ -64,7 +67,7 @@ impl Entry {
     /// holding a guest's write), and so is any entry whose type is hidden
     /// (no CAP_SYS_ADMIN): this errs towards "a page of its own".
     pub fn no_page(self) -> bool {
-        !self.present() && (!self.swap() || self.0 & PM_PFN_MASK & 0x1f == SWP_PTE_MARKER)
+        !self.present() && (!self.swap() || self.0 & SWP_TYPE_MASK == SWP_PTE_MARKER)
     }
     pub fn pfn(self) -> u64 {
         if self.present() {
