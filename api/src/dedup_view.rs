@@ -77,6 +77,10 @@ pub struct DedupView {
     /// Due page visits the dirty log answered (no pagemap read, no hash).
     #[serde(default)]
     pub clean_visits: u64,
+    /// Transparent huge pages of guest RAM split before a merge replaced
+    /// part of one (so that the merged part is freed at once).
+    #[serde(default)]
+    pub huge_pages_split: u64,
     /// Per-VM figures, by VM name.
     pub per_owner: BTreeMap<String, OwnerView>,
     /// Auto mode's controller status (when the backend has one).
@@ -303,6 +307,7 @@ impl DedupView {
             hint_merge_delay_ms: stats.hint_merge_delay_ms,
             write_logged_regions: stats.write_logged_regions,
             clean_visits: stats.clean_visits,
+            huge_pages_split: stats.huge_pages_split,
             per_owner: stats
                 .per_owner
                 .iter()

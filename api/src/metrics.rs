@@ -51,6 +51,11 @@ const KNOWN: &[(&str, &str, Kind)] = &[
     ),
     ("merges", "Pages merged.", Kind::Counter),
     (
+        "huge_pages_split",
+        "Transparent huge pages split before a merge replaced part of one.",
+        Kind::Counter,
+    ),
+    (
         "cow_breaks",
         "Merged pages given back a private copy on write.",
         Kind::Counter,
@@ -230,6 +235,7 @@ fn figures(v: &DedupView) -> Vec<(String, Num)> {
     add("hint_merge_delay_ms", v.hint_merge_delay_ms.into());
     add("write_logged_regions", v.write_logged_regions.into());
     add("clean_visits", v.clean_visits.into());
+    add("huge_pages_split", v.huge_pages_split.into());
     add("knobs.pages_to_scan", v.knobs.pages_to_scan.into());
     add("knobs.sleep_millisecs", v.knobs.sleep_millisecs.into());
     add("knobs.max_page_sharing", v.knobs.max_page_sharing.into());

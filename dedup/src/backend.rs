@@ -122,6 +122,10 @@ pub struct Stats {
     pub write_logged_regions: u64,
     #[serde(default)]
     pub clean_visits: u64,
+    /// Transparent huge pages of guest RAM the engine split before merging
+    /// part of one, so that the merged part is freed at once.
+    #[serde(default)]
+    pub huge_pages_split: u64,
     pub per_owner: BTreeMap<String, OwnerStats>,
 }
 

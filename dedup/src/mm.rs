@@ -211,6 +211,76 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> Result<()
     Ok(())
 }
 
+/// Size of a transparent huge page on x86-64 (a PMD's reach).
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+
+/// `MADV_COLD` (Linux 5.4), not in every libc release.
+const MADV_COLD: libc::c_int = 20;
+
+/// Whether the kernel may back the mapping at `addr` with transparent huge
+/// pages: the `THPeligible` line of its VMA in `/proc/self/smaps` (the
+/// system setting, the VMA's `MADV_HUGEPAGE`/`MADV_NOHUGEPAGE` and the
+/// process's `PR_SET_THP_DISABLE` together). `false` when `addr` is not
+/// mapped or the kernel does not say.
+///
+/// Reads smaps only up to that VMA (the kernel formats it one VMA at a
+/// time, walking each one's page tables), so callers ask once per region.
+pub fn thp_eligible(addr: usize) -> io::Result<bool> {
+    use std::io::BufRead;
+    let f = std::io::BufReader::new(std::fs::File::open("/proc/self/smaps")?);
+    let mut inside = false;
+    for line in f.lines() {
+        let line = line?;
+        let range = line.split(' ').next().unwrap_or("");
+        if let Some((a, b)) = range.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                if inside {
+                    return Ok(false);
+                }
+                inside = a <= addr && addr < b;
+                continue;
+            }
+        }
+        if inside {
+            if let Some(v) = line.strip_prefix("THPeligible:") {
+                return Ok(v.trim() == "1");
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// Splits the transparent huge page that maps `addr`, if one does and
+/// this process alone maps it, into 4 KiB pages, keeping every byte.
+///
+/// Why: replacing or dropping one 4 KiB page of a huge page (a merge, a
+/// zero-page drop) unmaps it, but the memory stays allocated with the rest
+/// of the huge page until the kernel's deferred split, which runs only
+/// under memory pressure; the saving would be counted and not made. KSM
+/// splits the huge page before merging a part of it, for the same reason.
+/// Userspace has no call that only splits, but `MADV_COLD` on part of an
+/// exclusively mapped huge page splits it first (since Linux 5.4, PMD- or
+/// PTE-mapped), so that the advice applies to the part alone; after the
+/// split, the unmapped parts of an already partly unmapped huge page are
+/// freed at once.
+///
+/// The advice itself only ages the 4 KiB page at `addr` on the LRU
+/// (content untouched), so callers pass a page they are about to replace.
+/// Best effort: the split can fail (a page pinned for I/O), and then the
+/// memory comes back at the deferred split, as without this call.
+pub fn split_huge_page_at(addr: usize) -> Result<(), MmError> {
+    let page = addr & !(crate::PAGE_SIZE - 1);
+    // SAFETY: MADV_COLD changes no content and no mapping's bytes (it
+    // splits a huge page into small pages holding the same bytes and
+    // deactivates one); on a range that is not mapped it fails with
+    // ENOMEM and does nothing.
+    let r = unsafe { libc::madvise(page as *mut libc::c_void, crate::PAGE_SIZE, MADV_COLD) };
+    if r != 0 {
+        return Err(err("madvise(MADV_COLD)", page, crate::PAGE_SIZE));
+    }
+    Ok(())
+}
+
 /// Number of VMAs of this process: newline count of `/proc/self/maps`.
 /// Costs about a microsecond per VMA in the kernel, so callers rate-limit it.
 ///
@@ -289,6 +359,81 @@ mod tests {
             .filter(|l| l.split(' ').next().is_some_and(|r| r.contains('-')))
             .count() as u64;
         assert!(ranges.abs_diff(n) < 1000, "{n} vs {ranges}");
+    }
+
+    /// Resident bytes of the 2 MiB at `addr` that a huge page maps, from
+    /// this VMA's `AnonHugePages`.
+    fn anon_huge_bytes(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split(' ').next().unwrap_or("");
+            if let Some((a, b)) = range.split_once('-') {
+                if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                {
+                    inside = a <= addr && addr < b;
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(v) = line.strip_prefix("AnonHugePages:") {
+                    return v
+                        .trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<usize>()
+                        .unwrap()
+                        * 1024;
+                }
+            }
+        }
+        0
+    }
+
+    #[test]
+    fn a_huge_page_splits_keeping_its_bytes() {
+        // Two huge pages' worth, aligned, asking for huge pages.
+        let len = 2 * HUGE_PAGE_SIZE;
+        let raw = map_anon(len + HUGE_PAGE_SIZE).unwrap() as usize;
+        let base = (raw + HUGE_PAGE_SIZE - 1) & !(HUGE_PAGE_SIZE - 1);
+        // SAFETY: inside our fresh mapping; MADV_HUGEPAGE changes no content.
+        unsafe { madvise(base, len, libc::MADV_HUGEPAGE) }.unwrap();
+        let eligible = thp_eligible(base).unwrap();
+        let thp_setting = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        assert_eq!(
+            eligible,
+            !thp_setting.contains("[never]"),
+            "THPeligible against the system setting {thp_setting:?}"
+        );
+        for i in (0..len).step_by(crate::PAGE_SIZE) {
+            // SAFETY: inside our mapping.
+            unsafe { std::ptr::write_volatile((base + i) as *mut u64, i as u64 | 1) };
+        }
+        let huge = anon_huge_bytes(base);
+        // Splitting must keep every byte whether a huge page was there or not.
+        split_huge_page_at(base + 5 * crate::PAGE_SIZE).unwrap();
+        split_huge_page_at(base + HUGE_PAGE_SIZE + 7 * crate::PAGE_SIZE).unwrap();
+        for i in (0..len).step_by(crate::PAGE_SIZE) {
+            // SAFETY: inside our mapping.
+            let v = unsafe { std::ptr::read_volatile((base + i) as *const u64) };
+            assert_eq!(v, i as u64 | 1, "page {}", i / crate::PAGE_SIZE);
+        }
+        if huge > 0 {
+            assert_eq!(anon_huge_bytes(base), 0, "the huge pages were not split");
+        }
+        // SAFETY: exactly our mapping.
+        unsafe { unmap(raw as *mut u8, len + HUGE_PAGE_SIZE) };
+    }
+
+    #[test]
+    fn no_huge_pages_where_the_mapping_declines_them() {
+        let p = map_anon(HUGE_PAGE_SIZE).unwrap() as usize;
+        // SAFETY: our fresh mapping; MADV_NOHUGEPAGE changes no content.
+        unsafe { madvise(p, HUGE_PAGE_SIZE, libc::MADV_NOHUGEPAGE) }.unwrap();
+        assert!(!thp_eligible(p).unwrap());
+        // SAFETY: exactly our mapping.
+        unsafe { unmap(p as *mut u8, HUGE_PAGE_SIZE) };
     }
 
     #[test]

@@ -132,6 +132,11 @@ pub struct Region {
     /// First pool slot of this region's window (`crate::slots`): page `p`'s
     /// own slot is `slot_base + p`. None if the pool had no room.
     pub slot_base: Option<u32>,
+    /// The kernel may back the region with transparent huge pages
+    /// (`mm::thp_eligible` at registration): merges first split the huge
+    /// page under a page they replace (`mm::split_huge_page_at`), so that
+    /// the page they save is freed at once.
+    pub huge: bool,
 }
 
 /// A page of guest memory as the scanner reads it: never through a Rust
@@ -325,6 +330,7 @@ impl Region {
             ksm_merged: 0,
             ksm_saved: 0.0,
             slot_base: None,
+            huge: false,
             written: None,
         })
     }

@@ -117,6 +117,7 @@ pub fn build(core: &Core) -> Stats {
         ksm_cpu_seconds: core.assist.cpu_seconds(),
         write_logged_regions: core.regions.iter().filter(|r| r.written.is_some()).count() as u64,
         clean_visits: core.counters.clean_visits,
+        huge_pages_split: core.counters.huge_pages_split,
         hint_merges: core.hint_merges,
         hint_merge_delay_ms: if core.hint_merges > 0 {
             core.hint_delay_sum * 1e3 / core.hint_merges as f64

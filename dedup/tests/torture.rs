@@ -63,6 +63,9 @@ struct Cfg {
     /// (VM creation and deletion): the scanner stops planning, and stops
     /// executing what it planned, for it while the writers write.
     churn: bool,
+    /// Guest RAM backed by transparent huge pages (`Mem::new_thp`): merges,
+    /// zero-page drops and protects split them under the writers.
+    thp: bool,
 }
 
 impl Cfg {
@@ -84,6 +87,7 @@ impl Cfg {
             write_gap_us: 0,
             refill_runs: false,
             churn: false,
+            thp: false,
         }
     }
 }
@@ -137,6 +141,7 @@ fn run(cfg: Cfg) {
         write_gap_us,
         refill_runs,
         churn,
+        thp,
     } = cfg;
     let e = Arc::new(
         Engine::new(EngineConfig {
@@ -154,7 +159,15 @@ fn run(cfg: Cfg) {
     );
     // Three regions: two in one group, one in another.
     let world = Arc::new(World {
-        mems: (0..3).map(|_| Mem::new(pages_per)).collect(),
+        mems: (0..3)
+            .map(|_| {
+                if thp {
+                    Mem::new_thp(pages_per)
+                } else {
+                    Mem::new(pages_per)
+                }
+            })
+            .collect(),
         pages_per,
     });
     let total = world.total();
@@ -173,6 +186,19 @@ fn run(cfg: Cfg) {
         }
     };
     fill_runs(&mut shadow);
+    if thp {
+        let huge: usize = world.mems.iter().map(Mem::huge_bytes).sum();
+        eprintln!(
+            "transparent huge pages back {} of {} KiB",
+            huge / 1024,
+            total * PS / 1024
+        );
+        assert!(
+            huge > 0,
+            "no transparent huge page backs the regions: THP is off on this host \
+             (/sys/kernel/mm/transparent_hugepage/enabled), so this case tests nothing"
+        );
+    }
     let logs: Arc<Vec<Arc<UserWrites>>> =
         Arc::new((0..3).map(|_| Arc::new(UserWrites::default())).collect());
     for (k, m) in world.mems.iter().enumerate() {
@@ -522,6 +548,19 @@ fn torture_write_log() {
     run(Cfg {
         write_log: true,
         ..Cfg::base(0x10c_10c)
+    });
+}
+
+#[test]
+fn torture_transparent_huge_pages() {
+    // Guest RAM on hosts whose THP setting is `always` (Debian 12): the
+    // engine's protects, remaps and zero-page drops each split a huge page
+    // while the writers write into the rest of it.
+    run(Cfg {
+        pages_per: 2048,
+        run_pages: 8,
+        thp: true,
+        ..Cfg::base(0x7a9e_2b1f)
     });
 }
 

@@ -347,6 +347,7 @@ impl DedupBackend for KsmBackend {
             hint_merge_delay_ms: 0.0,
             write_logged_regions: 0,
             clean_visits: 0,
+            huge_pages_split: 0,
             per_owner: self.per_owner(&st, proc),
         }
     }

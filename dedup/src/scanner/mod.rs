@@ -43,6 +43,7 @@ use crate::fault::ProtState;
 use crate::hash::{fold, HashFn};
 use crate::index::{StableIndex, UnstableIndex};
 use crate::merge::{self, Ctx, MapBudget, Op, OpKind, CHUNK_PAGES, GAPPED_WINDOW_PAGES};
+use crate::mm;
 use crate::pagemap::{Entry, Pagemap, PM_PRESENT};
 use crate::pool::{Pool, SlotState};
 use crate::quiesce::{Parked, Quiesce};
@@ -160,6 +161,9 @@ pub struct Counters {
     pub pages_hashed: u64,
     /// Due visits that the write log answered: no pagemap read, no hash.
     pub clean_visits: u64,
+    /// Transparent huge pages split before a merge replaced part of them
+    /// (`mm::split_huge_page_at` calls).
+    pub huge_pages_split: u64,
 }
 
 /// What one wake-up did.
@@ -512,6 +516,10 @@ impl Core {
         let id = RegionId(self.next_region_id);
         let base = u32::try_from(self.next_gid).map_err(|_| region::RegionError::TooManyPages)?;
         let mut r = Region::new(id, addr, len, owner, group, gid, base)?;
+        r.huge = mm::thp_eligible(addr).unwrap_or_else(|e| {
+            log::debug!("pagefold: cannot tell whether huge pages back {addr:#x}: {e}");
+            false
+        });
         self.uffd.register_wp(addr, len)?;
         r.slot_base = self.pool.open_window(r.npages);
         self.next_region_id += 1;

@@ -26,6 +26,60 @@ impl Mem {
         }
     }
 
+    /// A mapping of `pages` pages (a multiple of 512) aligned to 2 MiB
+    /// and advised `MADV_HUGEPAGE`, so that the kernel backs it with
+    /// transparent huge pages as far as it can: what guest RAM is on a host
+    /// whose THP setting is `always` (Debian's kernels), or wherever the VMM
+    /// asks for huge pages.
+    pub fn new_thp(pages: usize) -> Mem {
+        const HUGE: usize = 2 << 20;
+        assert_eq!(pages * PS % HUGE, 0, "whole huge pages only");
+        let len = pages * PS;
+        let p = mm::map_anon(len + HUGE).expect("mmap") as usize;
+        let start = (p + HUGE - 1) & !(HUGE - 1);
+        // SAFETY: the unaligned head and tail of our own fresh mapping,
+        // which nothing uses.
+        unsafe {
+            if start > p {
+                mm::unmap(p as *mut u8, start - p);
+            }
+            let end = p + len + HUGE;
+            if end > start + len {
+                mm::unmap((start + len) as *mut u8, end - start - len);
+            }
+        }
+        // SAFETY: our fresh mapping; MADV_HUGEPAGE changes no content.
+        unsafe { mm::madvise(start, len, libc::MADV_HUGEPAGE) }.expect("madvise");
+        Mem { addr: start, pages }
+    }
+
+    /// Bytes of this mapping that transparent huge pages back
+    /// (`AnonHugePages` of its line in /proc/self/smaps).
+    pub fn huge_bytes(&self) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read smaps");
+        let mut inside = false;
+        let mut total = 0;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((a, b)) = range.split_once('-') {
+                    if let (Ok(a), Ok(b)) =
+                        (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                    {
+                        inside = a < self.addr + self.pages * PS && self.addr < b;
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+                    let kb = kb.trim().trim_end_matches("kB").trim();
+                    total += kb.parse::<usize>().unwrap_or(0) * 1024;
+                }
+            }
+        }
+        total
+    }
+
     /// A mapping at exactly `addr` (which must be free), as the kernel
     /// hands out a freed range again to the next VM's RAM.
     pub fn new_at(addr: usize, pages: usize) -> Mem {
