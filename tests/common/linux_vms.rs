@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use pagefold_api::client::Client;
 use pagefold_api::dedup_view::DedupView;
+use pagefold_api::vms::Target as VmTarget;
 use pagefold_dedup::DedupSettings;
 use pagefold_vmm::config::VmConfig;
 use pagefold_vmm::linux::agent::{self, Mailbox, Reply, AGENT_CMDLINE};
@@ -285,8 +286,29 @@ impl Served {
     }
 
     /// Waits for a quiet moment at which the engine's figures agree
-    /// exactly with the server's page tables ([`pagemap_audit`]).
+    /// exactly with the server's page tables ([`pagemap_audit`]). The VMs
+    /// are paused through the API meanwhile: a Linux guest is never quiet
+    /// (timers, logs, the page cache's own writes), and the engine sees a
+    /// copy on write only at its next visit of the page, so with the
+    /// guests running its figures trail the page tables by the writes of
+    /// the last moments.
     pub fn audit(&self, what: &str, limit: Duration) -> Audit {
+        let names: Vec<String> = self.vms.iter().map(|v| v.name.clone()).collect();
+        for n in &names {
+            self.client
+                .set_vm_state(n, VmTarget::Paused)
+                .unwrap_or_else(|e| panic!("pausing {n}: {e}"));
+        }
+        let a = self.audit_now(what, limit);
+        for n in &names {
+            self.client
+                .set_vm_state(n, VmTarget::Running)
+                .unwrap_or_else(|e| panic!("resuming {n}: {e}"));
+        }
+        a
+    }
+
+    fn audit_now(&self, what: &str, limit: Duration) -> Audit {
         let pid = self.child.as_ref().expect("server running").id();
         let claimed = || {
             let d = self.dedup();
