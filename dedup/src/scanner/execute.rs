@@ -227,6 +227,29 @@ fn window_end(ops: &[Op], s: usize) -> usize {
     i
 }
 
+/// Splits the transparent huge pages under a window's ops, once per 2 MiB
+/// frame, through a page the window replaces (`mm::split_huge_page_at`):
+/// what the merge unmaps is then freed at once rather than at the
+/// kernel's deferred split. Ops in pool VMAs are skipped: no huge page
+/// maps them. Returns the calls made.
+fn split_huge_pages(base: usize, chunk: &[Op]) -> u64 {
+    let mut last = usize::MAX;
+    let mut calls = 0;
+    for op in chunk.iter().filter(|op| !op.in_pool) {
+        let addr = base + op.page * PAGE_SIZE;
+        let frame = addr / mm::HUGE_PAGE_SIZE;
+        if frame == last {
+            continue;
+        }
+        last = frame;
+        calls += 1;
+        if let Err(e) = mm::split_huge_page_at(addr) {
+            log::debug!("pagefold: huge page not split: {e}");
+        }
+    }
+    calls
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,27 +488,4 @@ mod tests {
         p.core.run_passes(2);
         p.all_shared();
     }
-}
-
-/// Splits the transparent huge pages under a window's ops, once per 2 MiB
-/// frame, through a page the window replaces (`mm::split_huge_page_at`):
-/// what the merge unmaps is then freed at once rather than at the
-/// kernel's deferred split. Ops in pool VMAs are skipped: no huge page
-/// maps them. Returns the calls made.
-fn split_huge_pages(base: usize, chunk: &[Op]) -> u64 {
-    let mut last = usize::MAX;
-    let mut calls = 0;
-    for op in chunk.iter().filter(|op| !op.in_pool) {
-        let addr = base + op.page * PAGE_SIZE;
-        let frame = addr / mm::HUGE_PAGE_SIZE;
-        if frame == last {
-            continue;
-        }
-        last = frame;
-        calls += 1;
-        if let Err(e) = mm::split_huge_page_at(addr) {
-            log::debug!("pagefold: huge page not split: {e}");
-        }
-    }
-    calls
 }
