@@ -47,6 +47,15 @@ pub const VERSION: &str = concat!(
     ")"
 );
 
+/// This build's identity for the `pagefold_build_info` metric.
+pub fn build_info() -> pagefold_api::metrics::BuildInfo {
+    pagefold_api::metrics::BuildInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        commit: env!("PAGEFOLD_GIT_COMMIT").to_string(),
+        features: if cfg!(feature = "bench") { "bench" } else { "" }.to_string(),
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "pagefold",
@@ -749,6 +758,11 @@ mod tests {
             cfg!(feature = "bench"),
             "{v}"
         );
+        // The metrics' build_info says the same.
+        let b = build_info();
+        assert_eq!(b.commit, commit);
+        assert!(v.starts_with(&format!("pagefold {} ", b.version)), "{v}");
+        assert_eq!(b.features == "bench", cfg!(feature = "bench"), "{b:?}");
     }
 
     /// Report files: `--json-file`, with the old `--json FILE` still taken.

@@ -34,6 +34,10 @@ pub struct ApiServeArgs {
     /// Allow a non-loopback --api-tcp address (the API has no authentication).
     #[arg(long, help_heading = "API", requires = "api_tcp")]
     pub api_tcp_allow_remote: bool,
+    /// Serve GET /metrics, and nothing else, on this TCP address (any
+    /// address: it exposes no control), for Prometheus on another host.
+    #[arg(long, help_heading = "API", value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// The environment variable naming the API socket, for the client
@@ -157,13 +161,14 @@ pub fn start_api(runner: &Runner, a: &ApiServeArgs, daemon: bool) -> Result<Opti
         (None, true) => Some(from_env().unwrap_or_else(pagefold_api::default_socket_path)),
         (None, false) => None,
     };
-    if unix.is_none() && a.api_tcp.is_none() {
+    if unix.is_none() && a.api_tcp.is_none() && a.metrics_addr.is_none() {
         return Ok(None);
     }
     let listen = ListenConfig {
         unix,
         tcp: a.api_tcp,
         allow_remote: a.api_tcp_allow_remote,
+        metrics: a.metrics_addr,
     };
     let server =
         Server::start(runner.handle(), &listen, Default::default()).map_err(|e| match e {
@@ -175,6 +180,9 @@ pub fn start_api(runner: &Runner, a: &ApiServeArgs, daemon: bool) -> Result<Opti
     }
     if let Some(t) = server.tcp_addr() {
         log::info!("API on http://{t}/api/v1");
+    }
+    if let Some(m) = server.metrics_addr() {
+        log::info!("metrics only on http://{m}/metrics");
     }
     Ok(Some(server))
 }

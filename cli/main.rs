@@ -21,6 +21,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     pagefold_vmm::runner::mark_process_start();
+    pagefold_api::metrics::set_build_info(cli::build_info());
     let args = cli::Cli::parse();
     let code = match cli::dispatch(args) {
         Ok(code) => code,

@@ -467,7 +467,7 @@ fn finished_vms_stay_listed_and_input_errors_are_accurate() {
     assert_eq!(d["wakeup_overdue"], false, "{d}");
     let (_, metrics) = curl(&sock, "GET", "/metrics", None);
     assert!(
-        metrics.contains("\npagefold_dedup_last_wakeup_age_ms "),
+        metrics.contains("\npagefold_dedup_last_wakeup_age_seconds "),
         "{metrics}"
     );
     assert!(
@@ -807,4 +807,137 @@ fn vm_info_shutdown_and_the_socket_variable() {
     let o = wait_bounded(child, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(!sock.exists(), "socket left behind");
+}
+
+/// A free TCP port on loopback (bound and released: another process could
+/// take it in between, which a test would report as a bind error).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// promtool, from PATH or Debian's `prometheus` package
+/// (scripts/promtool.sh fetches it once into target/tools).
+fn promtool() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let o = Command::new(root.join("scripts/promtool.sh"))
+        .output()
+        .expect("run scripts/promtool.sh");
+    assert!(o.status.success(), "scripts/promtool.sh: {}", text(&o));
+    PathBuf::from(String::from_utf8(o.stdout).unwrap().trim())
+}
+
+/// Runs promtool with `input` on stdin; its output, and whether it passed.
+fn run_promtool(args: &[&str], dir: &Path, input: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(promtool())
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    (o.status.success(), out)
+}
+
+/// As a new operator would: a daemon started without dedup flags, with a
+/// metrics-only listener; dedup turned on and two VMs created with the
+/// CLI; the metrics-only listener scraped and its exposition checked with
+/// promtool, which must report nothing; no control route reachable
+/// there; SIGTERM ends it with status 0 and no socket left. The example
+/// rules file passes `promtool check rules` and its unit tests.
+#[test]
+fn a_live_daemon_passes_promtool_from_the_metrics_listener() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-promtool");
+    let sock = dir.path("api.sock");
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let mut child = spawn(&[
+        "serve",
+        "--api-sock",
+        sock.to_str().unwrap(),
+        "--metrics-addr",
+        &metrics_addr,
+    ]);
+    wait_for_api(&mut child, &sock);
+    let o = cli(&["dedup", "set", "mode=on"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    let vms = dir.path("vms.toml");
+    let vm = |name: &str| {
+        format!(
+            "[[vm]]\nname = \"{name}\"\nmemory = \"64M\"\nserial = \"null\"\ndedup = {{ group = \"g\" }}\n\
+             [vm.workload]\nseed = 7\nshared = \"24M\"\nprivate = \"8M\"\nphases = [\"fill\", \"wait\"]\n"
+        )
+    };
+    std::fs::write(&vms, format!("{}\n{}", vm("vm0"), vm("vm1"))).unwrap();
+    let o = cli(&["vm", "create", "--config", vms.to_str().unwrap()], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    wait_merged_vm0_vm1(&sock);
+
+    let scrape = |path: &str| -> (u16, String) {
+        let o = Command::new("curl")
+            .args(["-s", "-m", "30", "-w", "\n%{http_code}"])
+            .arg(format!("http://{metrics_addr}{path}"))
+            .output()
+            .expect("run curl");
+        let out = String::from_utf8(o.stdout).unwrap();
+        let (body, code) = out.rsplit_once('\n').unwrap();
+        (code.parse().unwrap(), body.to_string())
+    };
+    let (code, metrics) = scrape("/metrics");
+    assert_eq!(code, 200, "{metrics}");
+    let value = |needle: &str| -> f64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("no {needle} in:\n{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(value("pagefold_dedup_pages_sharing ") > 1000.0, "{metrics}");
+    assert!(value("pagefold_dedup_vm_pages_merged{vm=\"vm1\"") > 0.0);
+    assert_eq!(value("pagefold_dedup_enabled "), 1.0);
+    assert_eq!(value("pagefold_dedup_mode{mode=\"on\"} "), 1.0);
+    assert_eq!(value("pagefold_vms "), 2.0);
+    // Two guests filled 32 MiB each in this process.
+    assert!(value("process_resident_memory_bytes ") > (48 << 20) as f64);
+    assert!(value("process_cpu_seconds_total ") > 0.0);
+    assert!(
+        metrics.contains("\npagefold_build_info{version=\""),
+        "{metrics}"
+    );
+    let (ok, out) = run_promtool(&["check", "metrics"], &dir.0, &metrics);
+    assert!(
+        ok && out.trim().is_empty(),
+        "promtool check metrics (passed: {ok}):\n{out}"
+    );
+    // Control stays out of reach of the metrics listener.
+    for path in ["/api/v1/vms", "/api/v1/dedup", "/api/v1/health"] {
+        assert_eq!(scrape(path).0, 404, "{path}");
+    }
+
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/prometheus");
+    let (ok, out) = run_promtool(&["check", "rules", "pagefold.rules.yml"], &rules, "");
+    assert!(ok, "promtool check rules:\n{out}");
+    let (ok, out) = run_promtool(&["test", "rules", "pagefold.rules.test.yml"], &rules, "");
+    assert!(ok, "promtool test rules:\n{out}");
+
+    // SAFETY: kill has no memory-safety preconditions; the pid is our child's.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!sock.exists(), "the socket outlived the daemon");
 }

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 pub enum ListenError {
     #[error("--api-tcp {0}: not a loopback address; the API has no authentication, so it listens on 127.0.0.0/8 or ::1 only unless --api-tcp-allow-remote is given")]
     NotLoopback(SocketAddr),
-    #[error("nothing to listen on: give a Unix socket path or a TCP address")]
+    #[error("nothing to listen on: give a Unix socket path, a TCP address or a metrics address")]
     Nothing,
 }
 
@@ -23,11 +23,15 @@ pub struct ListenConfig {
     pub tcp: Option<SocketAddr>,
     /// Allow a non-loopback TCP address.
     pub allow_remote: bool,
+    /// A TCP address that serves `GET /metrics` and nothing else, so that
+    /// Prometheus can scrape from another host without reaching the
+    /// control API. Any address is allowed: it exposes no control.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl ListenConfig {
     pub fn validate(&self) -> Result<(), ListenError> {
-        if self.unix.is_none() && self.tcp.is_none() {
+        if self.unix.is_none() && self.tcp.is_none() && self.metrics.is_none() {
             return Err(ListenError::Nothing);
         }
         if let Some(a) = self.tcp {

@@ -42,3 +42,13 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
+
+/// The metrics listener's routes: `GET /metrics` and nothing else; every
+/// other path is a 404, so the control API is out of reach.
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(system::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}

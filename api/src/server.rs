@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::listen::{ListenConfig, ListenError};
-use crate::router::router;
+use crate::router::{metrics_router, router};
 use crate::socket::{self, SocketError, SocketGuard};
 use crate::state::AppState;
 
@@ -42,6 +42,12 @@ pub enum ServerError {
     Socket(#[from] SocketError),
     #[error("API on TCP {addr}: {source}")]
     Tcp {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metrics on TCP {addr}: {source}")]
+    Metrics {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
@@ -89,10 +95,21 @@ pub struct Server {
     thread: Option<JoinHandle<()>>,
     socket: Option<SocketGuard>,
     tcp_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
 }
 
 fn setup(what: &'static str) -> impl FnOnce(std::io::Error) -> ServerError {
     move |source| ServerError::Setup { what, source }
+}
+
+/// A non-blocking TCP listener on `addr`.
+fn bind_tcp(
+    addr: SocketAddr,
+    err: impl Fn(std::io::Error) -> ServerError,
+) -> Result<std::net::TcpListener, ServerError> {
+    let l = std::net::TcpListener::bind(addr).map_err(&err)?;
+    l.set_nonblocking(true).map_err(err)?;
+    Ok(l)
 }
 
 impl Server {
@@ -103,21 +120,22 @@ impl Server {
         limits: Limits,
     ) -> Result<Server, ServerError> {
         listen.validate()?;
-        let tcp = match listen.tcp {
-            Some(addr) => {
-                let l = std::net::TcpListener::bind(addr)
-                    .map_err(|source| ServerError::Tcp { addr, source })?;
-                l.set_nonblocking(true)
-                    .map_err(setup("non-blocking TCP listener"))?;
-                Some(l)
-            }
-            None => None,
+        let tcp = listen
+            .tcp
+            .map(|addr| bind_tcp(addr, |source| ServerError::Tcp { addr, source }))
+            .transpose()?;
+        let metrics = listen
+            .metrics
+            .map(|addr| bind_tcp(addr, |source| ServerError::Metrics { addr, source }))
+            .transpose()?;
+        let local = |l: &Option<std::net::TcpListener>| {
+            l.as_ref()
+                .map(|l| l.local_addr())
+                .transpose()
+                .map_err(setup("TCP address"))
         };
-        let tcp_addr = tcp
-            .as_ref()
-            .map(|l| l.local_addr())
-            .transpose()
-            .map_err(setup("TCP address"))?;
+        let tcp_addr = local(&tcp)?;
+        let metrics_addr = local(&metrics)?;
         let (unix, socket) = match listen.unix.as_deref().map(socket::bind).transpose()? {
             Some((l, g)) => {
                 l.set_nonblocking(true)
@@ -136,6 +154,7 @@ impl Server {
         state.max_body = limits.max_body;
         state.body_timeout = limits.body_timeout;
         let (stop_tx, stop_rx) = watch::channel(false);
+        let metrics_app = metrics_router(state.clone());
         let ctx = Ctx {
             app: router(state),
             limits,
@@ -155,7 +174,7 @@ impl Server {
                 if !ok {
                     return;
                 }
-                rt.block_on(serve(unix, tcp, ctx));
+                rt.block_on(serve(unix, tcp, metrics.map(|m| (m, metrics_app)), ctx));
                 // Calls still waiting on the VMM are abandoned, not awaited.
                 rt.shutdown_timeout(Duration::from_millis(200));
             })
@@ -180,6 +199,7 @@ impl Server {
             thread: Some(thread),
             socket,
             tcp_addr,
+            metrics_addr,
         })
     }
 
@@ -190,6 +210,11 @@ impl Server {
     /// The bound TCP address (useful with port 0).
     pub fn tcp_addr(&self) -> Option<SocketAddr> {
         self.tcp_addr
+    }
+
+    /// The bound address of the metrics-only listener.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// Stops accepting, lets open requests finish (2 s at most), removes
@@ -357,6 +382,7 @@ async fn slot(ctx: &Ctx, stop: &mut watch::Receiver<bool>) -> Option<OwnedSemaph
 async fn serve(
     unix: Option<std::os::unix::net::UnixListener>,
     tcp: Option<std::net::TcpListener>,
+    metrics: Option<(std::net::TcpListener, Router)>,
     ctx: Ctx,
 ) {
     let mut loops = tokio::task::JoinSet::new();
@@ -370,6 +396,14 @@ async fn serve(
         match tokio::net::TcpListener::from_std(t) {
             Ok(l) => drop(loops.spawn(accept_loop(Listener::Tcp(l), ctx.clone()))),
             Err(e) => log::error!("API: TCP listener: {e}"),
+        }
+    }
+    if let Some((t, app)) = metrics {
+        // Its connections share the cap and the deadlines of the others.
+        let mctx = Ctx { app, ..ctx.clone() };
+        match tokio::net::TcpListener::from_std(t) {
+            Ok(l) => drop(loops.spawn(accept_loop(Listener::Tcp(l), mctx))),
+            Err(e) => log::error!("API: metrics listener: {e}"),
         }
     }
     while loops.join_next().await.is_some() {}

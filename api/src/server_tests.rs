@@ -31,6 +31,62 @@ fn unix(path: &std::path::Path) -> ListenConfig {
     }
 }
 
+/// One HTTP/1.1 request over a fresh TCP connection: the status code and
+/// the body.
+fn tcp_get(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    (status, body.unwrap_or_default())
+}
+
+/// The metrics-only listener answers `GET /metrics` and nothing else: no
+/// control route is reachable through it, whatever the method.
+#[test]
+fn the_metrics_listener_serves_metrics_only() {
+    let vmm = FakeVmm::start(true, &["vm0"]);
+    let listen = ListenConfig {
+        metrics: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    };
+    let server = Server::start(vmm.handle.clone(), &listen, Limits::default()).unwrap();
+    assert!(server.socket_path().is_none() && server.tcp_addr().is_none());
+    let addr = server.metrics_addr().unwrap();
+    let (status, body) = tcp_get(addr, "GET", "/metrics");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\npagefold_vms 2\n"), "{body}");
+    assert!(body.contains("pagefold_dedup_pages_sharing "), "{body}");
+    for (method, path) in [
+        ("GET", "/api/v1/vms"),
+        ("GET", "/api/v1/metrics"),
+        ("PUT", "/api/v1/shutdown"),
+        ("PATCH", "/api/v1/dedup"),
+        ("DELETE", "/api/v1/vms/vm0"),
+        ("GET", "/"),
+    ] {
+        let (status, body) = tcp_get(addr, method, path);
+        assert_eq!(status, 404, "{method} {path}: {body}");
+    }
+    let (status, _) = tcp_get(addr, "POST", "/metrics");
+    assert_eq!(status, 405);
+    // Nothing was stopped or deleted through it.
+    assert_eq!(
+        tcp_get(addr, "GET", "/metrics")
+            .1
+            .matches("pagefold_vm_vcpus{")
+            .count(),
+        2
+    );
+}
+
 #[test]
 fn serves_unix_and_tcp_and_cleans_up() {
     let vmm = FakeVmm::start(true, &["vm0"]);
@@ -38,7 +94,7 @@ fn serves_unix_and_tcp_and_cleans_up() {
     let listen = ListenConfig {
         unix: Some(p.clone()),
         tcp: Some("127.0.0.1:0".parse().unwrap()),
-        allow_remote: false,
+        ..Default::default()
     };
     let server = Server::start(vmm.handle.clone(), &listen, Limits::default()).unwrap();
     assert_eq!(
