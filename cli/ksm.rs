@@ -119,7 +119,7 @@ fn status(j: &Journal, json: bool) -> Result<i32, Error> {
 fn restore(j: &Journal, force: bool) -> Result<i32, Error> {
     let rec = j.recover(force).map_err(|e| Error::Io(e.to_string()))?;
     for r in &rec.restored {
-        eprintln!("pagefold: {r}");
+        outln!("{r}")?;
     }
     for e in j.status().map_err(|e| Error::Io(e.to_string()))? {
         let live: Vec<String> = e
@@ -129,11 +129,11 @@ fn restore(j: &Journal, force: bool) -> Result<i32, Error> {
             .map(|h| h.holder.pid.to_string())
             .collect();
         if !live.is_empty() && !rec.failed.iter().any(|(p, _)| *p == e.path) {
-            eprintln!(
-                "pagefold: {} left as is: held by running pid {} (--force restores it anyway)",
+            outln!(
+                "{} left as is: held by running pid {} (--force restores it anyway)",
                 e.knob,
                 live.join(", ")
-            );
+            )?;
         }
     }
     if !rec.failed.is_empty() {

@@ -96,7 +96,7 @@ fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let t = std::time::Instant::now();
     let v = f();
     if t.elapsed() >= SLOW_KSM_ACCESS {
-        log::info!("pagefold: KSM assist: {what} took {:?}", t.elapsed());
+        log::info!("KSM assist: {what} took {:?}", t.elapsed());
     }
     v
 }
@@ -232,7 +232,7 @@ impl Retired {
     /// Puts every knob back, then releases the lock.
     pub fn restore(self) {
         for err in timed("restoring KSM's knobs", || self.0.sysfs.restore()) {
-            log::error!("pagefold: KSM assist: restoring knobs: {err}");
+            log::error!("KSM assist: restoring knobs: {err}");
         }
     }
 }
@@ -296,7 +296,7 @@ impl KsmAssist {
     /// Records a failed attempt.
     pub fn failed(&mut self, why: String) {
         if self.unavailable.as_deref() != Some(why.as_str()) {
-            log::warn!("pagefold: KSM assist unavailable: {why}");
+            log::warn!("KSM assist unavailable: {why}");
         }
         self.unavailable = Some(why);
         self.failed_at = Some(std::time::Instant::now());
@@ -374,7 +374,7 @@ impl KsmAssist {
         };
         let write = |name: &str, v: u64| {
             if let Err(err) = timed(&format!("writing {name} {v}"), || e.sysfs.write(name, v)) {
-                log::warn!("pagefold: KSM assist: {err}");
+                log::warn!("KSM assist: {err}");
                 false
             } else {
                 true

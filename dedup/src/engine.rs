@@ -499,7 +499,7 @@ impl Engine {
         unlock_core(core);
         if t0.elapsed() >= SLOW_HOLD {
             log::info!(
-                "pagefold: unregistering region {} took {:?} (waiting for the core {:?}, the work {:?})",
+                "unregistering region {} took {:?} (waiting for the core {:?}, the work {:?})",
                 id.0,
                 t0.elapsed(),
                 t1 - t0,
@@ -604,7 +604,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
                 unmerge_tries += 1;
                 if left == 0 || unmerge_tries >= 100 {
                     if left > 0 {
-                        log::error!("pagefold: unmerge left {left} pages merged");
+                        log::error!("unmerge left {left} pages merged");
                     }
                     unmerge_tries = 0;
                     let mut c = lock(&sh.ctl);
@@ -686,7 +686,7 @@ fn scanner_loop(sh: &Arc<Shared>) {
                     if t0.elapsed() >= SLOW_HOLD {
                         // Registrations and VM deletions wait meanwhile.
                         log::info!(
-                            "pagefold: a wake-up held the engine for {:?} (hints {:?}: {} merges; scan {:?}: {} merges, {} visit units, pass end {}, yielded {}; KSM assist {:?}; stats {:?})",
+                            "a wake-up held the engine for {:?} (hints {:?}: {} merges; scan {:?}: {} merges, {} visit units, pass end {}, yielded {}; KSM assist {:?}; stats {:?})",
                             t0.elapsed(),
                             t1 - t0,
                             hinted.merges,

@@ -121,7 +121,7 @@ pub fn run(
         let n = match uffd.read_msgs(&mut msgs) {
             Ok(n) => n,
             Err(e) => {
-                log::error!("pagefold: userfaultfd read failed: {e}");
+                log::error!("userfaultfd read failed: {e}");
                 std::thread::sleep(std::time::Duration::from_millis(1));
                 continue;
             }
@@ -145,7 +145,7 @@ pub fn run(
                 if still_protected {
                     counters.stray.fetch_add(1, Ordering::Relaxed);
                     if let Err(e) = uffd.unprotect(page, PAGE_SIZE) {
-                        log::debug!("pagefold: stray fault unprotect: {e}");
+                        log::debug!("stray fault unprotect: {e}");
                         let _ = uffd.wake(page, PAGE_SIZE);
                     }
                 } else {

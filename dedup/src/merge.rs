@@ -155,7 +155,7 @@ fn unmark_busy(ctx: &Ctx<'_>, addr: usize, end: usize, deferred_at: u64) {
     };
     if deferred {
         if let Err(e) = ctx.uffd.wake(addr, end - addr) {
-            log::warn!("pagefold: wake after merge: {e}");
+            log::warn!("wake after merge: {e}");
         }
     }
 }
@@ -212,7 +212,7 @@ impl Drop for Busy<'_> {
             }
             let (a, l) = (self.addr + s * PAGE_SIZE, (i - s) * PAGE_SIZE);
             if let Err(e) = self.ctx.uffd.unprotect(a, l) {
-                log::warn!("pagefold: unprotect after merge: {e}");
+                log::warn!("unprotect after merge: {e}");
             }
         }
         unmark_busy(
@@ -273,7 +273,7 @@ pub fn exec_chunk(
     let mut busy = match Busy::protect(ctx, addr0, n) {
         Ok(b) => b,
         Err(e) => {
-            log::debug!("pagefold: protect failed, chunk abandoned: {e}");
+            log::debug!("protect failed, chunk abandoned: {e}");
             res.protect_failed = true;
             return res;
         }
@@ -372,7 +372,7 @@ pub fn exec_chunk(
             // read as zeros, as before.
             match unsafe { mm::madvise(a, l, libc::MADV_DONTNEED) } {
                 Ok(()) => done |= run_mask,
-                Err(e) => log::warn!("pagefold: zero-page drop: {e}"),
+                Err(e) => log::warn!("zero-page drop: {e}"),
             }
             continue;
         }
@@ -414,7 +414,7 @@ pub fn exec_chunk(
                     budget.limited = true;
                     budget.headroom = 0;
                 }
-                log::debug!("pagefold: merge mmap failed: {e}");
+                log::debug!("merge mmap failed: {e}");
                 stop_mapping = true;
             }
         }
@@ -434,7 +434,7 @@ pub fn exec_chunk(
         if let Err(e) = ctx.uffd.register_wp(addr0, n * PAGE_SIZE) {
             // Those pages stay merged; later protects there fail with ENOENT
             // and abandon cleanly, so this is safe, only less efficient.
-            log::warn!("pagefold: re-register after merge: {e}");
+            log::warn!("re-register after merge: {e}");
         }
     }
     drop(busy); // Step 6.
@@ -518,7 +518,7 @@ pub fn unmerge_chunk(
     }
     busy.replaced = true;
     if let Err(e) = ctx.uffd.register_wp(addr, len) {
-        log::warn!("pagefold: re-register after unmerge: {e}");
+        log::warn!("re-register after unmerge: {e}");
     }
     drop(busy);
     Ok(true)
@@ -561,7 +561,7 @@ impl Drop for RangeBusy<'_> {
     fn drop(&mut self) {
         if !self.replaced {
             if let Err(e) = self.ctx.uffd.unprotect(self.addr, self.len) {
-                log::warn!("pagefold: unprotect after unmerge: {e}");
+                log::warn!("unprotect after unmerge: {e}");
             }
         }
         unmark_busy(self.ctx, self.addr, self.addr + self.len, self.deferred_at);

@@ -305,7 +305,7 @@ impl Pool {
             // down: count it (stats, tests check it is 0) and carry on. The
             // slot is then freed only once nothing claims it.
             debug_assert!(false, "pool slot {s} mapper count underflow");
-            log::error!("pagefold: pool slot {s} mapper count underflow (bookkeeping error)");
+            log::error!("pool slot {s} mapper count underflow (bookkeeping error)");
             self.underflows += 1;
             return 0;
         }

@@ -54,7 +54,7 @@ impl Parked {
         while !held.iter().all(|q| q.stopped()) {
             let now = Instant::now();
             if now >= end {
-                log::trace!("pagefold: vCPUs did not park within {PARK_DEADLINE:?}");
+                log::trace!("vCPUs did not park within {PARK_DEADLINE:?}");
                 break;
             }
             if now >= next_nudge {

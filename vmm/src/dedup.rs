@@ -41,13 +41,13 @@ pub fn quiesce_min_ops() -> usize {
     match std::env::var(QUIESCE_MIN_OPS_ENV) {
         Ok(v) => v.trim().parse().unwrap_or_else(|_| {
             log::warn!(
-                "pagefold: {QUIESCE_MIN_OPS_ENV}={v:?} is not a whole number; using {DEFAULT_QUIESCE_MIN_OPS}"
+                "{QUIESCE_MIN_OPS_ENV}={v:?} is not a whole number; using {DEFAULT_QUIESCE_MIN_OPS}"
             );
             DEFAULT_QUIESCE_MIN_OPS
         }),
         Err(std::env::VarError::NotPresent) => DEFAULT_QUIESCE_MIN_OPS,
         Err(e) => {
-            log::warn!("pagefold: {QUIESCE_MIN_OPS_ENV}: {e}; using {DEFAULT_QUIESCE_MIN_OPS}");
+            log::warn!("{QUIESCE_MIN_OPS_ENV}: {e}; using {DEFAULT_QUIESCE_MIN_OPS}");
             DEFAULT_QUIESCE_MIN_OPS
         }
     }

@@ -9,7 +9,7 @@
 //! `/proc/PID/stat`, so a recycled pid is not mistaken for the holder).
 //! The next start of anything that uses KSM or changes a sysctl calls
 //! [`recover`]: knobs whose holders are all dead are put back and each
-//! restore is said on stderr.
+//! restore is logged as a warning.
 //!
 //! Several pagefold processes may coexist: the journal is one file under an
 //! `flock`, each knob keeps the value from *before the first* holder changed
@@ -756,38 +756,39 @@ pub fn raise_sysctl(name: &str, at_least: u64) -> Result<KnobGuard> {
     j.raise(&sysctl_path(name)?, at_least)
 }
 
-/// Says on stderr what a recovery did; returns the restores.
+/// Logs (as warnings: a pagefold was killed) what a recovery did; returns
+/// the restores.
 pub fn report(journal: &Journal, r: Result<Recovery>) -> Vec<Restored> {
     match r {
         Ok(rec) => {
             for (path, e) in &rec.failed {
-                eprintln!(
-                    "pagefold: warning: could not restore {} (journal {}): {e}",
+                log::warn!(
+                    "could not restore {} (journal {}): {e}",
                     label(path),
                     journal.path().display()
                 );
             }
             for r in &rec.restored {
-                eprintln!("pagefold: {r}");
+                log::warn!("{r}");
             }
             rec.restored
         }
         Err(e) => {
-            eprintln!("pagefold: warning: recovering global state: {e}");
+            log::warn!("recovering global state: {e}");
             Vec::new()
         }
     }
 }
 
 /// Serialises [`recover`] within one process: the journal's flock already
-/// does across processes; this only keeps the stderr lines of two threads
+/// does across processes; this only keeps the log lines of two threads
 /// recovering at once from interleaving.
 static RECOVER: Mutex<()> = Mutex::new(());
 
-/// Restores what dead pagefold processes left changed, saying each restore
-/// on stderr. Everything that uses KSM or changes a sysctl calls this at
-/// start (the KSM backend does on construction). Errors are reported on
-/// stderr, never fatal: a damaged journal must not stop VMs from running.
+/// Restores what dead pagefold processes left changed, logging each
+/// restore. Everything that uses KSM or changes a sysctl calls this at
+/// start (the KSM backend does on construction). Errors are logged, never
+/// fatal: a damaged journal must not stop VMs from running.
 pub fn recover() -> Vec<Restored> {
     let _g = RECOVER.lock().unwrap_or_else(|e| e.into_inner());
     match Journal::open_default() {
@@ -798,7 +799,7 @@ pub fn recover() -> Vec<Restored> {
         // Nowhere to record means nothing was recorded by this user.
         Err(JournalError::NoRuntimeDir) => Vec::new(),
         Err(e) => {
-            eprintln!("pagefold: warning: recovering global state: {e}");
+            log::warn!("recovering global state: {e}");
             Vec::new()
         }
     }

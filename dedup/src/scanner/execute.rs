@@ -244,7 +244,7 @@ fn split_huge_pages(base: usize, chunk: &[Op]) -> u64 {
         last = frame;
         calls += 1;
         if let Err(e) = mm::split_huge_page_at(addr) {
-            log::debug!("pagefold: huge page not split: {e}");
+            log::debug!("huge page not split: {e}");
         }
     }
     calls

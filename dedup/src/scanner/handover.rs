@@ -36,7 +36,7 @@ impl Core {
                 r.assisted = true;
                 self.assist.new_work();
             }
-            Err(e) => log::warn!("pagefold: KSM assist: {e}"),
+            Err(e) => log::warn!("KSM assist: {e}"),
         }
     }
 
@@ -79,7 +79,7 @@ impl Core {
             };
             let r = &mut self.regions[ri];
             if let Err(e) = res {
-                log::warn!("pagefold: KSM assist: giving region back: {e}");
+                log::warn!("KSM assist: giving region back: {e}");
                 return TakeBack::Failed;
             }
             r.taken_back += n;
@@ -91,7 +91,7 @@ impl Core {
         if t.elapsed() >= SLOW_TAKE_BACK {
             // The core is held meanwhile: VM creation and deletion wait.
             log::info!(
-                "pagefold: KSM assist: giving {} MiB back from KSM took {:?}",
+                "KSM assist: giving {} MiB back from KSM took {:?}",
                 (len - from) >> 20,
                 t.elapsed()
             );
@@ -124,7 +124,7 @@ impl Core {
             // MADV_MERGEABLE changes no content.
             match unsafe { crate::mm::madvise(r.addr, r.taken_back, libc::MADV_MERGEABLE) } {
                 Ok(()) => r.taken_back = 0,
-                Err(e) => log::warn!("pagefold: KSM assist: {e}"),
+                Err(e) => log::warn!("KSM assist: {e}"),
             }
         }
     }
@@ -204,7 +204,7 @@ impl Core {
             return;
         }
         log::info!(
-            "pagefold: handing group {group} to kernel KSM ({} new VMAs for {} merged pages, {} deferred this pass)",
+            "handing group {group} to kernel KSM ({} new VMAs for {} merged pages, {} deferred this pass)",
             g.new_vmas,
             g.merged,
             g.deferred

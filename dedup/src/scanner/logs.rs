@@ -40,11 +40,7 @@ impl Core {
         for r in &mut self.regions {
             if let Some(w) = r.written.as_mut() {
                 if let Err(e) = w.collect() {
-                    log::warn!(
-                        "pagefold: {} ({:?}): {e}; reading pagemap instead",
-                        r.owner,
-                        r.id
-                    );
+                    log::warn!("{} ({:?}): {e}; reading pagemap instead", r.owner, r.id);
                     r.written = None;
                 }
             }

@@ -517,7 +517,7 @@ impl Core {
         let base = u32::try_from(self.next_gid).map_err(|_| region::RegionError::TooManyPages)?;
         let mut r = Region::new(id, addr, len, owner, group, gid, base)?;
         r.huge = mm::thp_eligible(addr).unwrap_or_else(|e| {
-            log::debug!("pagefold: cannot tell whether huge pages back {addr:#x}: {e}");
+            log::debug!("cannot tell whether huge pages back {addr:#x}: {e}");
             false
         });
         self.uffd.register_wp(addr, len)?;
@@ -611,7 +611,7 @@ impl Core {
             let kept = self.orphans.len() - orphans_before;
             if kept > 0 {
                 log::warn!(
-                    "pagefold: region {} left with {kept} pages it could not unmerge; \
+                    "region {} left with {kept} pages it could not unmerge; \
                      their pool pages stay allocated while this process runs",
                     id.0
                 );
@@ -668,7 +668,7 @@ impl Core {
         match unsafe { crate::mm::map_anon_fixed(r.addr, r.len()) } {
             Ok(()) => true,
             Err(e) => {
-                log::warn!("pagefold: dropping the mappings of region {}: {e}", r.id.0);
+                log::warn!("dropping the mappings of region {}: {e}", r.id.0);
                 false
             }
         }
@@ -698,7 +698,7 @@ impl Core {
             free.push(s);
         }
         for e in self.pool.release_many(&mut free) {
-            log::warn!("pagefold: {e}");
+            log::warn!("{e}");
         }
     }
 

@@ -52,7 +52,7 @@ impl Core {
             entries.resize(n, Entry(0));
         }
         if let Err(e) = self.read_needed(ri, start, &mut entries[..n]) {
-            log::warn!("pagefold: {e}");
+            log::warn!("{e}");
             self.scratch = entries;
             return n;
         }

@@ -79,7 +79,7 @@ impl Core {
                 }
                 Ok(false) => left += (i - s) as u64,
                 Err(e) => {
-                    log::warn!("pagefold: unmerge: {e}");
+                    log::warn!("unmerge: {e}");
                     left += (i - s) as u64;
                 }
             }
@@ -123,7 +123,7 @@ impl Core {
         if t0.elapsed() >= SLOW_UNMERGE_STEP {
             // VM creation and deletion wait meanwhile.
             log::info!(
-                "pagefold: an unmerge step held the engine for {:?} (KSM take-backs and assist end {:?}; unmerging {:?}; freeing slots {:?}; {left:?} pages left)",
+                "an unmerge step held the engine for {:?} (KSM take-backs and assist end {:?}; unmerging {:?}; freeing slots {:?}; {left:?} pages left)",
                 t0.elapsed(),
                 t1 - t0,
                 t2 - t1,

@@ -50,7 +50,7 @@ impl Core {
             // span skipped, and visit in full.
             let mut one = [Entry(0)];
             if let Err(err) = self.pagemap.read(self.regions[ri].page_addr(p), &mut one) {
-                log::warn!("pagefold: {err}");
+                log::warn!("{err}");
                 return None;
             }
             e = one[0];
