@@ -70,6 +70,19 @@ pub struct Cli {
     /// `info,pagefold_dedup=debug`, else warn).
     #[arg(long, global = true, value_enum, value_name = "LEVEL")]
     pub log: Option<crate::logging::Level>,
+    /// Format of the diagnostics: text lines, or one JSON object per line.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "FORMAT",
+        default_value_t
+    )]
+    pub log_format: crate::logging::Format,
+    /// Write the diagnostics to this file (appended; reopened on SIGHUP)
+    /// instead of stderr.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub log_file: Option<PathBuf>,
     #[command(subcommand)]
     pub cmd: Command,
 }
@@ -485,7 +498,8 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
     let rust_log = std::env::var("RUST_LOG").ok();
     let filter = crate::logging::filter(cli.log, rust_log.as_deref())
         .map_err(|e| Error::Usage(e.to_string()))?;
-    crate::logging::init(filter);
+    crate::logging::init(filter, cli.log_format, cli.log_file.as_deref())
+        .map_err(|e| Error::Usage(e.to_string()))?;
     match cli.cmd {
         Command::Run(a) => {
             let json = a.json.clone();

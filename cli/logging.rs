@@ -10,8 +10,17 @@
 //!   systemd journal (`$JOURNAL_STREAM`), which stamps every line itself.
 //! - Libraries that put "pagefold: " in front of their own messages get it
 //!   once: the logger already names the program.
+//! - `--log-format json`: one JSON object per line (`ts`, `level`,
+//!   `target`, `msg`), for log shippers; timestamps always.
+//! - `--log-file PATH`: lines go to PATH (appended) instead of stderr. The
+//!   main thread reopens it on SIGHUP (`logrotate`'s convention), through
+//!   the hook `pagefold_vmm::signals` runs: other threads only write to the
+//!   open file, which their seccomp filters allow.
 
+use std::fs::File;
 use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::ValueEnum;
@@ -22,6 +31,22 @@ use log::LevelFilter;
 pub enum Error {
     #[error("RUST_LOG={spec:?}: unknown level {level:?} (expected off, error, warn, info, debug or trace)")]
     Level { spec: String, level: String },
+    #[error("--log-file {}: {source}", path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `--log-format`'s formats.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// `TIMESTAMP pagefold: LEVEL: MESSAGE`.
+    #[default]
+    Text,
+    /// One JSON object per line: `ts`, `level`, `target`, `msg`.
+    Json,
 }
 
 /// `--log`'s levels.
@@ -118,9 +143,18 @@ pub fn filter(flag: Option<Level>, rust_log: Option<&str>) -> Result<Filter, Err
     }
 }
 
+/// Where lines go.
+enum Sink {
+    Stderr,
+    /// The open file and its path (to reopen).
+    File(Mutex<File>, PathBuf),
+}
+
 struct Logger {
     filter: Filter,
+    format: Format,
     timestamps: bool,
+    sink: Sink,
 }
 
 impl log::Log for Logger {
@@ -132,10 +166,23 @@ impl log::Log for Logger {
         if !self.enabled(r.metadata()) {
             return;
         }
-        let now = self.timestamps.then(SystemTime::now);
-        let line = format_line(r.level(), &r.args().to_string(), now);
+        let msg = r.args().to_string();
+        let line = match self.format {
+            Format::Text => format_line(r.level(), &msg, self.timestamps.then(SystemTime::now)),
+            Format::Json => json_line(r.level(), r.target(), &msg, SystemTime::now()),
+        };
         // One write per line, so lines of different threads do not mix.
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        match &self.sink {
+            Sink::Stderr => {
+                let _ = std::io::stderr().lock().write_all(line.as_bytes());
+            }
+            Sink::File(f, _) => {
+                let _ = f
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .write_all(line.as_bytes());
+            }
+        }
     }
 
     fn flush(&self) {}
@@ -152,14 +199,81 @@ fn format_line(level: log::Level, msg: &str, now: Option<SystemTime>) -> String 
     }
 }
 
-/// Installs the logger for the process (once; later calls change nothing).
-pub fn init(filter: Filter) {
+/// One JSON log line (a multi-line message stays one line: JSON escapes
+/// its newlines).
+fn json_line(level: log::Level, target: &str, msg: &str, now: SystemTime) -> String {
+    let msg = msg.strip_prefix("pagefold: ").unwrap_or(msg);
+    let v = serde_json::json!({
+        "ts": timestamp(now),
+        "level": level.as_str().to_ascii_lowercase(),
+        "target": target,
+        "msg": msg,
+    });
+    format!("{v}\n")
+}
+
+/// The logger installed by [`init`], for [`reopen`].
+static LOGGER: std::sync::OnceLock<&'static Logger> = std::sync::OnceLock::new();
+
+fn open_log(path: &Path) -> Result<File, Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(path)
+        .map_err(|source| Error::File {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Installs the logger for the process (once; later calls change nothing):
+/// the filter, the line format, and stderr or `file` (created if missing,
+/// appended to; an error if it cannot be opened).
+pub fn init(filter: Filter, format: Format, file: Option<&Path>) -> Result<(), Error> {
     let max = filter.max();
-    let timestamps = std::env::var_os("JOURNAL_STREAM").is_none();
-    let logger = Box::leak(Box::new(Logger { filter, timestamps }));
+    let sink = match file {
+        Some(p) => Sink::File(Mutex::new(open_log(p)?), p.to_path_buf()),
+        None => Sink::Stderr,
+    };
+    // The journal stamps every line of a service's stderr itself.
+    let timestamps = file.is_some() || std::env::var_os("JOURNAL_STREAM").is_none();
+    let logger: &'static Logger = Box::leak(Box::new(Logger {
+        filter,
+        format,
+        timestamps,
+        sink,
+    }));
     if log::set_logger(logger).is_ok() {
         log::set_max_level(max);
+        let _ = LOGGER.set(logger);
+        if file.is_some() {
+            pagefold_vmm::signals::set_hangup_hook(reopen);
+        }
     }
+    Ok(())
+}
+
+/// Reopens the log file (after `logrotate` moved it); true if there is a
+/// log file. Runs on the main thread (the SIGHUP hook). If the path cannot
+/// be opened, lines keep going to the file already open.
+pub fn reopen() -> bool {
+    let Some(Logger {
+        sink: Sink::File(f, path),
+        ..
+    }) = LOGGER.get().copied()
+    else {
+        return false;
+    };
+    match open_log(path) {
+        Ok(new) => {
+            *f.lock().unwrap_or_else(|e| e.into_inner()) = new;
+            log::info!("SIGHUP: reopened the log file {}", path.display());
+        }
+        Err(e) => log::warn!("SIGHUP: {e}; still writing to the file open before"),
+    }
+    true
 }
 
 /// `t` as RFC 3339 UTC with milliseconds (`2026-01-31T12:00:00.123Z`).
@@ -218,6 +332,28 @@ mod tests {
             format_line(log::Level::Info, "API on /run/pagefold/api.sock", None),
             "pagefold: info: API on /run/pagefold/api.sock\n"
         );
+    }
+
+    /// A JSON line is one object with the four fields, whatever the
+    /// message holds (quotes, newlines).
+    #[test]
+    fn json_lines_are_one_object_each() {
+        let t = UNIX_EPOCH + Duration::from_millis(1_500);
+        let line = json_line(
+            log::Level::Warn,
+            "pagefold_dedup::engine",
+            "pagefold: a \"quoted\"\nsecond line",
+            t,
+        );
+        assert!(
+            line.ends_with('\n') && line.matches('\n').count() == 1,
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["ts"], "1970-01-01T00:00:01.500Z");
+        assert_eq!(v["level"], "warn");
+        assert_eq!(v["target"], "pagefold_dedup::engine");
+        assert_eq!(v["msg"], "a \"quoted\"\nsecond line");
     }
 
     #[test]

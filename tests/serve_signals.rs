@@ -77,6 +77,70 @@ fn serve_tells_systemd_ignores_sighup_and_stops_cleanly_on_sigterm() {
     );
 }
 
+/// `--log-file` with `--log-format json`: every line is a JSON object in
+/// the file, none on stderr; after the file is moved away (as logrotate
+/// does), SIGHUP makes the daemon write to a new file at the path, its
+/// VMs running on; SIGTERM still stops it cleanly.
+#[test]
+fn sighup_reopens_the_log_file() {
+    require_kvm();
+    let dir = TempDir::new("serve-logfile");
+    let sock = dir.path("api.sock");
+    let log = dir.path("pagefold.log");
+    let rotated = dir.path("pagefold.log.1");
+    let child = pagefold()
+        .args(["serve", "--api-sock", sock.to_str().unwrap()])
+        .args(["--log", "info", "--log-format", "json", "--log-file"])
+        .arg(&log)
+        .env("PAGEFOLD_RUNTIME_DIR", dir.path("runtime"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn pagefold serve");
+    let c = api_client(&sock);
+    let r = c.call("PUT", "/vms/vm0", Some(&vm_body())).unwrap();
+    assert_eq!(r.status, 201, "{r:?}");
+    let lines = |p: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+            .collect()
+    };
+    let has = |v: &[serde_json::Value], needle: &str| {
+        v.iter()
+            .any(|l| l["msg"].as_str().is_some_and(|m| m.contains(needle)))
+    };
+    let first = lines(&log);
+    assert!(has(&first, "API on"), "{first:?}");
+    assert!(first
+        .iter()
+        .all(|l| l["ts"].is_string() && l["target"].is_string()));
+
+    std::fs::rename(&log, &rotated).unwrap();
+    signal(&child, libc::SIGHUP);
+    let start = std::time::Instant::now();
+    while !log.exists() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = lines(&log);
+    assert!(has(&after, "reopened the log file"), "{after:?}");
+    assert!(!has(&after, "API on"), "{after:?}");
+    assert!(!has(&after, "SIGHUP ignored"), "{after:?}");
+    let h = c.call("GET", "/vms/vm0", None).unwrap();
+    assert!(
+        String::from_utf8_lossy(&h.body).contains("\"running\""),
+        "after SIGHUP: {h:?}"
+    );
+
+    signal(&child, libc::SIGTERM);
+    let o = wait_bounded(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(has(&lines(&log), "SIGTERM received"), "{:?}", lines(&log));
+    assert!(has(&lines(&rotated), "API on"));
+    assert!(o.stderr.is_empty(), "{}", text(&o));
+}
+
 /// Runs `pagefold ksm restore` on the test's journal when dropped, so a
 /// failed test (a killed daemon) leaves the host's knobs as found too.
 struct RestoreOnDrop(std::path::PathBuf);

@@ -234,6 +234,17 @@ fn bad_input_gets_clear_errors() {
         assert!(!err.contains("panicked"), "{err}");
     };
     check(&["run", "--memory", "0"], "larger than zero");
+    check(
+        &[
+            "run",
+            "--memory",
+            "64M",
+            "--log-file",
+            "/nonexistent/dir/x.log",
+        ],
+        "--log-file /nonexistent/dir/x.log: No such file or directory",
+    );
+    check(&["run", "--log-format", "xml"], "invalid value 'xml'");
     check(&["run", "--memory", "lots"], "invalid size");
     check(&["run", "--memory", "100T"], "more than this host has");
     check(

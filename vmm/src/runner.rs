@@ -721,11 +721,14 @@ impl Runner {
             self.serve_requests();
             let mut sig = signals::received();
             if signals::take_hangup() {
+                let reopened = signals::run_hangup_hook();
                 if self.keep_alive {
                     // A daemon has no terminal to lose and no configuration
-                    // to reload: SIGHUP changes nothing (systemd's
-                    // convention for services without a reload).
-                    log::warn!("SIGHUP ignored: pagefold serve stops on SIGTERM or SIGINT");
+                    // to reload: SIGHUP only reopens the log file, if any
+                    // (logrotate's convention).
+                    if !reopened {
+                        log::warn!("SIGHUP ignored: pagefold serve stops on SIGTERM or SIGINT");
+                    }
                 } else if sig == 0 {
                     // The terminal went away: stop as on SIGTERM, cleanly.
                     sig = libc::SIGHUP;

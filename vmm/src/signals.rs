@@ -67,6 +67,21 @@ pub fn take_hangup() -> bool {
     HANGUP.swap(false, Ordering::SeqCst)
 }
 
+/// What SIGHUP reopens (the binary's log file): run by the event loop on
+/// the main thread, never in the signal handler. Returns whether it had
+/// something to reopen.
+static HANGUP_HOOK: OnceLock<fn() -> bool> = OnceLock::new();
+
+/// Sets the SIGHUP hook (once per process).
+pub fn set_hangup_hook(hook: fn() -> bool) {
+    let _ = HANGUP_HOOK.set(hook);
+}
+
+/// Runs the SIGHUP hook, if any; whether it reopened something.
+pub fn run_hangup_hook() -> bool {
+    HANGUP_HOOK.get().is_some_and(|h| h())
+}
+
 /// The conventional exit code for death by `sig`.
 pub fn exit_code(sig: i32) -> i32 {
     128 + sig
