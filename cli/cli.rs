@@ -118,6 +118,10 @@ pub enum Command {
     /// it, or restore what a killed pagefold left changed.
     #[command(subcommand)]
     Ksm(ksm::KsmCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(crate::docs_gen::CompletionsArgs),
+    /// Write the man pages (pagefold.1 and one per subcommand).
+    Man(crate::docs_gen::ManArgs),
 }
 
 #[derive(Args, Debug)]
@@ -526,6 +530,8 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
         Command::Shutdown(a) => client::shutdown(a),
         Command::Bench(c) => bench::run(c),
         Command::Ksm(c) => ksm::run(c),
+        Command::Completions(a) => crate::docs_gen::completions(a),
+        Command::Man(a) => crate::docs_gen::man(a),
     }
 }
 

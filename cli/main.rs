@@ -8,6 +8,7 @@ mod bench;
 #[path = "no_bench.rs"]
 mod bench;
 mod cli;
+mod docs_gen;
 mod error;
 mod ksm;
 mod logging;
