@@ -145,7 +145,8 @@ pub struct SeedArgs {
     /// CPU to converge is read at the first sample that sees its final
     /// saving, so it includes up to one interval of scanning after it
     /// converged (at max effort, a whole interval of CPU).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    /// (`--sample-ms` is the old spelling, still accepted.)
+    #[arg(long = "sample-millisecs", alias = "sample-ms", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub sample_ms: u64,
 }
 
@@ -593,7 +594,7 @@ mod tests {
 
     #[test]
     fn sample_interval_flag() {
-        let o = seed_options(&seed_args(&["--sample-ms", "2"]));
+        let o = seed_options(&seed_args(&["--sample-millisecs", "2"]));
         assert_eq!(o.sample_interval, Duration::from_millis(2));
         for bad in ["0", "1001", "-1", "2.5"] {
             let argv = ["bench", "ksm-seed", "--sample-ms", bad];

@@ -210,8 +210,13 @@ pub struct WorkloadArgs {
     /// Churn rate, pages per second (0: as fast as possible).
     #[arg(long, help_heading = "Workload guest")]
     pub churn_rate: Option<u32>,
-    /// Churn duration in milliseconds.
-    #[arg(long, help_heading = "Workload guest")]
+    /// Churn duration in milliseconds (`--churn-ms` is the old spelling,
+    /// still accepted).
+    #[arg(
+        long = "churn-millisecs",
+        alias = "churn-ms",
+        help_heading = "Workload guest"
+    )]
     pub churn_ms: Option<u64>,
     /// Phases, comma-separated: fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES].
     #[arg(long, help_heading = "Workload guest")]
@@ -761,6 +766,34 @@ mod tests {
             &mut empty,
         );
         assert!(empty.is_empty(), "without help text: {empty:?}");
+    }
+
+    /// One spelling per unit in flag names: `-millisecs` (KSM's
+    /// `sleep_millisecs`) and `-secs`, never `-ms`, `-seconds`, `-sec`,
+    /// `-millis`; the old spellings stay as hidden aliases that parse.
+    #[test]
+    fn one_spelling_per_unit() {
+        fn walk(cmd: &clap::Command, bad: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let Some(long) = a.get_long() else { continue };
+                for suffix in ["-ms", "-seconds", "-sec", "-millis", "-msec", "-s"] {
+                    if long.ends_with(suffix) {
+                        bad.push(format!("{} --{long}", cmd.get_name()));
+                    }
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, bad);
+            }
+        }
+        let mut bad = Vec::new();
+        walk(&<Cli as clap::CommandFactory>::command(), &mut bad);
+        assert!(bad.is_empty(), "{bad:?}");
+        let old = Cli::try_parse_from(["pagefold", "run", "--churn-ms", "5"]).unwrap();
+        let Command::Run(a) = old.cmd else {
+            panic!("not run")
+        };
+        assert_eq!(a.workload.churn_ms, Some(5));
     }
 
     #[test]
