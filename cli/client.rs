@@ -28,6 +28,10 @@ pub struct ApiServeArgs {
     /// (`serve`: default $XDG_RUNTIME_DIR/pagefold/api.sock, or /run/pagefold/api.sock as root).
     #[arg(long, help_heading = "API")]
     pub api_sock: Option<PathBuf>,
+    /// Let this group's members use the API socket too (mode 0660; a name
+    /// or a gid).
+    #[arg(long, help_heading = "API", value_name = "GROUP")]
+    pub api_sock_group: Option<String>,
     /// Also serve the API on this TCP address (loopback only unless --api-tcp-allow-remote).
     #[arg(long, help_heading = "API")]
     pub api_tcp: Option<SocketAddr>,
@@ -164,8 +168,15 @@ pub fn start_api(runner: &Runner, a: &ApiServeArgs, daemon: bool) -> Result<Opti
     if unix.is_none() && a.api_tcp.is_none() && a.metrics_addr.is_none() {
         return Ok(None);
     }
+    let unix_group = a
+        .api_sock_group
+        .as_deref()
+        .map(pagefold_api::socket::group_id)
+        .transpose()
+        .map_err(|e| Error::Usage(e.to_string()))?;
     let listen = ListenConfig {
         unix,
+        unix_group,
         tcp: a.api_tcp,
         allow_remote: a.api_tcp_allow_remote,
         metrics: a.metrics_addr,

@@ -20,6 +20,8 @@ pub enum ListenError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ListenConfig {
     pub unix: Option<PathBuf>,
+    /// A group whose members may use the Unix socket too (mode 0660).
+    pub unix_group: Option<u32>,
     pub tcp: Option<SocketAddr>,
     /// Allow a non-loopback TCP address.
     pub allow_remote: bool,

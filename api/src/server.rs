@@ -136,7 +136,12 @@ impl Server {
         };
         let tcp_addr = local(&tcp)?;
         let metrics_addr = local(&metrics)?;
-        let (unix, socket) = match listen.unix.as_deref().map(socket::bind).transpose()? {
+        let (unix, socket) = match listen
+            .unix
+            .as_deref()
+            .map(|p| socket::bind(p, listen.unix_group))
+            .transpose()?
+        {
             Some((l, g)) => {
                 l.set_nonblocking(true)
                     .map_err(setup("non-blocking Unix listener"))?;

@@ -2,7 +2,9 @@
 //! temporary name, restricted, then renamed into place, so it is never
 //! reachable with a wider mode), never clobbering a socket another live
 //! process answers on, replacing a stale one, and removed on exit if it is
-//! still ours.
+//! still ours. With a group (`--api-sock-group`), the socket is 0660 and
+//! owned by that group, and a directory created for it is 0750 with the
+//! same group, so that the group's members can use the API.
 
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -18,6 +20,8 @@ pub enum SocketError {
     NotASocket(PathBuf),
     #[error("API socket {0}: path too long for a Unix socket (at most 100 bytes)")]
     TooLong(PathBuf),
+    #[error("--api-sock-group {0}: no such group")]
+    NoGroup(String),
     #[error("API socket {path}: {what}: {source}")]
     Io {
         path: PathBuf,
@@ -61,8 +65,46 @@ fn io(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> SocketE
     move |source| SocketError::Io { path, what, source }
 }
 
-/// Binds the API socket at `path` (see the module doc).
-pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), SocketError> {
+/// The id of group `name` (a name from the group database, or a number).
+pub fn group_id(name: &str) -> Result<u32, SocketError> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let c = std::ffi::CString::new(name).map_err(|_| SocketError::NoGroup(name.to_string()))?;
+    let mut grp: libc::group = unsafe_zeroed_group();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is to a live local of the size passed; the
+    // result points into `grp` (or is null) and is read before they go.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            c.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() {
+        return Err(SocketError::NoGroup(name.to_string()));
+    }
+    Ok(grp.gr_gid)
+}
+
+fn unsafe_zeroed_group() -> libc::group {
+    // SAFETY: libc::group is plain data (integers and pointers), for which
+    // all-zero bytes are a valid value; getgrnam_r fills it in.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Gives `path` to group `gid` (owner unchanged).
+fn chgrp(path: &Path, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::chown(path, None, Some(gid))
+}
+
+/// Binds the API socket at `path` (see the module doc), for the owner
+/// only, or also for the members of group `group`.
+pub fn bind(path: &Path, group: Option<u32>) -> Result<(UnixListener, SocketGuard), SocketError> {
     // sun_path is 108 bytes; leave room for the temporary name's suffix.
     if path.as_os_str().len() > 100 {
         return Err(SocketError::TooLong(path.to_path_buf()));
@@ -74,9 +116,25 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), SocketError> {
     if !dir.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            .mode(if group.is_some() { 0o750 } else { 0o700 })
             .create(&dir)
             .map_err(io(&dir, "creating its directory"))?;
+        if let Some(g) = group {
+            chgrp(&dir, g).map_err(io(&dir, "giving its directory to the group"))?;
+        }
+    } else if let Some(g) = group {
+        // An existing directory is the operator's: say if it keeps the
+        // group out rather than change it.
+        if let Ok(m) = std::fs::metadata(&dir) {
+            let searchable = m.mode() & 0o001 != 0 || (m.gid() == g && m.mode() & 0o010 != 0);
+            if !searchable {
+                log::warn!(
+                    "API socket {}: group {g} cannot reach it: {} is not searchable by the group",
+                    path.display(),
+                    dir.display()
+                );
+            }
+        }
     }
     match std::fs::symlink_metadata(path) {
         Ok(m) if !m.file_type().is_socket() => {
@@ -103,8 +161,17 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), SocketError> {
     let tmp = dir.join(format!(".pf{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp).map_err(io(&tmp, "binding"))?;
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
     let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
         .map_err(io(&tmp, "setting mode 0600"))
+        .and_then(|_| match group {
+            Some(g) => chgrp(&tmp, g).map_err(io(&tmp, "giving it to the group")),
+            None => Ok(()),
+        })
+        .and_then(|_| {
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+                .map_err(io(&tmp, "setting its mode"))
+        })
         .and_then(|_| std::fs::rename(&tmp, path).map_err(io(path, "moving into place")));
     if let Err(e) = placed {
         let _ = std::fs::remove_file(&tmp);
@@ -136,7 +203,7 @@ mod tests {
     fn creates_0600_socket_in_new_0700_dir_and_cleans_up() {
         let d = scratch("mode");
         let p = d.path().join("sub").join("api.sock");
-        let (l, g) = bind(&p).unwrap();
+        let (l, g) = bind(&p, None).unwrap();
         let m = std::fs::metadata(&p).unwrap();
         assert!(m.file_type().is_socket());
         assert_eq!(m.permissions().mode() & 0o777, 0o600);
@@ -158,13 +225,13 @@ mod tests {
     fn refuses_live_socket_and_replaces_stale_one() {
         let d = scratch("live");
         let p = d.path().join("api.sock");
-        let (l, g) = bind(&p).unwrap();
-        assert!(matches!(bind(&p), Err(SocketError::InUse(_))));
+        let (l, g) = bind(&p, None).unwrap();
+        assert!(matches!(bind(&p, None), Err(SocketError::InUse(_))));
         // Stale: the listener is gone but the file stays.
         drop(l);
         std::mem::forget(g);
         assert!(p.exists());
-        let (_l2, g2) = bind(&p).unwrap();
+        let (_l2, g2) = bind(&p, None).unwrap();
         UnixStream::connect(&p).unwrap();
         drop(g2);
         assert!(!p.exists());
@@ -175,7 +242,7 @@ mod tests {
         let d = scratch("file");
         let p = d.path().join("api.sock");
         std::fs::write(&p, b"precious").unwrap();
-        assert!(matches!(bind(&p), Err(SocketError::NotASocket(_))));
+        assert!(matches!(bind(&p, None), Err(SocketError::NotASocket(_))));
         assert_eq!(std::fs::read(&p).unwrap(), b"precious");
     }
 
@@ -183,18 +250,39 @@ mod tests {
     fn guard_leaves_a_replaced_socket_alone() {
         let d = scratch("replaced");
         let p = d.path().join("api.sock");
-        let (l, g) = bind(&p).unwrap();
+        let (l, g) = bind(&p, None).unwrap();
         drop(l);
         // Someone else replaced the (stale) socket with theirs.
-        let (_l2, g2) = bind(&p).unwrap();
+        let (_l2, g2) = bind(&p, None).unwrap();
         drop(g);
         assert!(p.exists(), "the other server's socket must survive");
         drop(g2);
     }
 
+    /// With a group: the socket is 0660 and the group's, the directory
+    /// made for it 0750 and the group's; a group name resolves.
+    #[test]
+    fn a_group_socket_is_the_groups() {
+        let d = scratch("group");
+        let p = d.path().join("sub").join("api.sock");
+        let gid = group_id("nogroup").or_else(|_| group_id("65534")).unwrap();
+        assert_eq!(group_id("0").unwrap(), 0);
+        assert!(matches!(
+            group_id("no-such-group-here"),
+            Err(SocketError::NoGroup(_))
+        ));
+        let (_l, g) = bind(&p, Some(gid)).unwrap();
+        let m = std::fs::metadata(g.path()).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o660);
+        assert_eq!(m.gid(), gid);
+        let dm = std::fs::metadata(p.parent().unwrap()).unwrap();
+        assert_eq!(dm.permissions().mode() & 0o777, 0o750);
+        assert_eq!(dm.gid(), gid);
+    }
+
     #[test]
     fn long_paths_are_refused() {
         let p = PathBuf::from(format!("/tmp/{}", "x".repeat(120)));
-        assert!(matches!(bind(&p), Err(SocketError::TooLong(_))));
+        assert!(matches!(bind(&p, None), Err(SocketError::TooLong(_))));
     }
 }
