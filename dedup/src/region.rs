@@ -133,7 +133,7 @@ pub struct Region {
     /// own slot is `slot_base + p`. None if the pool had no room.
     pub slot_base: Option<u32>,
     /// The kernel may back the region with transparent huge pages
-    /// (`mm::thp_eligible` at registration): merges first split the huge
+    /// (`mm::thp_possible` at registration): merges first split the huge
     /// page under a page they replace (`mm::split_huge_page_at`), so that
     /// the page they save is freed at once.
     pub huge: bool,

@@ -516,10 +516,7 @@ impl Core {
         let id = RegionId(self.next_region_id);
         let base = u32::try_from(self.next_gid).map_err(|_| region::RegionError::TooManyPages)?;
         let mut r = Region::new(id, addr, len, owner, group, gid, base)?;
-        r.huge = mm::thp_eligible(addr).unwrap_or_else(|e| {
-            log::debug!("cannot tell whether huge pages back {addr:#x}: {e}");
-            false
-        });
+        r.huge = mm::thp_possible();
         self.uffd.register_wp(addr, len)?;
         r.slot_base = self.pool.open_window(r.npages);
         self.next_region_id += 1;
