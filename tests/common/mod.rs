@@ -72,6 +72,44 @@ impl TempDir {
     }
 }
 
+/// A spawned pagefold daemon, killed (SIGKILL) and reaped if the test
+/// ends without taking it back with [`Daemon::into_child`]: a failing
+/// assertion must not leave a daemon running on the machine.
+pub struct Daemon(Option<Child>);
+
+impl Daemon {
+    pub fn new(child: Child) -> Daemon {
+        Daemon(Some(child))
+    }
+
+    /// The child, no longer killed at drop (to wait for it).
+    pub fn into_child(mut self) -> Child {
+        self.0.take().expect("a live daemon")
+    }
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("a live daemon")
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("a live daemon")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Waits for `child` at most `limit`, killing it (and failing) past that.
 pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
     let start = Instant::now();
