@@ -41,14 +41,34 @@ skips=()
 for t in "${TIMED[@]}"; do skips+=(--skip "$t"); done
 set -- "${skips[@]}" "$@"
 
+# Tests that run after all the others, alone. The THP torture backs its
+# regions with huge pages and splits them by the thousand; after it, the
+# emulated host ran every later test several times slower (scanner
+# wake-ups 8-30 s apart), so that torture_vm_churn, _write_log, _xxh3 and
+# _long_runs_in_full_windows missed their 30 s unmerge deadline. In a
+# fresh emulated host they pass (7 of 7 without it), with it running
+# alongside (it and the longest: 2 of 2), and natively after it; with it
+# in a process of its own they still failed after it: a slowdown of the
+# emulated host as a whole, not of the engine's process.
+LAST=torture_transparent_huge_pages
+
 args=()
 # shellcheck disable=SC2016
 runner=(sh -c '
 status=0
 for b in $BINS; do
     echo "=== $b on $(uname -r)"
-    if ! "$b" --test-threads=2 "$@"; then
+    if ! "$b" --test-threads=2 --skip "$LAST" "$@"; then
         echo "=== FAILED: $b"
+        status=1
+    fi
+done
+for b in $BINS; do
+    # Only where the filters given select it.
+    "$b" --list --format terse "$@" 2>/dev/null | grep -qx "$LAST: test" || continue
+    echo "=== $b --exact $LAST on $(uname -r), last"
+    if ! "$b" --exact "$LAST"; then
+        echo "=== FAILED: $b $LAST"
         status=1
     fi
 done
@@ -58,4 +78,4 @@ for b in "${bins[@]}"; do args+=(--bin "$b"); done
 names=$(for b in "${bins[@]}"; do basename "$b"; done | tr '\n' ' ')
 echo "engine-suite-on-kernel: ${#bins[@]} binaries on $KERNEL: $names" >&2
 exec scripts/emulated-host.sh --kernel "$KERNEL" --memory 8G --timeout 2400 "${args[@]}" \
-    -- env BINS="$names" RUST_BACKTRACE=1 "${runner[@]}" "$@"
+    -- env BINS="$names" LAST="$LAST" RUST_BACKTRACE=1 "${runner[@]}" "$@"
