@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use pagefold_dedup::settings::flag;
 use pagefold_dedup::{BackendKind, CheckedSettings, DedupSettings, Mode};
 use pagefold_vmm::config::{
@@ -535,8 +535,8 @@ pub fn dispatch(cli: Cli) -> Result<i32, Error> {
         Command::Shutdown(a) => client::shutdown(a),
         Command::Bench(c) => bench::run(c),
         Command::Ksm(c) => ksm::run(c),
-        Command::Completions(a) => crate::docs_gen::completions(a),
-        Command::Man(a) => crate::docs_gen::man(a),
+        Command::Completions(a) => crate::docs_gen::completions(a, Cli::command()),
+        Command::Man(a) => crate::docs_gen::man(a, Cli::command()),
     }
 }
 
@@ -794,6 +794,31 @@ mod tests {
             panic!("not run")
         };
         assert_eq!(a.workload.churn_ms, Some(5));
+    }
+
+    /// Every subcommand gets a man page, and a page lists its flags.
+    #[test]
+    fn a_man_page_per_command() {
+        let dir = tempfile::tempdir().unwrap();
+        clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), dir.path()).unwrap();
+        let page = |name: &str| {
+            std::fs::read_to_string(dir.path().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+        };
+        assert!(page("pagefold.1").contains(".TH pagefold 1"));
+        let serve = page("pagefold-serve.1");
+        assert!(serve.contains("\\-\\-metrics\\-addr"), "{serve}");
+        assert!(serve.contains("\\-\\-dedup\\-backend"), "{serve}");
+        for sub in [
+            "run",
+            "demo",
+            "status",
+            "vm-create",
+            "dedup-set",
+            "ksm-restore",
+            "completions",
+        ] {
+            page(&format!("pagefold-{sub}.1"));
+        }
     }
 
     #[test]
