@@ -15,7 +15,8 @@ fail() { log "FAILED: $*"; exit 1; }
 
 DEB=${1:-$(scripts/deb.sh | tail -n1)}
 PROMTOOL=$(scripts/promtool.sh)
-if dpkg -s pagefold >/dev/null 2>&1; then
+installed() { [[ $(dpkg-query -W -f='${Status}' pagefold 2>/dev/null) == "install ok installed" ]]; }
+if installed; then
     fail "a pagefold package is installed already; this check installs and removes its own"
 fi
 WORK=$(mktemp -d /tmp/pagefold-package-check.XXXXXX)
@@ -27,7 +28,7 @@ cleanup() {
         # What the killed daemon left changed (docs/global-state.md).
         /usr/bin/pagefold ksm restore >/dev/null 2>&1 || true
     fi
-    dpkg -r pagefold >/dev/null 2>&1 || true
+    installed && dpkg -P pagefold >/dev/null 2>&1
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -105,6 +106,9 @@ pid=
 [[ ! -e $SOCK ]] || fail "the socket outlived the daemon"
 [[ $(ksm_knobs) == "$knobs_before" ]] || fail "KSM knobs changed: before $knobs_before, after $(ksm_knobs)"
 
-dpkg -r pagefold >/dev/null
-[[ ! -e $PF ]] || fail "$PF left after dpkg -r"
-log "ok: installed, scraped ($(grep -c '^# TYPE' "$WORK/metrics") families, promtool clean), stopped (exit 0), removed"
+# Purged, not only removed: a removed package with maintainer scripts
+# stays in dpkg's database ("config-files") until it is purged.
+dpkg -P pagefold >/dev/null
+[[ ! -e $PF ]] || fail "$PF left after dpkg -P"
+! installed || fail "still installed after dpkg -P"
+log "ok: installed, scraped ($(grep -c '^# TYPE' "$WORK/metrics") families, promtool clean), stopped (exit 0), purged"
