@@ -349,7 +349,7 @@ fn run(cfg: Cfg) {
             // never touched since their merge (not mapped in) included.
             e.set_mode(Mode::Unmerge).unwrap();
             assert!(
-                e.wait_mode(Mode::Off, Duration::from_secs(30)),
+                e.wait_mode(Mode::Off, liveness_bound(Duration::from_secs(30))),
                 "unmerge under writes did not finish: {:?}",
                 e.stats()
             );
@@ -443,7 +443,7 @@ fn run(cfg: Cfg) {
         // left at scattered places.
         let t = Instant::now();
         let mut s = e.stats();
-        while s.ksm_pages_sharing == 0 && t.elapsed() < Duration::from_secs(20) {
+        while s.ksm_pages_sharing == 0 && t.elapsed() < liveness_bound(Duration::from_secs(20)) {
             std::thread::sleep(Duration::from_millis(100));
             s = e.stats();
         }
@@ -470,7 +470,7 @@ fn run(cfg: Cfg) {
     }
     // Unmerge: everything private again, contents intact.
     e.set_mode(Mode::Unmerge).unwrap();
-    assert!(e.wait_mode(Mode::Off, Duration::from_secs(30)));
+    assert!(e.wait_mode(Mode::Off, liveness_bound(Duration::from_secs(30))));
     for (g, want) in shadow.iter().enumerate() {
         // SAFETY: writers are gone.
         let got = unsafe { std::slice::from_raw_parts(world.ptr(g), PS) };

@@ -326,3 +326,19 @@ impl pagefold_dedup::quiesce::Quiesce for CountingQuiescer {
         self.held.fetch_sub(1, SeqCst);
     }
 }
+
+/// A liveness bound, stretched where everything runs slower: times the
+/// factor in `PAGEFOLD_TEST_TIME_SCALE` (default 1). The bound catches an
+/// engine that never finishes, it does not time one; under the emulated
+/// host (QEMU TCG), where the same work takes 5-10 times longer and its
+/// speed varies twofold from run to run, scripts/engine-suite-on-kernel.sh
+/// sets the factor.
+#[allow(dead_code)]
+pub fn liveness_bound(native: std::time::Duration) -> std::time::Duration {
+    let scale = std::env::var("PAGEFOLD_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|&f| f >= 1)
+        .unwrap_or(1);
+    native * scale
+}
