@@ -56,9 +56,10 @@ for _ in $(seq 200); do [[ -S $SOCK ]] && break; sleep 0.1; done
 [[ -S $SOCK ]] || fail "no API socket: $(cat "$WORK/serve.err")"
 
 $PF dedup set mode=on >/dev/null || fail "dedup set mode=on"
-cat >"$WORK/vms.toml" <<'TOML'
+for vm in vm0 vm1; do
+    cat <<TOML
 [[vm]]
-name = "vm0"
+name = "$vm"
 memory = "128M"
 serial = "null"
 dedup = { group = "g" }
@@ -68,17 +69,8 @@ shared = "64M"
 private = "16M"
 phases = ["fill", "wait"]
 
-[[vm]]
-name = "vm1"
-memory = "128M"
-serial = "null"
-dedup = { group = "g" }
-[vm.workload]
-seed = 3
-shared = "64M"
-private = "16M"
-phases = ["fill", "wait"]
 TOML
+done >"$WORK/vms.toml"
 $PF vm create --config "$WORK/vms.toml" >/dev/null || fail "vm create"
 sharing=0
 for _ in $(seq 120); do

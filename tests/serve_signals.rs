@@ -10,13 +10,33 @@ use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::{api_client, pagefold, require_kvm, text, wait_bounded, TempDir};
+use common::{api_client, pagefold, require_kvm, text, wait_bounded, Daemon, TempDir};
 use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
 use serde_json::json;
 
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill(2) on our own child's pid, which has not been reaped.
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+/// `pagefold serve` on `dir`'s api.sock with `args` after it, its runtime
+/// directory in `dir`, `NOTIFY_SOCKET` if given, its output captured; killed
+/// if the test fails before waiting for it.
+fn serve(dir: &TempDir, args: &[&str], notify: Option<&Path>) -> Daemon {
+    let mut c = pagefold();
+    c.args([
+        "serve",
+        "--api-sock",
+        dir.path("api.sock").to_str().unwrap(),
+    ])
+    .args(args)
+    .env("PAGEFOLD_RUNTIME_DIR", dir.path("runtime"))
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    if let Some(n) = notify {
+        c.env("NOTIFY_SOCKET", n);
+    }
+    Daemon::new(c.spawn().expect("spawn pagefold serve"))
 }
 
 /// A small workload VM that fills its memory and waits to be stopped.
@@ -33,14 +53,7 @@ fn serve_tells_systemd_ignores_sighup_and_stops_cleanly_on_sigterm() {
     let notify = dir.path("notify");
     let rx = UnixDatagram::bind(&notify).unwrap();
     rx.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let child = pagefold()
-        .args(["serve", "--api-sock", sock.to_str().unwrap()])
-        .env("NOTIFY_SOCKET", &notify)
-        .env("PAGEFOLD_RUNTIME_DIR", dir.path("runtime"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn pagefold serve");
+    let child = serve(&dir, &[], Some(&notify));
     let mut buf = [0u8; 256];
     let n = rx
         .recv(&mut buf)
@@ -64,7 +77,7 @@ fn serve_tells_systemd_ignores_sighup_and_stops_cleanly_on_sigterm() {
     );
 
     signal(&child, libc::SIGTERM);
-    let o = wait_bounded(child, Duration::from_secs(30));
+    let o = wait_bounded(child.into_child(), Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(!sock.exists(), "socket left behind");
     let err = String::from_utf8_lossy(&o.stderr);
@@ -88,15 +101,18 @@ fn sighup_reopens_the_log_file() {
     let sock = dir.path("api.sock");
     let log = dir.path("pagefold.log");
     let rotated = dir.path("pagefold.log.1");
-    let child = pagefold()
-        .args(["serve", "--api-sock", sock.to_str().unwrap()])
-        .args(["--log", "info", "--log-format", "json", "--log-file"])
-        .arg(&log)
-        .env("PAGEFOLD_RUNTIME_DIR", dir.path("runtime"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn pagefold serve");
+    let child = serve(
+        &dir,
+        &[
+            "--log",
+            "info",
+            "--log-format",
+            "json",
+            "--log-file",
+            log.to_str().unwrap(),
+        ],
+        None,
+    );
     let c = api_client(&sock);
     let r = c.call("PUT", "/vms/vm0", Some(&vm_body())).unwrap();
     assert_eq!(r.status, 201, "{r:?}");
@@ -134,7 +150,7 @@ fn sighup_reopens_the_log_file() {
     );
 
     signal(&child, libc::SIGTERM);
-    let o = wait_bounded(child, Duration::from_secs(30));
+    let o = wait_bounded(child.into_child(), Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(has(&lines(&log), "SIGTERM received"), "{:?}", lines(&log));
     assert!(has(&lines(&rotated), "API on"));
@@ -165,23 +181,18 @@ fn sigterm_puts_the_ksm_knobs_back() {
     let dir = TempDir::new("serve-sigterm-ksm");
     let _back = RestoreOnDrop(dir.path("runtime"));
     let sock = dir.path("api.sock");
-    let child = pagefold()
-        .args([
-            "serve",
+    let child = serve(
+        &dir,
+        &[
             "--dedup",
             "on",
             "--dedup-backend",
             "ksm",
             "--pages-to-scan",
             "777",
-            "--api-sock",
-            sock.to_str().unwrap(),
-        ])
-        .env("PAGEFOLD_RUNTIME_DIR", dir.path("runtime"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn pagefold serve");
+        ],
+        None,
+    );
     let c = api_client(&sock);
     let r = c.call("PUT", "/vms/vm0", Some(&vm_body())).unwrap();
     assert_eq!(r.status, 201, "{r:?}");
@@ -189,7 +200,7 @@ fn sigterm_puts_the_ksm_knobs_back() {
     assert_eq!(knobs["pages_to_scan"], "777", "{knobs:?}");
     assert_eq!(knobs["run"], "1", "{knobs:?}");
     signal(&child, libc::SIGTERM);
-    let o = wait_bounded(child, Duration::from_secs(30));
+    let o = wait_bounded(child.into_child(), Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(!sock.exists(), "socket left behind");
     assert_eq!(snapshot_tunables(Path::new(KSM_SYSFS)), before);
