@@ -467,7 +467,7 @@ fn run_vms(
                 sock.display()
             ));
             let args = client::StatusArgs {
-                json: false,
+                output: Default::default(),
                 client: client::ClientArgs {
                     api_sock: Some(sock),
                 },

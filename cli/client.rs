@@ -18,7 +18,7 @@ use pagefold_vmm::vm::VmInfo;
 use serde::Serialize;
 
 use crate::error::Error;
-use crate::output::{out, outln};
+use crate::output::{out, outln, OutputArg};
 use crate::report;
 
 /// Where `run`, `demo` and `serve` serve the API.
@@ -58,9 +58,9 @@ pub struct ClientArgs {
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// Print the raw JSON (health, VMs, dedup) instead of tables.
-    #[arg(long)]
-    pub json: bool,
+    /// `-o json`: health, VMs and dedup as the API has them.
+    #[command(flatten)]
+    pub output: OutputArg,
     #[command(flatten)]
     pub client: ClientArgs,
 }
@@ -76,9 +76,9 @@ pub struct ShutdownArgs {
 pub enum VmCommand {
     /// List the VMs.
     List {
-        /// Print the VMs as JSON instead of a table.
-        #[arg(long)]
-        json: bool,
+        /// `-o json`: the VMs as `GET /api/v1/vms` has them.
+        #[command(flatten)]
+        output: OutputArg,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -86,9 +86,9 @@ pub enum VmCommand {
     Info {
         /// The VM's name.
         name: String,
-        /// Print the VM (and its dedup figures) as JSON.
-        #[arg(long)]
-        json: bool,
+        /// `-o json`: the VM and its dedup figures.
+        #[command(flatten)]
+        output: OutputArg,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -97,6 +97,9 @@ pub enum VmCommand {
         /// The file: TOML with `[[vm]]` tables or one VM's keys, or a .json file with one VM object.
         #[arg(long, short = 'c')]
         config: PathBuf,
+        /// `-o json`: the created VMs, as a JSON array.
+        #[command(flatten)]
+        output: OutputArg,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -104,6 +107,9 @@ pub enum VmCommand {
     Pause {
         /// The VM's name.
         name: String,
+        /// `-o json`: the VM after the change.
+        #[command(flatten)]
+        output: OutputArg,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -111,6 +117,9 @@ pub enum VmCommand {
     Resume {
         /// The VM's name.
         name: String,
+        /// `-o json`: the VM after the change.
+        #[command(flatten)]
+        output: OutputArg,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -131,9 +140,9 @@ pub enum DedupCommand {
         /// The settings to change, e.g. mode=on pages_to_scan=4096.
         #[arg(required = true, value_name = "KEY=VALUE")]
         settings: Vec<String>,
-        /// Print the new state as JSON (as `GET /api/v1/dedup` has it).
-        #[arg(long)]
-        json: bool,
+        /// `-o json`: the new state, as `GET /api/v1/dedup` has it.
+        #[command(flatten)]
+        output: OutputArg,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -420,7 +429,7 @@ fn stall_line(health: &Health) -> String {
     }
 }
 
-/// What `pagefold status --json` prints.
+/// What `pagefold status -o json` prints.
 #[derive(Serialize)]
 struct StatusJson<'a> {
     health: &'a Health,
@@ -434,7 +443,7 @@ pub fn status(a: StatusArgs) -> Result<i32, Error> {
     let health = c.health().map_err(api_err)?;
     let vms = c.vms().map_err(api_err)?;
     let dedup = c.dedup().map_err(api_err)?;
-    if a.json {
+    if a.output.json() {
         let all = StatusJson {
             health: &health,
             vms: &vms,
@@ -472,7 +481,7 @@ pub fn shutdown(a: ShutdownArgs) -> Result<i32, Error> {
     Ok(0)
 }
 
-/// What `pagefold vm info --json` prints: the VM as `GET /vms/NAME` has
+/// What `pagefold vm info -o json` prints: the VM as `GET /vms/NAME` has
 /// it, and its dedup figures (null without a backend or registration).
 #[derive(Serialize)]
 struct VmInfoJson<'a> {
@@ -538,13 +547,10 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
         validate_vm_name(name).map_err(Error::Usage)?;
     }
     match cmd {
-        VmCommand::List {
-            json: raw,
-            client: ca,
-        } => {
+        VmCommand::List { output, client: ca } => {
             let c = client(&ca)?;
             let vms = c.vms().map_err(api_err)?;
-            if raw {
+            if output.json() {
                 outln!("{}", pretty(&vms)?)?;
             } else {
                 // The per-VM dedup figures come from the same source as
@@ -555,14 +561,14 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
         }
         VmCommand::Info {
             name,
-            json,
+            output,
             client: ca,
         } => {
             let c = client(&ca)?;
             let info = c.vm(&name).map_err(api_err)?;
             let dedup = c.dedup().map_err(api_err)?;
             let owner = dedup.as_ref().and_then(|d| d.per_owner.get(&name));
-            if json {
+            if output.json() {
                 outln!(
                     "{}",
                     pretty(&VmInfoJson {
@@ -574,15 +580,36 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
                 out!("{}", vm_info_text(&info, owner))?;
             }
         }
-        VmCommand::Create { config, client: ca } => {
+        VmCommand::Create {
+            config,
+            output,
+            client: ca,
+        } => {
             let c = client(&ca)?;
+            let mut created = Vec::new();
             for vc in vms_from_file(&config)? {
-                let info = c.create_vm(&vc).map_err(api_err)?;
-                outln!("created {} ({})", vc.name, state_name(info.state))?;
+                // A VM the server refused ends the command; the ones created
+                // before it are reported first, so none is left unmentioned.
+                match c.create_vm(&vc) {
+                    Ok(info) => created.push(info),
+                    Err(e) => {
+                        print_created(&created, output)?;
+                        return Err(api_err(e));
+                    }
+                }
             }
+            print_created(&created, output)?;
         }
-        VmCommand::Pause { name, client: ca } => set_state(&ca, &name, VmTarget::Paused)?,
-        VmCommand::Resume { name, client: ca } => set_state(&ca, &name, VmTarget::Running)?,
+        VmCommand::Pause {
+            name,
+            output,
+            client: ca,
+        } => set_state(&ca, &name, VmTarget::Paused, output)?,
+        VmCommand::Resume {
+            name,
+            output,
+            client: ca,
+        } => set_state(&ca, &name, VmTarget::Running, output)?,
         VmCommand::Delete { name, client: ca } => {
             let c = client(&ca)?;
             c.delete_vm(&name).map_err(api_err)?;
@@ -592,11 +619,23 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
     Ok(0)
 }
 
-fn set_state(ca: &ClientArgs, name: &str, state: VmTarget) -> Result<(), Error> {
+fn print_created(created: &[VmInfo], output: OutputArg) -> Result<(), Error> {
+    if output.json() {
+        return outln!("{}", pretty(&created)?);
+    }
+    for info in created {
+        outln!("created {} ({})", info.name, state_name(info.state))?;
+    }
+    Ok(())
+}
+
+fn set_state(ca: &ClientArgs, name: &str, state: VmTarget, output: OutputArg) -> Result<(), Error> {
     let c = client(ca)?;
     let info = c.set_vm_state(name, state).map_err(api_err)?;
-    outln!("{name}: {}", state_name(info.state))?;
-    Ok(())
+    if output.json() {
+        return outln!("{}", pretty(&info)?);
+    }
+    outln!("{name}: {}", state_name(info.state))
 }
 
 /// `pagefold dedup set KEY=VALUE...`: parsed and checked locally first
@@ -604,13 +643,13 @@ fn set_state(ca: &ClientArgs, name: &str, state: VmTarget) -> Result<(), Error> 
 pub fn dedup(cmd: DedupCommand) -> Result<i32, Error> {
     let DedupCommand::Set {
         settings,
-        json,
+        output,
         client: ca,
     } = cmd;
     let settings = patch::from_pairs(&settings).map_err(|e| Error::Usage(e.to_string()))?;
     let c = client(&ca)?;
     let d = c.patch_dedup(&settings).map_err(api_err)?;
-    if json {
+    if output.json() {
         outln!("{}", pretty(&d)?)?;
     } else {
         out!("{}", dedup_summary(&d)?)?;

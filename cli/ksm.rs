@@ -11,7 +11,7 @@ use pagefold_dedup::ksm::{snapshot_tunables, KSM_SYSFS};
 use serde::Serialize;
 
 use crate::error::Error;
-use crate::output::outln;
+use crate::output::{outln, OutputArg};
 
 #[derive(Subcommand, Debug)]
 pub enum KsmCommand {
@@ -25,9 +25,9 @@ pub enum KsmCommand {
 
 #[derive(Args, Debug)]
 pub struct StatusArgs {
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    /// `-o json`: the journal's records, the KSM knobs and the sysctls.
+    #[command(flatten)]
+    pub output: OutputArg,
 }
 
 #[derive(Args, Debug)]
@@ -41,12 +41,12 @@ pub struct RestoreArgs {
 pub fn run(c: KsmCommand) -> Result<i32, Error> {
     let j = Journal::open_default().map_err(|e| Error::Io(e.to_string()))?;
     match c {
-        KsmCommand::Status(a) => status(&j, a.json),
+        KsmCommand::Status(a) => status(&j, a.output.json()),
         KsmCommand::Restore(a) => restore(&j, a.force),
     }
 }
 
-/// What `pagefold ksm status --json` prints.
+/// What `pagefold ksm status -o json` prints.
 #[derive(Serialize)]
 struct StatusJson<'a> {
     journal: &'a Path,

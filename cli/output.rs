@@ -49,3 +49,61 @@ macro_rules! out {
 }
 
 pub(crate) use {out, outln};
+
+/// How a command that prints data prints it: `-o text` (tables and lists
+/// for people, the default) or `-o json` (the API's own objects, for
+/// scripts), as kubectl and ch-remote spell it.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The `-o/--output` flag, shared by every command that prints data.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct OutputArg {
+    /// Output format: text for people, json for scripts.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
+    output: Format,
+    /// The old spelling of `-o json`, kept for scripts written before `-o`.
+    #[arg(long, hide = true, conflicts_with = "output")]
+    json: bool,
+}
+
+impl OutputArg {
+    /// Whether to print JSON.
+    pub fn json(&self) -> bool {
+        self.json || self.output == Format::Json
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        o: OutputArg,
+    }
+
+    fn parse(args: &[&str]) -> Result<bool, clap::Error> {
+        Cmd::try_parse_from(std::iter::once("t").chain(args.iter().copied())).map(|c| c.o.json())
+    }
+
+    #[test]
+    fn output_flag_spellings() {
+        assert!(!parse(&[]).unwrap());
+        assert!(!parse(&["-o", "text"]).unwrap());
+        assert!(parse(&["-o", "json"]).unwrap());
+        assert!(parse(&["--output=json"]).unwrap());
+        assert!(parse(&["--json"]).unwrap());
+        let e = parse(&["-o", "yaml"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue);
+        // `--json -o text` says two things: refused, not silently one.
+        let e = parse(&["--json", "-o", "text"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+}

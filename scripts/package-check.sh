@@ -74,7 +74,7 @@ done >"$WORK/vms.toml"
 $PF vm create --config "$WORK/vms.toml" >/dev/null || fail "vm create"
 sharing=0
 for _ in $(seq 120); do
-    sharing=$($PF status --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["dedup"]["pages_sharing"])')
+    sharing=$($PF status -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["dedup"]["pages_sharing"])')
     ((sharing > 8000)) && break
     sleep 0.5
 done

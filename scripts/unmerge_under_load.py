@@ -60,7 +60,7 @@ def one(binp, backend, workdir, tag):
                               check=True, capture_output=True, text=True).stdout
 
     def dedup():
-        return json.loads(cli("status", "--json"))["dedup"]
+        return json.loads(cli("status", "-o", "json"))["dedup"]
 
     try:
         for _ in range(200):

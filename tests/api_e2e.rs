@@ -168,7 +168,7 @@ fn serve_mode_vm_lifecycle_over_curl_and_cli() {
             "{out}"
         );
     }
-    let o = cli(&["status", "--json"], &sock);
+    let o = cli(&["status", "-o", "json"], &sock);
     let s: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     let up0 = s["vms"][0]["uptime_s"].as_f64().unwrap();
 
@@ -276,7 +276,7 @@ fn run_mode_serves_while_vms_run_then_exits() {
         cfg.to_str().unwrap(),
         "--api-sock",
         sock.to_str().unwrap(),
-        "--json",
+        "--json-file",
         json.to_str().unwrap(),
     ]);
     wait_for_api(&mut child, &sock);
@@ -408,9 +408,9 @@ fn client_output_to_a_closed_pipe_ends_quietly() {
     let s = sock.to_str().unwrap();
     for args in [
         &["vm", "list", "--api-sock", s][..],
-        &["vm", "list", "--json", "--api-sock", s],
+        &["vm", "list", "-o", "json", "--api-sock", s],
         &["status", "--api-sock", s],
-        &["status", "--json", "--api-sock", s],
+        &["status", "--output=json", "--api-sock", s],
         &["dedup", "set", "pages_to_scan=200", "--api-sock", s],
     ] {
         let c = pagefold()
@@ -649,7 +649,7 @@ fn run_with_a_closed_stdout_still_runs_its_vms() {
             "8M",
             "--private",
             "4M",
-            "--json",
+            "--json-file",
             json.to_str().unwrap(),
         ])
         .stdout(closed_pipe())
@@ -760,7 +760,7 @@ fn cli_env(args: &[&str], sock: &Path) -> std::process::Output {
 }
 
 /// `serve` and the client commands find the socket in
-/// `PAGEFOLD_API_SOCK`; `vm info` shows one VM; `dedup set --json` prints
+/// `PAGEFOLD_API_SOCK`; `vm info` shows one VM; `dedup set -o json` prints
 /// the new state as JSON; `shutdown` ends the daemon.
 #[test]
 fn vm_info_shutdown_and_the_socket_variable() {
@@ -797,14 +797,38 @@ fn vm_info_shutdown_and_the_socket_variable() {
     let o = cli_env(&["vm", "info", "ghost"], &sock);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 
-    let o = cli_env(&["dedup", "set", "mode=on", "--json"], &sock);
+    let o = cli_env(&["dedup", "set", "mode=on", "-o", "json"], &sock);
     assert!(o.status.success(), "{}", text(&o));
     let d: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     assert_eq!(d["mode"], "on");
-    let o = cli_env(&["vm", "info", "vm0", "--json"], &sock);
+    let o = cli_env(&["vm", "info", "vm0", "-o", "json"], &sock);
     let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     assert_eq!(v["vm"]["name"], "vm0");
     assert!(v["dedup"]["pages_tracked"].as_u64().unwrap() > 0, "{v}");
+
+    // `-o json` on the commands that change VMs prints the VMs they left.
+    let cfg = dir.path("vm1.toml");
+    std::fs::write(
+        &cfg,
+        "name = \"vm1\"\nmemory = \"32M\"\nserial = \"null\"\n[workload]\nshared = \"8M\"\nprivate = \"4M\"\nphases = [\"fill\", \"wait\"]\n",
+    )
+    .unwrap();
+    let o = cli_env(
+        &["vm", "create", "-c", cfg.to_str().unwrap(), "-o", "json"],
+        &sock,
+    );
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(v[0]["name"], "vm1", "{v}");
+    assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+    for (cmd, state) in [("pause", "paused"), ("resume", "running")] {
+        let o = cli_env(&["vm", cmd, "vm1", "-o", "json"], &sock);
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+        assert_eq!(v["state"], state, "{cmd}: {v}");
+    }
+    let o = cli_env(&["vm", "list", "-o", "text"], &sock);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("vm0") && out.contains("vm1"), "{out}");
+    assert!(serde_json::from_slice::<Value>(&o.stdout).is_err(), "{out}");
 
     let o = cli_env(&["shutdown"], &sock);
     assert!(o.status.success(), "{}", text(&o));

@@ -70,7 +70,7 @@ fn run_one(image: &Path, dir: &TempDir) -> (std::process::Output, serde_json::Va
             &disk,
             "--disk-seed",
             &SEED.to_string(),
-            "--json",
+            "--json-file",
             json.to_str().unwrap(),
         ],
         LIMIT,

@@ -127,7 +127,7 @@ pub struct PageRun {
     /// What distinguishes this run from the benchmark's others (e.g. the
     /// shape).
     pub title: String,
-    /// The rows the run wrote (`--json`), in the results directory.
+    /// The rows the run wrote (`--json-file`), in the results directory.
     pub json: String,
     /// The SVG chart the run drew (`--plot`), when it drew one.
     pub plot: Option<String>,

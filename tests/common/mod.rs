@@ -147,7 +147,7 @@ pub fn run_config(cfg: &Path, json: &Path, limit: Duration) -> Output {
             "run",
             "--config",
             cfg.to_str().unwrap(),
-            "--json",
+            "--json-file",
             json.to_str().unwrap(),
         ],
         limit,
@@ -167,7 +167,7 @@ pub fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&s).unwrap()
 }
 
-/// The report of VM `name` in a `--json` report.
+/// The report of VM `name` in a `--json-file` report.
 pub fn vm<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     report["vms"]
         .as_array()
