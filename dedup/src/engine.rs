@@ -19,9 +19,13 @@ use crate::region::RegionError;
 use crate::scanner::BatchReport;
 use crate::scanner::{Core, Hint, ScanError, DEFAULT_QUIESCE_MIN_OPS, DEFAULT_STRIPE};
 use crate::settings::{CheckedSettings, Knobs, Mode};
-use crate::stats::{self, Clocks};
+use crate::stats::Clocks;
 use crate::thread_init::{DedupThread, ThreadInit};
 use crate::uffd::Uffd;
+
+mod wakeup;
+
+use wakeup::scanner_loop;
 
 /// Errors creating or driving the engine.
 #[derive(Debug, thiserror::Error)]
@@ -86,19 +90,6 @@ pub const DEFAULT_KNOBS: Knobs = Knobs {
 /// Default [`EngineConfig::boost_max`]: the auto-mode proposal's default
 /// `max_scanning_factor`.
 pub const DEFAULT_BOOST_MAX: u64 = 16;
-
-/// The next wake-up's factor of `pages_to_scan` in mode `on` (see
-/// [`EngineConfig::boost_max`]): doubled after a wake-up in which merges
-/// and first-time hashes together were at least 1/8 of the pages it could
-/// visit, halved otherwise. A few merges among thousands of visits (a
-/// running guest's churn) do not count as paying off: the rate stays.
-fn next_boost(boost: u64, max: u64, rep: &BatchReport, pages_to_visit: u64) -> u64 {
-    if (rep.merges + rep.fresh).saturating_mul(8) >= pages_to_visit.max(1) {
-        boost.saturating_mul(2).min(max)
-    } else {
-        (boost / 2).max(1)
-    }
-}
 
 /// Engine construction parameters.
 #[derive(Debug, Clone)]
@@ -248,7 +239,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     fn publish(&self, core: &Core) {
-        let s = stats::build(core);
+        let s = core.stats();
         let scans = s.full_scans;
         *lock(&self.snapshot) = s;
         let mut c = lock(&self.ctl);
@@ -260,7 +251,7 @@ impl Shared {
     /// unregistering a VM's memory, attaching its write log or vCPU hold):
     /// the scanner's batch ends at its next span boundary instead of holding
     /// the core for the whole batch, and the scanner lets such callers in
-    /// before its next batch ([`let_waiters_in`]).
+    /// before its next batch (`wakeup::let_waiters_in`).
     fn lock_core_yielding(&self) -> MutexGuard<'_, Core> {
         self.core_waiters.fetch_add(1, Ordering::AcqRel);
         let core = lock(&self.core);
@@ -281,7 +272,7 @@ impl Shared {
 /// knobs back ([`crate::assist::Retired`]): out of the core, so VM creation
 /// and deletion do not wait for ksmd's batch.
 fn unlock_core(mut core: MutexGuard<'_, Core>) {
-    let retired = core.assist.take_retired();
+    let retired = core.assist_mut().take_retired();
     drop(core);
     if let Some(r) = retired {
         r.restore();
@@ -319,10 +310,10 @@ impl Engine {
             cfg.stripe_pages,
         )?;
         core.set_assist(cfg.assist);
-        core.quiesce_min_ops = cfg.quiesce_min_ops;
-        let core_waiters = core.waiters.clone();
+        core.set_quiesce_min_ops(cfg.quiesce_min_ops);
+        let core_waiters = core.waiters();
         let shared = Arc::new(Shared {
-            snapshot: Mutex::new(stats::build(&core)),
+            snapshot: Mutex::new(core.stats()),
             core: Mutex::new(core),
             core_waiters,
             hints: Mutex::new(Hints::default()),
@@ -438,7 +429,7 @@ impl Engine {
     #[cfg(any(test, feature = "testing"))]
     pub fn scan_now(&self, passes: u64) {
         let mut core = lock(&self.shared.core);
-        core.knobs = lock(&self.shared.ctl).knobs;
+        core.set_knobs(lock(&self.shared.ctl).knobs);
         core.run_passes(passes);
         self.shared.publish(&core);
     }
@@ -470,20 +461,20 @@ impl Engine {
     /// unexecuted for a thread waiting for the core.
     #[cfg(any(test, feature = "testing"))]
     pub fn abandoned(&self) -> u64 {
-        lock(&self.shared.core).counters.abandoned
+        lock(&self.shared.core).counters().abandoned
     }
 
     /// Of [`Engine::abandoned`]: planned merges left unexecuted because a
     /// thread (VM creation or deletion) waited for the core.
     #[cfg(any(test, feature = "testing"))]
     pub fn left_for_waiters(&self) -> u64 {
-        lock(&self.shared.core).counters.left_for_waiters
+        lock(&self.shared.core).counters().left_for_waiters
     }
 
     /// Pages hashed so far.
     #[cfg(any(test, feature = "testing"))]
     pub fn pages_hashed(&self) -> u64 {
-        lock(&self.shared.core).counters.pages_hashed
+        lock(&self.shared.core).counters().pages_hashed
     }
 
     /// # Safety
@@ -510,9 +501,6 @@ impl Engine {
     }
 }
 
-/// Shortest sleep after a wake-up that found nothing to visit.
-const IDLE_FLOOR: Duration = Duration::from_millis(20);
-
 /// A wake-up is overdue when the scanner has not started one for its
 /// planned sleep plus this much: no batch (at most `pages_to_scan` x the
 /// auto factor pages, or one unmerge step) takes that long when the engine
@@ -523,225 +511,9 @@ fn overdue_after(planned_sleep: Duration) -> Duration {
     planned_sleep + WAKEUP_GRACE
 }
 
-/// Longest the scanner defers its next batch to callers waiting for the
-/// core (a waiter normally gets it within microseconds of the release).
-const LET_IN_MAX: Duration = Duration::from_millis(50);
-
-/// Before a batch: lets threads waiting for the core take it first. A
-/// mutex does not hand itself over in order, and at `sleep_millisecs` 0
-/// the scanner would take the core straight back.
-fn let_waiters_in(sh: &Shared) {
-    let t = Instant::now();
-    while sh.core_waiters.load(Ordering::Acquire) > 0 && t.elapsed() < LET_IN_MAX {
-        std::thread::sleep(Duration::from_micros(100));
-    }
-}
-
-fn effective_sleep(sh: &Shared, knobs: &Knobs, mode: Mode, idle: u32) -> Duration {
-    let base = knobs.sleep_millisecs;
-    if !sh.adaptive || mode != Mode::On || idle == 0 {
-        return Duration::from_millis(base);
-    }
-    let cap = sh.max_backoff.max(base);
-    let ms = base.max(1).saturating_mul(1u64 << idle.min(20)).min(cap);
-    Duration::from_millis(ms)
-}
-
 /// A hold of the core this long by the scanner is logged: VM creation and
 /// deletion wait for it.
 const SLOW_HOLD: Duration = Duration::from_millis(200);
-
-fn scanner_loop(sh: &Arc<Shared>) {
-    lock(&sh.clocks).enter();
-    let mut unmerge_tries = 0;
-    // Mode on's factor of `pages_to_scan` (see `EngineConfig::boost_max`).
-    let mut boost = 1u64;
-    loop {
-        let (mode, knobs, gen, reset) = {
-            let mut c = lock(&sh.ctl);
-            if !c.stop && c.mode == Mode::Off {
-                // Off: KSM (if it assists) stops merging too. Lock order is
-                // core -> ctl, so ctl is released first.
-                drop(c);
-                {
-                    let mut core = lock(&sh.core);
-                    core.assist.drive(false, 0, 0);
-                    sh.publish(&core);
-                }
-                c = lock(&sh.ctl);
-            }
-            while !c.stop && c.mode == Mode::Off {
-                c = sh.cv.wait(c).unwrap_or_else(|e| e.into_inner());
-            }
-            if c.stop {
-                break;
-            }
-            c.last_wakeup = Some(Instant::now());
-            let reset = std::mem::take(&mut c.reset_backoff);
-            (c.mode, c.knobs, c.generation, reset)
-        };
-        // Lock order is core -> ctl (publish), so the core is taken only
-        // after ctl is released.
-        if reset {
-            lock(&sh.core).idle_passes = 0;
-        }
-        let sleep = match mode {
-            Mode::Off => continue,
-            Mode::Unmerge => {
-                let left = {
-                    let mut core = lock(&sh.core);
-                    // Logs itself when slow (SLOW_UNMERGE_STEP).
-                    let left = core.unmerge_all();
-                    sh.publish(&core);
-                    unlock_core(core);
-                    left
-                };
-                let Some(left) = left else {
-                    // A VM is being created or deleted: it goes first.
-                    let_waiters_in(sh);
-                    continue;
-                };
-                unmerge_tries += 1;
-                if left == 0 || unmerge_tries >= 100 {
-                    if left > 0 {
-                        log::error!("unmerge left {left} pages merged");
-                    }
-                    unmerge_tries = 0;
-                    let mut c = lock(&sh.ctl);
-                    if c.mode == Mode::Unmerge {
-                        c.mode = Mode::Off;
-                    }
-                    sh.cv.notify_all();
-                    continue;
-                }
-                Duration::from_millis(10)
-            }
-            Mode::On | Mode::Auto => {
-                let plan = if mode == Mode::Auto {
-                    let (policy, last) = {
-                        let mut c = lock(&sh.ctl);
-                        (c.policy.take(), c.last_round_merges)
-                    };
-                    match policy {
-                        Some(mut p) => {
-                            let plan = p.plan(last, knobs.pages_to_scan);
-                            let mut c = lock(&sh.ctl);
-                            if c.policy.is_none() {
-                                c.policy = Some(p);
-                            }
-                            plan
-                        }
-                        None => RoundPlan {
-                            pages_to_visit: knobs.pages_to_scan,
-                            merge: true,
-                        },
-                    }
-                } else {
-                    RoundPlan {
-                        pages_to_visit: knobs.pages_to_scan.saturating_mul(boost),
-                        merge: true,
-                    }
-                };
-                let (mut hints, written, lost) = {
-                    let mut h = lock(&sh.hints);
-                    (
-                        std::mem::take(&mut h.queue),
-                        std::mem::take(&mut h.written),
-                        std::mem::take(&mut h.lost),
-                    )
-                };
-                let_waiters_in(sh);
-                let (rep, idle) = {
-                    let mut core = lock(&sh.core);
-                    let t0 = Instant::now();
-                    core.knobs = knobs;
-                    if lost {
-                        // Device writes whose ranges are lost: every
-                        // logged page gets a full look.
-                        core.mark_all_written();
-                    }
-                    core.mark_written(&written);
-                    let mut hinted = BatchReport::default();
-                    if plan.merge && !hints.is_empty() {
-                        // Device-filled pages first, with their own budget.
-                        hinted = core
-                            .run_hints(&mut hints, plan.pages_to_visit.max(HINT_PAGES_PER_WAKEUP));
-                    } else {
-                        core.mark_written(&hints);
-                        hints.clear();
-                    }
-                    let t1 = Instant::now();
-                    let mut rep = core.run_batch(plan.pages_to_visit.max(1), plan.merge);
-                    let t2 = Instant::now();
-                    // Merges the hints brought pay off like the scan's: left
-                    // out, the scan behind them found little and slowed down
-                    // (two-VM build: 7,457 pages merged at the end with
-                    // hints against 7,642 without).
-                    rep.merges += hinted.merges;
-                    rep.fresh += hinted.fresh;
-                    core.assist
-                        .drive(plan.merge, plan.pages_to_visit, knobs.sleep_millisecs);
-                    let t3 = Instant::now();
-                    sh.publish(&core);
-                    if t0.elapsed() >= SLOW_HOLD {
-                        // Registrations and VM deletions wait meanwhile.
-                        log::info!(
-                            "a wake-up held the engine for {:?} (hints {:?}: {} merges; scan {:?}: {} merges, {} visit units, pass end {}, yielded {}; KSM assist {:?}; stats {:?})",
-                            t0.elapsed(),
-                            t1 - t0,
-                            hinted.merges,
-                            t2 - t1,
-                            rep.merges,
-                            rep.spent,
-                            rep.pass_completed,
-                            rep.yielded,
-                            t3 - t2,
-                            t3.elapsed()
-                        );
-                    }
-                    let idle = core.idle_passes;
-                    unlock_core(core);
-                    (rep, idle)
-                };
-                if !hints.is_empty() {
-                    // Not reached this time: first in line next wake-up.
-                    let mut h = lock(&sh.hints);
-                    hints.append(&mut h.queue);
-                    h.queue = hints;
-                }
-                lock(&sh.ctl).last_round_merges = rep.merges;
-                boost = if mode == Mode::On {
-                    if rep.yielded {
-                        // Cut short for a waiter: says nothing of the pace.
-                        boost
-                    } else {
-                        next_boost(boost, sh.boost_max, &rep, plan.pages_to_visit)
-                    }
-                } else {
-                    1
-                };
-                let sleep = effective_sleep(sh, &knobs, mode, idle);
-                if rep.census_pending {
-                    // The rest of a census pass, soon (see CENSUS_SLICE).
-                    sleep.min(IDLE_FLOOR)
-                } else if rep.spent == 0 && !rep.yielded {
-                    // Nothing of the engine's to visit (every region is
-                    // KSM's between censuses): no spinning at sleep 0.
-                    sleep.max(IDLE_FLOOR)
-                } else {
-                    sleep
-                }
-            }
-        };
-        let mut c = lock(&sh.ctl);
-        c.planned_sleep = sleep;
-        let _ = sh
-            .cv
-            .wait_timeout_while(c, sleep, |c| !c.stop && c.generation == gen)
-            .unwrap_or_else(|e| e.into_inner());
-    }
-    lock(&sh.clocks).leave();
-}
 
 impl DedupBackend for Engine {
     fn name(&self) -> &'static str {
@@ -827,21 +599,13 @@ impl DedupBackend for Engine {
     fn detach_guest(&self, ids: &[RegionId]) {
         let mut core = self.shared.lock_core_yielding();
         for &id in ids {
-            core.quiescers.remove(&id);
+            core.set_quiescer(id, None);
             core.set_write_log(id, None);
         }
     }
 
     fn set_quiesce(&self, id: RegionId, q: Option<Arc<dyn crate::quiesce::Quiesce>>) {
-        let mut core = self.shared.lock_core_yielding();
-        match q {
-            Some(q) if core.regions.iter().any(|r| r.id == id) => {
-                core.quiescers.insert(id, q);
-            }
-            _ => {
-                core.quiescers.remove(&id);
-            }
-        }
+        self.shared.lock_core_yielding().set_quiescer(id, q);
     }
 
     fn apply(&self, settings: &CheckedSettings) -> backend::Result<Knobs> {
@@ -902,7 +666,7 @@ impl DedupBackend for Engine {
         }
         // KSM's knobs back as they were (merged pages stay merged).
         let mut core = lock(&self.shared.core);
-        core.assist.disengage();
+        core.assist_mut().disengage();
         unlock_core(core);
     }
 }
@@ -910,38 +674,5 @@ impl DedupBackend for Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-
-#[cfg(test)]
-mod boost_tests {
-    use super::{next_boost, BatchReport};
-
-    fn rep(merges: u64, fresh: u64) -> BatchReport {
-        BatchReport {
-            merges,
-            fresh,
-            ..BatchReport::default()
-        }
-    }
-
-    #[test]
-    fn doubles_while_merging_pays_off_and_caps() {
-        assert_eq!(next_boost(1, 16, &rep(4096, 0), 4096), 2);
-        assert_eq!(next_boost(2, 16, &rep(0, 1024), 8192), 4);
-        assert_eq!(next_boost(16, 16, &rep(65536, 0), 65536), 16);
-    }
-
-    #[test]
-    fn a_trickle_of_merges_does_not_boost() {
-        // 10 merges in 4096 visits: a running guest's churn, not a new VM.
-        assert_eq!(next_boost(1, 16, &rep(10, 0), 4096), 1);
-        assert_eq!(next_boost(8, 16, &rep(10, 5), 32768), 4);
-        assert_eq!(next_boost(1, 16, &rep(0, 0), 4096), 1);
-    }
-
-    #[test]
-    fn max_one_is_a_fixed_rate() {
-        assert_eq!(next_boost(1, 1, &rep(4096, 4096), 4096), 1);
     }
 }

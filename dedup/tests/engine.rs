@@ -1347,9 +1347,11 @@ fn a_waiter_ends_a_span_after_512_planned_merges() {
     unsafe { core.register(a.addr, N * PS, "a".into(), "g".into()) }.unwrap();
     // First pass: hashes only (KSM's volatility rule).
     core.run_passes(1);
-    core.waiters.store(1, std::sync::atomic::Ordering::Release);
+    core.waiters()
+        .store(1, std::sync::atomic::Ordering::Release);
     let rep = core.run_batch(1 << 20, true);
-    core.waiters.store(0, std::sync::atomic::Ordering::Release);
+    core.waiters()
+        .store(0, std::sync::atomic::Ordering::Release);
     assert!(rep.yielded, "{rep:?}");
     assert!(
         (512..=514).contains(&rep.merges),

@@ -145,7 +145,7 @@ fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
     let pm = Pagemap::open().unwrap();
     assert_eq!(m.pfn(&pm, 10), m.pfn(&pm, 100), "the pair never merged");
     // SAFETY: with unmerge the region keeps its content.
-    unsafe { core.unregister(core.regions[0].id, true) }.unwrap();
+    unsafe { core.unregister(core.regions()[0].id, true) }.unwrap();
     core.check_consistency().unwrap();
 }
 
@@ -194,6 +194,6 @@ fn overlapping_hints_in_one_wake_up_keep_exact_refcounts() {
         assert_eq!(m.read(i), pattern(9000 + (i as u64 % 128)));
     }
     // SAFETY: with unmerge the region keeps its content.
-    unsafe { core.unregister(core.regions[0].id, true) }.unwrap();
+    unsafe { core.unregister(core.regions()[0].id, true) }.unwrap();
     core.check_consistency().unwrap();
 }

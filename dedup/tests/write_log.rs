@@ -65,11 +65,11 @@ fn logged_core(
 fn hashes_while_settled(logged: bool) -> (u64, u64) {
     let (a, b) = filled(1_000, 5_000);
     let (_, _, mut core) = logged_core(&a, &b, logged, 4);
-    let (h0, c0) = (core.counters.pages_hashed, core.counters.clean_visits);
+    let (h0, c0) = (core.counters().pages_hashed, core.counters().clean_visits);
     core.run_passes(16);
     (
-        core.counters.pages_hashed - h0,
-        core.counters.clean_visits - c0,
+        core.counters().pages_hashed - h0,
+        core.counters().clean_visits - c0,
     )
 }
 
@@ -97,7 +97,7 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     let (a, b) = filled(1_000, 1_000);
     let (_, lb, mut core) = logged_core(&a, &b, true, 3);
     assert_eq!(merged(&core), 2 * N as u64, "identical regions not merged");
-    let breaks = core.counters.cow_breaks;
+    let breaks = core.counters().cow_breaks;
 
     // A logged user-mode write to a merged page: copy-on-write, noticed at
     // the next pass whatever the page's smart-scan level.
@@ -105,7 +105,7 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     b.fill(6, 77);
     lb.record(6);
     core.run_passes(1);
-    assert_eq!(core.counters.cow_breaks, breaks + 1);
+    assert_eq!(core.counters().cow_breaks, breaks + 1);
     assert_eq!(b.read(6), pattern(77));
 
     // A kernel-mode write the log does not see (a device's): the share
@@ -127,12 +127,12 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     unsafe { libc::close(fd) };
     assert_eq!(a.read(9), pattern(88), "the device's write landed");
     let mut passes = 0;
-    while core.counters.cow_breaks == breaks + 1 && passes <= VERIFY_PASSES {
+    while core.counters().cow_breaks == breaks + 1 && passes <= VERIFY_PASSES {
         core.run_passes(1);
         passes += 1;
     }
     assert_eq!(
-        core.counters.cow_breaks,
+        core.counters().cow_breaks,
         breaks + 2,
         "an unlogged copy-on-write was not noticed in {passes} passes"
     );
@@ -147,7 +147,7 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
 
 /// Pages merged in `core`'s regions.
 fn merged(core: &Core) -> u64 {
-    core.regions.iter().map(|r| r.merged).sum()
+    core.regions().iter().map(|r| r.merged).sum()
 }
 
 /// Writes the same new content into one page of each region and records
@@ -295,21 +295,24 @@ fn written_pages_are_hashed_without_a_pagemap_read() {
         a.fill(p, 20_000 + p as u64);
         la.record(p);
     }
-    let (reads, hashed) = (core.pagemap.reads(), core.counters.pages_hashed);
+    let (reads, hashed) = (core.pagemap().reads(), core.counters().pages_hashed);
     core.run_passes(1);
     assert_eq!(
-        core.counters.pages_hashed - hashed,
+        core.counters().pages_hashed - hashed,
         written.len() as u64,
         "each written page hashed once, nothing else"
     );
-    assert_eq!(core.pagemap.reads() - reads, 0, "no pagemap read");
+    assert_eq!(core.pagemap().reads() - reads, 0, "no pagemap read");
 
     // Marked without a recorded write: read first, then visited.
     core.mark_all_written();
-    let (reads, hashed) = (core.pagemap.reads(), core.counters.pages_hashed);
+    let (reads, hashed) = (core.pagemap().reads(), core.counters().pages_hashed);
     core.run_passes(1);
-    assert!(core.pagemap.reads() > reads, "marks of unknown writes read");
-    assert_eq!(core.counters.pages_hashed - hashed, 2 * N as u64);
+    assert!(
+        core.pagemap().reads() > reads,
+        "marks of unknown writes read"
+    );
+    assert_eq!(core.counters().pages_hashed - hashed, 2 * N as u64);
     core.check_consistency().unwrap();
     for &p in &written {
         assert_eq!(a.read(p), pattern(20_000 + p as u64));

@@ -24,7 +24,7 @@ impl Core {
         let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let units0 = visit_units;
-        self.census_slice = Duration::ZERO;
+        self.census.start_batch();
         if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
             self.unstable.reset(self.tracked_pages() as usize);
         }
@@ -54,7 +54,7 @@ impl Core {
                     break;
                 }
             }
-            if self.census_slice >= CENSUS_SLICE {
+            if self.census.slice_spent() {
                 rep.census_pending = true;
                 break;
             }
@@ -71,7 +71,7 @@ impl Core {
         if rep.merges > 0 {
             self.idle_passes = 0;
         }
-        self.map_limited = self.map_budget.limited;
+        self.vmas.publish();
         rep
     }
 
@@ -96,22 +96,16 @@ impl Core {
         // While KSM assists, a pass counts when it took a census after KSM
         // finished a full scan (so the figure it reports includes that scan).
         if self.assist.group().is_none()
-            || (self.census_due && self.assist.ksm_scanned_since_last_look())
+            || (self.census.due() && self.assist.ksm_scanned_since_last_look())
         {
             self.counters.full_scans += 1;
         }
         // KSM merging in assisted regions is progress too: keep the pace
         // (and the census fresh) while it works.
-        let ksm_before = self.census.sharing;
-        if self.census_due {
-            let t = Instant::now();
+        let ksm_before = self.census.figures().sharing;
+        if self.census.due() {
             self.count_census();
-            // The census pass cost (pagemap walks over the assisted
-            // regions' VMAs, the sort), which `census_interval` keeps to a
-            // small share of a core.
-            self.census_cost = std::mem::take(&mut self.census_spans) + t.elapsed();
-            self.census_at = Some(Instant::now());
-            if self.census.sharing != ksm_before {
+            if self.census.figures().sharing != ksm_before {
                 self.pass_progress += 1;
             }
         }
@@ -120,12 +114,8 @@ impl Core {
             // not idle, keep the census on time.
             self.pass_progress += 1;
         }
-        let every = census_interval(
-            self.census_cost,
-            self.assist.ksm_scan_uncounted(),
-            self.assist.ksm_busy(),
-        );
-        self.census_due = self.census_at.is_none_or(|t| t.elapsed() >= every);
+        self.census
+            .schedule(self.assist.ksm_scan_uncounted(), self.assist.ksm_busy());
         if self.pass_progress == 0 {
             self.idle_passes = self.idle_passes.saturating_add(1);
         } else {

@@ -76,7 +76,7 @@ impl Core {
                 }
             }
         }
-        if self.map_budget.limited {
+        if self.vmas.short() {
             return None;
         }
         self.skip_full_slots(group, h);
@@ -124,7 +124,7 @@ impl Core {
     /// gets 4 pool pages, 4096 pages get 64. Under map-count pressure: the
     /// full stripe.
     pub(super) fn wanted_stripe(&self) -> u32 {
-        if self.map_budget.headroom < (self.max_map_count / 4) as i64 {
+        if self.vmas.below_quarter() {
             return self.stripe_max;
         }
         let l = (self.run_len as f64).sqrt() as u32;
@@ -239,7 +239,7 @@ impl Core {
                 }
             }
         }
-        if self.map_budget.limited || self.scattered_now(group) {
+        if self.vmas.short() || self.scattered_now(group) {
             // Out of map-count headroom, or the group's merges look
             // scattered and KSM is about to take them: only run-extending
             // merges. A page with a known partner (a candidate under its
@@ -423,7 +423,7 @@ mod tests {
         const N: usize = 32 * 1024;
         const M: u64 = 32;
         let f = OnePattern::first_pass(N, M);
-        let s = crate::stats::build(&f.core);
+        let s = f.core.stats();
         let ideal = (N as u64 / M) as f64;
         assert!(s.pool_pages as f64 <= ideal * 1.1, "{s:?}");
         assert!(s.pages_sharing as f64 >= (N as f64 - ideal) * 0.99, "{s:?}");
@@ -441,7 +441,7 @@ mod tests {
         const N: usize = 32 * 1024;
         let f = OnePattern::first_pass(N, 128);
         let core = &f.core;
-        let s = crate::stats::build(core);
+        let s = core.stats();
         assert_eq!(s.pages_sharing + s.pages_shared, N as u64, "{s:?}");
         let runs = slot_runs(core, 0);
         let longest = runs.iter().max().copied().unwrap_or(0);

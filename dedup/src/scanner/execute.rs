@@ -132,7 +132,7 @@ impl Core {
             base,
             chunk,
             continues_left,
-            &mut self.map_budget,
+            self.vmas.budget_mut(),
         )
     }
 
@@ -408,7 +408,7 @@ mod tests {
 
         /// Every page shares, and holds what it was filled with.
         fn all_shared(&self) {
-            let s = crate::stats::build(&self.core);
+            let s = self.core.stats();
             let n = self.n as u64;
             assert_eq!((s.pages_shared, s.pages_sharing), (n, n), "{s:?}");
             self.intact();

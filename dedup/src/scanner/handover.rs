@@ -133,7 +133,7 @@ impl Core {
     pub(super) fn release_assist_if_unused(&mut self) {
         if self.assist.group().is_some() && !self.regions.iter().any(|r| r.assisted) {
             self.assist.disengage();
-            self.census = Census::default();
+            self.census.clear();
         }
     }
 
@@ -182,7 +182,7 @@ impl Core {
             .filter(|r| r.group == group)
             .map(|r| r.npages as u64)
             .sum();
-        if g.new_vmas < cfg.judge_at(pages, self.max_map_count) {
+        if g.new_vmas < cfg.judge_at(pages, self.vmas.max_map_count()) {
             return false;
         }
         g.merged < cfg.flip_run_pages.saturating_mul(g.new_vmas)
@@ -225,18 +225,15 @@ impl Core {
     /// engine's first pass of a large scattered group fill the whole limit.
     pub(crate) fn set_assist(&mut self, cfg: AssistConfig) {
         self.assist = KsmAssist::new(cfg);
-        self.set_budget();
+        self.vmas.set_reserve(self.assist.enabled());
     }
 
-    /// Turns this pass's PFNs of assisted pages into the KSM figures.
+    /// Turns this pass's PFNs of assisted pages into the KSM figures, and
+    /// each region's share of them.
     pub(super) fn count_census(&mut self) {
-        if self.census_pages.is_empty() && self.census.shared == 0 {
+        let Some(c) = self.census.count() else {
             return;
-        }
-        let mut pages = std::mem::take(&mut self.census_pages);
-        let c = Census::count(&mut pages);
-        pages.clear();
-        self.census_pages = pages;
+        };
         for r in &mut self.regions {
             let (n, saved) = c
                 .per_region
@@ -247,7 +244,6 @@ impl Core {
             r.ksm_merged = n;
             r.ksm_saved = saved;
         }
-        self.census = c;
     }
 
     /// Judges each group visited for the KSM assist, once, after its

@@ -1,7 +1,76 @@
 //! I/O hints: visiting the pages a device just filled before the scan comes
 //! round.
 
+use std::collections::VecDeque;
+
 use super::*;
+
+/// Hinted pages without a partner yet, by group and content hash, kept
+/// across passes (the unstable index forgets every pass) so that a second
+/// VM's read of the same file finds the first's pages; the oldest go first
+/// beyond [`HINT_INDEX_CAP`].
+#[derive(Debug, Default)]
+pub(super) struct HintIndex {
+    /// `group << 32 | hash` -> page id.
+    pages: HashMap<u64, u32>,
+    /// The keys of `pages`, oldest first.
+    fifo: VecDeque<u64>,
+}
+
+impl HintIndex {
+    fn key(group: u32, hash: u32) -> u64 {
+        (group as u64) << 32 | hash as u64
+    }
+
+    /// Remembers page `gid` for its content, in place of the page known
+    /// for it (the newer is likelier still unchanged); the content keeps
+    /// its place in the queue.
+    fn remember(&mut self, group: u32, hash: u32, gid: u32) {
+        let key = Self::key(group, hash);
+        if self.pages.insert(key, gid).is_none() {
+            self.fifo.push_back(key);
+            while self.fifo.len() > HINT_INDEX_CAP {
+                if let Some(old) = self.fifo.pop_front() {
+                    self.pages.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// The page remembered for this content, if any.
+    fn get(&self, group: u32, hash: u32) -> Option<u32> {
+        self.pages.get(&Self::key(group, hash)).copied()
+    }
+}
+
+/// Merges made on hinted visits, and how long after the device filled
+/// their pages they came.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct HintTally {
+    merges: u64,
+    /// Sum over those merges of their delays, in seconds.
+    delay_sum: f64,
+}
+
+impl HintTally {
+    /// `merged` merges, `age` seconds after the fill on average.
+    fn add(&mut self, merged: u64, age: f64) {
+        self.merges += merged;
+        self.delay_sum += merged as f64 * age;
+    }
+
+    pub(super) fn merges(&self) -> u64 {
+        self.merges
+    }
+
+    /// The mean delay in milliseconds (0 without merges).
+    pub(super) fn mean_delay_ms(&self) -> f64 {
+        if self.merges == 0 {
+            return 0.0;
+        }
+        self.delay_sum * 1e3 / self.merges as f64
+    }
+}
 
 impl Core {
     /// Visits device-filled ranges first (I/O hints), within `pages_to_visit` page
@@ -101,8 +170,7 @@ impl Core {
                 .map(|v| v.planned as f64 * v.at.elapsed().as_secs_f64())
                 .sum::<f64>()
                 / planned as f64;
-            self.hint_merges += merged;
-            self.hint_delay_sum += merged as f64 * age;
+            self.hint_tally.add(merged, age);
         }
         let groups = visited
             .iter()
@@ -114,15 +182,7 @@ impl Core {
 
     /// Remembers a hinted page that found no partner.
     pub(super) fn remember_hinted(&mut self, group: u32, h: u32, gid: u32) {
-        let key = (group as u64) << 32 | h as u64;
-        if self.hint_index.insert(key, gid).is_none() {
-            self.hint_fifo.push_back(key);
-            while self.hint_fifo.len() > HINT_INDEX_CAP {
-                if let Some(old) = self.hint_fifo.pop_front() {
-                    self.hint_index.remove(&old);
-                }
-            }
-        }
+        self.hint_index.remember(group, h, gid);
     }
 
     /// A hinted page from an earlier pass with this content, still HASHED
@@ -136,8 +196,7 @@ impl Core {
         group: u32,
         page: Option<&GuestPage>,
     ) -> Option<u32> {
-        let key = (group as u64) << 32 | h as u64;
-        let gid = *self.hint_index.get(&key)?;
+        let gid = self.hint_index.get(group, h)?;
         let me = self.regions[ri].gid_base + p as u32;
         let (r, pp) = self.locate(gid)?;
         let rg = &self.regions[r];
@@ -150,5 +209,37 @@ impl Core {
             // hold the core (unregister needs it).
             && page.is_none_or(|page| unsafe { rg.guest_page(pp) }.equals(page.bytes()));
         ok.then_some(gid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hint_index_keeps_the_newest_page_and_forgets_the_oldest_content() {
+        let mut ix = HintIndex::default();
+        ix.remember(1, 7, 100);
+        ix.remember(1, 7, 200);
+        assert_eq!(ix.get(1, 7), Some(200), "the newer page replaces");
+        assert_eq!(ix.fifo.len(), 1, "one content, queued once");
+        assert_eq!(ix.get(2, 7), None, "groups are apart");
+        for h in 0..HINT_INDEX_CAP as u32 {
+            ix.remember(3, h, h);
+        }
+        assert_eq!(ix.get(1, 7), None, "the oldest went first");
+        assert_eq!(ix.get(3, 0), Some(0));
+        assert_eq!(ix.pages.len(), HINT_INDEX_CAP);
+        assert_eq!(ix.fifo.len(), HINT_INDEX_CAP);
+    }
+
+    #[test]
+    fn the_tally_weighs_delays_by_merges() {
+        let mut t = HintTally::default();
+        assert_eq!(t.mean_delay_ms(), 0.0);
+        t.add(3, 0.010);
+        t.add(1, 0.050);
+        assert_eq!(t.merges(), 4);
+        assert!((t.mean_delay_ms() - 20.0).abs() < 1e-9);
     }
 }

@@ -30,19 +30,20 @@
 //! `choose.rs` (where a page merges), `execute.rs` (running the planned
 //! merges), `hints.rs` (I/O hints), `logs.rs` (write logs), `handover.rs`
 //! (the KSM assist's judging and hand-over), `budget.rs` (the map-count
-//! budget) and `unmerge.rs`; this file holds the state, the constants and
+//! budget), `unmerge.rs`, `register.rs` (regions joining and leaving)
+//! and `report.rs` (the statistics); this file holds the state, the constants and
 //! region registration.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::assist::{AssistConfig, Census, KsmAssist};
+use crate::assist::{AssistConfig, KsmAssist};
 use crate::backend::{Knobs, RegionId};
 use crate::fault::ProtState;
 use crate::hash::{fold, HashFn};
 use crate::index::{StableIndex, UnstableIndex};
-use crate::merge::{self, Ctx, MapBudget, Op, OpKind, CHUNK_PAGES, GAPPED_WINDOW_PAGES};
+use crate::merge::{self, Ctx, Op, OpKind, CHUNK_PAGES, GAPPED_WINDOW_PAGES};
 use crate::mm;
 use crate::pagemap::{Entry, Pagemap, PM_PRESENT};
 use crate::pool::{Pool, SlotState};
@@ -53,11 +54,14 @@ use crate::writelog::{WriteLog, Written, VERIFY_BLOCK, VERIFY_PASSES};
 
 mod batch;
 mod budget;
+mod census;
 mod choose;
 mod execute;
 mod handover;
 mod hints;
 mod logs;
+mod register;
+mod report;
 mod span;
 mod unmerge;
 mod visit;
@@ -88,11 +92,6 @@ const OPS_BEFORE_YIELD: usize = 512;
 /// Visit units: a hashed page costs `HASH_COST`, a pagemap-only visit 1
 /// (a wake-up of N page visits has N x `HASH_COST` units to spend).
 const HASH_COST: u64 = 4;
-/// Longest a batch walks KSM's regions for the census (the core lock is
-/// held meanwhile): a census of gigabytes of KSM regions takes far longer
-/// than a wake-up should, so it is done in slices, on consecutive wake-ups
-/// (see [`BatchReport::census_pending`]).
-const CENSUS_SLICE: Duration = Duration::from_millis(20);
 /// `read_needed`'s verdict on a span's page, in pagemap entry bits 58-60,
 /// which the kernel leaves zero: not due on this pass, or due; a due page
 /// may also be `CLEAN` (`Core::log_clean`: its write log answers the
@@ -184,24 +183,6 @@ pub struct BatchReport {
     pub yielded: bool,
 }
 
-/// How long after the last census the next one is due, given what the last
-/// one cost. When KSM has finished a full scan since (what it merged in it
-/// is counted at once: the figure a converging group settles on), at most
-/// 5 % of a core (20x the cost apart, and 1 s); in between, while KSM
-/// works, at most 2 % (50x apart: progress shows); once it idles, every
-/// 2 s at most 0.5 % (200x apart, so that the engine's share of an idle
-/// assisted group costs about what idle KSM at its defaults does).
-fn census_interval(cost: Duration, ksm_scanned: bool, ksm_busy: bool) -> Duration {
-    let floor = Duration::from_secs(1).max(cost * 20);
-    if ksm_scanned {
-        floor
-    } else if ksm_busy {
-        floor.max(cost * 50)
-    } else {
-        Duration::from_secs(2).max(cost * 200)
-    }
-}
-
 /// A hinted range visited in this wake-up, its merges maybe still planned.
 struct HintVisit {
     region: usize,
@@ -265,29 +246,26 @@ pub const DEFAULT_QUIESCE_MIN_OPS: usize = 1;
 
 /// The engine's state, owned by one mutex.
 pub struct Core {
-    pub regions: Vec<Region>,
+    regions: Vec<Region>,
     /// Per region, how to park the threads running guest code in it around
     /// a batch of merges (`crate::quiesce`).
-    pub quiescers: HashMap<RegionId, Arc<dyn Quiesce>>,
+    quiescers: HashMap<RegionId, Arc<dyn Quiesce>>,
     /// Batches of at least this many ops park them (0: never).
-    pub quiesce_min_ops: usize,
-    pub pool: Pool,
-    pub stable: StableIndex,
-    pub unstable: UnstableIndex,
-    pub pagemap: Pagemap,
-    pub uffd: Arc<Uffd>,
-    pub prot: Arc<Mutex<ProtState>>,
-    pub hash_fn: HashFn,
-    pub zero_hash: u32,
-    pub zero_pfn: u64,
-    pub knobs: Knobs,
-    pub stripe_max: u32,
-    pub counters: Counters,
+    quiesce_min_ops: usize,
+    pool: Pool,
+    stable: StableIndex,
+    unstable: UnstableIndex,
+    pagemap: Pagemap,
+    uffd: Arc<Uffd>,
+    prot: Arc<Mutex<ProtState>>,
+    hash_fn: HashFn,
+    zero_hash: u32,
+    zero_pfn: u64,
+    knobs: Knobs,
+    stripe_max: u32,
+    counters: Counters,
     /// Passes in a row that made no progress (drives the adaptive sleep).
-    pub idle_passes: u32,
-    pub map_limited: bool,
-    pub map_headroom: u64,
-    pub max_map_count: u64,
+    idle_passes: u32,
     groups: HashMap<String, u32>,
     next_gid: u64,
     next_region_id: u64,
@@ -296,10 +274,8 @@ pub struct Core {
     pass_progress: u64,
     /// Pages hashed for the first time, ever (see `BatchReport::fresh`).
     fresh_hashed: u64,
-    map_checked: Option<Instant>,
-    map_vmas: u64,
     /// VMAs the engine may still create (the process map-count limit).
-    map_budget: MapBudget,
+    vmas: budget::Vmas,
     scratch: Vec<Entry>,
     /// Content hash and length of the same-content run ending at the last
     /// visited page (sizes stripes).
@@ -307,38 +283,23 @@ pub struct Core {
     run_len: u32,
     /// The hash is xxh3 (64-bit equality then stands in for a content
     /// pre-check when planning); false with a test hash override.
-    pub strong_hash: bool,
+    strong_hash: bool,
     /// High half of the current page's 64-bit hash (set by `visit`).
     cur_hi: u32,
     /// Kernel KSM for scattered groups (see `assist.rs`).
-    pub assist: KsmAssist,
+    assist: KsmAssist,
     /// This pass's merges per group.
     pass_groups: HashMap<u32, GroupPass>,
     /// `pass_groups` of the last completed pass.
     last_pass_groups: HashMap<u32, GroupPass>,
-    /// (PFN, region `gid_base`) of present anonymous pages of assisted
-    /// regions seen this pass; counted at the pass end.
-    census_pages: Vec<(u64, u32)>,
-    /// KSM sharing among our assisted regions, as of the last pass.
-    pub census: Census,
-    /// This pass collects the census (at most one a second: sorting a
-    /// frame list per pass would cost more than the pass itself).
-    census_due: bool,
+    /// KSM's sharing among the assisted regions, and its pace.
+    census: census::CensusRoom,
     /// Threads other than the scanner waiting for the core (VM creation and
     /// deletion through the engine's API): a batch ends at its next span
     /// boundary when this is non-zero, so they wait for one span, not for a
     /// whole batch (seconds at high `pages_to_scan` on scattered regions).
     /// Shared with the engine, which counts.
-    pub waiters: Arc<std::sync::atomic::AtomicUsize>,
-    census_at: Option<Instant>,
-    /// `map_budget.headroom` right after the last maps read.
-    headroom_at_check: i64,
-    /// Time spent on assisted spans in this census pass, and what the last
-    /// census pass cost in all.
-    census_spans: Duration,
-    census_cost: Duration,
-    /// Time spent on assisted census spans in the current batch.
-    census_slice: Duration,
+    waiters: Arc<std::sync::atomic::AtomicUsize>,
     /// Counters at the last per-region recount (see `end_pass`).
     recount_key: (u64, u64, u64, u64),
     /// Slot references of pages that still mapped their slot when their
@@ -349,14 +310,10 @@ pub struct Core {
     /// so they are merge candidates on their first visit (no "unchanged
     /// since the previous scan" wait, no smart-scan skip).
     trusted: bool,
-    /// Hinted pages without a partner yet, `(group << 32 | hash) -> page
-    /// id`, kept across passes (the unstable index forgets every pass) so a
-    /// second VM's read of the same file finds the first's pages; FIFO.
-    hint_index: HashMap<u64, u32>,
-    hint_fifo: std::collections::VecDeque<u64>,
-    /// Merges made on hinted visits and the sum of their delays (seconds).
-    pub hint_merges: u64,
-    pub hint_delay_sum: f64,
+    /// Hinted pages without a partner yet (`hints.rs`).
+    hint_index: hints::HintIndex,
+    /// Merges made on hinted visits, and their delays.
+    hint_tally: hints::HintTally,
     /// While visiting hinted ranges: the merge ops planned so far, executed
     /// once at the end of the visit (one vCPU park for all ranges of a
     /// wake-up instead of one per range).
@@ -384,7 +341,7 @@ impl Core {
     ) -> Result<Self, ScanError> {
         let pagemap = Pagemap::open()?;
         let zero_pfn = crate::mm::zero_pfn(&pagemap);
-        let mut c = Core {
+        let c = Core {
             regions: Vec::new(),
             pool,
             stable: StableIndex::default(),
@@ -399,9 +356,6 @@ impl Core {
             stripe_max: stripe_max.max(1),
             counters: Counters::default(),
             idle_passes: 0,
-            map_limited: false,
-            map_headroom: 0,
-            max_map_count: crate::mm::max_map_count(),
             groups: HashMap::new(),
             next_gid: 0,
             next_region_id: 1,
@@ -409,9 +363,7 @@ impl Core {
             cursor_page: 0,
             pass_progress: 0,
             fresh_hashed: 0,
-            map_checked: None,
-            map_vmas: 0,
-            map_budget: MapBudget::default(),
+            vmas: budget::Vmas::new(false),
             scratch: Vec::new(),
             run_hash: 0,
             run_len: 0,
@@ -422,26 +374,16 @@ impl Core {
             assist: KsmAssist::new(AssistConfig::default()),
             pass_groups: HashMap::new(),
             last_pass_groups: HashMap::new(),
-            census_pages: Vec::new(),
-            census: Census::default(),
-            census_due: true,
+            census: census::CensusRoom::default(),
             waiters: Arc::default(),
-            census_at: None,
-            headroom_at_check: i64::MIN,
-            census_spans: Duration::ZERO,
-            census_cost: Duration::ZERO,
-            census_slice: Duration::ZERO,
             recount_key: (u64::MAX, 0, 0, 0),
             orphans: Vec::new(),
             trusted: false,
-            hint_index: HashMap::new(),
-            hint_fifo: std::collections::VecDeque::new(),
-            hint_merges: 0,
-            hint_delay_sum: 0.0,
+            hint_index: hints::HintIndex::default(),
+            hint_tally: hints::HintTally::default(),
             deferred: None,
             recheck: Vec::new(),
         };
-        c.refresh_map_count(true);
         Ok(c)
     }
 
@@ -465,6 +407,79 @@ impl Core {
         )
     }
 
+    /// Re-reads the process's VMA count when due (`force`: now).
+    pub fn refresh_map_count(&mut self, force: bool) {
+        let keep_half = self.assist.enabled();
+        self.vmas.refresh(force, keep_half);
+    }
+
+    /// Cumulative counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The registered regions, in page-id order.
+    pub fn regions(&self) -> &[Region] {
+        &self.regions
+    }
+
+    /// The knobs of the current wake-up.
+    pub fn knobs(&self) -> Knobs {
+        self.knobs
+    }
+
+    /// Sets the knobs for the next wake-ups (the engine copies its
+    /// control state's knobs in before each one).
+    pub fn set_knobs(&mut self, knobs: Knobs) {
+        self.knobs = knobs;
+    }
+
+    /// Passes in a row that made no progress (drives the adaptive sleep).
+    pub fn idle_passes(&self) -> u32 {
+        self.idle_passes
+    }
+
+    /// Starts the adaptive sleep over (the mode or knobs changed).
+    pub fn reset_idle_passes(&mut self) {
+        self.idle_passes = 0;
+    }
+
+    /// The KSM assist.
+    pub fn assist_mut(&mut self) -> &mut KsmAssist {
+        &mut self.assist
+    }
+
+    /// Batches of at least `ops` page-table changes park the VMs' vCPUs
+    /// (0: never; see [`DEFAULT_QUIESCE_MIN_OPS`]).
+    pub fn set_quiesce_min_ops(&mut self, ops: usize) {
+        self.quiesce_min_ops = ops;
+    }
+
+    /// How to park the threads running guest code in region `id` (None:
+    /// nothing to park). Ignored for a region that is not registered.
+    pub fn set_quiescer(&mut self, id: RegionId, q: Option<Arc<dyn Quiesce>>) {
+        match q {
+            Some(q) if self.regions.iter().any(|r| r.id == id) => {
+                self.quiescers.insert(id, q);
+            }
+            _ => {
+                self.quiescers.remove(&id);
+            }
+        }
+    }
+
+    /// The count of threads waiting for the core ([`Core::someone_waits`]):
+    /// the engine raises it around taking the core's lock.
+    pub fn waiters(&self) -> Arc<std::sync::atomic::AtomicUsize> {
+        self.waiters.clone()
+    }
+
+    /// The pagemap reader (tests count its reads).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn pagemap(&self) -> &Pagemap {
+        &self.pagemap
+    }
+
     /// The name of dedup group `g`.
     pub fn group_name(&self, g: u32) -> Option<&str> {
         self.groups
@@ -483,192 +498,6 @@ impl Core {
     /// Pages tracked in all regions.
     pub fn tracked_pages(&self) -> u64 {
         self.regions.iter().map(|r| r.npages as u64).sum()
-    }
-
-    /// Adds a region and registers it with the uffd.
-    ///
-    /// # Safety
-    /// `addr..addr + len` must be a private anonymous mapping of this
-    /// process that stays mapped while the region is registered: until
-    /// [`Core::unregister`] for the returned id has returned, or the core
-    /// is dropped. Until then the engine reads it, write-protects it,
-    /// and replaces its pages with mappings that hold the same bytes
-    /// (`mm::map_pool_fixed` and the other primitives of the merge path).
-    pub unsafe fn register(
-        &mut self,
-        addr: usize,
-        len: usize,
-        owner: String,
-        group: String,
-    ) -> Result<RegionId, ScanError> {
-        // Before the overlap check, which needs `addr + len`.
-        region::check_bounds(addr, len)?;
-        let end = addr + len;
-        if self
-            .regions
-            .iter()
-            .any(|r| addr < r.addr + r.len() && r.addr < end)
-        {
-            return Err(ScanError::Overlap { addr, len });
-        }
-        let gnext = self.groups.len() as u32;
-        let gid = *self.groups.entry(group.clone()).or_insert(gnext);
-        let id = RegionId(self.next_region_id);
-        let base = u32::try_from(self.next_gid).map_err(|_| region::RegionError::TooManyPages)?;
-        let mut r = Region::new(id, addr, len, owner, group, gid, base)?;
-        r.huge = mm::thp_possible();
-        self.uffd.register_wp(addr, len)?;
-        r.slot_base = self.pool.open_window(r.npages);
-        self.next_region_id += 1;
-        self.next_gid += r.npages as u64;
-        self.prot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .regions
-            .push((addr, end));
-        self.regions.push(r);
-        self.grow_unstable();
-        if self.assist.group() == Some(gid) {
-            let ri = self.regions.len() - 1;
-            self.hand_to_ksm(ri);
-        }
-        Ok(id)
-    }
-
-    /// Sizes the unstable index for every tracked page, keeping this pass's
-    /// entries (their key is the stored hash of a still-HASHED page).
-    fn grow_unstable(&mut self) {
-        let pages = self.tracked_pages() as usize;
-        let regions = &self.regions;
-        // A stale id of a removed region is dropped by `locate_in` (its
-        // bounds check), never read past a region's end.
-        let key_of = |gid: u32| -> Option<u32> {
-            let (ri, p) = locate_in(regions, gid)?;
-            let r = &regions[ri];
-            (region::kind(r.state[p]) == HASHED).then(|| r.word[p])
-        };
-        self.unstable.grow(pages, key_of);
-    }
-
-    /// Removes a region. With `unmerge`, its merged pages first get private
-    /// copies back (the memory stays usable); without, the caller promised
-    /// to unmap it right away, so its pool references are simply dropped,
-    /// and the region's mappings are first replaced by one fresh anonymous
-    /// mapping (see [`Core::drop_mappings`]).
-    ///
-    /// # Safety
-    /// Without `unmerge`, the region's memory reads as zeros afterwards: the
-    /// caller never reads or writes it again (it is about to unmap it).
-    /// With `unmerge` there is nothing to guarantee.
-    pub unsafe fn unregister(&mut self, id: RegionId, unmerge: bool) -> Result<(), ScanError> {
-        self.quiescers.remove(&id);
-        let ri = self
-            .regions
-            .iter()
-            .position(|r| r.id == id)
-            .ok_or(ScanError::Unknown(id.0))?;
-        if unmerge && !self.take_from_ksm(ri) {
-            return Err(ScanError::Assist(
-                "could not take the region back from KSM".into(),
-            ));
-        }
-        // SAFETY: without `unmerge`, this function's caller never touches
-        // the region again (its contract).
-        let dropped = !unmerge && unsafe { self.drop_mappings(ri) };
-        let mut freed = Vec::new();
-        if unmerge {
-            // Retry a few times: a page that cannot be protected right now
-            // (e.g. a concurrent discard) is rare and transient.
-            for _ in 0..3 {
-                if self.unmerge_region(ri, &mut freed, false) == Some(0) {
-                    break;
-                }
-            }
-        }
-        {
-            let r = &mut self.regions[ri];
-            let orphans_before = self.orphans.len();
-            for i in 0..r.npages {
-                if region::kind(r.state[i]) == MERGED {
-                    let s = r.word[i];
-                    if unmerge {
-                        // The unmerge failed here, so the page still maps
-                        // its slot, and the owner goes on using the memory.
-                        // Freeing the slot would make the page read zeros,
-                        // and later another page's content: its reference
-                        // stays, and the slot is kept (docs/merge-races.md
-                        // §14).
-                        self.orphans.push(s);
-                    } else if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
-                        freed.push(s);
-                    }
-                    r.set_kind(i, NEW);
-                }
-            }
-            let kept = self.orphans.len() - orphans_before;
-            if kept > 0 {
-                log::warn!(
-                    "region {} left with {kept} pages it could not unmerge; \
-                     their pool pages stay allocated while this process runs",
-                    id.0
-                );
-            }
-        }
-        let r = self.regions.remove(ri);
-        if let Some(b) = r.slot_base {
-            self.pool.close_window(b);
-        }
-        if !dropped {
-            let _ = self.uffd.unregister(r.addr, r.len());
-        }
-        {
-            let mut p = self.prot.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(pos) = p
-                .regions
-                .iter()
-                .position(|&x| x == (r.addr, r.addr + r.len()))
-            {
-                p.regions.swap_remove(pos);
-            }
-        }
-        self.release_unmapped(&freed);
-        self.release_assist_if_unused();
-        if ri < self.cursor_region {
-            self.cursor_region -= 1;
-        } else if ri == self.cursor_region {
-            self.cursor_page = 0;
-        }
-        if self.cursor_region >= self.regions.len() {
-            self.cursor_region = 0;
-        }
-        Ok(())
-    }
-
-    /// Replaces region `ri`'s mappings (one VMA per scattered merge) with
-    /// one fresh anonymous mapping, for a region its owner unmaps right
-    /// after: one unmap of every VMA, one batch of TLB flushes. Without it,
-    /// the uffd unregistration (a write-protect clear and TLB flush per VMA)
-    /// and the hole punches of the freed slots (a zap and flush per VMA still
-    /// mapping them) would each interrupt the CPUs running the other VMs'
-    /// vCPUs, once per VMA. The new mapping is not registered with
-    /// userfaultfd, and nothing maps the freed slots any more when they are
-    /// punched. False (nothing changed) when the mmap fails.
-    ///
-    /// # Safety
-    /// The region's owner never reads or writes it again (it is about to
-    /// unmap it).
-    unsafe fn drop_mappings(&self, ri: usize) -> bool {
-        let r = &self.regions[ri];
-        // SAFETY: the region is a page-aligned private mapping of this
-        // process (register contract) that nothing reads or writes again
-        // (this function's contract).
-        match unsafe { crate::mm::map_anon_fixed(r.addr, r.len()) } {
-            Ok(()) => true,
-            Err(e) => {
-                log::warn!("dropping the mappings of region {}: {e}", r.id.0);
-                false
-            }
-        }
     }
 
     /// Parks the threads running guest code (every registered VM's vCPUs)
@@ -804,32 +633,5 @@ impl Core {
         let t = self.tracked_pages().max(1);
         let fixed = (self.scratch.capacity() * 8) as u64;
         (self.metadata_bytes() - fixed) as f64 / t as f64
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn census_pace_keeps_each_state_within_its_share_of_a_core() {
-        let ms = Duration::from_millis;
-        // Cheap censuses: the time floors rule.
-        assert_eq!(census_interval(ms(2), true, true), ms(1000));
-        assert_eq!(census_interval(ms(2), false, true), ms(1000));
-        assert_eq!(census_interval(ms(2), false, false), ms(2000));
-        // 2 x 2 GiB (~150 ms a census): 5 %, 2 %, 0.5 % of a core.
-        let c = ms(150);
-        for (scanned, busy, share) in [
-            (true, true, 0.05),
-            (false, true, 0.02),
-            (false, false, 0.005),
-        ] {
-            let every = census_interval(c, scanned, busy);
-            let got = c.as_secs_f64() / every.as_secs_f64();
-            assert!((got - share).abs() < 1e-9, "{scanned} {busy}: {got}");
-        }
-        // A finished KSM scan is counted sooner than anything else.
-        assert!(census_interval(c, true, false) < census_interval(c, false, true));
     }
 }

@@ -13,7 +13,7 @@ impl Core {
         visit_units: &mut u64,
         merge: bool,
     ) -> usize {
-        if self.regions[ri].assisted && !self.census_due {
+        if self.regions[ri].assisted && !self.census.due() {
             // KSM's region: the engine only counts KSM's sharing and notices
             // copy-on-write breaks of its own earlier merges there, both on
             // census passes (pagemap walks of 100k+ VMAs are not free).
@@ -30,9 +30,7 @@ impl Core {
         let t = Instant::now();
         let mut units = n as u64 * HASH_COST;
         let used = self.scan_span_inner(ri, start, n, &mut units, merge);
-        let spent = t.elapsed();
-        self.census_spans += spent;
-        self.census_slice += spent;
+        self.census.charge(t.elapsed());
         used
     }
 
@@ -148,14 +146,14 @@ impl Core {
                 *visit_units -= 1;
                 prev = None;
                 self.note_run(None);
-                if self.census_due
+                if self.census.due()
                     && e.present()
                     && !e.file()
                     && e.pfn() != 0
                     && e.pfn() != self.zero_pfn
                 {
                     let key = self.regions[ri].gid_base;
-                    self.census_pages.push((e.pfn(), key));
+                    self.census.note_frame(e.pfn(), key);
                 }
                 continue;
             }
