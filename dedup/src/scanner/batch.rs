@@ -205,7 +205,14 @@ impl Core {
                 let prev = (p > 0 && region::kind(r.state[p - 1]) == MERGED).then(|| r.word[p - 1]);
                 groups.push(r.group);
                 self.note_run(None);
-                self.visit(ri, p, Entry(0), st, prev, &mut units, true, &mut ops);
+                let v = PageVisit {
+                    ri,
+                    p,
+                    st,
+                    prev,
+                    merge: true,
+                };
+                self.visit(v, Entry(0), &mut units, &mut ops);
             }
             self.execute_planned(ops);
             self.judge_groups(groups);

@@ -3,34 +3,37 @@
 
 use super::*;
 
+/// A merge to plan: page `p` of region `ri` onto pool slot `slot`.
+pub(super) struct Plan {
+    pub(super) ri: usize,
+    pub(super) p: usize,
+    pub(super) slot: u32,
+    pub(super) kind: OpKind,
+    /// The content hash the slot is filed under (0: unknown, for a guess
+    /// the final compare checks).
+    pub(super) hash: u32,
+    /// The page's state to restore if the merge fails.
+    pub(super) old_state: u8,
+}
+
 impl Core {
-    /// Plans page `p` of region `ri` onto `slot`: the op to execute, a pool
-    /// reference taken, and the page provisionally MERGED (`commit` puts
-    /// `old_state` back if the merge fails).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn plan(
-        &mut self,
-        ri: usize,
-        p: usize,
-        slot: u32,
-        kind: OpKind,
-        hash: u32,
-        old_state: u8,
-        ops: &mut Vec<Op>,
-    ) {
-        self.pool.add_mapper(slot);
-        let r = &mut self.regions[ri];
+    /// Plans `m`: the op to execute, a pool reference taken, and the page
+    /// provisionally MERGED (`commit` puts `m.old_state` back if the merge
+    /// fails).
+    pub(super) fn plan(&mut self, m: Plan, ops: &mut Vec<Op>) {
+        self.pool.add_mapper(m.slot);
+        let r = &mut self.regions[m.ri];
         ops.push(Op {
-            region: ri,
-            page: p,
-            slot,
-            kind,
-            hash,
-            old_state,
-            in_pool: r.in_pool(p),
+            region: m.ri,
+            page: m.p,
+            slot: m.slot,
+            kind: m.kind,
+            hash: m.hash,
+            old_state: m.old_state,
+            in_pool: r.in_pool(m.p),
         });
-        r.state[p] = region::with_kind(old_state, MERGED);
-        r.word[p] = slot;
+        r.state[m.p] = region::with_kind(m.old_state, MERGED);
+        r.word[m.p] = m.slot;
     }
 
     /// Slot `s` can take one more mapper from `group`: reserved or written,

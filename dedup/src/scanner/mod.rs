@@ -66,6 +66,9 @@ mod span;
 mod unmerge;
 mod visit;
 
+use choose::Plan;
+use visit::PageVisit;
+
 /// Drops one page's reference to slot `s`; returns the mappers left. A
 /// slot that keeps mappers has room again for its content's next joins
 /// (`StableIndex::room_again`).

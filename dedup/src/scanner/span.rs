@@ -82,61 +82,24 @@ impl Core {
                 }
             }
             let st = self.regions[ri].state[p];
+            let v = PageVisit {
+                ri,
+                p,
+                st,
+                prev,
+                merge,
+            };
             match region::kind(st) {
                 MERGED => {
                     *visit_units -= 1;
-                    if e.0 & NOT_DUE != 0 {
-                        // Checked on its own smart-scan schedule; its
-                        // pagemap entry was not read.
-                        let s = self.regions[ri].word[p];
-                        prev = Some(s);
-                        self.note_run(Some(self.pool.meta(s).hash));
-                        continue;
-                    }
-                    // Not written since it was merged or last checked
-                    // (`log_clean`): still merged, its entry was not read.
-                    let clean = e.0 & CLEAN != 0;
-                    if !clean && e.present() && !e.file() {
-                        // Copy-on-write broke the share: hashed at the next
-                        // visit (level 0), and not seeded by a run
-                        // (`REHASH`, see `SEED_RUN`).
-                        let r = &mut self.regions[ri];
-                        let s = r.word[p];
-                        r.set_kind(p, NEW);
-                        r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
-                        if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
-                            freed.push(s);
-                        }
-                        self.counters.cow_breaks += 1;
-                        prev = None;
-                        self.note_run(None);
-                        if self.trusted && !self.regions[ri].assisted {
-                            // A device refilled it: a candidate right away.
-                            let st = self.regions[ri].state[p];
-                            prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
-                        }
-                    } else {
-                        self.counters.clean_visits += u64::from(clean);
-                        let r = &mut self.regions[ri];
-                        let s = r.word[p];
-                        r.state[p] = region::with_level(st, region::level(st) + 1);
-                        prev = Some(s);
-                        self.note_run(Some(self.pool.meta(s).hash));
-                    }
+                    prev = self.check_merged(v, e, visit_units, &mut ops, &mut freed);
                     continue;
                 }
                 ZERO => {
                     *visit_units -= 1;
                     prev = None;
                     self.note_run(None);
-                    if e.0 & CLEAN != 0 {
-                        self.counters.clean_visits += 1;
-                    } else if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
-                        let r = &mut self.regions[ri];
-                        r.set_kind(p, NEW);
-                        r.state[p] = region::with_level(r.state[p], 0);
-                        self.counters.cow_breaks += 1;
-                    }
+                    self.check_zero(ri, p, e);
                     continue;
                 }
                 _ => {}
@@ -146,18 +109,10 @@ impl Core {
                 *visit_units -= 1;
                 prev = None;
                 self.note_run(None);
-                if self.census.due()
-                    && e.present()
-                    && !e.file()
-                    && e.pfn() != 0
-                    && e.pfn() != self.zero_pfn
-                {
-                    let key = self.regions[ri].gid_base;
-                    self.census.note_frame(e.pfn(), key);
-                }
+                self.census_page(ri, e);
                 continue;
             }
-            prev = self.visit(ri, p, e, st, prev, visit_units, merge, &mut ops);
+            prev = self.visit(v, e, visit_units, &mut ops);
         }
         // Every page visited here that its write log marked was examined
         // (marked pages are due and not `log_clean`): its mark is spent. A
@@ -182,6 +137,87 @@ impl Core {
             self.maybe_assist(group);
         }
         used
+    }
+
+    /// A merged page's visit: still merged, or its share broken by
+    /// copy-on-write (its slot reference dropped, into `freed` when it was
+    /// the last). Returns the next page's `prev`.
+    fn check_merged(
+        &mut self,
+        v: PageVisit,
+        e: Entry,
+        visit_units: &mut u64,
+        ops: &mut Vec<Op>,
+        freed: &mut Vec<u32>,
+    ) -> Option<u32> {
+        let (ri, p, st) = (v.ri, v.p, v.st);
+        if e.0 & NOT_DUE != 0 {
+            // Checked on its own smart-scan schedule; its pagemap entry was
+            // not read.
+            let s = self.regions[ri].word[p];
+            self.note_run(Some(self.pool.meta(s).hash));
+            return Some(s);
+        }
+        // Not written since it was merged or last checked (`log_clean`):
+        // still merged, its entry was not read.
+        let clean = e.0 & CLEAN != 0;
+        if clean || !e.present() || e.file() {
+            self.counters.clean_visits += u64::from(clean);
+            let r = &mut self.regions[ri];
+            let s = r.word[p];
+            r.state[p] = region::with_level(st, region::level(st) + 1);
+            self.note_run(Some(self.pool.meta(s).hash));
+            return Some(s);
+        }
+        // Copy-on-write broke the share: hashed at the next visit (level
+        // 0), and not seeded by a run (`REHASH`, see `SEED_RUN`).
+        let r = &mut self.regions[ri];
+        let s = r.word[p];
+        r.set_kind(p, NEW);
+        r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
+        if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
+            freed.push(s);
+        }
+        self.counters.cow_breaks += 1;
+        self.note_run(None);
+        if !self.trusted || self.regions[ri].assisted {
+            return None;
+        }
+        // A device refilled it: a candidate right away.
+        let st = self.regions[ri].state[p];
+        self.visit(
+            PageVisit {
+                st,
+                prev: None,
+                ..v
+            },
+            e,
+            visit_units,
+            ops,
+        )
+    }
+
+    /// A zero-dropped page's visit: present and not the zero page means the
+    /// guest wrote it (a copy-on-write break of the zero page).
+    fn check_zero(&mut self, ri: usize, p: usize, e: Entry) {
+        if e.0 & CLEAN != 0 {
+            self.counters.clean_visits += 1;
+        } else if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
+            let r = &mut self.regions[ri];
+            r.set_kind(p, NEW);
+            r.state[p] = region::with_level(r.state[p], 0);
+            self.counters.cow_breaks += 1;
+        }
+    }
+
+    /// A page of KSM's region, on a census pass: its frame, when present
+    /// and anonymous.
+    fn census_page(&mut self, ri: usize, e: Entry) {
+        if self.census.due() && e.present() && !e.file() && e.pfn() != 0 && e.pfn() != self.zero_pfn
+        {
+            let key = self.regions[ri].gid_base;
+            self.census.note_frame(e.pfn(), key);
+        }
     }
 
     /// Is an unmerged page due for a visit on this pass (smart scan)? A

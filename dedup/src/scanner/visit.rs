@@ -3,20 +3,109 @@
 
 use super::*;
 
+/// The page a visit is at and what the visit starts from.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PageVisit {
+    /// The region's index and the page's number in it.
+    pub(super) ri: usize,
+    pub(super) p: usize,
+    /// The page's state word before the visit.
+    pub(super) st: u8,
+    /// The slot the left neighbour maps or was just planned onto: a run
+    /// continues onto the next slot (one VMA for the run).
+    pub(super) prev: Option<u32>,
+    /// Merging wake-up (false: auto mode's checksum-only rounds).
+    pub(super) merge: bool,
+}
+
+/// Where a visit stands after its cheap checks.
+enum Look {
+    /// Done without reading the page: the slot it was planned onto, if any.
+    Done(Option<u32>),
+    /// Present and anonymous: read it.
+    Read,
+}
+
+/// A visited page's fresh hash and what it says.
+struct Hashed {
+    h: u32,
+    /// Not seen before, and not the zero page's hash.
+    first_sight: bool,
+    /// A first-seen page continuing a run of one pattern (`SEED_RUN`).
+    seeded: bool,
+    /// A merge candidate: hash unchanged since the last visit (KSM's
+    /// rule), or trusted (hinted), or seeded.
+    unchanged: bool,
+}
+
 impl Core {
-    /// Visits an unmerged page; returns the slot it is planned onto, if any.
-    #[allow(clippy::too_many_arguments)]
+    /// Visits page `v.p` of region `v.ri` (pagemap entry `e`): its checks,
+    /// its hash, and where it merges. Returns the slot it was planned onto
+    /// (the next page's `prev`).
     pub(super) fn visit(
         &mut self,
-        ri: usize,
-        p: usize,
+        v: PageVisit,
         e: Entry,
-        st: u8,
-        prev: Option<u32>,
         visit_units: &mut u64,
-        merge: bool,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
+        if let Look::Done(planned) = self.look(v, e, visit_units, ops) {
+            return planned;
+        }
+        let (ri, p) = (v.ri, v.p);
+        let kind = region::kind(v.st);
+        *visit_units = visit_units.saturating_sub(HASH_COST);
+        // SAFETY: the region is registered, hence mapped (register contract),
+        // and stays so while we hold the core (unregister needs it).
+        let page = unsafe { self.regions[ri].guest_page(p) };
+        // A hinted page was just rewritten: its stored hash is stale.
+        let plain = v.merge && !self.trusted && !region::needs_rehash(v.st);
+        if kind == HASHED && plain {
+            if let Some(s) = self.join_unhashed(v, &page, ops) {
+                return Some(s);
+            }
+        }
+        if kind == NEW && plain {
+            if let Some(s) = self.continue_run_unhashed(v, &page, ops) {
+                return Some(s);
+            }
+        }
+        let hv = self.hash_page(v, &page);
+        if !hv.unchanged {
+            return self.volatile_page(v, &hv, &page, ops);
+        }
+        if !v.merge {
+            return None;
+        }
+        let st = self.regions[ri].state[p];
+        if hv.h == self.zero_hash && page.is_zero() {
+            let in_pool = self.regions[ri].in_pool(p);
+            ops.push(Op {
+                region: ri,
+                page: p,
+                slot: 0,
+                kind: OpKind::Zero,
+                hash: hv.h,
+                old_state: st,
+                in_pool,
+            });
+            self.regions[ri].state[p] = region::with_kind(st, ZERO);
+            return None;
+        }
+        let group = self.regions[ri].group;
+        let prev = if hv.seeded {
+            self.seed_run_head(v, hv.h, group, ops)
+        } else {
+            v.prev
+        };
+        self.place(PageVisit { st, prev, ..v }, hv.h, group, &page, ops)
+    }
+
+    /// A visit's checks before the page is read: not due on this pass
+    /// (smart scan), answered by the write log (`visit_clean`), absent or
+    /// the zero page.
+    fn look(&mut self, v: PageVisit, e: Entry, visit_units: &mut u64, ops: &mut Vec<Op>) -> Look {
+        let (ri, p, st) = (v.ri, v.p, v.st);
         let kind = region::kind(st);
         // A span's entry carries `read_needed`'s verdict; for other callers
         // (rechecks) it is judged here.
@@ -28,7 +117,7 @@ impl Core {
             // pagemap entry was not read (`read_needed`).
             *visit_units -= 1;
             self.note_run((kind == HASHED).then(|| self.regions[ri].word[p]));
-            return None;
+            return Look::Done(None);
         }
         let mut e = e;
         let clean = if judged {
@@ -43,15 +132,15 @@ impl Core {
             self.counters.clean_visits += 1;
         }
         if clean && kind == HASHED {
-            if let Some(planned) = self.visit_clean(ri, p, st, prev, visit_units, merge, ops) {
-                return planned;
+            if let Some(planned) = self.visit_clean(v, visit_units, ops) {
+                return Look::Done(planned);
             }
             // A pair or a new slot needs a fresh hash: read the entry the
             // span skipped, and visit in full.
             let mut one = [Entry(0)];
             if let Err(err) = self.pagemap.read(self.regions[ri].page_addr(p), &mut one) {
                 log::warn!("{err}");
-                return None;
+                return Look::Done(None);
             }
             e = one[0];
         }
@@ -65,23 +154,16 @@ impl Core {
                 // Still absent: looked at less often (`visit_due`).
                 region::with_level(st, region::level(st) + 1)
             };
-            return None;
+            return Look::Done(None);
         }
-        *visit_units = visit_units.saturating_sub(HASH_COST);
-        // SAFETY: the region is registered, hence mapped (register contract),
-        // and stays so while we hold the core (unregister needs it).
-        let page = unsafe { self.regions[ri].guest_page(p) };
-        // A hinted page was just rewritten: its stored hash is stale.
-        if kind == HASHED && merge && !self.trusted && !region::needs_rehash(st) {
-            if let Some(s) = self.join_unhashed(ri, p, prev, &page, ops) {
-                return Some(s);
-            }
-        }
-        if kind == NEW && merge && !self.trusted && !region::needs_rehash(st) {
-            if let Some(s) = self.continue_run_unhashed(ri, p, prev, &page, ops) {
-                return Some(s);
-            }
-        }
+        Look::Read
+    }
+
+    /// Hashes the page and records the hash in its state: first sight,
+    /// unchanged or volatile.
+    fn hash_page(&mut self, v: PageVisit, page: &GuestPage) -> Hashed {
+        let (ri, p, st) = (v.ri, v.p, v.st);
+        let kind = region::kind(st);
         self.counters.pages_hashed += 1;
         let h64 = (self.hash_fn)(page.bytes());
         let h = fold(h64);
@@ -95,74 +177,65 @@ impl Core {
         // with one pattern) is a candidate at once: see `SEED_RUN`. Not
         // one whose share copy-on-write broke (`REHASH`): a guest that
         // rewrites a pattern soon after writing it would churn merges.
-        let seeded = first_sight && merge && self.run_len >= SEED_RUN && !region::needs_rehash(st);
+        let seeded =
+            first_sight && v.merge && self.run_len >= SEED_RUN && !region::needs_rehash(st);
         let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted || seeded;
-        let group = self.regions[ri].group;
-        {
-            let r = &mut self.regions[ri];
-            r.word[p] = h;
-            r.state[p] &= !region::REHASH;
-            if kind == NEW {
-                r.set_kind(p, HASHED);
-                self.pass_progress += 1;
-                self.fresh_hashed += 1;
-            }
-            if !unchanged {
-                r.set_volatile(p, true);
-                r.state[p] = region::with_level(r.state[p], 0);
-            } else {
-                r.set_volatile(p, false);
-            }
+        let r = &mut self.regions[ri];
+        r.word[p] = h;
+        r.state[p] &= !region::REHASH;
+        if kind == NEW {
+            r.set_kind(p, HASHED);
+            self.pass_progress += 1;
+            self.fresh_hashed += 1;
         }
         if !unchanged {
-            if merge
-                && (!first_sight || self.merges_scattered(group))
-                && !self.trusted
-                && self.regions[ri].written.is_some()
-                && self.recheck.len() < RECHECK_CAP
-            {
-                // Its second look (KSM's rule) can come at the next wake-up:
-                // the write log tells whether it changed since. For a page
-                // seen for the first time only where the group's merges
-                // are scattered anyway: pairing first-sight pages a wake-up
-                // later paired two filling guests' pages in the order
-                // their fill fronts met the scan, a VMA each where the
-                // scan's order makes runs (`bench ksm-seed --vms-only`
-                // shows the difference). Where every merge is a VMA of its
-                // own whatever the order (guests that place pages as real
-                // ones do), it brings the merge a pass sooner: the pages a
-                // build writes last need not wait for that pass.
-                self.recheck.push(self.regions[ri].gid_base + p as u32);
-            }
-            if first_sight && merge {
-                return self.join_first_seen(ri, p, h, prev, &page, ops);
-            }
-            return None;
-        }
-        if !merge {
-            return None;
-        }
-        let st = self.regions[ri].state[p];
-        if h == self.zero_hash && page.is_zero() {
-            let in_pool = self.regions[ri].in_pool(p);
-            ops.push(Op {
-                region: ri,
-                page: p,
-                slot: 0,
-                kind: OpKind::Zero,
-                hash: h,
-                old_state: st,
-                in_pool,
-            });
-            self.regions[ri].state[p] = region::with_kind(st, ZERO);
-            return None;
-        }
-        let prev = if seeded {
-            self.seed_run_head(ri, p, h, group, prev, ops)
+            r.set_volatile(p, true);
+            r.state[p] = region::with_level(r.state[p], 0);
         } else {
-            prev
-        };
-        self.place(ri, p, h, group, prev, &page, st, ops)
+            r.set_volatile(p, false);
+        }
+        Hashed {
+            h,
+            first_sight,
+            seeded,
+            unchanged,
+        }
+    }
+
+    /// A page whose hash changed (or that is new): queued for a second look
+    /// at the next wake-up where a write log can tell, and a first-seen
+    /// page may still join an existing slot at once.
+    fn volatile_page(
+        &mut self,
+        v: PageVisit,
+        hv: &Hashed,
+        page: &GuestPage,
+        ops: &mut Vec<Op>,
+    ) -> Option<u32> {
+        let (ri, p) = (v.ri, v.p);
+        if v.merge
+            && (!hv.first_sight || self.merges_scattered(self.regions[ri].group))
+            && !self.trusted
+            && self.regions[ri].written.is_some()
+            && self.recheck.len() < RECHECK_CAP
+        {
+            // Its second look (KSM's rule) can come at the next wake-up:
+            // the write log tells whether it changed since. For a page
+            // seen for the first time only where the group's merges
+            // are scattered anyway: pairing first-sight pages a wake-up
+            // later paired two filling guests' pages in the order
+            // their fill fronts met the scan, a VMA each where the
+            // scan's order makes runs (`bench ksm-seed --vms-only`
+            // shows the difference). Where every merge is a VMA of its
+            // own whatever the order (guests that place pages as real
+            // ones do), it brings the merge a pass sooner: the pages a
+            // build writes last need not wait for that pass.
+            self.recheck.push(self.regions[ri].gid_base + p as u32);
+        }
+        if hv.first_sight && v.merge {
+            return self.join_first_seen(v, hv.h, page, ops);
+        }
+        None
     }
 
     /// The head of a run of one pattern: the pages of the run visited
@@ -177,16 +250,14 @@ impl Core {
     /// left neighbour's slot for `p` (`prev` when there is no head). The
     /// final compare under write-protection decides every merge, as
     /// always.
-    #[allow(clippy::too_many_arguments)]
     fn seed_run_head(
         &mut self,
-        ri: usize,
-        p: usize,
+        v: PageVisit,
         h: u32,
         group: u32,
-        prev: Option<u32>,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
+        let (ri, p, prev) = (v.ri, v.p, v.prev);
         let head = |st: u8, word: u32| {
             region::kind(st) == HASHED
                 && region::is_volatile(st)
@@ -212,30 +283,40 @@ impl Core {
             let st = self.regions[ri].state[q];
             // SAFETY: as for `p` in `visit`: registered, hence mapped.
             let page = unsafe { self.regions[ri].guest_page(q) };
-            prev = self.place(ri, q, h, group, prev, &page, st, ops);
+            let at = PageVisit {
+                p: q,
+                st,
+                prev,
+                ..v
+            };
+            prev = self.place(at, h, group, &page, ops);
         }
         prev
     }
 
     /// Where an unchanged page with hash `h` (state `st`) merges
     /// (`choose`), planned; or into the unstable index. Returns its slot.
-    #[allow(clippy::too_many_arguments)]
     fn place(
         &mut self,
-        ri: usize,
-        p: usize,
+        v: PageVisit,
         h: u32,
         group: u32,
-        prev: Option<u32>,
         page: &GuestPage,
-        st: u8,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
+        let (ri, p, st, prev) = (v.ri, v.p, v.st, v.prev);
         let target = self.choose(ri, p, h, group, prev, page);
         let mut plan =
             |core: &mut Core, r: usize, pg: usize, slot: u32, kind: OpKind, hash: u32| {
-                let old = core.regions[r].state[pg];
-                core.plan(r, pg, slot, kind, hash, old, ops);
+                let m = Plan {
+                    ri: r,
+                    p: pg,
+                    slot,
+                    kind,
+                    hash,
+                    old_state: core.regions[r].state[pg],
+                };
+                core.plan(m, ops);
             };
         let extends = |s: u32| prev.is_some_and(|x| x.wrapping_add(1) == s);
         match target {
@@ -283,17 +364,13 @@ impl Core {
     /// when `choose` might pair it, grow a stripe or find a stable slot
     /// `join_unhashed` would not take: those file a slot under the hash,
     /// which must then be fresh, so the caller visits in full.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn visit_clean(
         &mut self,
-        ri: usize,
-        p: usize,
-        st: u8,
-        prev: Option<u32>,
+        v: PageVisit,
         visit_units: &mut u64,
-        merge: bool,
         ops: &mut Vec<Op>,
     ) -> Option<Option<u32>> {
+        let (ri, p, st, prev, merge) = (v.ri, v.p, v.st, v.prev, v.merge);
         let h = self.regions[ri].word[p];
         if merge && h == self.zero_hash {
             return None;
@@ -308,7 +385,7 @@ impl Core {
             // contract), and stays so while we hold the core (unregister
             // needs it).
             let page = unsafe { self.regions[ri].guest_page(p) };
-            if let Some(s) = self.join_unhashed(ri, p, prev, &page, ops) {
+            if let Some(s) = self.join_unhashed(v, &page, ops) {
                 Some(s)
             } else {
                 let group = self.regions[ri].group;
@@ -366,12 +443,11 @@ impl Core {
     /// wrong hash).
     pub(super) fn join_unhashed(
         &mut self,
-        ri: usize,
-        p: usize,
-        prev: Option<u32>,
+        v: PageVisit,
         page: &GuestPage,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
+        let (ri, p, prev) = (v.ri, v.p, v.prev);
         let h = self.regions[ri].word[p];
         if h == self.zero_hash {
             return None;
@@ -385,7 +461,15 @@ impl Core {
         };
         // Kept in `old_state`: restored with it if the merge fails.
         let old = self.regions[ri].state[p] | region::REHASH;
-        self.plan(ri, p, s, OpKind::Existing, h, old, ops);
+        let m = Plan {
+            ri,
+            p,
+            slot: s,
+            kind: OpKind::Existing,
+            hash: h,
+            old_state: old,
+        };
+        self.plan(m, ops);
         Some(s)
     }
 
@@ -402,16 +486,14 @@ impl Core {
     /// linear layout, enough to engage the KSM assist for one). The final
     /// compare under write-protection decides
     /// the merge; a failed one leaves the page HASHED with this hash.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn join_first_seen(
         &mut self,
-        ri: usize,
-        p: usize,
+        v: PageVisit,
         h: u32,
-        prev: Option<u32>,
         page: &GuestPage,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
+        let (ri, p, prev) = (v.ri, v.p, v.prev);
         let group = self.regions[ri].group;
         let s = self.existing_target(ri, p, h, group, prev, page)?;
         let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
@@ -422,7 +504,15 @@ impl Core {
         }
         self.note_planned(group, 1, u64::from(!extends));
         let old = self.regions[ri].state[p];
-        self.plan(ri, p, s, OpKind::Existing, h, old, ops);
+        let m = Plan {
+            ri,
+            p,
+            slot: s,
+            kind: OpKind::Existing,
+            hash: h,
+            old_state: old,
+        };
+        self.plan(m, ops);
         Some(s)
     }
 
@@ -439,13 +529,12 @@ impl Core {
     /// visit hashes it (first sight makes it a candidate there).
     pub(super) fn continue_run_unhashed(
         &mut self,
-        ri: usize,
-        p: usize,
-        prev: Option<u32>,
+        v: PageVisit,
         page: &GuestPage,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
-        let ps = prev?;
+        let (ri, p) = (v.ri, v.p);
+        let ps = v.prev?;
         let r = &self.regions[ri];
         let group = r.group;
         if p < 2 || region::kind(r.state[p - 2]) != MERGED || r.word[p - 2].wrapping_add(1) != ps {
@@ -469,7 +558,15 @@ impl Core {
         self.note_planned(group, 1, 0);
         // Kept in `old_state`: restored with it if the merge fails.
         let old = self.regions[ri].state[p] | region::REHASH;
-        self.plan(ri, p, s1, OpKind::Existing, 0, old, ops);
+        let m = Plan {
+            ri,
+            p,
+            slot: s1,
+            kind: OpKind::Existing,
+            hash: 0,
+            old_state: old,
+        };
+        self.plan(m, ops);
         Some(s1)
     }
 }
