@@ -257,20 +257,11 @@ pub fn exec_chunk(
     budget: &mut MapBudget,
 ) -> ChunkResult {
     let mut res = ChunkResult::default();
-    let Some(last) = ops.last() else {
+    let Some(w) = Window::new(base, ops) else {
         return res;
     };
-    let first = ops[0].page;
-    let n = last.page - first + 1;
-    debug_assert!(n <= CHUNK_PAGES);
-    // at[o]: index in `ops` of the op at window offset o.
-    let mut at = [NO_OP; CHUNK_PAGES];
-    for (k, op) in ops.iter().enumerate() {
-        at[op.page - first] = k as u8;
-    }
-    let op_at = |o: usize| &ops[at[o] as usize];
-    let addr0 = base + first * PAGE_SIZE;
-    let mut busy = match Busy::protect(ctx, addr0, n) {
+    // Step 1.
+    let mut busy = match Busy::protect(ctx, w.addr0, w.n) {
         Ok(b) => b,
         Err(e) => {
             log::debug!("protect failed, chunk abandoned: {e}");
@@ -278,6 +269,78 @@ pub fn exec_chunk(
             return res;
         }
     };
+    // Steps 2-3.
+    let Some((ok, written)) = final_compare(ctx, pool, &w) else {
+        return res;
+    };
+    // Step 4.
+    let (done, remapped) = map_runs(pool, &w, ok, continues_left, budget, &mut busy);
+    for (k, op) in ops.iter().enumerate() {
+        let bit: Mask = 1 << (op.page - w.first);
+        if done & bit != 0 {
+            res.done |= 1 << k;
+        }
+        if written & bit != 0 {
+            res.written |= 1 << k;
+        }
+    }
+    // Step 5: the new VMAs are not registered; registering the whole range
+    // skips the already-registered VMAs and merges neighbours back together.
+    if remapped {
+        if let Err(e) = ctx.uffd.register_wp(w.addr0, w.n * PAGE_SIZE) {
+            // Those pages stay merged; later protects there fail with ENOENT
+            // and abandon cleanly, so this is safe, only less efficient.
+            log::warn!("re-register after merge: {e}");
+        }
+    }
+    drop(busy); // Step 6.
+    res
+}
+
+/// A merge window: the pages `first..first + n` of the region at `base`,
+/// and its ops by window offset.
+struct Window<'a> {
+    ops: &'a [Op],
+    /// at[o]: index in `ops` of the op at window offset o.
+    at: [u8; CHUNK_PAGES],
+    first: usize,
+    n: usize,
+    addr0: usize,
+}
+
+impl<'a> Window<'a> {
+    /// None without ops.
+    fn new(base: usize, ops: &'a [Op]) -> Option<Self> {
+        let last = ops.last()?;
+        let first = ops[0].page;
+        let n = last.page - first + 1;
+        debug_assert!(n <= CHUNK_PAGES);
+        let mut at = [NO_OP; CHUNK_PAGES];
+        for (k, op) in ops.iter().enumerate() {
+            at[op.page - first] = k as u8;
+        }
+        Some(Window {
+            ops,
+            at,
+            first,
+            n,
+            addr0: base + first * PAGE_SIZE,
+        })
+    }
+
+    /// The op at window offset `o`, which has one.
+    fn op_at(&self, o: usize) -> &Op {
+        &self.ops[self.at[o] as usize]
+    }
+}
+
+/// Steps 2-3 of a window whose pages are write-protected: which pages
+/// the protect covered, then each op's final compare (a `New` op's slot
+/// written from its page). Returns the masks, by window offset, of the
+/// ops that passed and of the slots written; None when the pagemap read
+/// of step 2 failed (nothing is merged).
+fn final_compare(ctx: &Ctx<'_>, pool: &mut Pool, w: &Window<'_>) -> Option<(Mask, Mask)> {
+    let n = w.n;
     // Step 2: which pages did the protect cover? With
     // `WP_UNPOPULATED`, all of them: present, swapped, migrating and
     // empty PTEs alike (an empty one gets a marker; the compare's read
@@ -288,25 +351,25 @@ pub fn exec_chunk(
     // from the page's state under the core lock it still holds.
     let verify = !ctx.uffd.protects_unpopulated();
     let mut pm = [Entry(PM_PRESENT | PM_UFFD_WP); CHUNK_PAGES];
-    if verify && ctx.pagemap.read(addr0, &mut pm[..n]).is_err() {
-        return res;
+    if verify && ctx.pagemap.read(w.addr0, &mut pm[..n]).is_err() {
+        return None;
     }
-    // Steps 2-3: verify protection, final compare. Masks by window offset.
-    let (mut ok, mut written, mut done): (Mask, Mask, Mask) = (0, 0, 0);
-    for (o, &k) in at[..n].iter().enumerate() {
+    // Step 3: the final compare. Masks by window offset.
+    let (mut ok, mut written): (Mask, Mask) = (0, 0);
+    for (o, &k) in w.at[..n].iter().enumerate() {
         if k == NO_OP {
             continue;
         }
-        let op = &ops[k as usize];
+        let op = &w.ops[k as usize];
         let e = pm[o];
         if !(e.present() && e.uffd_wp() && !e.file()) {
             continue;
         }
-        let addr = addr0 + o * PAGE_SIZE;
+        let addr = w.addr0 + o * PAGE_SIZE;
         // Read here, after the protect (step 1) and its check (step 2): no
-        // writer can change the page until `busy` drops, so what is
-        // compared or copied is what the merge maps. Compared through a
-        // snapshot, never a slice over guest memory (`GuestPage`).
+        // writer can change the page until the window's `Busy` drops, so
+        // what is compared or copied is what the merge maps. Compared
+        // through a snapshot, never a slice over guest memory (`GuestPage`).
         // SAFETY: the page is page-aligned and mapped (register contract),
         // and stays so while the core is held: `exec_chunk`'s caller holds
         // it (it lends the core's pool).
@@ -331,18 +394,45 @@ pub fn exec_chunk(
             ok |= 1 << o;
         }
     }
-    // Step 4: remap runs / drop zero runs (runs of adjacent op pages).
-    #[derive(PartialEq, Eq, Clone, Copy)]
-    enum Class {
-        Pool,
-        ZeroDontneed,
-        ZeroAnon,
+    Some((ok, written))
+}
+
+/// How a run of passed ops is mapped.
+#[derive(PartialEq, Eq, Clone, Copy)]
+enum Class {
+    /// Onto consecutive pool slots.
+    Pool,
+    /// Zero pages outside the pool: dropped with `MADV_DONTNEED`.
+    ZeroDontneed,
+    /// Zero pages inside a pool VMA: fresh anonymous memory over them.
+    ZeroAnon,
+}
+
+impl Class {
+    fn of(op: &Op) -> Self {
+        match (op.kind, op.in_pool) {
+            (OpKind::Zero, false) => Class::ZeroDontneed,
+            (OpKind::Zero, true) => Class::ZeroAnon,
+            _ => Class::Pool,
+        }
     }
-    let class = |op: &Op| match (op.kind, op.in_pool) {
-        (OpKind::Zero, false) => Class::ZeroDontneed,
-        (OpKind::Zero, true) => Class::ZeroAnon,
-        _ => Class::Pool,
-    };
+}
+
+/// Step 4: remaps the runs of adjacent passed op pages (`ok`, by window
+/// offset) onto the pool, or drops zero runs, within the VMA `budget`.
+/// Returns the mask of pages done and whether anything was remapped (the
+/// new VMAs need registering); a remapped page is no longer the window's
+/// to unprotect (`busy.original`).
+fn map_runs(
+    pool: &Pool,
+    w: &Window<'_>,
+    ok: Mask,
+    continues_left: bool,
+    budget: &mut MapBudget,
+    busy: &mut Busy<'_>,
+) -> (Mask, bool) {
+    let n = w.n;
+    let mut done: Mask = 0;
     let mut remapped = false;
     let mut i = 0;
     let mut stop_mapping = false;
@@ -352,17 +442,17 @@ pub fn exec_chunk(
             continue;
         }
         let s = i;
-        let c = class(op_at(i));
+        let c = Class::of(w.op_at(i));
         i += 1;
         while i < n
             && ok & (1 << i) != 0
-            && class(op_at(i)) == c
-            && (c != Class::Pool || op_at(i).continues_run(op_at(i - 1)))
+            && Class::of(w.op_at(i)) == c
+            && (c != Class::Pool || w.op_at(i).continues_run(w.op_at(i - 1)))
         {
             i += 1;
         }
         let run_mask = low_bits(i - s) << s;
-        let (a, l) = (addr0 + s * PAGE_SIZE, (i - s) * PAGE_SIZE);
+        let (a, l) = (w.addr0 + s * PAGE_SIZE, (i - s) * PAGE_SIZE);
         if c == Class::ZeroDontneed {
             // SAFETY: `a..+l` is a page-aligned run of this window's op
             // pages in a registered region (a private anonymous mapping by
@@ -388,9 +478,14 @@ pub fn exec_chunk(
             // write-protected until `busy` drops (step 6) and in step 3
             // either compared equal to its written pool page or copied
             // into it (`continues_run`: the run's slots are consecutive
-            // from `op_at(s).slot`), so the mapping shows the same bytes.
+            // from `w.op_at(s).slot`), so the mapping shows the same bytes.
             unsafe {
-                mm::map_pool_fixed(a, l, pool.raw_fd(), op_at(s).slot as u64 * PAGE_SIZE as u64)
+                mm::map_pool_fixed(
+                    a,
+                    l,
+                    pool.raw_fd(),
+                    w.op_at(s).slot as u64 * PAGE_SIZE as u64,
+                )
             }
         } else {
             // SAFETY: as above; class ZeroAnon: each page was verified
@@ -419,26 +514,7 @@ pub fn exec_chunk(
             }
         }
     }
-    for (k, op) in ops.iter().enumerate() {
-        let bit: Mask = 1 << (op.page - first);
-        if done & bit != 0 {
-            res.done |= 1 << k;
-        }
-        if written & bit != 0 {
-            res.written |= 1 << k;
-        }
-    }
-    // Step 5: the new VMAs are not registered; registering the whole range
-    // skips the already-registered VMAs and merges neighbours back together.
-    if remapped {
-        if let Err(e) = ctx.uffd.register_wp(addr0, n * PAGE_SIZE) {
-            // Those pages stay merged; later protects there fail with ENOENT
-            // and abandon cleanly, so this is safe, only less efficient.
-            log::warn!("re-register after merge: {e}");
-        }
-    }
-    drop(busy); // Step 6.
-    res
+    (done, remapped)
 }
 
 /// Gives pages `addr..+n` (all mapped from the pool, possibly already COWed)
