@@ -40,6 +40,7 @@ mod linux_read;
 mod linux_read_report;
 mod linux_read_run;
 mod linux_result;
+mod page_census;
 mod ratio;
 mod region;
 mod report;

@@ -357,6 +357,12 @@ pub struct LinuxReadRow {
     /// a vCPU is an exit from the guest; a merger that changes the VMM's
     /// page tables causes the shootdowns, ksmd's merges cause them too.
     pub ipis: Option<Ipis>,
+    /// The guests' RAM at the end, both VMs paused (`page_census`): the
+    /// duplicates a merger left unshared, counted alike for every
+    /// backend. None where pagemap hides frames (not root), and in
+    /// reports from before it was measured.
+    #[serde(default)]
+    pub census: Option<crate::page_census::PageCensus>,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
     pub samples: Vec<LinuxReadSample>,

@@ -9,7 +9,7 @@ use crate::error::BenchError;
 use crate::linux_read::{LinuxReadReport, LinuxReadRow, RATIO_BASE, T_FINAL_SHARE};
 use crate::ratio::{fmt_ratio, ratio, Goal};
 
-const HEADERS: [&str; 18] = [
+const HEADERS: [&str; 19] = [
     "system",
     "npages",
     "pages_sharing",
@@ -18,6 +18,7 @@ const HEADERS: [&str; 18] = [
     "saved vs ksm-4096",
     "t final (s)",
     "t final vs ksm-4096",
+    "duplicates left",
     "engine cpu (s)",
     "COW breaks",
     "merges",
@@ -65,6 +66,7 @@ fn cells(row: &LinuxReadRow, base: Option<&LinuxReadRow>) -> Vec<String> {
         fmt_ratio(saved),
         fmt_opt(row.t_final_s, 1),
         fmt_ratio(t_final),
+        row.census.map_or("-".into(), |c| c.left().to_string()),
         format!("{:.2}", row.engine_cpu_s),
         row.cow_breaks.to_string(),
         row.merges.to_string(),
@@ -159,6 +161,14 @@ pub fn linux_read_markdown(r: &LinuxReadReport) -> String {
         );
     }
     for row in &r.rows {
+        if let Some(c) = row.census {
+            notes.push(format!(
+                "{}: guest RAM at the end, paused: {} pages present ({} zero); {} non-zero \
+                 copies of another page, {} of them left unshared; {} zero pages left on \
+                 frames of their own",
+                row.system, c.present, c.zero, c.nonzero_copies, c.nonzero_left, c.zero_left
+            ));
+        }
         notes.extend(row.warnings.iter().map(|w| format!("{}: {w}", row.system)));
         if !row.md5s_agree {
             notes.push(format!(
@@ -273,6 +283,7 @@ mod tests {
                 tlb_shootdowns: 1234,
                 reschedules: 99,
             }),
+            census: None,
             load_avg: [1.5, 1.0, 0.5],
             warnings: vec![],
             samples,
@@ -305,6 +316,13 @@ mod tests {
         let mut on = row("pagefold-on", 30_000, Some(2.0));
         on.merges = 29_000;
         on.ksm_assist = "standby".into();
+        on.census = Some(crate::page_census::PageCensus {
+            present: 90_000,
+            zero: 5_000,
+            nonzero_copies: 26_000,
+            nonzero_left: 10,
+            zero_left: 2,
+        });
         let mut ksm_default = row("ksm-default", 15_000, None);
         ksm_default.md5s_agree = false;
         let r = report(vec![
@@ -321,11 +339,11 @@ mod tests {
         assert_eq!(lines[3].matches("---|").count(), HEADERS.len());
         assert_eq!(
             lines[4],
-            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 1.50 |"
+            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | - | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 1.50 |"
         );
         assert_eq!(
             lines[5],
-            "| pagefold-on | 30000 | 27000 | 3000 | 30000 | 1.50x | 2.0 | 0.25x | 1.25 | 3 | 29000 | standby | 1234 | 15.0 | 16.0 | 4.5 | yes | 1.50 |"
+            "| pagefold-on | 30000 | 27000 | 3000 | 30000 | 1.50x | 2.0 | 0.25x | 12 | 1.25 | 3 | 29000 | standby | 1234 | 15.0 | 16.0 | 4.5 | yes | 1.50 |"
         );
         assert!(lines[6]
             .starts_with("| ksm-4096 | 20000 | 18000 | 2000 | 20000 | 1.00x | 8.0 | 1.00x |"));
@@ -335,6 +353,14 @@ mod tests {
         );
         assert!(lines[7].contains("| NO |"), "{}", lines[7]);
         assert!(md.contains("- pagefold-on vs ksm-4096: saved pages 1.50x, t final 0.25x\n"));
+        assert!(
+            md.contains(
+                "- pagefold-on: guest RAM at the end, paused: 90000 pages present (5000 zero); \
+                 26000 non-zero copies of another page, 10 of them left unshared; 2 zero pages \
+                 left on frames of their own\n"
+            ),
+            "{md}"
+        );
         assert!(md.contains("- under the emulated host page counts are real"));
         assert!(md.contains("- ksm-default: GUEST DATA DIFFERS"));
         assert!(!r.md5s_agree());

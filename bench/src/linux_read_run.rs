@@ -21,6 +21,7 @@ use crate::linux_read::{
     LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample, Md5s,
     AGENT_CMDLINE, LINUX_READ_COMMAND, LINUX_READ_VMS, READ_SCRIPT,
 };
+use crate::page_census::{self, PageCensus};
 use pagefold_vmm::host_kind::{emulated_host, host_kvm_kind, linux_guest_refusal_with};
 
 /// What the run loop needs of the VMs' runner (a trait so that the loop's
@@ -31,6 +32,9 @@ trait GuestHost {
     fn add(&mut self, c: &VmConfig) -> Result<(), String>;
     /// The backend's counters (all zero without one).
     fn stats(&self) -> Stats;
+    /// What the VMs' RAM holds (`page_census`), with the VMs paused for
+    /// it; None where pagemap hides frames.
+    fn census(&self) -> Option<PageCensus>;
     fn stop(&mut self, reason: &str);
 }
 
@@ -47,6 +51,24 @@ impl GuestHost for Runner {
 
     fn stats(&self) -> Stats {
         self.dedup().map(|b| b.stats()).unwrap_or_default()
+    }
+
+    fn census(&self) -> Option<PageCensus> {
+        // Paused, the guests write nothing while their pages are read (a
+        // pause fails only for a VM that is stopping: counted anyway).
+        let paused: Vec<_> = self.vms().iter().filter(|v| v.pause().is_ok()).collect();
+        let ranges: Vec<(usize, usize)> = self
+            .vms()
+            .iter()
+            .flat_map(|v| v.ram_host_ranges())
+            .collect();
+        // SAFETY: the ranges are the guest RAM of VMs this runner owns,
+        // mapped while they live, and none is dropped during the call.
+        let c = unsafe { page_census::census(&ranges) };
+        for v in paused {
+            let _ = v.resume();
+        }
+        c
     }
 
     fn stop(&mut self, reason: &str) {
@@ -192,6 +214,7 @@ struct Measured {
     md5s_agree: bool,
     base: Stats,
     end: Stats,
+    census: Option<PageCensus>,
     samples: Vec<LinuxReadSample>,
 }
 
@@ -236,6 +259,7 @@ impl Measured {
             md5_a,
             md5_b,
             ipis: self.ipis,
+            census: self.census,
             load_avg,
             warnings,
             samples: self.samples,
@@ -258,6 +282,8 @@ struct Trace {
     md5: Option<([Md5s; 2], bool)>,
     base: Option<Stats>,
     end: Option<Stats>,
+    /// The guests' RAM at the end (`page_census`).
+    census: Option<PageCensus>,
     /// The host's IPI counts before the backend started and at the end.
     ipis: [Option<Ipis>; 2],
     samples: Vec<LinuxReadSample>,
@@ -279,6 +305,7 @@ impl Trace {
             md5: None,
             base: None,
             end: None,
+            census: None,
             ipis: [None; 2],
             samples: Vec::new(),
             last_sample: None,
@@ -346,6 +373,7 @@ impl SystemRun<'_> {
                 md5s_agree,
                 base,
                 end,
+                census: tr.census,
                 samples: tr.samples,
             }),
             (stage, ..) => Err(stage),
@@ -499,6 +527,13 @@ impl SystemRun<'_> {
                 ));
                 tr.end = Some(st);
                 tr.ipis[1] = Ipis::current();
+                tr.census = r.census();
+                if let Some(c) = tr.census {
+                    self.progress(format_args!(
+                        "guest RAM: {} pages present, {} zero; {} non-zero copies, {} of them and {} zero pages left unshared",
+                        c.present, c.zero, c.nonzero_copies, c.nonzero_left, c.zero_left
+                    ));
+                }
                 tr.stage = Stage::Done;
                 r.stop("linux-read done");
             }
@@ -707,6 +742,16 @@ mod tests {
             }
         }
 
+        fn census(&self) -> Option<PageCensus> {
+            Some(PageCensus {
+                present: 1000,
+                zero: 100,
+                nonzero_copies: self.npages,
+                nonzero_left: 7,
+                zero_left: 3,
+            })
+        }
+
         fn stop(&mut self, reason: &str) {
             self.stopped = Some(reason.into());
         }
@@ -895,6 +940,9 @@ mod tests {
             row.engine_cpu_s
         );
         assert!((row.engine_cpu_total_s - 2.004).abs() < 1e-9);
+        // The census is taken once, at the end (the fake's copies follow
+        // its npages).
+        assert_eq!(row.census.map(|c| c.nonzero_copies), Some(2004));
         // 95 % of 2004 is first reached by the 2000 sample.
         assert_eq!(row.t_final_s, Some(t_2000));
         assert!(row.md5s_agree);

@@ -348,6 +348,16 @@ impl Vm {
         &self.mem
     }
 
+    /// Guest RAM as host address ranges `(start, length)`, for what reads
+    /// it from outside the guest (the benchmarks' page census). They stay
+    /// mapped while this `Vm` lives.
+    pub fn ram_host_ranges(&self) -> Vec<(usize, usize)> {
+        self.mem
+            .iter()
+            .map(|r| (r.as_ptr() as usize, r.len() as usize))
+            .collect()
+    }
+
     /// The workload guest's parameters (None for Linux guests): tests and
     /// benchmarks predict page contents from them.
     pub fn workload_params(&self) -> Option<&pagefold_guest_abi::WorkloadParams> {
