@@ -16,6 +16,32 @@ pub(super) struct Plan {
     pub(super) old_state: u8,
 }
 
+/// What the slot after the left neighbour's offers a page.
+enum LeftStep {
+    /// Join it: the run goes on in its VMA.
+    Join(u32),
+    /// The page has the left neighbour's content and grows its stripe
+    /// onto this slot (a new pool page).
+    GrowStripe(u32),
+    /// Nothing: look elsewhere.
+    Elsewhere,
+}
+
+impl Plan {
+    /// Page `p` of region `ri` joins the existing slot `slot` (content
+    /// hash `hash`, 0 for a guess); `old_state` is restored if it fails.
+    pub(super) fn join(ri: usize, p: usize, slot: u32, hash: u32, old_state: u8) -> Self {
+        Plan {
+            ri,
+            p,
+            slot,
+            kind: OpKind::Existing,
+            hash,
+            old_state,
+        }
+    }
+}
+
 impl Core {
     /// Plans `m`: the op to execute, a pool reference taken, and the page
     /// provisionally MERGED (`commit` puts `m.old_state` back if the merge
@@ -56,28 +82,46 @@ impl Core {
             && (self.strong_hash || st == SlotState::Reserved || page.equals(self.pool.page(s)))
     }
 
+    /// The first choice of `choose` and `existing_target`: the slot after
+    /// the left neighbour's (`prev`), when `takes` says the page may join
+    /// it, or a stripe to grow there.
+    fn left_step(
+        &self,
+        v: PageVisit,
+        h: u32,
+        group: u32,
+        takes: impl Fn(&Core, u32) -> bool,
+    ) -> LeftStep {
+        let (ri, p) = (v.ri, v.p);
+        let Some(ps) = v.prev else {
+            return LeftStep::Elsewhere;
+        };
+        let s1 = ps.wrapping_add(1);
+        if s1 == 0 {
+            LeftStep::Elsewhere
+        } else if takes(self, s1) {
+            LeftStep::Join(s1)
+        } else if self.grows_stripe(ri, p, ps, h, group) {
+            LeftStep::GrowStripe(s1)
+        } else {
+            LeftStep::Elsewhere
+        }
+    }
+
     /// `choose`'s answer when it is a plain join of an existing slot, by the
     /// stored hash only (no 64-bit check: the final compare decides).
     pub(super) fn existing_target(
         &mut self,
-        ri: usize,
-        p: usize,
+        v: PageVisit,
         h: u32,
         group: u32,
-        prev: Option<u32>,
         page: &GuestPage,
     ) -> Option<u32> {
-        if let Some(ps) = prev {
-            let s1 = ps.wrapping_add(1);
-            if s1 != 0 {
-                if self.joinable(s1, h, group, page) {
-                    return Some(s1);
-                }
-                if self.grows_stripe(ri, p, ps, h, group) {
-                    // `choose` grows the stripe: a new slot needs a fresh hash.
-                    return None;
-                }
-            }
+        match self.left_step(v, h, group, |c, s| c.joinable(s, h, group, page)) {
+            LeftStep::Join(s) => return Some(s),
+            // `choose` grows the stripe: a new slot needs a fresh hash.
+            LeftStep::GrowStripe(_) => return None,
+            LeftStep::Elsewhere => {}
         }
         if self.vmas.short() {
             return None;
@@ -219,28 +263,23 @@ impl Core {
 
     pub(super) fn choose(
         &mut self,
-        ri: usize,
-        p: usize,
+        v: PageVisit,
         h: u32,
         group: u32,
-        prev: Option<u32>,
         page: &GuestPage,
     ) -> Option<Target> {
+        let (ri, p, prev) = (v.ri, v.p, v.prev);
         // 1. Continue the left neighbour's run: no new VMA.
-        if let Some(ps) = prev {
-            let s1 = ps.wrapping_add(1);
-            if s1 != 0 {
-                if self.usable(s1, h, group, page) {
-                    return Some(Target::Existing(s1));
-                }
-                if self.grows_stripe(ri, p, ps, h, group) {
-                    // Same content as the left neighbour: grow its stripe so
-                    // the run stays one VMA.
-                    if let Ok(s) = self.pool.reserve(Some(s1), h, self.cur_hi, group) {
-                        return Some(Target::New(s));
-                    }
+        match self.left_step(v, h, group, |c, s| c.usable(s, h, group, page)) {
+            LeftStep::Join(s) => return Some(Target::Existing(s)),
+            LeftStep::GrowStripe(s1) => {
+                // Same content as the left neighbour: grow its stripe so
+                // the run stays one VMA.
+                if let Ok(s) = self.pool.reserve(Some(s1), h, self.cur_hi, group) {
+                    return Some(Target::New(s));
                 }
             }
+            LeftStep::Elsewhere => {}
         }
         if self.vmas.short() || self.scattered_now(group) {
             // Out of map-count headroom, or the group's merges look

@@ -305,7 +305,7 @@ impl Core {
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let (ri, p, st, prev) = (v.ri, v.p, v.st, v.prev);
-        let target = self.choose(ri, p, h, group, prev, page);
+        let target = self.choose(v, h, group, page);
         let mut plan =
             |core: &mut Core, r: usize, pg: usize, slot: u32, kind: OpKind, hash: u32| {
                 let m = Plan {
@@ -447,7 +447,7 @@ impl Core {
         page: &GuestPage,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
-        let (ri, p, prev) = (v.ri, v.p, v.prev);
+        let (ri, p) = (v.ri, v.p);
         let h = self.regions[ri].word[p];
         if h == self.zero_hash {
             return None;
@@ -455,21 +455,13 @@ impl Core {
         let group = self.regions[ri].group;
         let run = (self.run_hash, self.run_len);
         self.note_run(Some(h));
-        let Some(s) = self.existing_target(ri, p, h, group, prev, page) else {
+        let Some(s) = self.existing_target(v, h, group, page) else {
             (self.run_hash, self.run_len) = run;
             return None;
         };
         // Kept in `old_state`: restored with it if the merge fails.
         let old = self.regions[ri].state[p] | region::REHASH;
-        let m = Plan {
-            ri,
-            p,
-            slot: s,
-            kind: OpKind::Existing,
-            hash: h,
-            old_state: old,
-        };
-        self.plan(m, ops);
+        self.plan(Plan::join(ri, p, s, h, old), ops);
         Some(s)
     }
 
@@ -495,7 +487,7 @@ impl Core {
     ) -> Option<u32> {
         let (ri, p, prev) = (v.ri, v.p, v.prev);
         let group = self.regions[ri].group;
-        let s = self.existing_target(ri, p, h, group, prev, page)?;
+        let s = self.existing_target(v, h, group, page)?;
         let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
         if !extends && self.scattered_now(group) {
             // As in `choose`: a page with a known partner that KSM can take.
@@ -504,15 +496,7 @@ impl Core {
         }
         self.note_planned(group, 1, u64::from(!extends));
         let old = self.regions[ri].state[p];
-        let m = Plan {
-            ri,
-            p,
-            slot: s,
-            kind: OpKind::Existing,
-            hash: h,
-            old_state: old,
-        };
-        self.plan(m, ops);
+        self.plan(Plan::join(ri, p, s, h, old), ops);
         Some(s)
     }
 
@@ -558,15 +542,7 @@ impl Core {
         self.note_planned(group, 1, 0);
         // Kept in `old_state`: restored with it if the merge fails.
         let old = self.regions[ri].state[p] | region::REHASH;
-        let m = Plan {
-            ri,
-            p,
-            slot: s1,
-            kind: OpKind::Existing,
-            hash: 0,
-            old_state: old,
-        };
-        self.plan(m, ops);
+        self.plan(Plan::join(ri, p, s1, 0, old), ops);
         Some(s1)
     }
 }
