@@ -6,7 +6,7 @@
 //! ratios from 0 to 1), counters end in `_total` (the name here is the
 //! family's, without it; the encoder adds it), a figure that KSM also has
 //! takes node_exporter's `node_ksmd_*` name with the `pagefold_dedup_`
-//! prefix. docs/metrics.md's table is [`markdown_table`] of this list; a
+//! prefix. docs/metrics.md's table is `doc_table::markdown_table` of this list; a
 //! test keeps the two equal.
 
 use crate::dedup_view::{AutoView, DedupView};
@@ -774,37 +774,6 @@ pub static FAMILIES: &[Family] = &[
     },
 ];
 
-/// docs/metrics.md's table of the families.
-pub fn markdown_table() -> String {
-    let mut out = String::from(
-        "| Metric | Type | Labels | `GET /api/v1/dedup` field | node_exporter (KSM) | Meaning |\n\
-         |---|---|---|---|---|---|\n",
-    );
-    let code = |s: &str| format!("`{s}`");
-    let list = |xs: &[&str]| {
-        if xs.is_empty() {
-            String::new()
-        } else {
-            xs.iter().map(|x| code(x)).collect::<Vec<_>>().join(", ")
-        }
-    };
-    for f in FAMILIES {
-        let kind = match f.kind {
-            Kind::Gauge => "gauge",
-            Kind::Counter => "counter",
-        };
-        out.push_str(&format!(
-            "| {} | {kind} | {} | {} | {} | {} |\n",
-            code(&f.sample_name()),
-            list(f.labels),
-            list(f.source),
-            f.ksmd.map(code).unwrap_or_default(),
-            f.help.replace('|', "\\|"),
-        ));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -813,24 +782,6 @@ mod tests {
     fn repo_file(rel: &str) -> String {
         let p = concat!(env!("CARGO_MANIFEST_DIR"), "/..").to_string() + "/" + rel;
         std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
-    }
-
-    /// docs/metrics.md holds exactly the catalogue's table, between its
-    /// markers: the documentation cannot drift from the code.
-    #[test]
-    fn docs_table_is_the_catalogue() {
-        let doc = repo_file("docs/metrics.md");
-        let (begin, end) = (
-            "<!-- metrics-table:begin -->\n",
-            "<!-- metrics-table:end -->",
-        );
-        let start = doc.find(begin).expect("begin marker") + begin.len();
-        let stop = doc.find(end).expect("end marker");
-        let want = markdown_table();
-        assert!(
-            doc[start..stop] == want,
-            "docs/metrics.md's table differs from api/src/metrics/catalogue.rs; it should be:\n{want}"
-        );
     }
 
     /// Prometheus' naming rules: unique names with a known prefix, base

@@ -12,6 +12,7 @@
 //! the samples are the same.
 
 pub mod catalogue;
+pub mod doc_table;
 pub mod process;
 
 use std::fmt::{self, Write};
