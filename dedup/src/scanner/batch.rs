@@ -42,7 +42,7 @@ impl Core {
             if !self.regions[ri].assisted {
                 n = n.min(usize::try_from(visit_units).unwrap_or(usize::MAX).max(1));
             }
-            let used = self.scan_span(ri, start, n, &mut visit_units, merge);
+            let used = self.scan_span(ri, start, n, &mut visit_units, VisitMode::of_scan(merge));
             self.cursor_page += used;
             if self.cursor_page >= self.regions[ri].npages {
                 self.cursor_region += 1;
@@ -199,7 +199,10 @@ impl Core {
                 let st = r.state[p];
                 // Planned as a partner by an earlier recheck (MERGED now),
                 // hashed since, or written since: nothing to do here.
-                if r.assisted || region::kind(st) != HASHED || !self.log_clean(ri, p, st) {
+                if r.assisted
+                    || region::kind(st) != HASHED
+                    || !self.log_clean(ri, p, st, VisitMode::Merge)
+                {
                     continue;
                 }
                 let prev = (p > 0 && region::kind(r.state[p - 1]) == MERGED).then(|| r.word[p - 1]);
@@ -210,7 +213,7 @@ impl Core {
                     p,
                     st,
                     prev,
-                    merge: true,
+                    mode: VisitMode::Merge,
                 };
                 self.visit(v, Entry(0), &mut units, &mut ops);
             }

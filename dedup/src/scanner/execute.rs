@@ -461,7 +461,13 @@ mod tests {
         for ri in 0..2 {
             let mut p = 0;
             while p < n {
-                p += core.scan_span_inner(ri, p, (n - p).min(SPAN_PAGES), &mut units, true);
+                p += core.scan_span_inner(
+                    ri,
+                    p,
+                    (n - p).min(SPAN_PAGES),
+                    &mut units,
+                    VisitMode::Merge,
+                );
             }
         }
         let ops = core.deferred.take().unwrap();

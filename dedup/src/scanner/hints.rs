@@ -118,12 +118,10 @@ impl Core {
             }
             let planned = self.deferred.as_ref().map_or(0, Vec::len);
             let mut p = first;
-            self.trusted = true;
             while p < end && visit_units > 0 {
                 let n = (end - p).min(SPAN_PAGES);
-                p += self.scan_span(ri, p, n, &mut visit_units, true);
+                p += self.scan_span(ri, p, n, &mut visit_units, VisitMode::Hinted);
             }
-            self.trusted = false;
             let planned = self.deferred.as_ref().map_or(0, Vec::len) - planned;
             visited.push(HintVisit {
                 region: ri,

@@ -58,10 +58,12 @@ impl Core {
 
     /// Can the write log answer this due visit of page `p` (kind MERGED,
     /// ZERO or HASHED without `REHASH`) without pagemap or hashing?
-    pub(super) fn log_clean(&self, ri: usize, p: usize, st: u8) -> bool {
+    /// Never on a hinted visit: a device wrote the page, which KVM's log
+    /// does not see.
+    pub(super) fn log_clean(&self, ri: usize, p: usize, st: u8, mode: VisitMode) -> bool {
         let r = &self.regions[ri];
         r.written.is_some()
-            && !self.trusted
+            && !mode.hinted()
             && !r.assisted
             && !self.log_marks(ri, p)
             && match region::kind(st) {

@@ -67,7 +67,7 @@ mod unmerge;
 mod visit;
 
 use choose::Plan;
-use visit::PageVisit;
+use visit::{PageVisit, VisitMode};
 
 /// Drops one page's reference to slot `s`; returns the mappers left. A
 /// slot that keeps mappers has room again for its content's next joins
@@ -309,10 +309,6 @@ pub struct Core {
     /// region left after a failed unmerge (one entry per page). The owner
     /// keeps using that memory, so those slots are never freed.
     orphans: Vec<u32>,
-    /// Set while visiting hinted pages: they were just filled by a device,
-    /// so they are merge candidates on their first visit (no "unchanged
-    /// since the previous scan" wait, no smart-scan skip).
-    trusted: bool,
     /// Hinted pages without a partner yet (`hints.rs`).
     hint_index: hints::HintIndex,
     /// Merges made on hinted visits, and their delays.
@@ -381,7 +377,6 @@ impl Core {
             waiters: Arc::default(),
             recount_key: (u64::MAX, 0, 0, 0),
             orphans: Vec::new(),
-            trusted: false,
             hint_index: hints::HintIndex::default(),
             hint_tally: hints::HintTally::default(),
             deferred: None,

@@ -11,7 +11,7 @@ impl Core {
         start: usize,
         n: usize,
         visit_units: &mut u64,
-        merge: bool,
+        mode: VisitMode,
     ) -> usize {
         if self.regions[ri].assisted && !self.census.due() {
             // KSM's region: the engine only counts KSM's sharing and notices
@@ -20,7 +20,7 @@ impl Core {
             return n;
         }
         if !self.regions[ri].assisted {
-            return self.scan_span_inner(ri, start, n, visit_units, merge);
+            return self.scan_span_inner(ri, start, n, visit_units, mode);
         }
         // A census span is a pagemap read and a frame list, not a scan: it
         // is paced by time (`CENSUS_SLICE` per batch, a pass every second
@@ -29,7 +29,7 @@ impl Core {
         // the sharing KSM reached would go unreported all that while.
         let t = Instant::now();
         let mut units = n as u64 * HASH_COST;
-        let used = self.scan_span_inner(ri, start, n, &mut units, merge);
+        let used = self.scan_span_inner(ri, start, n, &mut units, mode);
         self.census.charge(t.elapsed());
         used
     }
@@ -43,13 +43,13 @@ impl Core {
         start: usize,
         n: usize,
         visit_units: &mut u64,
-        merge: bool,
+        mode: VisitMode,
     ) -> usize {
         let mut entries = std::mem::take(&mut self.scratch);
         if entries.len() < n {
             entries.resize(n, Entry(0));
         }
-        if let Err(e) = self.read_needed(ri, start, &mut entries[..n]) {
+        if let Err(e) = self.read_needed(ri, start, &mut entries[..n], mode) {
             log::warn!("{e}");
             self.scratch = entries;
             return n;
@@ -87,7 +87,7 @@ impl Core {
                 p,
                 st,
                 prev,
-                merge,
+                mode,
             };
             match region::kind(st) {
                 MERGED => {
@@ -132,7 +132,7 @@ impl Core {
             self.execute(ops, &mut freed);
         }
         self.release_slots(&freed);
-        if merge && !deferring {
+        if mode.merges() && !deferring {
             let group = self.regions[ri].group;
             self.maybe_assist(group);
         }
@@ -180,7 +180,7 @@ impl Core {
         }
         self.counters.cow_breaks += 1;
         self.note_run(None);
-        if !self.trusted || self.regions[ri].assisted {
+        if !v.mode.hinted() || self.regions[ri].assisted {
             return None;
         }
         // A device refilled it: a candidate right away.
@@ -226,9 +226,9 @@ impl Core {
     /// absent visit the same way, so untouched memory costs a pagemap
     /// entry once every 2^MAX_LEVEL passes. ZERO pages, and every page of
     /// a hinted visit, are always due.
-    pub(super) fn visit_due(&self, ri: usize, p: usize, st: u8) -> bool {
+    pub(super) fn visit_due(&self, ri: usize, p: usize, st: u8, mode: VisitMode) -> bool {
         !matches!(region::kind(st), HASHED | NEW)
-            || self.trusted
+            || mode.hinted()
             || self.log_marks(ri, p)
             || region::due(
                 self.counters.passes,
@@ -245,8 +245,8 @@ impl Core {
     /// guests' merges are scattered. A broken share is noticed at most
     /// 2^MAX_LEVEL passes late; until then the pool keeps the page's
     /// reference (the guest's new copy is already its own).
-    pub(super) fn merged_due(&self, ri: usize, p: usize, st: u8) -> bool {
-        self.trusted
+    pub(super) fn merged_due(&self, ri: usize, p: usize, st: u8, mode: VisitMode) -> bool {
+        mode.hinted()
             || self.regions[ri].assisted
             || self.log_marks(ri, p)
             || region::due(
@@ -269,6 +269,7 @@ impl Core {
         ri: usize,
         start: usize,
         out: &mut [Entry],
+        mode: VisitMode,
     ) -> Result<(), crate::pagemap::PagemapError> {
         const READ_GAP: usize = 8;
         let r = &self.regions[ri];
@@ -289,14 +290,14 @@ impl Core {
             let p = start + i;
             let st = r.state[p];
             let due = match region::kind(st) {
-                MERGED => self.merged_due(ri, p, st),
-                HASHED | NEW => self.visit_due(ri, p, st),
+                MERGED => self.merged_due(ri, p, st, mode),
+                HASHED | NEW => self.visit_due(ri, p, st, mode),
                 _ => true,
             };
             *e = if !due {
                 not_due[i / 64] |= 1 << (i % 64);
                 Entry(NOT_DUE)
-            } else if !self.trusted
+            } else if !mode.hinted()
                 && matches!(region::kind(st), HASHED | NEW)
                 && r.written.as_ref().is_some_and(|w| w.recorded(p))
             {
@@ -309,7 +310,7 @@ impl Core {
                 // merge does not mean the share broke, and the slot's
                 // mapper count depends on knowing that.
                 Entry(PM_PRESENT | DUE)
-            } else if self.log_clean(ri, p, st) {
+            } else if self.log_clean(ri, p, st, mode) {
                 // Nobody wrote it since it was last examined: the visit
                 // knows its entry (see `log_clean`).
                 clean[i / 64] |= 1 << (i % 64);

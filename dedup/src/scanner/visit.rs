@@ -3,6 +3,35 @@
 
 use super::*;
 
+/// What a visit may do: only keep checksums (auto mode's idle rounds),
+/// merge, or merge a page a device just filled (an I/O hint: a merge
+/// candidate on its first visit, always due, no write-log shortcut).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum VisitMode {
+    Checksum,
+    Merge,
+    Hinted,
+}
+
+impl VisitMode {
+    /// The mode of a wake-up's scan.
+    pub(super) fn of_scan(merge: bool) -> Self {
+        if merge {
+            VisitMode::Merge
+        } else {
+            VisitMode::Checksum
+        }
+    }
+
+    pub(super) fn merges(self) -> bool {
+        self != VisitMode::Checksum
+    }
+
+    pub(super) fn hinted(self) -> bool {
+        self == VisitMode::Hinted
+    }
+}
+
 /// The page a visit is at and what the visit starts from.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct PageVisit {
@@ -14,8 +43,7 @@ pub(super) struct PageVisit {
     /// The slot the left neighbour maps or was just planned onto: a run
     /// continues onto the next slot (one VMA for the run).
     pub(super) prev: Option<u32>,
-    /// Merging wake-up (false: auto mode's checksum-only rounds).
-    pub(super) merge: bool,
+    pub(super) mode: VisitMode,
 }
 
 /// Where a visit stands after its cheap checks.
@@ -34,7 +62,7 @@ struct Hashed {
     /// A first-seen page continuing a run of one pattern (`SEED_RUN`).
     seeded: bool,
     /// A merge candidate: hash unchanged since the last visit (KSM's
-    /// rule), or trusted (hinted), or seeded.
+    /// rule), or hinted (a device just filled it), or seeded.
     unchanged: bool,
 }
 
@@ -59,7 +87,7 @@ impl Core {
         // and stays so while we hold the core (unregister needs it).
         let page = unsafe { self.regions[ri].guest_page(p) };
         // A hinted page was just rewritten: its stored hash is stale.
-        let plain = v.merge && !self.trusted && !region::needs_rehash(v.st);
+        let plain = v.mode == VisitMode::Merge && !region::needs_rehash(v.st);
         if kind == HASHED && plain {
             if let Some(s) = self.join_unhashed(v, &page, ops) {
                 return Some(s);
@@ -74,7 +102,7 @@ impl Core {
         if !hv.unchanged {
             return self.volatile_page(v, &hv, &page, ops);
         }
-        if !v.merge {
+        if !v.mode.merges() {
             return None;
         }
         let st = self.regions[ri].state[p];
@@ -110,7 +138,7 @@ impl Core {
         // A span's entry carries `read_needed`'s verdict; for other callers
         // (rechecks) it is judged here.
         let judged = e.0 & DUE != 0;
-        let due = e.0 & NOT_DUE == 0 && (judged || self.visit_due(ri, p, st));
+        let due = e.0 & NOT_DUE == 0 && (judged || self.visit_due(ri, p, st, v.mode));
         if !due {
             // Smart scan, pass-aligned (see `region::due`): identical pages
             // are hashed on the same passes, so they always meet. Its
@@ -123,7 +151,7 @@ impl Core {
         let clean = if judged {
             e.0 & CLEAN != 0
         } else {
-            self.log_clean(ri, p, st)
+            self.log_clean(ri, p, st, v.mode)
         };
         if clean && kind == NEW {
             // Found absent (or the zero page) when last examined and not
@@ -178,8 +206,9 @@ impl Core {
         // one whose share copy-on-write broke (`REHASH`): a guest that
         // rewrites a pattern soon after writing it would churn merges.
         let seeded =
-            first_sight && v.merge && self.run_len >= SEED_RUN && !region::needs_rehash(st);
-        let unchanged = (kind == HASHED && self.regions[ri].word[p] == h) || self.trusted || seeded;
+            first_sight && v.mode.merges() && self.run_len >= SEED_RUN && !region::needs_rehash(st);
+        let unchanged =
+            (kind == HASHED && self.regions[ri].word[p] == h) || v.mode.hinted() || seeded;
         let r = &mut self.regions[ri];
         r.word[p] = h;
         r.state[p] &= !region::REHASH;
@@ -213,9 +242,8 @@ impl Core {
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let (ri, p) = (v.ri, v.p);
-        if v.merge
+        if v.mode == VisitMode::Merge
             && (!hv.first_sight || self.merges_scattered(self.regions[ri].group))
-            && !self.trusted
             && self.regions[ri].written.is_some()
             && self.recheck.len() < RECHECK_CAP
         {
@@ -232,7 +260,7 @@ impl Core {
             // build writes last need not wait for that pass.
             self.recheck.push(self.regions[ri].gid_base + p as u32);
         }
-        if hv.first_sight && v.merge {
+        if hv.first_sight && v.mode.merges() {
             return self.join_first_seen(v, hv.h, page, ops);
         }
         None
@@ -347,7 +375,7 @@ impl Core {
             }
             None => {
                 let gid = self.file_unique(ri, p, st, h);
-                if self.trusted {
+                if v.mode.hinted() {
                     self.remember_hinted(group, h, gid);
                 }
                 None
@@ -370,7 +398,7 @@ impl Core {
         visit_units: &mut u64,
         ops: &mut Vec<Op>,
     ) -> Option<Option<u32>> {
-        let (ri, p, st, prev, merge) = (v.ri, v.p, v.st, v.prev, v.merge);
+        let (ri, p, st, prev, merge) = (v.ri, v.p, v.st, v.prev, v.mode.merges());
         let h = self.regions[ri].word[p];
         if merge && h == self.zero_hash {
             return None;
