@@ -123,8 +123,14 @@ impl Core {
             w.clear_range(start, start + used);
         }
         self.scratch = entries;
-        // A hint visit executes its ops (and judges the group for the KSM
-        // assist, which must not meet planned ops) at its end.
+        self.end_span(ri, mode, ops, freed);
+        used
+    }
+
+    /// A span's planned merges run (or wait for the end of a hint visit,
+    /// which executes them and judges the group for the KSM assist, which
+    /// must not meet planned ops), and the slots it freed are released.
+    fn end_span(&mut self, ri: usize, mode: VisitMode, mut ops: Vec<Op>, mut freed: Vec<u32>) {
         let deferring = self.deferred.is_some();
         if let Some(d) = self.deferred.as_mut() {
             d.append(&mut ops);
@@ -136,7 +142,6 @@ impl Core {
             let group = self.regions[ri].group;
             self.maybe_assist(group);
         }
-        used
     }
 
     /// A merged page's visit: still merged, or its share broken by
