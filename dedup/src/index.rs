@@ -154,13 +154,9 @@ impl StableIndex {
     }
 
     /// Number of (slot) entries.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries
-    }
-
-    /// True if empty.
-    pub fn is_empty(&self) -> bool {
-        self.entries == 0
     }
 
     /// Approximate heap bytes.
@@ -217,6 +213,7 @@ impl UnstableIndex {
     }
 
     /// Entries inserted since the last reset.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len
     }

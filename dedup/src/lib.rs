@@ -10,27 +10,32 @@
 //! `engine` ([`Engine`], the [`DedupBackend`] implementation); `settings`
 //! (the typed settings every input parses into, checked once);
 //! `thread_init` (the backends' thread start hook).
+//!
+//! Modules nothing outside the engine uses are private (`fault`, `index`,
+//! `pool`, `slots`, `uffd`, `stats`, `policy`, `thread_init`); what of
+//! them the VMM needs is re-exported below. The rest stay public for the
+//! VMM, the benchmarks and the integration tests.
 
 pub mod assist;
 pub mod backend;
-pub mod policy;
+mod policy;
 pub mod settings;
 
 pub mod engine;
-pub mod fault;
+mod fault;
 pub mod hash;
-pub mod index;
+mod index;
 pub mod merge;
 pub mod mm;
 pub mod pagemap;
-pub mod pool;
+mod pool;
 pub mod quiesce;
 pub mod region;
 pub mod scanner;
-pub mod slots;
-pub mod stats;
-pub mod thread_init;
-pub mod uffd;
+mod slots;
+mod stats;
+mod thread_init;
+mod uffd;
 pub mod writelog;
 
 pub use assist::{AssistConfig, AssistMode};

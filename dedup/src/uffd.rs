@@ -99,8 +99,6 @@ const UFFDIO_WRITEPROTECT_NR: u64 = 0x06;
 
 /// `UFFD_EVENT_PAGEFAULT`.
 pub const EVENT_PAGEFAULT: u8 = 0x12;
-/// Page fault flag: write access.
-pub const PAGEFAULT_FLAG_WRITE: u64 = 1 << 0;
 /// Page fault flag: write-protect fault.
 pub const PAGEFAULT_FLAG_WP: u64 = 1 << 1;
 
