@@ -11,19 +11,38 @@ pub use crate::settings::{CheckedSettings, DedupSettings, Knobs, Mode, SettingsE
 /// Errors shared by all backends.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A setting out of range or not for this backend.
     #[error(transparent)]
     Settings(#[from] SettingsError),
+    /// No region has this id (it was unregistered, or never was).
     #[error("unknown region id {0}")]
     UnknownRegion(u64),
+    /// The range is not page aligned or is empty.
     #[error("region {addr:#x}+{len:#x} is not page aligned or is empty")]
-    BadRegion { addr: usize, len: usize },
+    BadRegion {
+        /// Host address of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The range overlaps a registered region.
     #[error("region {addr:#x}+{len:#x} overlaps a registered region")]
-    Overlap { addr: usize, len: usize },
+    Overlap {
+        /// Host address of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The backend cannot do this here (a kernel feature is missing, KSM
+    /// is in use by another process, ...); the text says what.
     #[error("{0}")]
     Unsupported(String),
+    /// A system call failed.
     #[error("{context}: {source}")]
     Os {
+        /// What the backend was doing.
         context: String,
+        /// The kernel's error.
         #[source]
         source: std::io::Error,
     },
@@ -34,7 +53,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 /// Identifies a registered region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct RegionId(pub u64);
+pub struct RegionId(
+    /// The number, unique for the backend's lifetime.
+    pub u64,
+);
 
 /// A host memory region offered for deduplication.
 #[derive(Debug, Clone)]
@@ -52,37 +74,57 @@ pub struct RegionSpec {
 /// Per-owner (per-VM) figures.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnerStats {
+    /// The owner's dedup group.
     pub group: String,
+    /// Pages of the owner's registered regions.
     pub pages_tracked: u64,
     /// Pages of this owner currently mapped onto a shared pool/KSM page.
     pub pages_merged: u64,
     /// Pages of this owner currently dropped to the zero page.
     pub zero_pages: u64,
+    /// What merging saves for this owner, in bytes (its share of each
+    /// shared page, and its zero pages).
     pub bytes_saved: u64,
 }
 
 /// Backend statistics: KSM-compatible names, plus pagefold's own.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
+    /// `pagefold` or `ksm`.
     pub backend: String,
+    /// The mode in force.
     pub mode: Mode,
+    /// The knobs in force (None from a backend that has not reported).
     pub knobs: Option<Knobs>,
     /// Shared pages in use (pool pages mapped at least twice / KSM pages).
     pub pages_shared: u64,
     /// How many more sites are sharing them (saving, in pages).
     pub pages_sharing: u64,
+    /// Pages scanned, stable since their last visit, with no partner.
     pub pages_unshared: u64,
+    /// Pages whose content changed since their last visit.
     pub pages_volatile: u64,
+    /// Pages dropped to the kernel's zero page.
     pub zero_pages: u64,
+    /// Full passes over every registered region.
     pub full_scans: u64,
+    /// Pages merged (zero drops included) since the backend started.
     pub merges: u64,
+    /// Merged pages a write took back (copy on write) since the start.
     pub cow_breaks: u64,
+    /// Pool pages in use (pagefold).
     pub pool_pages: u64,
+    /// VMAs the merges made in guest RAM (pagefold).
     pub vmas_created: u64,
+    /// VMAs the process may still create under `vm.max_map_count`.
     pub map_count_headroom: u64,
+    /// Merges were refused for lack of VMAs.
     pub map_count_limited: bool,
+    /// CPU time of the merging side: the engine's threads, or ksmd's.
     pub cpu_seconds: f64,
+    /// (`pages_sharing` + `zero_pages`) x the page size.
     pub bytes_saved: u64,
+    /// Heap bytes of the backend's bookkeeping.
     pub metadata_bytes: u64,
     /// Saved minus engine metadata and kernel VMA overhead (may be negative).
     pub profit_bytes: i64,
@@ -104,28 +146,31 @@ pub struct Stats {
     /// Of `cpu_seconds`, ksmd's CPU while it assisted.
     #[serde(default)]
     pub ksm_cpu_seconds: f64,
-    /// I/O hints received (device-filled ranges) and dropped (queue full).
+    /// I/O hints received (device-filled ranges).
     #[serde(default)]
     pub hints: u64,
+    /// I/O hints dropped because their queue was full.
     #[serde(default)]
     pub hints_dropped: u64,
-    /// Merges made while visiting hinted pages, and their mean delay from
-    /// the hint (the device fill) to the merge, in milliseconds.
+    /// Merges made while visiting hinted pages.
     #[serde(default)]
     pub hint_merges: u64,
+    /// Their mean delay from the hint (the device fill) to the merge, in
+    /// milliseconds.
     #[serde(default)]
     pub hint_merge_delay_ms: f64,
     /// Regions whose guest writes the engine reads from a write log (KVM's
-    /// dirty log), and the due visits the log answered without a pagemap
-    /// read or a hash.
+    /// dirty log).
     #[serde(default)]
     pub write_logged_regions: u64,
+    /// Due visits the write log answered without a pagemap read or a hash.
     #[serde(default)]
     pub clean_visits: u64,
     /// Transparent huge pages of guest RAM the engine split before merging
     /// part of one, so that the merged part is freed at once.
     #[serde(default)]
     pub huge_pages_split: u64,
+    /// The figures of each owner (VM).
     pub per_owner: BTreeMap<String, OwnerStats>,
 }
 
@@ -213,8 +258,11 @@ pub trait DedupBackend: Send + Sync {
         self.apply(&mode.into()).map(drop)
     }
 
+    /// The mode in force.
     fn mode(&self) -> Mode;
+    /// The knobs in force.
     fn knobs(&self) -> Knobs;
+    /// The current figures (never waits for a scan in progress).
     fn stats(&self) -> Stats;
 
     /// Stops the backend's threads (merged pages stay valid) and restores any
