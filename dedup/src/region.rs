@@ -16,8 +16,15 @@ use crate::PAGE_SIZE;
 /// Errors about regions.
 #[derive(Debug, thiserror::Error)]
 pub enum RegionError {
+    /// The range is not page aligned, is empty, or wraps the address space.
     #[error("region {addr:#x}+{len:#x} is not page aligned or is empty")]
-    Bad { addr: usize, len: usize },
+    Bad {
+        /// Host address of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The engine's 32-bit page ids are used up.
     #[error("too many pages tracked (page ids exhausted)")]
     TooManyPages,
 }
@@ -71,21 +78,27 @@ pub fn due(pass: u64, level: u8, hash: u32) -> bool {
     pass.wrapping_add(phase) & period_mask == 0
 }
 
+/// A page state's kind: [`NEW`], [`HASHED`], [`MERGED`] or [`ZERO`].
 pub fn kind(s: u8) -> u8 {
     s & KIND_MASK
 }
+/// A page state's smart-scan level (0 to [`MAX_LEVEL`]).
 pub fn level(s: u8) -> u8 {
     (s & LEVEL_MASK) >> LEVEL_SHIFT
 }
+/// The page's hash changed at its last visit.
 pub fn is_volatile(s: u8) -> bool {
     s & VOLATILE != 0
 }
+/// The page's next visit hashes it (see [`REHASH`]).
 pub fn needs_rehash(s: u8) -> bool {
     s & REHASH != 0
 }
+/// The state with kind `k`, the rest kept.
 pub fn with_kind(s: u8, k: u8) -> u8 {
     (s & !KIND_MASK) | k
 }
+/// The state at smart-scan level `level` (capped at [`MAX_LEVEL`]).
 pub fn with_level(s: u8, level: u8) -> u8 {
     (s & !LEVEL_MASK) | (level.min(MAX_LEVEL) << LEVEL_SHIFT)
 }
@@ -93,23 +106,35 @@ pub fn with_level(s: u8, level: u8) -> u8 {
 /// A registered region.
 #[derive(Debug)]
 pub struct Region {
+    /// The id the backend gave the region.
     pub id: RegionId,
+    /// Host address of its first page.
     pub addr: usize,
+    /// Its length in pages.
     pub npages: usize,
+    /// The owner (VM) it belongs to.
     pub owner: String,
+    /// Its dedup group's name.
     pub group_name: String,
+    /// The engine's number for `group_name`.
     pub group: u32,
     /// Global id of page 0 (unstable-index entries are global ids).
     pub gid_base: u32,
+    /// Per page: its content hash (HASHED) or its pool slot (MERGED).
     pub word: Vec<u32>,
+    /// Per page: kind, smart-scan level, volatile and rehash bits.
     pub state: Vec<u8>,
     /// Bit per page: the page lies in a VMA mapping the pool (merged, or
     /// merged once and copied-on-write since). `MADV_DONTNEED` there would
     /// reveal pool content, not zeros, so such pages are handled apart.
     pub in_pool: Vec<u64>,
+    /// Pages merged onto pool slots, per pass.
     pub merged: u64,
+    /// Pages dropped to the zero page, per pass.
     pub zero: u64,
+    /// Pages hashed and not merged, per pass.
     pub hashed: u64,
+    /// Of `hashed`, those whose hash changed at their last visit.
     pub volatile: u64,
     /// Pages saved by this region's merges (sum of 1 - 1/mappers), per pass.
     pub saved_pages: f64,
@@ -122,9 +147,10 @@ pub struct Region {
     /// take-back that stopped half-way for a waiter (`Core::take_from_ksm`);
     /// 0 when none is under way.
     pub taken_back: usize,
-    /// Pages of this region on a KSM frame shared within our regions, and
-    /// the pages that saves (sum of 1 - 1/k), per pass (`assist::Census`).
+    /// Pages of this region on a KSM frame shared within our regions, per
+    /// pass (`assist::Census`).
     pub ksm_merged: u64,
+    /// The pages `ksm_merged` saves (sum of 1 - 1/k over its frames).
     pub ksm_saved: f64,
     /// Pages written since the engine last examined them, when the VMM
     /// gave a write log for the region (`crate::writelog`).

@@ -127,18 +127,30 @@ pub const VMA_COST: u64 = 256;
 /// Errors of the scanner.
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
+    /// `/proc/self/pagemap` could not be opened or read.
     #[error(transparent)]
     Pagemap(#[from] crate::pagemap::PagemapError),
+    /// The pool (its memfd or a slot) failed.
     #[error(transparent)]
     Pool(#[from] crate::pool::PoolError),
+    /// A userfaultfd operation failed.
     #[error(transparent)]
     Uffd(#[from] crate::uffd::UffdError),
+    /// The region cannot be tracked (bounds, size).
     #[error(transparent)]
     Region(#[from] crate::region::RegionError),
+    /// The range overlaps a registered region.
     #[error("region {addr:#x}+{len:#x} overlaps a registered region")]
-    Overlap { addr: usize, len: usize },
+    Overlap {
+        /// Host address of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// No region has this id.
     #[error("unknown region id {0}")]
     Unknown(u64),
+    /// The KSM assist could not give a region back.
     #[error("KSM assist: {0}")]
     Assist(String),
 }
@@ -153,13 +165,20 @@ pub struct Counters {
     pub full_scans: u64,
     /// Every pass of the engine's own cursor (drives smart-scan phases).
     pub passes: u64,
+    /// Pages merged onto pool slots.
     pub merges: u64,
+    /// Pages dropped to the zero page.
     pub zero_merges: u64,
+    /// Merged or dropped pages a write took back (copy on write).
     pub cow_breaks: u64,
+    /// Planned merges not made: the final compare failed, the VMA budget
+    /// ran out, or a waiter came first.
     pub abandoned: u64,
     /// Of `abandoned`: planned merges left unexecuted for a thread waiting
     /// for the core (`Core::execute`).
     pub left_for_waiters: u64,
+    /// Pages hashed (a visit that joined a slot by its stored hash is not
+    /// one).
     pub pages_hashed: u64,
     /// Due visits that the write log answered: no pagemap read, no hash.
     pub clean_visits: u64,
@@ -171,7 +190,9 @@ pub struct Counters {
 /// What one wake-up did.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct BatchReport {
+    /// Merges and zero drops made.
     pub merges: u64,
+    /// The cursor went round: a pass ended in this wake-up.
     pub pass_completed: bool,
     /// Visit units spent: 0 when every page was KSM's (skipped).
     pub spent: u64,
@@ -223,8 +244,11 @@ struct GroupPass {
 /// A device-filled range waiting for the scanner (see `Core::run_hints`).
 #[derive(Debug, Clone, Copy)]
 pub struct Hint {
+    /// Host address of the range's first byte.
     pub addr: usize,
+    /// Its length in bytes.
     pub len: usize,
+    /// When the device filled it.
     pub at: Instant,
 }
 
