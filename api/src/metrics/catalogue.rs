@@ -784,6 +784,24 @@ mod tests {
         std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}"))
     }
 
+    /// docs/metrics.md holds exactly the catalogue's table, between its
+    /// markers: the documentation cannot drift from the code.
+    #[test]
+    fn docs_table_is_the_catalogue() {
+        let doc = repo_file("docs/metrics.md");
+        let (begin, end) = (
+            "<!-- metrics-table:begin -->\n",
+            "<!-- metrics-table:end -->",
+        );
+        let start = doc.find(begin).expect("begin marker") + begin.len();
+        let stop = doc.find(end).expect("end marker");
+        let want = super::super::doc_table::markdown_table();
+        assert!(
+            doc[start..stop] == want,
+            "docs/metrics.md's table differs from api/src/metrics/catalogue.rs; it should be:\n{want}"
+        );
+    }
+
     /// Prometheus' naming rules: unique names with a known prefix, base
     /// units only, counters' samples end in `_total` and nothing else
     /// does, KSM figures under node_exporter's names.
