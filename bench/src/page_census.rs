@@ -115,19 +115,7 @@ mod tests {
     impl Anon {
         fn new(pages: usize) -> Self {
             let len = pages * PAGE_SIZE;
-            // SAFETY: a fresh private anonymous mapping; checked below.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            Anon(p.cast(), len)
+            Anon(pagefold_dedup::mm::map_anon(len).unwrap(), len)
         }
 
         fn fill(&self, page: usize, byte: u8) {
@@ -138,8 +126,8 @@ mod tests {
 
     impl Drop for Anon {
         fn drop(&mut self) {
-            // SAFETY: our own mapping, used no more.
-            unsafe { libc::munmap(self.0.cast(), self.1) };
+            // SAFETY: our own mapping (`map_anon`), used no more.
+            unsafe { pagefold_dedup::mm::unmap(self.0, self.1) };
         }
     }
 
