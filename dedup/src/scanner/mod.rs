@@ -445,11 +445,6 @@ impl Core {
         &self.regions
     }
 
-    /// The knobs of the current wake-up.
-    pub fn knobs(&self) -> Knobs {
-        self.knobs
-    }
-
     /// Sets the knobs for the next wake-ups (the engine copies its
     /// control state's knobs in before each one).
     pub fn set_knobs(&mut self, knobs: Knobs) {
