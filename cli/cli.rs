@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use pagefold_dedup::settings::flag;
+use pagefold_dedup::flag;
 use pagefold_dedup::{BackendKind, CheckedSettings, DedupSettings, Mode};
 use pagefold_vmm::config::{
     self, Config, DedupConfig, DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig,

@@ -747,7 +747,7 @@ mod tests {
         for (name, o) in owners {
             stats.per_owner.insert(
                 name.to_string(),
-                pagefold_dedup::backend::OwnerStats {
+                pagefold_dedup::OwnerStats {
                     group: o.group.clone(),
                     pages_tracked: o.pages_tracked,
                     pages_merged: o.pages_merged,

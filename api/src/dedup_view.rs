@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use pagefold_dedup::auto::{AutoConfig, AutoStatus, MemorySignal, Psi};
-use pagefold_dedup::backend::OwnerStats;
+use pagefold_dedup::OwnerStats;
 use pagefold_dedup::{Knobs, Mode, Stats};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

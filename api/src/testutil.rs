@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use pagefold_dedup::auto::{AutoConfig, AutoController, ScriptedSource};
-use pagefold_dedup::backend::OwnerStats;
+use pagefold_dedup::OwnerStats;
 use pagefold_dedup::{
     CheckedSettings, DedupBackend, Error, Knobs, Mode, RegionId, RegionSpec, Stats,
 };
@@ -46,13 +46,13 @@ impl DedupBackend for TestBackend {
     fn name(&self) -> &'static str {
         "test"
     }
-    unsafe fn register(&self, _spec: RegionSpec) -> pagefold_dedup::backend::Result<RegionId> {
+    unsafe fn register(&self, _spec: RegionSpec) -> pagefold_dedup::Result<RegionId> {
         Err(Error::Unsupported("test backend".into()))
     }
-    fn unregister(&self, id: RegionId) -> pagefold_dedup::backend::Result<()> {
+    fn unregister(&self, id: RegionId) -> pagefold_dedup::Result<()> {
         Err(Error::UnknownRegion(id.0))
     }
-    fn apply(&self, settings: &CheckedSettings) -> pagefold_dedup::backend::Result<Knobs> {
+    fn apply(&self, settings: &CheckedSettings) -> pagefold_dedup::Result<Knobs> {
         if settings.mode == Some(Mode::Unmerge) {
             return Err(Error::Unsupported("the test backend cannot unmerge".into()));
         }

@@ -7,9 +7,9 @@
 
 use std::collections::HashMap;
 
-use pagefold_dedup::hash::xxh3;
 use pagefold_dedup::pagemap::{Entry, Pagemap};
-use pagefold_dedup::region::GuestPage;
+use pagefold_dedup::xxh3;
+use pagefold_dedup::GuestPage;
 use pagefold_dedup::PAGE_SIZE;
 use serde::{Deserialize, Serialize};
 

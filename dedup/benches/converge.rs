@@ -194,7 +194,7 @@ fn main() {
     let boost_max = std::env::var("PAGEFOLD_BOOST_MAX")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(pagefold_dedup::engine::DEFAULT_BOOST_MAX);
+        .unwrap_or(pagefold_dedup::testing::DEFAULT_BOOST_MAX);
     let e = Engine::new(EngineConfig {
         knobs,
         boost_max,

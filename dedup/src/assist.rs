@@ -140,13 +140,15 @@ impl FromStr for AssistMode {
 /// When a group counts as scattered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AssistConfig {
+    /// Whether the assist may engage at all.
     pub mode: AssistMode,
     /// New VMAs the engine's merges created in one group during one pass
     /// before the layout is judged (at least this many, and at least the
     /// group's pages / `flip_group_den` when that is non-zero, but never
-    /// more than `vm.max_map_count` / [`JUDGE_MAP_DEN`]: see
+    /// more than `vm.max_map_count` / `JUDGE_MAP_DEN`: see
     /// [`AssistConfig::judge_at`])...
     pub flip_vmas: u64,
+    /// Divisor of the group's pages in the judging threshold (0: not used).
     pub flip_group_den: u64,
     /// ...scattered: fewer than this many merged pages per new VMA.
     pub flip_run_pages: u64,
@@ -206,6 +208,7 @@ impl Default for AssistConfig {
 /// The assist's state, owned by the engine's core.
 #[derive(Debug, Default)]
 pub struct KsmAssist {
+    /// The settings the assist was built with.
     pub cfg: AssistConfig,
     engaged: Option<Engaged>,
     /// Why the last attempt to engage failed (shown in stats), and when.
@@ -264,6 +267,7 @@ fn ksmd_cpu(pid: Option<u32>) -> f64 {
 }
 
 impl KsmAssist {
+    /// An assist with the given settings, not engaged.
     pub fn new(cfg: AssistConfig) -> Self {
         KsmAssist {
             cfg,
@@ -281,6 +285,7 @@ impl KsmAssist {
         self.engaged.as_ref().map(|e| e.group)
     }
 
+    /// The assist may engage (its mode is `auto`).
     pub fn enabled(&self) -> bool {
         self.cfg.mode == AssistMode::Auto
     }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::settings::{CheckedSettings, DedupSettings, Knobs, Mode, SettingsError};
+pub use crate::settings::{CheckedSettings, Knobs, Mode, SettingsError};
 
 /// Errors shared by all backends.
 #[derive(Debug, thiserror::Error)]
@@ -213,7 +213,7 @@ pub trait DedupBackend: Send + Sync {
 
     /// Gives the backend a way to park the threads that run guest code in
     /// region `id` around a batch of merges (`None` takes it back; the VMM
-    /// does so before those threads are joined). See [`crate::quiesce`].
+    /// does so before those threads are joined). See [`crate::Quiesce`].
     /// The default ignores it (kernel KSM's flushes are its own).
     fn set_quiesce(&self, _id: RegionId, _q: Option<std::sync::Arc<dyn crate::quiesce::Quiesce>>) {}
 
@@ -239,7 +239,7 @@ pub trait DedupBackend: Send + Sync {
 
     /// Gives the backend region `id`'s write log: the pages the guest wrote
     /// since the previous collection (`None` takes it back; the VMM does so
-    /// before the VM goes). See [`crate::writelog`]. The default ignores it.
+    /// before the VM goes). See [`crate::WriteLog`]. The default ignores it.
     fn set_write_log(
         &self,
         _id: RegionId,

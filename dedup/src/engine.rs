@@ -30,18 +30,25 @@ use wakeup::scanner_loop;
 /// Errors creating or driving the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// Registering with or driving userfaultfd failed.
     #[error(transparent)]
     Uffd(#[from] crate::uffd::UffdError),
+    /// The pool of merged pages failed.
     #[error(transparent)]
     Pool(#[from] crate::pool::PoolError),
+    /// Registering or scanning a region failed.
     #[error(transparent)]
     Scan(#[from] ScanError),
+    /// The fault handler failed.
     #[error(transparent)]
     Fault(#[from] crate::fault::FaultError),
+    /// A backend-level error (settings, regions).
     #[error(transparent)]
     Config(#[from] backend::Error),
+    /// A knob out of range.
     #[error(transparent)]
     Knobs(#[from] crate::settings::SettingsError),
+    /// The scanner or fault thread could not be started.
     #[error("spawning an engine thread: {0}")]
     Thread(#[source] std::io::Error),
 }
@@ -94,7 +101,9 @@ pub const DEFAULT_BOOST_MAX: u64 = 16;
 /// Engine construction parameters.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
+    /// The knobs the engine starts with.
     pub knobs: Knobs,
+    /// The mode the engine starts in.
     pub mode: Mode,
     /// Longest stripe of identical pool pages for a same-content run.
     pub stripe_pages: u32,
@@ -103,6 +112,7 @@ pub struct EngineConfig {
     /// Back the sleep off (doubling, up to `max_backoff_millis`) after full
     /// scans that found nothing to do; any merge resets it. Mode `on` only.
     pub adaptive: bool,
+    /// The longest sleep the back-off reaches, ms.
     pub max_backoff_millis: u64,
     /// Mode `on`'s pace while merging pays off: a wake-up whose merges and
     /// first-time hashes (a VM that just started) were at least 1/8 of its

@@ -11,38 +11,47 @@
 //! (the typed settings every input parses into, checked once);
 //! `thread_init` (the backends' thread start hook).
 //!
-//! Modules nothing outside the engine uses are private (`fault`, `index`,
-//! `pool`, `slots`, `uffd`, `stats`, `policy`, `thread_init`); what of
-//! them the VMM needs is re-exported below. The rest stay public for the
-//! VMM, the benchmarks and the integration tests.
+//! The public surface is chosen: every engine module is private and what
+//! the VMM, the API and the benchmarks use is re-exported below. Four
+//! modules stay public as namespaces of their own: [`ksm`] (the kernel-KSM
+//! backend and its sysfs journal), [`auto`] (the auto-mode controller),
+//! [`mm`] and [`pagemap`] (the memory helpers the VMM and the benchmarks
+//! share with the engine). `testing` (feature `testing`) holds the hooks
+//! of the engine's own tests and benches.
+#![deny(missing_docs)]
 
-pub mod assist;
-pub mod backend;
+mod assist;
+mod backend;
 mod policy;
-pub mod settings;
+mod settings;
 
-pub mod engine;
+mod engine;
 mod fault;
-pub mod hash;
+mod hash;
 mod index;
-pub mod merge;
+mod merge;
 pub mod mm;
 pub mod pagemap;
 mod pool;
-pub mod quiesce;
-pub mod region;
-pub mod scanner;
+mod quiesce;
+mod region;
+mod scanner;
 mod slots;
 mod stats;
 mod thread_init;
 mod uffd;
-pub mod writelog;
+mod writelog;
 
 pub use assist::{AssistConfig, AssistMode};
-pub use backend::{DedupBackend, Error, RegionId, RegionSpec, Stats};
+pub use backend::{DedupBackend, Error, OwnerStats, RegionId, RegionSpec, Result, Stats};
 pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
+pub use hash::xxh3;
 pub use policy::{RoundPlan, RoundPolicy};
+pub use quiesce::Quiesce;
+pub use region::GuestPage;
 pub use scanner::DEFAULT_QUIESCE_MIN_OPS;
+#[cfg(feature = "clap")]
+pub use settings::flag;
 pub use settings::{
     BackendKind, CheckedSettings, DedupSettings, Knobs, MemorySignal, Mode, SettingsError,
 };
@@ -50,6 +59,18 @@ pub use thread_init::{DedupThread, ThreadInit};
 pub use writelog::{WriteLog, WriteLogError};
 pub mod auto;
 pub mod ksm;
+
+/// Hooks for the engine's own tests and benches: a scanner core they drive
+/// pass by pass, the write-log verifier's constants, the assist's pacing.
+/// Never compiled into the `pagefold` binary.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::assist::{ksm_pace, KsmAssist, CONVERGE_BOOST};
+    pub use crate::engine::DEFAULT_BOOST_MAX;
+    pub use crate::hash::HashFn;
+    pub use crate::scanner::{Core, Hint, SPAN_PAGES};
+    pub use crate::writelog::{RecordedWrites, VERIFY_BLOCK, VERIFY_PASSES};
+}
 
 /// The page size the engine works with (x86_64 base pages).
 pub const PAGE_SIZE: usize = 4096;

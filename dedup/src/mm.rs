@@ -6,16 +6,21 @@ use std::io;
 use std::os::fd::RawFd;
 
 /// `MADV_POPULATE_READ` (Linux 5.14), not in every libc release.
-pub const MADV_POPULATE_READ: libc::c_int = 22;
+pub(crate) const MADV_POPULATE_READ: libc::c_int = 22;
 
 /// Errors of the mm helpers.
 #[derive(Debug, thiserror::Error)]
 pub enum MmError {
+    /// A memory-management syscall failed.
     #[error("{op} at {addr:#x}+{len:#x}: {source}")]
     Syscall {
+        /// The syscall (`mmap`, `munmap`, `madvise`, ...).
         op: &'static str,
+        /// Start of the range.
         addr: usize,
+        /// Length of the range, bytes.
         len: usize,
+        /// Why it failed.
         #[source]
         source: io::Error,
     },
@@ -88,7 +93,7 @@ pub unsafe fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Re
 /// reader sees the same bytes; or that nothing reads or writes the range
 /// again, through a reference or a pointer (a region whose owner unmaps it
 /// next).
-pub unsafe fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
+pub(crate) unsafe fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
     // SAFETY: MAP_FIXED replaces addr..+len; the caller's contract makes the
     // lost content either zeros already or never read again.
     let r = unsafe {
@@ -171,7 +176,7 @@ pub unsafe fn unmap(addr: *mut u8, len: usize) {
 /// * `src` already holds the bytes `dst` holds, and `dst` cannot change
 ///   before the call returns (write-protected), so every reader sees the
 ///   same bytes before and after.
-pub unsafe fn mremap_fixed(src: *mut u8, len: usize, dst: usize) -> Result<(), MmError> {
+pub(crate) unsafe fn mremap_fixed(src: *mut u8, len: usize, dst: usize) -> Result<(), MmError> {
     // SAFETY: per the caller's contract both ranges are the caller's and the
     // move leaves the content users see at `dst` unchanged.
     let r = unsafe {
@@ -212,7 +217,7 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> Result<()
 }
 
 /// Size of a transparent huge page on x86-64 (a PMD's reach).
-pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+pub(crate) const HUGE_PAGE_SIZE: usize = 2 << 20;
 
 /// `MADV_COLD` (Linux 5.4), not in every libc release.
 const MADV_COLD: libc::c_int = 20;
@@ -229,7 +234,7 @@ const MADV_COLD: libc::c_int = 20;
 /// asked for, under the mmap lock, and merged guest RAM is split into
 /// thousands of VMAs, so one registration would stall the engine's remaps
 /// and the guests' faults for as long as that walk takes.
-pub fn thp_possible() -> bool {
+pub(crate) fn thp_possible() -> bool {
     let setting =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     if setting.is_empty() || setting.contains("[never]") {
@@ -258,7 +263,7 @@ pub fn thp_possible() -> bool {
 /// (content untouched), so callers pass a page they are about to replace.
 /// Best effort: the split can fail (a page pinned for I/O), and then the
 /// memory comes back at the deferred split, as without this call.
-pub fn split_huge_page_at(addr: usize) -> Result<(), MmError> {
+pub(crate) fn split_huge_page_at(addr: usize) -> Result<(), MmError> {
     let page = addr & !(crate::PAGE_SIZE - 1);
     // SAFETY: MADV_COLD changes no content and no mapping's bytes (it
     // splits a huge page into small pages holding the same bytes and
@@ -312,7 +317,7 @@ pub fn zero_pfn(pm: &crate::pagemap::Pagemap) -> u64 {
 }
 
 /// CPU time of the calling thread's clock `clk`, in seconds (0 on error).
-pub fn clock_seconds(clk: libc::clockid_t) -> f64 {
+pub(crate) fn clock_seconds(clk: libc::clockid_t) -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -325,7 +330,7 @@ pub fn clock_seconds(clk: libc::clockid_t) -> f64 {
 }
 
 /// The CPU clock of the calling thread (usable from other threads).
-pub fn current_thread_clock() -> Option<libc::clockid_t> {
+pub(crate) fn current_thread_clock() -> Option<libc::clockid_t> {
     let mut clk: libc::clockid_t = 0;
     // SAFETY: pthread_self is always valid; clk is a valid out-pointer.
     let r = unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut clk) };

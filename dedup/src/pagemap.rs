@@ -12,11 +12,15 @@ use crate::PAGE_SIZE;
 /// Errors of the pagemap reader.
 #[derive(Debug, thiserror::Error)]
 pub enum PagemapError {
+    /// `/proc/self/pagemap` could not be opened.
     #[error("open /proc/self/pagemap: {0}")]
     Open(#[source] std::io::Error),
+    /// Reading the entries of a range failed.
     #[error("read /proc/self/pagemap at {addr:#x}: {source}")]
     Read {
+        /// The first address of the range.
         addr: usize,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
@@ -31,10 +35,10 @@ pub const PM_PRESENT: u64 = 1 << 63;
 pub const PM_SWAP: u64 = 1 << 62;
 /// A swap entry's type: bits 0-4 of its pagemap entry (the kernel's
 /// `MAX_SWAPFILES_SHIFT` is 5).
-pub const SWP_TYPE_MASK: u64 = (1 << 5) - 1;
+pub(crate) const SWP_TYPE_MASK: u64 = (1 << 5) - 1;
 /// The swap-entry type of PTE markers: the highest type there is
 /// (`SWP_PTE_MARKER` in the kernel's `swap.h`).
-pub const SWP_PTE_MARKER: u64 = SWP_TYPE_MASK;
+pub(crate) const SWP_PTE_MARKER: u64 = SWP_TYPE_MASK;
 /// Bit 61: page is file-backed or shared-anonymous (for us: a pool page).
 pub const PM_FILE: u64 = 1 << 61;
 /// Bit 57: the PTE carries the userfaultfd write-protect bit.
@@ -48,12 +52,16 @@ pub const PM_PFN_MASK: u64 = (1 << 55) - 1;
 pub struct Entry(pub u64);
 
 impl Entry {
+    /// A page is mapped (PM_PRESENT).
     pub fn present(self) -> bool {
         self.0 & PM_PRESENT != 0
     }
+    /// The page is file-backed or shared anonymous (PM_FILE): for a pool
+    /// mapping, still the pool's page.
     pub fn file(self) -> bool {
         self.0 & PM_FILE != 0
     }
+    /// The PTE is write-protected by userfaultfd.
     pub fn uffd_wp(self) -> bool {
         self.0 & PM_UFFD_WP != 0
     }
@@ -69,6 +77,7 @@ impl Entry {
     pub fn no_page(self) -> bool {
         !self.present() && (!self.swap() || self.0 & SWP_TYPE_MASK == SWP_PTE_MARKER)
     }
+    /// The page frame number (0 unless present and readable: needs CAP_SYS_ADMIN).
     pub fn pfn(self) -> u64 {
         if self.present() {
             self.0 & PM_PFN_MASK

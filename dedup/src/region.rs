@@ -232,7 +232,7 @@ impl GuestPage {
     }
 
     /// Do the page and `other` (a pool page) agree on the sampled cache
-    /// lines of [`crate::hash::sampled_lines_agree`]? Reads only those
+    /// lines of `hash::sampled_lines_agree`? Reads only those
     /// lines of the page, unless its snapshot is already taken.
     pub fn sampled_lines_agree(&self, other: &[u8]) -> bool {
         if self.filled.get() {

@@ -19,20 +19,28 @@ use serde::{Deserialize, Serialize};
 /// A setting that is out of range or not a known name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
+    /// A knob outside its valid range.
     #[error("invalid value for {name}: {value} (valid range {min}..={max})")]
     OutOfRange {
+        /// The knob.
         name: &'static str,
+        /// The value asked for.
         value: u64,
+        /// Smallest valid value.
         min: u64,
+        /// Largest valid value.
         max: u64,
     },
     /// `auto_threshold` is a percentage of total RAM.
     #[error("auto_threshold must be a percentage in 0..=100, got {0}")]
     Threshold(u64),
+    /// A mode name that is not one of off, on, unmerge, auto.
     #[error("unknown dedup mode {0:?} (expected off, on, unmerge or auto)")]
     UnknownMode(String),
+    /// A memory signal that is not free or available.
     #[error("unknown memory signal {0:?} (expected free or available)")]
     UnknownMemorySignal(String),
+    /// A backend name that is not pagefold or ksm.
     #[error("unknown backend {0:?} (expected pagefold or ksm)")]
     UnknownBackend(String),
 }
@@ -42,6 +50,7 @@ pub enum SettingsError {
 macro_rules! named {
     ($t:ident, $unknown:ident, { $($v:ident => $s:literal),+ $(,)? }) => {
         impl $t {
+            /// The one spelling of this value.
             pub fn as_str(self) -> &'static str {
                 match self { $($t::$v => $s),+ }
             }
@@ -133,17 +142,23 @@ named!(BackendKind, UnknownBackend, { Pagefold => "pagefold", Ksm => "ksm" });
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
 pub struct Knobs {
     // The schema's ranges are `RANGES` (pagefold-api's spec test checks).
+    /// Pages scanned per wake-up.
     #[cfg_attr(feature = "utoipa", schema(minimum = 1, maximum = 16777216))]
     pub pages_to_scan: u64,
+    /// Sleep between wake-ups, ms.
     #[cfg_attr(feature = "utoipa", schema(maximum = 60000))]
     pub sleep_millisecs: u64,
+    /// Most pages that may share one merged page.
     #[cfg_attr(feature = "utoipa", schema(minimum = 2, maximum = 65536))]
     pub max_page_sharing: u64,
 }
 
 impl Knobs {
+    /// Valid range of `pages_to_scan`.
     pub const PAGES_TO_SCAN: (u64, u64) = (1, 1 << 24);
+    /// Valid range of `sleep_millisecs`.
     pub const SLEEP_MILLISECS: (u64, u64) = (0, 60_000);
+    /// Valid range of `max_page_sharing`.
     pub const MAX_PAGE_SHARING: (u64, u64) = (2, 1 << 16);
     /// Every knob's name and valid range (inclusive), for clients.
     pub const RANGES: [(&'static str, (u64, u64)); 3] = [
@@ -378,6 +393,7 @@ pub mod flag {
         }
     }
 
+    /// A clap value parser for the named unit enum `T`.
     pub fn named<T>() -> Named<T> {
         Named(PhantomData)
     }

@@ -11,9 +11,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use common::*;
-use pagefold_dedup::assist::{ksm_pace, CONVERGE_BOOST};
 use pagefold_dedup::ksm::{self, KsmSysfs, KSM_SYSFS};
 use pagefold_dedup::pagemap::Pagemap;
+use pagefold_dedup::testing::{ksm_pace, CONVERGE_BOOST};
 use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfig, Knobs, Mode};
 
 const N: usize = 6000;
@@ -343,7 +343,7 @@ fn a_region_mapped_where_an_assisted_one_was_merges_as_soon_as_a_fresh_one() {
 /// old knobs back first, so it never takes them for KSM's originals.
 #[test]
 fn an_ended_engagement_restores_its_knobs_when_told_or_before_the_next_one() {
-    use pagefold_dedup::assist::KsmAssist;
+    use pagefold_dedup::testing::KsmAssist;
     let _ksm = ksm::ksm_exclusive().unwrap();
     let root = std::path::Path::new(KSM_SYSFS);
     let before = ksm::snapshot_tunables(root);

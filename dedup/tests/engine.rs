@@ -772,7 +772,7 @@ fn a_run_rewritten_after_its_merge_waits_for_a_second_sight() {
 /// that creates them nothing could be sampled anyway).
 #[test]
 fn a_page_breaking_a_run_of_one_pattern_fails_its_compare_and_keeps_its_content() {
-    use pagefold_dedup::scanner::SPAN_PAGES;
+    use pagefold_dedup::testing::SPAN_PAGES;
     let e = engine(256);
     let n = SPAN_PAGES + 256;
     let (odd, flipped) = (SPAN_PAGES + 100, SPAN_PAGES + 200);

@@ -102,7 +102,7 @@ fn hints_outside_regions_or_while_off_are_harmless() {
 
 /// A scanner core (no engine thread: the test drives it) over all 256 pages
 /// of `m`, registered as owner "a" in group "g".
-fn core_over(m: &Mem) -> pagefold_dedup::scanner::Core {
+fn core_over(m: &Mem) -> pagefold_dedup::testing::Core {
     let mut core = driven_core();
     assert_eq!(m.pages, 256);
     // SAFETY: `m` is a private anonymous mapping that the caller keeps
@@ -119,7 +119,7 @@ fn core_over(m: &Mem) -> pagefold_dedup::scanner::Core {
 /// underflow at VM deletion).
 #[test]
 fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
-    use pagefold_dedup::scanner::Hint;
+    use pagefold_dedup::testing::Hint;
 
     let m = Mem::new(256);
     for i in 0..256 {
@@ -156,7 +156,7 @@ fn a_hinted_partner_ahead_in_the_span_keeps_exact_refcounts() {
 /// first.
 #[test]
 fn overlapping_hints_in_one_wake_up_keep_exact_refcounts() {
-    use pagefold_dedup::scanner::Hint;
+    use pagefold_dedup::testing::Hint;
 
     let m = Mem::new(256);
     for i in 0..256 {

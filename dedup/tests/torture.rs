@@ -19,7 +19,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::*;
-use pagefold_dedup::hash::HashFn;
+use pagefold_dedup::testing::HashFn;
 use pagefold_dedup::{AssistConfig, AssistMode, DedupBackend, Engine, EngineConfig, Knobs, Mode};
 
 const WRITERS: usize = 4;
@@ -31,7 +31,7 @@ type WriteLog = std::sync::Mutex<Vec<(usize, Vec<u8>)>>;
 /// record each user-mode write after making it. Kernel-mode writes (the
 /// `pread`s, a device's I/O) are left out on purpose: KVM does not log a
 /// device's writes, and a write the log misses must cost merges only.
-use pagefold_dedup::writelog::RecordedWrites as UserWrites;
+use pagefold_dedup::testing::RecordedWrites as UserWrites;
 
 /// One torture run's shape.
 struct Cfg {

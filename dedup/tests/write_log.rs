@@ -9,9 +9,9 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use pagefold_dedup::scanner::Core;
-use pagefold_dedup::writelog::RecordedWrites as Recorded;
-use pagefold_dedup::writelog::VERIFY_PASSES;
+use pagefold_dedup::testing::Core;
+use pagefold_dedup::testing::RecordedWrites as Recorded;
+use pagefold_dedup::testing::VERIFY_PASSES;
 use pagefold_dedup::{Knobs, RegionId};
 
 const N: usize = 256;
@@ -204,7 +204,7 @@ fn content_written_merges_at_the_next_wake_up() {
 /// is furthest away).
 #[test]
 fn a_device_write_reported_with_hints_off_is_seen_at_the_next_pass() {
-    use pagefold_dedup::writelog::{VERIFY_BLOCK, VERIFY_PASSES};
+    use pagefold_dedup::testing::{VERIFY_BLOCK, VERIFY_PASSES};
     use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Mode};
     use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use pagefold_dedup::quiesce::Quiesce;
+use pagefold_dedup::Quiesce;
 
 use crate::state::VmShared;
 use crate::vcpu;

@@ -241,7 +241,7 @@ mod tests {
     use super::*;
     use crate::testutil::auto_status;
     use pagefold_dedup::auto::AutoConfig;
-    use pagefold_dedup::backend::OwnerStats;
+    use pagefold_dedup::OwnerStats;
     use pagefold_dedup::{Knobs, Mode, Stats};
     use pagefold_vmm::state::RunState;
     use serde_json::Value;

@@ -41,14 +41,19 @@ impl MemorySignal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PsiMetric {
+    /// `some avg10`: share of the last 10 s in which some task stalled on memory.
     #[default]
     SomeAvg10,
+    /// `some avg60`: the same over 60 s.
     SomeAvg60,
+    /// `full avg10`: share of the last 10 s in which every runnable task stalled.
     FullAvg10,
+    /// `full avg60`: the same over 60 s.
     FullAvg60,
 }
 
 impl PsiMetric {
+    /// This metric's value in a PSI sample.
     pub fn of(self, p: &Psi) -> f64 {
         match self {
             PsiMetric::SomeAvg10 => p.some_avg10,
@@ -76,6 +81,7 @@ impl FromStr for PsiMetric {
 /// reclaim stalls can hurt before free memory crosses the threshold.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PsiTrigger {
+    /// The PSI average watched.
     pub metric: PsiMetric,
     /// Pressure counts once `metric >= trigger_pct` ...
     pub trigger_pct: f64,
@@ -105,7 +111,9 @@ pub struct AutoConfig {
     pub threshold_pct: u64,
     /// Cap of the scanning factor while triggered.
     pub max_scanning_factor: u64,
+    /// Which host figure the threshold is compared with: free or available memory.
     pub memory_signal: MemorySignal,
+    /// Also merge under sustained memory pressure (`None`: free memory alone decides).
     pub psi_trigger: Option<PsiTrigger>,
     /// Memory is sampled at most this often (ms); `plan()` in between reuses
     /// the last sample. 0 samples on every call.

@@ -94,16 +94,19 @@ impl AutoController {
         Ok(c)
     }
 
+    /// A handle other threads read the status through.
     pub fn handle(&self) -> AutoHandle {
         AutoHandle {
             shared: Arc::clone(&self.shared),
         }
     }
 
+    /// The status as of the last plan.
     pub fn status(&self) -> AutoStatus {
         lock(&self.shared).status.clone()
     }
 
+    /// Merging is currently allowed.
     pub fn is_triggered(&self) -> bool {
         self.triggered
     }

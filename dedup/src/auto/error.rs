@@ -14,9 +14,13 @@ pub enum AutoError {
          pages_to_scan {pages_to_scan}), got {value}"
     )]
     MaxScanningFactor {
+        /// The factor asked for.
         value: u64,
+        /// The largest factor allowed.
         max: u64,
+        /// Total RAM, in pages.
         total_pages: u64,
+        /// The `pages_to_scan` knob the factor multiplies.
         pages_to_scan: u64,
     },
     /// A PSI trigger threshold outside 0..=100 %, or release above trigger.
@@ -30,13 +34,20 @@ pub enum AutoError {
     /// Reading a `/proc` file failed.
     #[error("reading {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why the read failed.
         #[source]
         source: std::io::Error,
     },
     /// A `/proc` file lacked a field or had an unparsable one.
     #[error("parsing {what}: {detail}")]
-    Parse { what: &'static str, detail: String },
+    Parse {
+        /// The file or field.
+        what: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The memory source reported a total of zero bytes.
     #[error("memory source reported MemTotal = 0")]
     ZeroTotal,

@@ -48,6 +48,7 @@ impl ScriptedSource {
         }
     }
 
+    /// A handle the test moves the scripted figures with.
     pub fn handle(&self) -> ScriptHandle {
         ScriptHandle {
             script: Arc::clone(&self.script),

@@ -12,9 +12,13 @@ use super::error::AutoError;
 /// of wall time during which some (or all) runnable tasks stalled on memory.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Psi {
+    /// `some avg10`, percent.
     pub some_avg10: f64,
+    /// `some avg60`, percent.
     pub some_avg60: f64,
+    /// `full avg10`, percent.
     pub full_avg10: f64,
+    /// `full avg60`, percent.
     pub full_avg60: f64,
 }
 
@@ -34,6 +38,7 @@ pub struct MemSample {
 
 /// A source of [`MemSample`]s. The controller owns it on the scanner thread.
 pub trait MemorySource: Send {
+    /// One sample of host memory (and pressure, where the kernel has PSI).
     fn sample(&mut self) -> Result<MemSample, AutoError>;
 }
 
@@ -51,6 +56,7 @@ impl Default for ProcMemSource {
 }
 
 impl ProcMemSource {
+    /// A source on the real `/proc` files.
     pub fn new() -> Self {
         Self::with_paths("/proc/meminfo", "/proc/pressure/memory")
     }

@@ -21,6 +21,7 @@ pub struct AutoStatus {
     pub scanning_factor: u64,
     /// How many times auto mode went from untriggered to triggered.
     pub triggered_times: u64,
+    /// Configured threshold, percent of total RAM.
     pub threshold_pct: u64,
     /// Configured cap of the factor.
     pub max_scanning_factor: u64,
@@ -30,8 +31,11 @@ pub struct AutoStatus {
     pub trigger_bytes: u64,
     /// Merging stops when the memory signal rises above this.
     pub stop_bytes: u64,
+    /// Host RAM, bytes (`MemTotal`).
     pub total_bytes: u64,
+    /// Free host memory, bytes (`MemFree`).
     pub free_bytes: u64,
+    /// Available host memory, bytes (`MemAvailable`).
     pub available_bytes: u64,
     /// Which of free/available is compared against the two lines.
     pub memory_signal: MemorySignal,
@@ -47,9 +51,11 @@ pub struct AutoStatus {
     pub pages_to_scan: u64,
     /// What the last plan asked for.
     pub last_plan_pages: u64,
+    /// Whether the last plan allowed merging.
     pub last_plan_merge: bool,
     /// Failed memory samples (the previous sample is then reused).
     pub sample_errors: u64,
+    /// The last failed sample's error, if any.
     pub last_error: Option<String>,
 }
 
@@ -73,6 +79,7 @@ pub struct AutoHandle {
 }
 
 impl AutoHandle {
+    /// The status as of the controller's last plan.
     pub fn status(&self) -> AutoStatus {
         lock(&self.shared).status.clone()
     }

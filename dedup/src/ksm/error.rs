@@ -6,16 +6,23 @@ use super::journal::JournalError;
 use crate::auto::AutoError;
 use crate::backend::Error;
 
+/// Errors of the kernel-KSM backend.
 #[derive(Debug, thiserror::Error)]
 pub enum KsmError {
     /// The kernel has no KSM (CONFIG_KSM off) or sysfs is not mounted.
     #[error("kernel KSM is not available: {path} is missing (kernel built without CONFIG_KSM, or sysfs not mounted)")]
-    Absent { path: PathBuf },
+    Absent {
+        /// The KSM sysfs directory looked for.
+        path: PathBuf,
+    },
     /// Reading or writing a KSM sysfs file failed.
     #[error("{op} {path}: {source}")]
     Sysfs {
+        /// What was being done (`reading`, `writing`).
         op: &'static str,
+        /// The sysfs file.
         path: PathBuf,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
@@ -26,8 +33,11 @@ pub enum KsmError {
          set mode unmerge first, then change it (current {current}, requested {requested})"
     )]
     MaxPageSharingBusy {
+        /// KSM pages in use on the host, by any process.
         pages_shared: u64,
+        /// The knob's current value.
         current: u64,
+        /// The value asked for.
         requested: u64,
     },
     /// The kernel's scan-time advisor owns `pages_to_scan` (writes get EINVAL).
@@ -41,25 +51,38 @@ pub enum KsmError {
     ShutDown,
     /// A `/proc` or sysfs file had unexpected content.
     #[error("parsing {what}: {detail}")]
-    Parse { what: String, detail: String },
+    Parse {
+        /// The file or field.
+        what: String,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// `madvise(MADV_MERGEABLE/UNMERGEABLE)` failed.
     #[error("madvise({advice}) on {addr:#x}+{len:#x}: {source}")]
     Madvise {
+        /// The advice (`MADV_MERGEABLE`, `MADV_UNMERGEABLE`).
         advice: &'static str,
+        /// Start of the range.
         addr: usize,
+        /// Length of the range, bytes.
         len: usize,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
     /// The lock file serialising KSM users could not be taken.
     #[error("locking {path}: {source}")]
     Lock {
+        /// The lock file.
         path: PathBuf,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
+    /// The auto-mode controller failed.
     #[error("auto mode: {0}")]
     Auto(#[from] AutoError),
+    /// The auto-mode thread could not be started.
     #[error("starting the KSM auto-mode thread: {0}")]
     Thread(#[source] std::io::Error),
     /// The global-state journal (see [`super::journal`]) failed.

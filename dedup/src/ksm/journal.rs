@@ -52,16 +52,22 @@ pub enum JournalError {
     /// Reading, writing or locking the journal itself failed.
     #[error("{op} {path}: {source}")]
     Io {
+        /// What was being done (`reading`, `writing`, `locking`).
         op: &'static str,
+        /// The journal file.
         path: PathBuf,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
     /// Reading or writing a recorded knob (a sysfs or sysctl file) failed.
     #[error("{op} {path}: {source}")]
     Knob {
+        /// What was being done (`reading`, `writing`, `locking`).
         op: &'static str,
+        /// The knob's file.
         path: PathBuf,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },
@@ -72,32 +78,57 @@ pub enum JournalError {
          it recorded were not restored, check them by hand"
     )]
     Corrupt {
+        /// The journal file.
         path: PathBuf,
+        /// Where the corrupt journal was moved.
         kept: PathBuf,
+        /// What does not parse.
         detail: String,
     },
     /// The journal does not parse (read-only access: left in place).
     #[error("state journal {path} is corrupt: {detail}")]
-    Unreadable { path: PathBuf, detail: String },
+    Unreadable {
+        /// The journal file.
+        path: PathBuf,
+        /// What does not parse.
+        detail: String,
+    },
     /// A journal in another format version (another pagefold release):
     /// left alone, as its holders may still run.
     #[error(
         "state journal {path} has format version {found}, this pagefold knows version \
          {VERSION}: left alone (use the pagefold that wrote it)"
     )]
-    Version { path: PathBuf, found: u32 },
+    Version {
+        /// The journal file.
+        path: PathBuf,
+        /// The version it has.
+        found: u32,
+    },
     /// Someone else's journal would make us write their values as root.
     #[error(
         "state journal {path} belongs to uid {owner}, not to this user (uid {uid}): not trusted"
     )]
-    Untrusted { path: PathBuf, owner: u32, uid: u32 },
+    Untrusted {
+        /// The journal file.
+        path: PathBuf,
+        /// The uid that owns it.
+        owner: u32,
+        /// This process's uid.
+        uid: u32,
+    },
     /// A journal entry (or a caller) names a file that is not a KSM knob or
     /// a sysctl: the journal tells root what to write where, so only those.
     #[error("refusing to record or restore {0}: not a KSM sysfs file or a sysctl")]
     ForeignPath(PathBuf),
     /// A knob's contents are not what the caller expected.
     #[error("{path}: {detail}")]
-    Parse { path: PathBuf, detail: String },
+    Parse {
+        /// The knob's file.
+        path: PathBuf,
+        /// What was expected and found.
+        detail: String,
+    },
 }
 
 type Result<T> = std::result::Result<T, JournalError>;
@@ -115,6 +146,8 @@ pub struct Entry {
     pub path: PathBuf,
     /// Its value before the first holder changed it.
     pub original: String,
+    /// The processes that hold the knob changed; the original goes back
+    /// when the last one releases it or dies.
     pub holders: Vec<Holder>,
 }
 
@@ -127,7 +160,9 @@ struct Contents {
 /// A hold on one knob: released by [`Journal::release`].
 #[derive(Debug, Clone)]
 pub struct Hold {
+    /// The knob's file.
     pub path: PathBuf,
+    /// This process's record in the journal.
     pub holder: Holder,
     /// The knob's original (the journal's, which may predate this hold).
     pub original: String,
@@ -136,6 +171,7 @@ pub struct Hold {
 /// A knob put back to its original by recovery.
 #[derive(Debug, Clone)]
 pub struct Restored {
+    /// The knob's file.
     pub path: PathBuf,
     /// The value written back.
     pub value: String,
@@ -167,6 +203,7 @@ impl std::fmt::Display for Restored {
 /// What one recovery did.
 #[derive(Debug, Default)]
 pub struct Recovery {
+    /// The knobs put back.
     pub restored: Vec<Restored>,
     /// Knobs whose restore failed: they stay recorded for the next attempt.
     pub failed: Vec<(PathBuf, JournalError)>,
@@ -175,18 +212,25 @@ pub struct Recovery {
 /// One entry as `ksm status` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct EntryStatus {
+    /// The knob's short name (`run`, `max_map_count`).
     pub knob: String,
+    /// The knob's file.
     pub path: PathBuf,
+    /// Its value before the first holder changed it.
     pub original: String,
     /// `None` if it cannot be read.
     pub current: Option<String>,
+    /// The processes recorded as holding it.
     pub holders: Vec<HolderStatus>,
 }
 
+/// One holder as `ksm status` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct HolderStatus {
+    /// The holder's record.
     #[serde(flatten)]
     pub holder: Holder,
+    /// The process is still running (same pid and start time).
     pub alive: bool,
 }
 
@@ -303,10 +347,12 @@ impl Journal {
         }
     }
 
+    /// The directory the journal lives in.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
+    /// The journal file.
     pub fn path(&self) -> PathBuf {
         self.dir.join(JOURNAL_FILE)
     }
@@ -622,6 +668,7 @@ pub struct KnobGuard {
 }
 
 impl KnobGuard {
+    /// The knob this guard holds.
     pub fn path(&self) -> &Path {
         &self.hold.as_ref().expect("hold until restored").path
     }

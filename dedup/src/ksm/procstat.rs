@@ -15,9 +15,13 @@ use super::error::KsmError;
 /// `/proc/<pid>/ksm_merging_pages`, 5.19+, where the line is missing).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcessKsmStat {
+    /// `ksm_rmap_items`: pages KSM tracks in this process.
     pub rmap_items: Option<u64>,
+    /// `ksm_zero_pages`: pages merged with the kernel's zero page.
     pub zero_pages: Option<u64>,
+    /// `ksm_merging_pages`: pages merged with KSM pages.
     pub merging_pages: Option<u64>,
+    /// `ksm_process_profit`: bytes saved minus KSM's metadata, may be negative.
     pub process_profit: Option<i64>,
 }
 

@@ -65,6 +65,7 @@ impl KsmSysfs {
         self.journal.as_ref()
     }
 
+    /// The KSM sysfs directory (`/sys/kernel/mm/ksm` unless a test points elsewhere).
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -85,6 +86,7 @@ impl KsmSysfs {
             })
     }
 
+    /// A knob or counter as a number.
     pub fn read_u64(&self, name: &str) -> Result<u64, KsmError> {
         let s = self.read(name)?;
         s.parse().map_err(|_| KsmError::Parse {

@@ -299,8 +299,8 @@ pub fn engine(max_sharing: u64) -> Engine {
 
 /// A scanner core with no engine thread (the test drives its passes) and
 /// no regions: max effort, `max_page_sharing` 256, xxh3.
-pub fn driven_core() -> pagefold_dedup::scanner::Core {
-    pagefold_dedup::scanner::Core::driven(1 << 30).unwrap()
+pub fn driven_core() -> pagefold_dedup::testing::Core {
+    pagefold_dedup::testing::Core::driven(1 << 30).unwrap()
 }
 
 /// A quiescer that stops at once and counts its requests and releases.
@@ -311,7 +311,7 @@ pub struct CountingQuiescer {
     pub held: std::sync::atomic::AtomicUsize,
 }
 
-impl pagefold_dedup::quiesce::Quiesce for CountingQuiescer {
+impl pagefold_dedup::Quiesce for CountingQuiescer {
     fn request(&self) {
         use std::sync::atomic::Ordering::SeqCst;
         self.requests.fetch_add(1, SeqCst);

@@ -12,7 +12,9 @@ use super::{JournalError, Result};
 /// `start_time` (clock ticks after boot, `/proc/PID/stat` field 22).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Holder {
+    /// The process id.
     pub pid: u32,
+    /// The process's start time, so a reused pid is not taken for it.
     pub start_time: u64,
     /// Distinguishes the holds of one process (two backends, two knobs).
     pub token: u64,
