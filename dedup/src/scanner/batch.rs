@@ -42,7 +42,8 @@ impl Core {
             if !self.regions[ri].assisted {
                 n = n.min(usize::try_from(visit_units).unwrap_or(usize::MAX).max(1));
             }
-            let used = self.scan_span(ri, start, n, &mut visit_units, VisitMode::of_scan(merge));
+            let mode = VisitMode::of_scan(merge);
+            let used = self.scan_span(ri, start, n, &mut visit_units, mode, Planned::Run);
             self.cursor_page += used;
             if self.cursor_page >= self.regions[ri].npages {
                 self.cursor_region += 1;

@@ -454,9 +454,9 @@ mod tests {
         let n = 2048;
         let mut p = Pair::new(n);
         let core = &mut p.core;
-        // The second pass plans every merge (deferred, as a hint visit's
-        // are) and a waiter comes before they run.
-        core.deferred = Some(Vec::new());
+        // The second pass plans every merge (kept, as a hint visit's are)
+        // and a waiter comes before they run.
+        let mut ops = Vec::new();
         let mut units = u64::MAX;
         for ri in 0..2 {
             let mut p = 0;
@@ -467,10 +467,10 @@ mod tests {
                     (n - p).min(SPAN_PAGES),
                     &mut units,
                     VisitMode::Merge,
+                    Planned::Keep(&mut ops),
                 );
             }
         }
-        let ops = core.deferred.take().unwrap();
         let planned = ops.len();
         assert!(planned >= 2 * n - 1, "{planned} ops planned");
         core.waiters.store(1, Ordering::Release);

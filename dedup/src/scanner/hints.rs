@@ -85,11 +85,12 @@ impl Core {
         let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let mut done = 0;
-        // The merges of every range are planned first and executed together
-        // (`deferred`): each batch parks the VMs' vCPUs, and a wake-up's
-        // hints are many small ranges (one per virtio request), and a park
-        // per range would cost more engine CPU than the hints save.
-        self.deferred = Some(Vec::new());
+        // The merges of every range are planned first (`pending`) and
+        // executed together: each batch parks the VMs' vCPUs, and a
+        // wake-up's hints are many small ranges (one per virtio request),
+        // and a park per range would cost more engine CPU than the hints
+        // save.
+        let mut pending: Vec<Op> = Vec::new();
         let mut visited: Vec<HintVisit> = Vec::new();
         while done < hints.len() && visit_units > 0 {
             let h = hints[done];
@@ -114,15 +115,16 @@ impl Core {
             {
                 // A page read again in this wake-up: what is planned for it
                 // runs first, so the page is seen as it then is.
-                self.flush_hint_ops(&mut visited);
+                self.flush_hint_ops(&mut visited, &mut pending);
             }
-            let planned = self.deferred.as_ref().map_or(0, Vec::len);
+            let planned = pending.len();
             let mut p = first;
             while p < end && visit_units > 0 {
                 let n = (end - p).min(SPAN_PAGES);
-                p += self.scan_span(ri, p, n, &mut visit_units, VisitMode::Hinted);
+                let keep = Planned::Keep(&mut pending);
+                p += self.scan_span(ri, p, n, &mut visit_units, VisitMode::Hinted, keep);
             }
-            let planned = self.deferred.as_ref().map_or(0, Vec::len) - planned;
+            let planned = pending.len() - planned;
             visited.push(HintVisit {
                 region: ri,
                 first,
@@ -143,8 +145,7 @@ impl Core {
                 break;
             }
         }
-        self.flush_hint_ops(&mut visited);
-        self.deferred = None;
+        self.flush_hint_ops(&mut visited, &mut pending);
         hints.drain(..done);
         BatchReport {
             merges: self.merges_done() - before,
@@ -156,8 +157,8 @@ impl Core {
     /// Executes the merges planned by hint visits so far, counts them (and
     /// their delay since the device filled the pages: the ranges' planned
     /// ops weigh their ages), and judges the groups for the KSM assist.
-    pub(super) fn flush_hint_ops(&mut self, visited: &mut Vec<HintVisit>) {
-        let ops = self.deferred.replace(Vec::new()).unwrap_or_default();
+    pub(super) fn flush_hint_ops(&mut self, visited: &mut Vec<HintVisit>, pending: &mut Vec<Op>) {
+        let ops = std::mem::take(pending);
         let before = self.merges_done();
         self.execute_planned(ops);
         let merged = self.merges_done() - before;

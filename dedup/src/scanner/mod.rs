@@ -67,6 +67,7 @@ mod unmerge;
 mod visit;
 
 use choose::Plan;
+use span::Planned;
 use visit::{PageVisit, VisitMode};
 
 /// Drops one page's reference to slot `s`; returns the mappers left. A
@@ -337,10 +338,6 @@ pub struct Core {
     hint_index: hints::HintIndex,
     /// Merges made on hinted visits, and their delays.
     hint_tally: hints::HintTally,
-    /// While visiting hinted ranges: the merge ops planned so far, executed
-    /// once at the end of the visit (one vCPU park for all ranges of a
-    /// wake-up instead of one per range).
-    deferred: Option<Vec<Op>>,
     /// Page ids whose hash changed at their last visit in a logged region:
     /// looked at again at the next wake-up (`run_rechecks`), not the next
     /// pass.
@@ -403,7 +400,6 @@ impl Core {
             orphans: Vec::new(),
             hint_index: hints::HintIndex::default(),
             hint_tally: hints::HintTally::default(),
-            deferred: None,
             recheck: Vec::new(),
         };
         Ok(c)

@@ -3,6 +3,16 @@
 
 use super::*;
 
+/// Where the merges a span plans go.
+pub(super) enum Planned<'a> {
+    /// Executed at the end of the span: the scan's spans.
+    Run,
+    /// Appended here, for the caller to execute: a hint visit plans the
+    /// merges of all of a wake-up's ranges first and runs them together,
+    /// under one park of the vCPUs instead of one per range.
+    Keep(&'a mut Vec<Op>),
+}
+
 impl Core {
     /// Scans pages `start..start+n` of region `ri`; returns pages consumed.
     pub(super) fn scan_span(
@@ -12,6 +22,7 @@ impl Core {
         n: usize,
         visit_units: &mut u64,
         mode: VisitMode,
+        planned: Planned<'_>,
     ) -> usize {
         if self.regions[ri].assisted && !self.census.due() {
             // KSM's region: the engine only counts KSM's sharing and notices
@@ -20,7 +31,7 @@ impl Core {
             return n;
         }
         if !self.regions[ri].assisted {
-            return self.scan_span_inner(ri, start, n, visit_units, mode);
+            return self.scan_span_inner(ri, start, n, visit_units, mode, planned);
         }
         // A census span is a pagemap read and a frame list, not a scan: it
         // is paced by time (`CENSUS_SLICE` per batch, a pass every second
@@ -29,14 +40,14 @@ impl Core {
         // the sharing KSM reached would go unreported all that while.
         let t = Instant::now();
         let mut units = n as u64 * HASH_COST;
-        let used = self.scan_span_inner(ri, start, n, &mut units, mode);
+        let used = self.scan_span_inner(ri, start, n, &mut units, mode, planned);
         self.census.charge(t.elapsed());
         used
     }
 
     /// `scan_span`'s work: `read_needed`, then each page's visit by kind,
-    /// then the span's planned merges (executed here, or deferred to the end
-    /// of a hint visit).
+    /// then the span's planned merges (executed here, or kept for the
+    /// caller: `planned`).
     pub(super) fn scan_span_inner(
         &mut self,
         ri: usize,
@@ -44,6 +55,7 @@ impl Core {
         n: usize,
         visit_units: &mut u64,
         mode: VisitMode,
+        planned: Planned<'_>,
     ) -> usize {
         let mut entries = std::mem::take(&mut self.scratch);
         if entries.len() < n {
@@ -123,22 +135,35 @@ impl Core {
             w.clear_range(start, start + used);
         }
         self.scratch = entries;
-        self.end_span(ri, mode, ops, freed);
+        self.end_span(ri, mode, ops, freed, planned);
         used
     }
 
-    /// A span's planned merges run (or wait for the end of a hint visit,
-    /// which executes them and judges the group for the KSM assist, which
-    /// must not meet planned ops), and the slots it freed are released.
-    fn end_span(&mut self, ri: usize, mode: VisitMode, mut ops: Vec<Op>, mut freed: Vec<u32>) {
-        let deferring = self.deferred.is_some();
-        if let Some(d) = self.deferred.as_mut() {
-            d.append(&mut ops);
-        } else if !ops.is_empty() {
-            self.execute(ops, &mut freed);
-        }
+    /// A span's planned merges run (or go to the caller, who executes them
+    /// and judges the group for the KSM assist, which must not meet planned
+    /// ops), and the slots it freed are released.
+    fn end_span(
+        &mut self,
+        ri: usize,
+        mode: VisitMode,
+        mut ops: Vec<Op>,
+        mut freed: Vec<u32>,
+        planned: Planned<'_>,
+    ) {
+        let kept = match planned {
+            Planned::Keep(to) => {
+                to.append(&mut ops);
+                true
+            }
+            Planned::Run => {
+                if !ops.is_empty() {
+                    self.execute(ops, &mut freed);
+                }
+                false
+            }
+        };
         self.release_slots(&freed);
-        if mode.merges() && !deferring {
+        if mode.merges() && !kept {
             let group = self.regions[ri].group;
             self.maybe_assist(group);
         }
