@@ -185,7 +185,7 @@ impl Core {
             return false;
         }
         let mut queue = std::mem::take(&mut self.recheck);
-        let run = (self.run_hash, self.run_len);
+        let run = self.run;
         let mut at = 0;
         while at < queue.len() {
             let end = (at + SPAN_PAGES).min(queue.len());
@@ -226,11 +226,11 @@ impl Core {
                 queue.drain(..at);
                 queue.append(&mut self.recheck);
                 self.recheck = queue;
-                (self.run_hash, self.run_len) = run;
+                self.run = run;
                 return true;
             }
         }
-        (self.run_hash, self.run_len) = run;
+        self.run = run;
         false
     }
 

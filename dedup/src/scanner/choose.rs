@@ -150,17 +150,9 @@ impl Core {
             .skip_full(group, h, max, |s| u64::from(pool.meta(s).mappers) >= max);
     }
 
+    /// The page just visited held `content` (see [`run::SameRun::note`]).
     pub(super) fn note_run(&mut self, content: Option<u32>) {
-        match content {
-            Some(c) if self.run_len > 0 && c == self.run_hash => {
-                self.run_len = self.run_len.saturating_add(1)
-            }
-            Some(c) => {
-                self.run_hash = c;
-                self.run_len = 1;
-            }
-            None => self.run_len = 0,
-        }
+        self.run.note(content);
     }
 
     /// Stripe length worth having for a same-content run of the current
@@ -174,7 +166,7 @@ impl Core {
         if self.vmas.below_quarter() {
             return self.stripe_max;
         }
-        let l = (self.run_len as f64).sqrt() as u32;
+        let l = (self.run.len() as f64).sqrt() as u32;
         l.clamp(1, self.stripe_max)
     }
 

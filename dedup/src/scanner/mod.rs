@@ -62,6 +62,7 @@ mod hints;
 mod logs;
 mod register;
 mod report;
+mod run;
 mod span;
 mod unmerge;
 mod visit;
@@ -305,10 +306,8 @@ pub struct Core {
     /// VMAs the engine may still create (the process map-count limit).
     vmas: budget::Vmas,
     scratch: Vec<Entry>,
-    /// Content hash and length of the same-content run ending at the last
-    /// visited page (sizes stripes).
-    run_hash: u32,
-    run_len: u32,
+    /// The same-content run ending at the last visited page.
+    run: run::SameRun,
     /// The hash is xxh3 (64-bit equality then stands in for a content
     /// pre-check when planning); false with a test hash override.
     strong_hash: bool,
@@ -385,8 +384,7 @@ impl Core {
             fresh_hashed: 0,
             vmas: budget::Vmas::new(false),
             scratch: Vec::new(),
-            run_hash: 0,
-            run_len: 0,
+            run: run::SameRun::default(),
             strong_hash,
             quiescers: HashMap::new(),
             quiesce_min_ops: DEFAULT_QUIESCE_MIN_OPS,

@@ -76,7 +76,7 @@ impl Core {
             };
         let mut used = 0;
         if start == 0 {
-            self.run_len = 0;
+            self.run.note(None);
         }
         while used < n && *visit_units > 0 {
             if ops.len() >= OPS_BEFORE_YIELD && self.someone_waits() {

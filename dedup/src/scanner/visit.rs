@@ -205,8 +205,10 @@ impl Core {
         // with one pattern) is a candidate at once: see `SEED_RUN`. Not
         // one whose share copy-on-write broke (`REHASH`): a guest that
         // rewrites a pattern soon after writing it would churn merges.
-        let seeded =
-            first_sight && v.mode.merges() && self.run_len >= SEED_RUN && !region::needs_rehash(st);
+        let seeded = first_sight
+            && v.mode.merges()
+            && self.run.len() >= SEED_RUN
+            && !region::needs_rehash(st);
         let unchanged =
             (kind == HASHED && self.regions[ri].word[p] == h) || v.mode.hinted() || seeded;
         let r = &mut self.regions[ri];
@@ -481,10 +483,10 @@ impl Core {
             return None;
         }
         let group = self.regions[ri].group;
-        let run = (self.run_hash, self.run_len);
+        let run = self.run;
         self.note_run(Some(h));
         let Some(s) = self.existing_target(v, h, group, page) else {
-            (self.run_hash, self.run_len) = run;
+            self.run = run;
             return None;
         };
         // Kept in `old_state`: restored with it if the merge fails.
@@ -558,7 +560,7 @@ impl Core {
         }
         // Inside a run of one pattern continuing onto its stripe, the
         // guess needs no sample: see `SEED_RUN`.
-        let same_run = self.run_len >= SEED_RUN && self.pool.meta(s1).hash == self.run_hash;
+        let same_run = self.run.is_long(self.pool.meta(s1).hash, SEED_RUN);
         if !self.has_room(s1, group)
             || (self.pool.state(s1) == SlotState::Written
                 && !same_run
