@@ -25,15 +25,11 @@ impl Core {
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let units0 = visit_units;
         self.census.start_batch();
-        if self.unstable.is_empty() && self.cursor_region == 0 && self.cursor_page == 0 {
+        if self.unstable.is_empty() && self.cursor.at_pass_start() {
             self.unstable.reset(self.tracked_pages() as usize);
         }
         while visit_units > 0 {
-            if self.cursor_region >= self.regions.len() {
-                self.cursor_region = 0;
-                self.cursor_page = 0;
-            }
-            let (ri, start) = (self.cursor_region, self.cursor_page);
+            let (ri, start) = self.cursor.next(self.regions.len());
             // Read pagemap only for pages this wake-up can visit: every visit
             // costs at least one visit unit, so a small wake-up (auto mode's
             // untriggered rounds scan ~5 pages) must not pay for a whole span.
@@ -44,16 +40,11 @@ impl Core {
             }
             let mode = VisitMode::of_scan(merge);
             let used = self.scan_span(ri, start, n, &mut visit_units, mode, Planned::Run);
-            self.cursor_page += used;
-            if self.cursor_page >= self.regions[ri].npages {
-                self.cursor_region += 1;
-                self.cursor_page = 0;
-                if self.cursor_region >= self.regions.len() {
-                    self.cursor_region = 0;
-                    self.end_pass();
-                    rep.pass_completed = true;
-                    break;
-                }
+            let npages = self.regions[ri].npages;
+            if self.cursor.advance(used, npages, self.regions.len()) {
+                self.end_pass();
+                rep.pass_completed = true;
+                break;
             }
             if self.census.slice_spent() {
                 rep.census_pending = true;
@@ -132,7 +123,7 @@ impl Core {
             self.counters.merges,
             self.counters.cow_breaks,
             self.regions.len() as u64,
-            self.next_region_id,
+            self.ids.regions_joined(),
         );
         let recount = key != self.recount_key;
         self.recount_key = key;

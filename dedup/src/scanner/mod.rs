@@ -56,6 +56,7 @@ mod batch;
 mod budget;
 mod census;
 mod choose;
+mod cursor;
 mod execute;
 mod handover;
 mod hints;
@@ -295,11 +296,11 @@ pub struct Core {
     counters: Counters,
     /// Passes in a row that made no progress (drives the adaptive sleep).
     idle_passes: u32,
-    groups: HashMap<String, u32>,
-    next_gid: u64,
-    next_region_id: u64,
-    cursor_region: usize,
-    cursor_page: usize,
+    /// Region, group and page numbering.
+    ids: cursor::Ids,
+    /// Where the scan goes on.
+    cursor: cursor::Cursor,
+    /// Progress made in this pass (merges, first hashes, KSM's sharing).
     pass_progress: u64,
     /// Pages hashed for the first time, ever (see `BatchReport::fresh`).
     fresh_hashed: u64,
@@ -375,11 +376,8 @@ impl Core {
             stripe_max: stripe_max.max(1),
             counters: Counters::default(),
             idle_passes: 0,
-            groups: HashMap::new(),
-            next_gid: 0,
-            next_region_id: 1,
-            cursor_region: 0,
-            cursor_page: 0,
+            ids: cursor::Ids::default(),
+            cursor: cursor::Cursor::default(),
             pass_progress: 0,
             fresh_hashed: 0,
             vmas: budget::Vmas::new(false),
@@ -493,10 +491,7 @@ impl Core {
 
     /// The name of dedup group `g`.
     pub fn group_name(&self, g: u32) -> Option<&str> {
-        self.groups
-            .iter()
-            .find(|(_, &id)| id == g)
-            .map(|(n, _)| n.as_str())
+        self.ids.group_name(g)
     }
 
     /// Does a thread other than the scanner wait for the core

@@ -29,16 +29,13 @@ impl Core {
         {
             return Err(ScanError::Overlap { addr, len });
         }
-        let gnext = self.groups.len() as u32;
-        let gid = *self.groups.entry(group.clone()).or_insert(gnext);
-        let id = RegionId(self.next_region_id);
-        let base = u32::try_from(self.next_gid).map_err(|_| region::RegionError::TooManyPages)?;
+        let gid = self.ids.group(&group);
+        let (id, base) = self.ids.peek()?;
         let mut r = Region::new(id, addr, len, owner, group, gid, base)?;
         r.huge = mm::thp_possible();
         self.uffd.register_wp(addr, len)?;
         r.slot_base = self.pool.open_window(r.npages);
-        self.next_region_id += 1;
-        self.next_gid += r.npages as u64;
+        self.ids.take(r.npages);
         self.prot
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -151,14 +148,7 @@ impl Core {
         }
         self.release_unmapped(&freed);
         self.release_assist_if_unused();
-        if ri < self.cursor_region {
-            self.cursor_region -= 1;
-        } else if ri == self.cursor_region {
-            self.cursor_page = 0;
-        }
-        if self.cursor_region >= self.regions.len() {
-            self.cursor_region = 0;
-        }
+        self.cursor.region_removed(ri, self.regions.len());
         Ok(())
     }
 
