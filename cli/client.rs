@@ -12,6 +12,7 @@ use pagefold_api::view::{EngineHealth, Health, HealthStatus};
 use pagefold_api::vms::Target as VmTarget;
 use pagefold_api::{patch, DedupView, ListenConfig, Server};
 use pagefold_vmm::config::{fmt_size, validate_vm_name, Config, VmConfig};
+use pagefold_vmm::pause::GuestPauses;
 use pagefold_vmm::runner::{RunReport, Runner};
 use pagefold_vmm::state::{Outcome, RunState};
 use pagefold_vmm::vm::VmInfo;
@@ -320,7 +321,7 @@ fn state_name(s: RunState) -> &'static str {
 
 fn vm_table(vms: &[VmInfo], dedup: Option<&DedupView>) -> String {
     let mut out = format!(
-        "{:<16} {:<9} {:>5} {:>10} {:>9} {:<12} {:>9} {:>9} {:>7} {:>10}  {}\n",
+        "{:<16} {:<9} {:>5} {:>10} {:>9} {:<12} {:>9} {:>9} {:>7} {:>10} {:>15}  {}\n",
         "VM",
         "STATE",
         "VCPUS",
@@ -331,13 +332,14 @@ fn vm_table(vms: &[VmInfo], dedup: Option<&DedupView>) -> String {
         "MERGED",
         "ZERO",
         "SAVED",
+        "PAUSE P99/MAX",
         "OUTCOME"
     );
     for v in vms {
         let owner = dedup.and_then(|d| d.per_owner.get(&v.name));
         let fig = |f: fn(&OwnerView) -> u64| owner.map_or("-".to_string(), |o| f(o).to_string());
         out += &format!(
-            "{:<16} {:<9} {:>5} {:>10} {:>8.1}s {:<12} {:>9} {:>9} {:>7} {:>10}  {}\n",
+            "{:<16} {:<9} {:>5} {:>10} {:>8.1}s {:<12} {:>9} {:>9} {:>7} {:>10} {:>15}  {}\n",
             v.name,
             state_name(v.state),
             v.vcpus,
@@ -348,10 +350,31 @@ fn vm_table(vms: &[VmInfo], dedup: Option<&DedupView>) -> String {
             fig(|o| o.pages_merged),
             fig(|o| o.zero_pages),
             owner.map_or("-".to_string(), |o| fmt_size(o.bytes_saved)),
+            pause_cell(&v.guest_pauses),
             outcome_text(v.outcome.as_ref()),
         );
     }
     out
+}
+
+/// A VM's engine-imposed pauses in a table cell: `p99/max`, or `-` when
+/// the engine never parked it.
+fn pause_cell(p: &GuestPauses) -> String {
+    if p.count == 0 {
+        return "-".into();
+    }
+    format!("{}/{}", fmt_secs(p.p99_s), fmt_secs(p.max_s))
+}
+
+/// A short duration with its unit: `40µs`, `2.5ms`, `1.20s`.
+fn fmt_secs(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.0}µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.1}ms", s * 1e3)
+    } else {
+        format!("{s:.2}s")
+    }
 }
 
 /// A VM's outcome in a table cell: `-` while it runs, else how it ended
@@ -501,6 +524,18 @@ fn vm_info_text(v: &VmInfo, owner: Option<&OwnerView>) -> String {
         v.dedup_group.as_deref().unwrap_or("- (dedup disabled)")
     );
     s += &format!("outcome      {}\n", outcome_text(v.outcome.as_ref()));
+    let p = &v.guest_pauses;
+    if p.count > 0 {
+        s += &format!(
+            "pauses       {} by the dedup engine: p99 {}, max {}, {} in all\n",
+            p.count,
+            fmt_secs(p.p99_s),
+            fmt_secs(p.max_s),
+            fmt_secs(p.total_s)
+        );
+    } else {
+        s += "pauses       none by the dedup engine\n";
+    }
     match owner {
         Some(o) => {
             s += &format!("tracked      {} pages\n", o.pages_tracked);
@@ -801,7 +836,34 @@ mod tests {
             dedup_group: Some("g".into()),
             outcome,
             uptime_s: 2.5,
+            guest_pauses: Default::default(),
         }
+    }
+
+    #[test]
+    fn engine_pauses_show_as_p99_and_max() {
+        let mut v = vm_info("vm0", RunState::Running, None);
+        assert!(vm_table(&[v.clone()], None)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains(" - "));
+        assert!(vm_info_text(&v, None).contains("pauses       none by the dedup engine"));
+        let log = pagefold_vmm::pause::PauseLog::default();
+        for _ in 0..99 {
+            log.record(std::time::Duration::from_micros(40));
+        }
+        log.record(std::time::Duration::from_micros(2500));
+        v.guest_pauses = log.snapshot();
+        let row = vm_table(&[v.clone()], None);
+        assert!(row.contains("50µs/2.5ms"), "{row}");
+        let text = vm_info_text(&v, None);
+        assert!(
+            text.contains(
+                "pauses       100 by the dedup engine: p99 50µs, max 2.5ms, 6.5ms in all"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

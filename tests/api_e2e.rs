@@ -369,6 +369,29 @@ fn dedup_figures_and_knobs_over_the_api() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("dedup: backend pagefold, mode on"), "{out}");
 
+    // The engine parked the guests around its merge batches: each VM shows
+    // the windows, consistent with themselves, and /metrics the histogram.
+    for vm in ["vm0", "vm1"] {
+        let v = curl_json(&sock, "GET", &format!("/vms/{vm}"), None, 200);
+        let p = &v["guest_pauses"];
+        let f = |k: &str| p[k].as_f64().unwrap();
+        let count = p["count"].as_u64().unwrap();
+        assert!(count > 0, "{vm} never parked: {v}");
+        let buckets: u64 = p["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap())
+            .sum();
+        assert_eq!(buckets, count, "{v}");
+        assert!(
+            f("max_s") > 0.0 && f("p99_s") <= f("max_s") && f("max_s") <= f("total_s"),
+            "{v}"
+        );
+        let line = format!("pagefold_guest_pause_seconds_count{{vm=\"{vm}\"}} ");
+        assert!(metrics.contains(&line), "{metrics}");
+    }
+
     // SIGTERM ends the daemon cleanly (exit status 0); the socket goes.
     // SAFETY: kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };

@@ -70,6 +70,34 @@ pub struct VmInfoSchema {
     outcome: Option<OutcomeSchema>,
     #[schema(minimum = 0)]
     uptime_s: f64,
+    guest_pauses: GuestPausesSchema,
+}
+
+/// The windows in which the dedup engine held the VM's vCPUs out of guest
+/// code (to merge pages without interrupting them): each bounds from above
+/// a stop its guest saw.
+#[derive(ToSchema)]
+#[schema(as = GuestPauses)]
+#[serde(deny_unknown_fields)]
+pub struct GuestPausesSchema {
+    /// Windows so far.
+    #[schema(minimum = 0)]
+    count: u64,
+    /// Their total length, seconds.
+    #[schema(minimum = 0)]
+    total_s: f64,
+    /// The longest, seconds.
+    #[schema(minimum = 0)]
+    max_s: f64,
+    /// The 99th percentile, seconds (the bound of its histogram bucket,
+    /// capped by the maximum).
+    #[schema(minimum = 0)]
+    p99_s: f64,
+    /// Windows per bucket, not cumulative; the buckets' upper bounds are
+    /// 10, 25, 50, 100, 250 and 500 µs, 1, 2.5, 5, 10, 25, 50 and 100 ms,
+    /// then +Inf (`pagefold_guest_pause_seconds` on /metrics).
+    #[schema(min_items = 14, max_items = 14)]
+    buckets: Vec<u64>,
 }
 
 /// A size: an integer number of MiB, or a string with a K, M, G or T suffix

@@ -139,6 +139,7 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
                 dedup_group: Some(vc.dedup_group()),
                 outcome: None,
                 uptime_s: 0.0,
+                guest_pauses: Default::default(),
             };
             vms.insert(vc.name.clone(), info.clone());
             Ok(Response::Vm(info))
@@ -224,6 +225,7 @@ impl FakeVmm {
                     dedup_group: Some("g".into()),
                     outcome: None,
                     uptime_s: 1.0,
+                    guest_pauses: Default::default(),
                 },
             );
         }

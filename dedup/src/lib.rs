@@ -56,7 +56,7 @@ pub use settings::{
     BackendKind, CheckedSettings, DedupSettings, Knobs, MemorySignal, Mode, SettingsError,
 };
 pub use thread_init::{DedupThread, ThreadInit};
-pub use writelog::{WriteLog, WriteLogError};
+pub use writelog::{RecordedWrites, WriteLog, WriteLogError};
 pub mod auto;
 pub mod ksm;
 
@@ -69,7 +69,7 @@ pub mod testing {
     pub use crate::engine::DEFAULT_BOOST_MAX;
     pub use crate::hash::HashFn;
     pub use crate::scanner::{Core, Hint, SPAN_PAGES};
-    pub use crate::writelog::{RecordedWrites, VERIFY_BLOCK, VERIFY_PASSES};
+    pub use crate::writelog::{VERIFY_BLOCK, VERIFY_PASSES};
 }
 
 /// The page size the engine works with (x86_64 base pages).

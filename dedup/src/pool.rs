@@ -321,6 +321,7 @@ impl Pool {
 
     /// Frees a slot nothing maps (the caller removed it from the stable
     /// index first): punches the hole, then returns the offset.
+    #[cfg(test)]
     pub fn release(&mut self, s: u32) -> Result<(), PoolError> {
         self.release_many(&mut vec![s])
             .into_iter()

@@ -366,11 +366,6 @@ impl Region {
         self.npages * PAGE_SIZE
     }
 
-    /// Never empty (registration rejects empty regions).
-    pub fn is_empty(&self) -> bool {
-        self.npages == 0
-    }
-
     /// Host address of page `i`.
     pub fn page_addr(&self, i: usize) -> usize {
         self.addr + i * PAGE_SIZE

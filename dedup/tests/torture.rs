@@ -31,7 +31,7 @@ type WriteLog = std::sync::Mutex<Vec<(usize, Vec<u8>)>>;
 /// record each user-mode write after making it. Kernel-mode writes (the
 /// `pread`s, a device's I/O) are left out on purpose: KVM does not log a
 /// device's writes, and a write the log misses must cost merges only.
-use pagefold_dedup::testing::RecordedWrites as UserWrites;
+use pagefold_dedup::RecordedWrites as UserWrites;
 
 /// One torture run's shape.
 struct Cfg {

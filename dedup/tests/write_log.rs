@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use common::*;
 use pagefold_dedup::testing::Core;
-use pagefold_dedup::testing::RecordedWrites as Recorded;
 use pagefold_dedup::testing::VERIFY_PASSES;
+use pagefold_dedup::RecordedWrites as Recorded;
 use pagefold_dedup::{Knobs, RegionId};
 
 const N: usize = 256;

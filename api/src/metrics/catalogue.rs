@@ -19,6 +19,7 @@ use super::{BuildInfo, Num, Scrape, MODES, STATES};
 pub enum Kind {
     Gauge,
     Counter,
+    Histogram,
 }
 
 /// A family's samples: label values (in the order of [`Family::labels`])
@@ -47,6 +48,8 @@ impl Family {
         match self.kind {
             Kind::Counter => format!("{}_total", self.name),
             Kind::Gauge => self.name.to_string(),
+            // Its samples are `_bucket`, `_sum` and `_count`.
+            Kind::Histogram => self.name.to_string(),
         }
     }
 }
@@ -244,6 +247,20 @@ pub static FAMILIES: &[Family] = &[
         source: &[],
         ksmd: None,
         rows: |s| per_vm(s, |v| Num::F(v.uptime_s)),
+    },
+    Family {
+        name: "pagefold_guest_pause_seconds",
+        kind: Kind::Histogram,
+        labels: &["vm"],
+        help: "Windows in which the dedup engine held the VM's vCPUs out of guest code to merge (each bounds a stop the guest saw).",
+        source: &[],
+        ksmd: None,
+        rows: |s| {
+            per_vm(s, |v| Num::H {
+                sum: v.guest_pauses.total_s,
+                buckets: v.guest_pauses.buckets,
+            })
+        },
     },
     Family {
         name: "pagefold_dedup_enabled",

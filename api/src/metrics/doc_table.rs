@@ -21,6 +21,7 @@ pub fn markdown_table() -> String {
         let kind = match f.kind {
             Kind::Gauge => "gauge",
             Kind::Counter => "counter",
+            Kind::Histogram => "histogram",
         };
         out.push_str(&format!(
             "| {} | {kind} | {} | {} | {} | {} |\n",

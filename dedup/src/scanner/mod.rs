@@ -428,11 +428,13 @@ impl Core {
     }
 
     /// Cumulative counters.
+    #[cfg(any(test, feature = "testing"))]
     pub fn counters(&self) -> &Counters {
         &self.counters
     }
 
     /// The registered regions, in page-id order.
+    #[cfg(any(test, feature = "testing"))]
     pub fn regions(&self) -> &[Region] {
         &self.regions
     }
