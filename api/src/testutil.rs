@@ -121,7 +121,7 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
     };
     match req {
         Request::ListVms => Ok(Response::Vms(vms.values().cloned().collect())),
-        Request::GetVm(n) => Ok(Response::Vm(find(vms, &n)?)),
+        Request::GetVm(n) => Ok(Response::Vm(Box::new(find(vms, &n)?))),
         Request::CreateVm(vc) => {
             if vms.contains_key(&vc.name) {
                 return Err(RequestError::Conflict(format!(
@@ -142,7 +142,7 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
                 guest_pauses: Default::default(),
             };
             vms.insert(vc.name.clone(), info.clone());
-            Ok(Response::Vm(info))
+            Ok(Response::Vm(Box::new(info)))
         }
         Request::Pause(n) | Request::Resume(n) if n == "stopping" => {
             Err(RequestError::Conflict(format!("VM {n:?} is stopping")))
@@ -151,13 +151,13 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
             find(vms, &n)?;
             let v = vms.get_mut(&n).unwrap();
             v.state = RunState::Paused;
-            Ok(Response::Vm(v.clone()))
+            Ok(Response::Vm(Box::new(v.clone())))
         }
         Request::Resume(n) => {
             find(vms, &n)?;
             let v = vms.get_mut(&n).unwrap();
             v.state = RunState::Running;
-            Ok(Response::Vm(v.clone()))
+            Ok(Response::Vm(Box::new(v.clone())))
         }
         Request::DeleteVm(n) => {
             vms.remove(&n).ok_or(RequestError::NotFound(n))?;

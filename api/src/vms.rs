@@ -20,7 +20,7 @@ use crate::state::{name, unexpected, AppState};
 
 fn vm(r: Response) -> Result<Json<VmInfo>, ApiError> {
     match r {
-        Response::Vm(v) => Ok(Json(v)),
+        Response::Vm(v) => Ok(Json(*v)),
         other => Err(unexpected(&other)),
     }
 }

@@ -38,7 +38,7 @@ pub enum Request {
 #[serde(untagged)]
 pub enum Response {
     Vms(Vec<VmInfo>),
-    Vm(VmInfo),
+    Vm(Box<VmInfo>),
     Done,
 }
 

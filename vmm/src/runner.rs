@@ -443,8 +443,8 @@ impl Runner {
         match req {
             Request::ListVms => Ok(Response::Vms(self.infos())),
             Request::GetVm(n) => match self.finished.get(&n) {
-                Some(info) => Ok(Response::Vm(info.clone())),
-                None => Ok(Response::Vm(self.find(&n)?.info())),
+                Some(info) => Ok(Response::Vm(Box::new(info.clone()))),
+                None => Ok(Response::Vm(Box::new(self.find(&n)?.info()))),
             },
             Request::CreateVm(vc) => {
                 if self.shutdown_requested {
@@ -491,7 +491,7 @@ impl Runner {
                     }
                 }
                 match self.add_vm(&vc) {
-                    Ok(()) => Ok(Response::Vm(self.find(&vc.name)?.info())),
+                    Ok(()) => Ok(Response::Vm(Box::new(self.find(&vc.name)?.info()))),
                     Err(Error::Vm { source: e, .. }) if e.is_bad_input() => {
                         Err(RequestError::BadRequest(e.to_string()))
                     }
@@ -502,13 +502,13 @@ impl Runner {
                 let vm = self.find(&n)?;
                 vm.pause()
                     .map_err(|e| RequestError::Conflict(e.to_string()))?;
-                Ok(Response::Vm(vm.info()))
+                Ok(Response::Vm(Box::new(vm.info())))
             }
             Request::Resume(n) => {
                 let vm = self.find(&n)?;
                 vm.resume()
                     .map_err(|e| RequestError::Conflict(e.to_string()))?;
-                Ok(Response::Vm(vm.info()))
+                Ok(Response::Vm(Box::new(vm.info())))
             }
             Request::DeleteVm(n) => {
                 if self.finished.remove(&n).is_some() {
