@@ -542,6 +542,9 @@ fn vm_info_text(v: &VmInfo, owner: Option<&OwnerView>) -> String {
             s += &format!("merged       {} pages\n", o.pages_merged);
             s += &format!("zero         {} pages\n", o.zero_pages);
             s += &format!("saved        {}\n", fmt_size(o.bytes_saved));
+            if let Some(n) = o.cow_breaks {
+                s += &format!("cow breaks   {n} merges broken by writes\n");
+            }
         }
         None => s += "dedup        - (not registered with a dedup backend)\n",
     }
@@ -788,6 +791,7 @@ mod tests {
                     pages_merged: o.pages_merged,
                     zero_pages: o.zero_pages,
                     bytes_saved: o.bytes_saved,
+                    cow_breaks: o.cow_breaks,
                 },
             );
         }
@@ -877,8 +881,14 @@ mod tests {
                 pages_merged: 4,
                 zero_pages: 1,
                 bytes_saved: 20480,
+                cow_breaks: Some(7),
             },
         )]);
+        let info = vm_info_text(&vms[0], d.per_owner.get("vm0"));
+        assert!(
+            info.contains("cow breaks   7 merges broken by writes\n"),
+            "{info}"
+        );
         let t = vm_table(&vms, Some(&d));
         let row = t.lines().nth(1).unwrap();
         for cell in ["vm0", "paused", "64 MiB", "2.5s", "g", "9", "4", "20 KiB"] {

@@ -141,6 +141,11 @@ pub struct OwnerView {
     /// Pages of the VM dropped to the zero page.
     pub zero_pages: u64,
     pub bytes_saved: u64,
+    /// Merges of the VM's pages its writes broke (copy-on-write); absent
+    /// for the KSM backend, which counts them host-wide only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub cow_breaks: Option<u64>,
 }
 
 /// Memory pressure stall information, percent of wall time.
@@ -214,6 +219,7 @@ impl From<&OwnerStats> for OwnerView {
             pages_merged: o.pages_merged,
             zero_pages: o.zero_pages,
             bytes_saved: o.bytes_saved,
+            cow_breaks: o.cow_breaks,
         }
     }
 }

@@ -78,6 +78,7 @@ impl DedupBackend for TestBackend {
                 pages_merged: 40,
                 zero_pages: 2,
                 bytes_saved: 42 * 4096,
+                cow_breaks: Some(3),
             },
         );
         Stats {

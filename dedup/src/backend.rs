@@ -85,6 +85,11 @@ pub struct OwnerStats {
     /// What merging saves for this owner, in bytes (its share of each
     /// shared page, and its zero pages).
     pub bytes_saved: u64,
+    /// Merges of this owner's pages its writes broke since registration;
+    /// `None` from a backend that cannot tell per owner (kernel KSM counts
+    /// its copy-on-write breaks host-wide only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cow_breaks: Option<u64>,
 }
 
 /// Backend statistics: KSM-compatible names, plus pagefold's own.
@@ -111,6 +116,8 @@ pub struct Stats {
     /// Pages merged (zero drops included) since the backend started.
     pub merges: u64,
     /// Merged pages a write took back (copy on write) since the start.
+    /// Kernel KSM counts these host-wide only (`cow_ksm` of
+    /// `/proc/vmstat`): its figure includes other KSM users'.
     pub cow_breaks: u64,
     /// Pool pages in use (pagefold).
     pub pool_pages: u64,

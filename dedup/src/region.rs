@@ -152,6 +152,10 @@ pub struct Region {
     pub ksm_merged: u64,
     /// The pages `ksm_merged` saves (sum of 1 - 1/k over its frames).
     pub ksm_saved: f64,
+    /// Merges of this region's pages the guest broke by writing them
+    /// (copy-on-write of a pool page or of the zero page), as the scan
+    /// found them.
+    pub cow_breaks: u64,
     /// Pages written since the engine last examined them, when the VMM
     /// gave a write log for the region (`crate::writelog`).
     pub written: Option<crate::writelog::Written>,
@@ -355,6 +359,7 @@ impl Region {
             taken_back: 0,
             ksm_merged: 0,
             ksm_saved: 0.0,
+            cow_breaks: 0,
             slot_base: None,
             huge: false,
             written: None,

@@ -389,6 +389,35 @@ fn pages_merged_out_of_a_huge_page_are_freed_at_once() {
     e.shutdown();
 }
 
+/// Copy-on-write breaks count against the owner whose page broke, pool
+/// and zero-page merges alike.
+#[test]
+fn cow_breaks_count_per_owner() {
+    let e = engine(256);
+    let (a, b) = (Mem::new(16), Mem::new(16));
+    a.fill_all(3);
+    b.fill_all(3);
+    for i in 8..12 {
+        a.fill(i, 0);
+    }
+    let _ra = a.register(&e, "a", "g");
+    let _rb = b.register(&e, "b", "g");
+    e.scan_now(2);
+    let before = e.stats();
+    assert_eq!(before.per_owner["a"].cow_breaks, Some(0), "{before:?}");
+    assert!(before.zero_pages >= 4, "{before:?}");
+    // Two pool pages and two zero pages of a.
+    for i in [0, 1, 8, 9] {
+        a.fill(i, 100 + i as u64);
+    }
+    e.scan_now(1);
+    let s = e.stats();
+    assert_eq!(s.per_owner["a"].cow_breaks, Some(4), "{s:?}");
+    assert_eq!(s.per_owner["b"].cow_breaks, Some(0), "{s:?}");
+    assert_eq!(s.cow_breaks, 4, "{s:?}");
+    e.shutdown();
+}
+
 #[test]
 fn cow_break_is_noticed_and_counts_stay_exact() {
     let e = engine(256);

@@ -112,6 +112,17 @@ fn per_owner(s: &Scrape, f: fn(&crate::dedup_view::OwnerView) -> u64) -> Rows {
     })
 }
 
+/// Like [`per_owner`], for a figure some backends do not have per owner:
+/// only the owners that have it.
+fn per_owner_some(s: &Scrape, f: fn(&crate::dedup_view::OwnerView) -> Option<u64>) -> Rows {
+    s.dedup.as_ref().map(|d| {
+        d.per_owner
+            .iter()
+            .filter_map(|(vm, o)| Some((vec![vm.clone(), o.group.clone()], Num::U(f(o)?))))
+            .collect()
+    })
+}
+
 fn ms_to_s(ms: f64) -> Num {
     Num::F(ms / 1000.0)
 }
@@ -395,7 +406,7 @@ pub static FAMILIES: &[Family] = &[
         name: "pagefold_dedup_cow_breaks",
         kind: Kind::Counter,
         labels: &[],
-        help: "Merged pages given back a private copy on a write.",
+        help: "Merged pages given back a private copy on a write (KSM backend: host-wide, cow_ksm of /proc/vmstat).",
         source: &["cow_breaks"],
         ksmd: None,
         rows: |s| dedup(s, |d| d.cow_breaks.into()),
@@ -620,6 +631,15 @@ pub static FAMILIES: &[Family] = &[
         source: &["per_owner.*.bytes_saved"],
         ksmd: None,
         rows: |s| per_owner(s, |o| o.bytes_saved),
+    },
+    Family {
+        name: "pagefold_dedup_vm_cow_breaks",
+        kind: Kind::Counter,
+        labels: &["vm", "group"],
+        help: "Merges of the VM's pages its writes broke (copy-on-write); pagefold backend only.",
+        source: &["per_owner.*.cow_breaks"],
+        ksmd: None,
+        rows: |s| per_owner_some(s, |o| o.cow_breaks),
     },
     Family {
         name: "pagefold_dedup_auto_merging",

@@ -292,6 +292,7 @@ mod tests {
                 pages_merged: 4,
                 zero_pages: 1,
                 bytes_saved: 8192,
+                cow_breaks: Some(3),
             },
         );
         Stats {

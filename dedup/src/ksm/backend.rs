@@ -323,7 +323,7 @@ impl DedupBackend for KsmBackend {
             zero_pages: zero,
             full_scans: g("full_scans"),
             merges: merging,
-            cow_breaks: 0,
+            cow_breaks: self.inner.cow_breaks(),
             pool_pages: g("pages_shared"),
             vmas_created: 0,
             map_count_headroom: match (maps, max_maps) {

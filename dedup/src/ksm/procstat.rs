@@ -25,6 +25,14 @@ pub struct ProcessKsmStat {
     pub process_profit: Option<i64>,
 }
 
+/// `cow_ksm` of `/proc/vmstat`: copy-on-write breaks of KSM pages, host
+/// wide, since boot; `None` where the kernel lacks it (before 5.19, or
+/// without CONFIG_KSM).
+pub fn cow_ksm() -> Option<u64> {
+    let v = procfs::vmstat().ok()?;
+    v.get("cow_ksm").and_then(|&n| u64::try_from(n).ok())
+}
+
 /// Parses the `name value` lines of `ksm_stat`; unknown lines are ignored
 /// (newer kernels add `ksm_merge_any: no` and the like).
 pub fn parse_ksm_stat(text: &str) -> ProcessKsmStat {
@@ -168,6 +176,17 @@ pub fn count_ksm_pages(addr: usize, len: usize) -> Result<u64, KsmError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cow_ksm_is_read_where_the_kernel_has_it() {
+        let text = std::fs::read_to_string("/proc/vmstat").unwrap();
+        let line = text.lines().find_map(|l| l.strip_prefix("cow_ksm "));
+        match (line, cow_ksm()) {
+            (Some(v), Some(n)) => assert!(n >= v.trim().parse::<u64>().unwrap()),
+            (None, None) => {}
+            other => panic!("/proc/vmstat and cow_ksm() disagree: {other:?}"),
+        }
+    }
 
     #[test]
     fn merging_pages_are_known_on_every_kernel_with_ksm_stat() {

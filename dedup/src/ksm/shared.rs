@@ -28,6 +28,8 @@ pub(super) struct Inner {
     auto: Mutex<AutoController>,
     ksmd: Option<u32>,
     ksmd_cpu_at_start: f64,
+    /// `cow_ksm` when the backend started.
+    cow_ksm_at_start: Option<u64>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -57,6 +59,7 @@ impl Inner {
             auto: Mutex::new(auto),
             ksmd,
             ksmd_cpu_at_start,
+            cow_ksm_at_start: procstat::cow_ksm(),
         }
     }
 
@@ -89,6 +92,16 @@ impl Inner {
             .and_then(|pid| procstat::cpu_seconds(pid).ok())
             .map(|c| (c - self.ksmd_cpu_at_start).max(0.0))
             .unwrap_or(0.0)
+    }
+
+    /// Copy-on-write breaks of KSM pages since the backend started, host
+    /// wide (the kernel counts no finer): other KSM users' count too. 0
+    /// on kernels without the counter.
+    pub fn cow_breaks(&self) -> u64 {
+        match (self.cow_ksm_at_start, procstat::cow_ksm()) {
+            (Some(start), Some(now)) => now.saturating_sub(start),
+            _ => 0,
+        }
     }
 
     /// Writes `max_page_sharing` if it differs from the kernel's value,

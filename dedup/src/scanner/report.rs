@@ -29,6 +29,7 @@ impl Core {
             o.pages_tracked += r.npages as u64;
             o.pages_merged += r.merged + r.ksm_merged;
             o.zero_pages += r.zero;
+            *o.cow_breaks.get_or_insert(0) += r.cow_breaks;
             o.bytes_saved +=
                 ((r.saved_pages + r.ksm_saved + r.zero as f64) * PAGE_SIZE as f64) as u64;
         }

@@ -205,6 +205,7 @@ impl Core {
         let s = r.word[p];
         r.set_kind(p, NEW);
         r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
+        r.cow_breaks += 1;
         if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
             freed.push(s);
         }
@@ -236,6 +237,7 @@ impl Core {
             let r = &mut self.regions[ri];
             r.set_kind(p, NEW);
             r.state[p] = region::with_level(r.state[p], 0);
+            r.cow_breaks += 1;
             self.counters.cow_breaks += 1;
         }
     }
