@@ -736,6 +736,7 @@ mod tests {
             mismatches: 0,
             phases: vec![],
             wall_s: 0.0,
+            guest_pauses: Default::default(),
             summary: Default::default(),
         };
         let mut r = RunReport {

@@ -23,6 +23,17 @@ pub fn render(r: &RunReport) -> String {
             v.outcome.to_string(),
             v.wall_s
         );
+        let g = &v.guest_pauses;
+        if g.count > 0 {
+            let _ = writeln!(
+                s,
+                "    parked by the dedup engine {} times: p99 {:.0} µs, max {:.0} µs, {:.1} ms in all",
+                g.count,
+                g.p99_s * 1e6,
+                g.max_s * 1e6,
+                g.total_s * 1e3
+            );
+        }
         for p in &v.phases {
             let _ = writeln!(
                 s,

@@ -18,6 +18,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{Config, VmConfig};
 use crate::control::{self, Request, RequestError, Response};
+use crate::pause::GuestPauses;
 use crate::state::{Outcome, RunState};
 use crate::vm::{self, Vm, VmInfo, VmResources};
 use crate::{signals, workload, x86};
@@ -115,13 +116,16 @@ pub struct VmReport {
     pub mismatches: u64,
     pub phases: Vec<PhaseRow>,
     pub wall_s: f64,
+    /// The windows in which the dedup engine held its vCPUs.
+    pub guest_pauses: GuestPauses,
     /// Everything the guest reported.
     #[serde(skip)]
     pub summary: WorkloadSummary,
 }
 
 impl VmReport {
-    fn new(name: String, outcome: Outcome, summary: WorkloadSummary, wall_s: f64) -> Self {
+    /// The report of the VM that `info` describes as it ended.
+    fn new(info: &VmInfo, outcome: Outcome, summary: WorkloadSummary) -> Self {
         let phases = summary
             .phases
             .iter()
@@ -142,12 +146,13 @@ impl VmReport {
             })
             .collect();
         VmReport {
-            name,
+            name: info.name.clone(),
             outcome,
             exit_status: summary.exit_status,
             mismatches: summary.mismatches(),
             phases,
-            wall_s,
+            wall_s: info.uptime_s,
+            guest_pauses: info.guest_pauses,
             summary,
         }
     }
@@ -520,7 +525,7 @@ impl Runner {
                 let t = Instant::now();
                 let outcome = vm.finish(Outcome::Deleted);
                 let finished = t.elapsed();
-                let wall_s = vm.info().uptime_s;
+                let info = vm.info();
                 self.forget_subscribers(&n);
                 drop(vm);
                 self.request_parts = Some(format!(
@@ -532,8 +537,7 @@ impl Runner {
                     .summaries
                     .remove(&n)
                     .unwrap_or_else(|| WorkloadSummary::new(n.clone()));
-                self.ended
-                    .insert(n.clone(), VmReport::new(n, outcome, summary, wall_s));
+                self.ended.insert(n, VmReport::new(&info, outcome, summary));
                 Ok(Response::Done)
             }
             Request::StartDedup => {
@@ -684,20 +688,19 @@ impl Runner {
                     reason: "stopped".into(),
                 });
                 let mut info = vm.info();
-                let wall_s = info.uptime_s;
                 self.drain_events();
                 let name = vm.name().to_string();
                 self.forget_subscribers(&name);
                 drop(vm);
                 info.state = RunState::Stopped;
                 info.outcome = Some(outcome.clone());
-                self.finished.insert(name.clone(), info);
                 let summary = self.summaries.remove(&name).unwrap_or_default();
                 if self.echo {
                     out(format_args!("[{name}] {outcome}"));
                 }
-                self.ended
-                    .insert(name.clone(), VmReport::new(name, outcome, summary, wall_s));
+                let report = VmReport::new(&info, outcome, summary);
+                self.finished.insert(name.clone(), info);
+                self.ended.insert(name, report);
             } else {
                 i += 1;
             }
