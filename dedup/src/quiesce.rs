@@ -23,8 +23,14 @@ pub trait Quiesce: Send + Sync {
     fn request(&self);
     /// True once no thread is running guest code (parked, or not running).
     fn stopped(&self) -> bool;
-    /// Undoes one [`Quiesce::request`].
+    /// Undoes one [`Quiesce::request`]. The threads may wait for
+    /// [`Quiesce::wake`] to run again.
     fn release(&self);
+    /// Wakes the threads [`Quiesce::release`] let go. A batch releases all
+    /// its quiescers first and then wakes them: woken one by one, the
+    /// first one's threads could take the CPU from the engine before it
+    /// releases the next, whose threads would stay stopped meanwhile.
+    fn wake(&self) {}
     /// Re-sends whatever wakes the threads out of guest code (a thread may
     /// have entered it just after the request).
     fn nudge(&self) {}
@@ -71,6 +77,9 @@ impl Drop for Parked {
     fn drop(&mut self) {
         for q in &self.held {
             q.release();
+        }
+        for q in &self.held {
+            q.wake();
         }
     }
 }

@@ -61,6 +61,12 @@ impl Quiesce for VcpuQuiescer {
         self.pauses.closed();
     }
 
+    fn wake(&self) {
+        // One wake for the held vCPUs of every VM (the process's hold
+        // gate): a batch's later wakes find no one left to wake.
+        crate::state::wake_held_vcpus();
+    }
+
     fn nudge(&self) {
         for &t in self
             .threads

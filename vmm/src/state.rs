@@ -80,6 +80,25 @@ impl fmt::Display for Outcome {
     }
 }
 
+/// Where the held vCPU threads of every VM of the process wait: the dedup
+/// engine holds all VMs for a batch and lets them all go at its end, and
+/// one wake-up for all of them matters. Woken VM by VM, the first VM's
+/// threads can preempt the engine thread on an oversubscribed host
+/// before it wakes the next VM, whose guests then stay stopped for as
+/// long: a stop the pause budget does not see.
+static HOLD_GATE: (Mutex<()>, Condvar) = (Mutex::new(()), Condvar::new());
+
+fn gate() -> std::sync::MutexGuard<'static, ()> {
+    HOLD_GATE.0.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Wakes the vCPU threads of every VM that wait at the hold gate (their
+/// VMs released since re-check their holds); see [`VmShared::unhold`].
+pub fn wake_held_vcpus() {
+    let _g = gate();
+    HOLD_GATE.1.notify_all();
+}
+
 /// State shared by everything that can stop, pause or wait for a VM.
 pub struct VmShared {
     pub name: String,
@@ -135,6 +154,8 @@ impl VmShared {
         g.0 = RunState::Stopping;
         drop(g);
         self.cv.notify_all();
+        // A held vCPU waits at the gate: it must see the stop too.
+        wake_held_vcpus();
         let _ = self.exit_evt.write(1);
         first
     }
@@ -161,21 +182,43 @@ impl VmShared {
         true
     }
 
-    /// Called by a vCPU thread between runs: parks while paused, and tells
-    /// whether the thread should keep running.
+    /// Called by a vCPU thread between runs: parks while paused (on the
+    /// VM's own condition variable) or held (at the process's hold gate),
+    /// and tells whether the thread should keep running.
     pub fn vcpu_checkpoint(&self) -> bool {
-        let mut g = self.lock();
         loop {
-            match g.0 {
-                RunState::Running if self.holds.load(Ordering::SeqCst) == 0 => return true,
-                RunState::Stopping | RunState::Stopped => return false,
-                RunState::Running | RunState::Paused => {
-                    self.parked.fetch_add(1, Ordering::SeqCst);
-                    g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
-                    self.parked.fetch_sub(1, Ordering::SeqCst);
+            {
+                let mut g = self.lock();
+                loop {
+                    match g.0 {
+                        RunState::Running => break,
+                        RunState::Stopping | RunState::Stopped => return false,
+                        RunState::Paused => {
+                            self.parked.fetch_add(1, Ordering::SeqCst);
+                            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+                            self.parked.fetch_sub(1, Ordering::SeqCst);
+                        }
+                    }
                 }
             }
+            if self.holds.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            // Held: re-checked under the gate's lock, which every wake
+            // takes after the holds dropped, so no wake-up is missed.
+            let g = gate();
+            if self.holds.load(Ordering::SeqCst) > 0 && !self.stopping() {
+                self.parked.fetch_add(1, Ordering::SeqCst);
+                drop(HOLD_GATE.1.wait(g).unwrap_or_else(|e| e.into_inner()));
+                self.parked.fetch_sub(1, Ordering::SeqCst);
+            }
         }
+    }
+
+    /// The VM is stopping or stopped (read without waiting on a held
+    /// state lock's owner for long: the lock is only ever held briefly).
+    fn stopping(&self) -> bool {
+        matches!(self.state(), RunState::Stopping | RunState::Stopped)
     }
 
     /// A vCPU thread is about to enter KVM_RUN; false (and it must go back
@@ -202,12 +245,11 @@ impl VmShared {
         self.holds.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Undoes one [`VmShared::hold`]; the vCPUs run again when none is left.
+    /// Undoes one [`VmShared::hold`]; the vCPUs run again when none is
+    /// left, once [`wake_held_vcpus`] wakes them (the dedup engine lets
+    /// every VM of a batch go first, then wakes them all at once).
     pub fn unhold(&self) {
-        let g = self.lock();
         self.holds.fetch_sub(1, Ordering::SeqCst);
-        drop(g);
-        self.cv.notify_all();
     }
 
     /// True while no vCPU thread runs guest code.
@@ -312,9 +354,11 @@ mod tests {
         let t = parked_vcpu(&s);
         s.hold();
         s.unhold();
+        wake_held_vcpus();
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(s.parked_vcpus(), 1, "still held once");
         s.unhold();
+        wake_held_vcpus();
         assert!(t.join().unwrap());
         assert!(s.enter_guest());
         // A stop releases a held vCPU too.
