@@ -640,6 +640,8 @@ mod tests {
             "4",
             "--memory-signal",
             "free",
+            "--max-guest-pause-us",
+            "250",
         ])
         .unwrap();
         let d = run_config(&a).unwrap().dedup;
@@ -653,6 +655,7 @@ mod tests {
             auto_threshold: Some(30),
             max_scanning_factor: Some(4),
             memory_signal: Some(pagefold_dedup::MemorySignal::Free),
+            max_guest_pause_us: Some(250),
         };
         assert_eq!(*d.settings, want);
         // Without flags the config's (here: the defaults) stay.

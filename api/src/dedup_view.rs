@@ -36,6 +36,11 @@ pub struct DedupView {
     pub full_scans: u64,
     pub merges: u64,
     pub cow_breaks: u64,
+    /// pagefold engine: longest stop of the guests' vCPUs for a merge
+    /// batch, microseconds (0: never stopped). Absent for KSM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub max_guest_pause_us: Option<u64>,
     pub pool_pages: u64,
     pub vmas_created: u64,
     pub map_count_headroom: u64,
@@ -294,6 +299,7 @@ impl DedupView {
             full_scans: stats.full_scans,
             merges: stats.merges,
             cow_breaks: stats.cow_breaks,
+            max_guest_pause_us: stats.max_guest_pause_us,
             pool_pages: stats.pool_pages,
             vmas_created: stats.vmas_created,
             map_count_headroom: stats.map_count_headroom,

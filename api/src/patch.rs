@@ -11,7 +11,7 @@ use pagefold_dedup::{CheckedSettings, DedupSettings, SettingsError};
 pub enum PatchError {
     #[error("{0:?}: expected KEY=VALUE")]
     Syntax(String),
-    #[error("unknown setting {0:?} (expected mode, pages_to_scan, sleep_millisecs, max_page_sharing, auto_threshold, max_scanning_factor or memory_signal)")]
+    #[error("unknown setting {0:?} (expected mode, pages_to_scan, sleep_millisecs, max_page_sharing, auto_threshold, max_scanning_factor, memory_signal or max_guest_pause_us)")]
     UnknownKey(String),
     #[error("invalid value for {key}: {value:?} is not a non-negative integer")]
     NotANumber { key: String, value: String },
@@ -42,6 +42,7 @@ pub fn from_pairs<S: AsRef<str>>(pairs: &[S]) -> Result<CheckedSettings, PatchEr
             "auto_threshold" => s.auto_threshold = Some(num()?),
             "max_scanning_factor" => s.max_scanning_factor = Some(num()?),
             "memory_signal" => s.memory_signal = Some(v.parse()?),
+            "max_guest_pause_us" => s.max_guest_pause_us = Some(num()?),
             other => return Err(PatchError::UnknownKey(other.to_string())),
         }
     }

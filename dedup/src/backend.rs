@@ -115,6 +115,10 @@ pub struct Stats {
     pub full_scans: u64,
     /// Pages merged (zero drops included) since the backend started.
     pub merges: u64,
+    /// Longest park of the guests for a merge batch, in microseconds (0:
+    /// none); `None` from a backend that never parks them (kernel KSM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_guest_pause_us: Option<u64>,
     /// Merged pages a write took back (copy on write) since the start.
     /// Kernel KSM counts these host-wide only (`cow_ksm` of
     /// `/proc/vmstat`): its figure includes other KSM users'.

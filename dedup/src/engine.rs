@@ -18,7 +18,7 @@ use crate::pool::Pool;
 use crate::region::RegionError;
 use crate::scanner::BatchReport;
 use crate::scanner::{Core, Hint, ScanError, DEFAULT_QUIESCE_MIN_OPS, DEFAULT_STRIPE};
-use crate::settings::{CheckedSettings, Knobs, Mode};
+use crate::settings::{CheckedSettings, Knobs, Mode, DEFAULT_MAX_GUEST_PAUSE_US};
 use crate::stats::Clocks;
 use crate::thread_init::{DedupThread, ThreadInit};
 use crate::uffd::Uffd;
@@ -184,6 +184,8 @@ impl Default for EngineConfig {
 struct Ctl {
     mode: Mode,
     knobs: Knobs,
+    /// `DedupSettings::max_guest_pause_us` in force.
+    max_guest_pause_us: u64,
     policy: Option<Box<dyn RoundPolicy>>,
     stop: bool,
     generation: u64,
@@ -334,6 +336,7 @@ impl Engine {
                     cfg.mode
                 },
                 knobs: cfg.knobs,
+                max_guest_pause_us: DEFAULT_MAX_GUEST_PAUSE_US,
                 policy: None,
                 stop: false,
                 generation: 0,
@@ -621,6 +624,9 @@ impl DedupBackend for Engine {
     fn apply(&self, settings: &CheckedSettings) -> backend::Result<Knobs> {
         let mut c = lock(&self.shared.ctl);
         c.knobs = settings.knobs_over(c.knobs);
+        if let Some(us) = settings.max_guest_pause_us {
+            c.max_guest_pause_us = us;
+        }
         if let Some(mode) = settings.mode {
             c.mode = mode;
         }
@@ -644,6 +650,7 @@ impl DedupBackend for Engine {
             let c = lock(&self.shared.ctl);
             s.mode = c.mode;
             s.knobs = Some(c.knobs);
+            s.max_guest_pause_us = Some(c.max_guest_pause_us);
             if let Some(t) = c.last_wakeup {
                 let age = t.elapsed();
                 s.last_wakeup_age_ms = age.as_millis() as u64;

@@ -54,6 +54,7 @@ pub use scanner::DEFAULT_QUIESCE_MIN_OPS;
 pub use settings::flag;
 pub use settings::{
     BackendKind, CheckedSettings, DedupSettings, Knobs, MemorySignal, Mode, SettingsError,
+    DEFAULT_MAX_GUEST_PAUSE_US,
 };
 pub use thread_init::{DedupThread, ThreadInit};
 pub use writelog::{RecordedWrites, WriteLog, WriteLogError};

@@ -207,6 +207,15 @@ pub fn check_threshold(pct: u64) -> Result<(), SettingsError> {
     Ok(())
 }
 
+/// Default longest park of the guests at once, in microseconds
+/// ([`DedupSettings::max_guest_pause_us`]): below a millisecond, the stop
+/// that latency-sensitive guests start to notice, with room for the one
+/// merge window that may run past it.
+pub const DEFAULT_MAX_GUEST_PAUSE_US: u64 = 500;
+
+/// Valid range of [`DedupSettings::max_guest_pause_us`]: up to a second.
+pub const MAX_GUEST_PAUSE_US: (u64, u64) = (0, 1_000_000);
+
 /// Where `--help` lists the settings' flags.
 #[cfg(feature = "clap")]
 const HEADING: &str = "Deduplication";
@@ -258,6 +267,13 @@ pub struct DedupSettings {
         arg(long, value_name = "SIGNAL", help_heading = HEADING, value_parser = flag::named::<MemorySignal>())
     )]
     pub memory_signal: Option<MemorySignal>,
+    /// pagefold backend: longest stop of a VM's vCPUs for a merge batch, in
+    /// microseconds (0: never stop them, and let each merge's TLB flushes
+    /// reach the running vCPUs). Default 500.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "US", help_heading = HEADING))]
+    #[cfg_attr(feature = "utoipa", schema(maximum = 1000000))]
+    pub max_guest_pause_us: Option<u64>,
 }
 
 impl DedupSettings {
@@ -270,6 +286,7 @@ impl DedupSettings {
         auto_threshold: None,
         max_scanning_factor: None,
         memory_signal: None,
+        max_guest_pause_us: None,
     };
 
     /// The one range check of parsed settings: every knob given within its
@@ -289,6 +306,9 @@ impl DedupSettings {
         }
         if let Some(t) = self.auto_threshold {
             check_threshold(t)?;
+        }
+        if let Some(us) = self.max_guest_pause_us {
+            check("max_guest_pause_us", us, MAX_GUEST_PAUSE_US)?;
         }
         Ok(CheckedSettings(self))
     }
@@ -330,6 +350,7 @@ impl CheckedSettings {
             auto_threshold: a.auto_threshold.or(b.auto_threshold),
             max_scanning_factor: a.max_scanning_factor.or(b.max_scanning_factor),
             memory_signal: a.memory_signal.or(b.memory_signal),
+            max_guest_pause_us: a.max_guest_pause_us.or(b.max_guest_pause_us),
         })
     }
 

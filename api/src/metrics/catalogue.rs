@@ -403,6 +403,18 @@ pub static FAMILIES: &[Family] = &[
         rows: |s| dedup(s, |d| d.merges.into()),
     },
     Family {
+        name: "pagefold_dedup_max_guest_pause_seconds",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Longest stop of the guests' vCPUs for a merge batch (0: never stopped); pagefold backend only.",
+        source: &["max_guest_pause_us"],
+        ksmd: None,
+        rows: |s| {
+            let us = s.dedup.as_ref()?.max_guest_pause_us?;
+            one(Num::F(us as f64 / 1e6))
+        },
+    },
+    Family {
         name: "pagefold_dedup_cow_breaks",
         kind: Kind::Counter,
         labels: &[],

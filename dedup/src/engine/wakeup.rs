@@ -52,6 +52,8 @@ fn effective_sleep(sh: &Shared, knobs: &Knobs, mode: Mode, idle: u32) -> Duratio
 struct Wakeup {
     mode: Mode,
     knobs: Knobs,
+    /// The pause budget (`DedupSettings::max_guest_pause_us`).
+    max_guest_pause_us: u64,
     /// The control generation: a change wakes the scanner from its sleep.
     generation: u64,
 }
@@ -74,7 +76,7 @@ pub(super) fn scanner_loop(sh: &Arc<Shared>) {
     while let Some(w) = next_wakeup(sh) {
         let sleep = match w.mode {
             Mode::Off => continue,
-            Mode::Unmerge => match unmerge_step(sh, &mut pace.unmerge_tries) {
+            Mode::Unmerge => match unmerge_step(sh, &w, &mut pace.unmerge_tries) {
                 Some(sleep) => sleep,
                 None => continue,
             },
@@ -111,6 +113,7 @@ fn next_wakeup(sh: &Shared) -> Option<Wakeup> {
         let w = Wakeup {
             mode: c.mode,
             knobs: c.knobs,
+            max_guest_pause_us: c.max_guest_pause_us,
             generation: c.generation,
         };
         (w, reset)
@@ -125,9 +128,10 @@ fn next_wakeup(sh: &Shared) -> Option<Wakeup> {
 
 /// One step of unmerge mode; the sleep before the next, or None to go on
 /// at once (a VM waits for the core, or the unmerge ended).
-fn unmerge_step(sh: &Shared, tries: &mut u32) -> Option<Duration> {
+fn unmerge_step(sh: &Shared, w: &Wakeup, tries: &mut u32) -> Option<Duration> {
     let left = {
         let mut core = lock(&sh.core);
+        core.set_max_guest_pause_us(w.max_guest_pause_us);
         // Logs itself when slow (SLOW_UNMERGE_STEP).
         let left = core.unmerge_all();
         sh.publish(&core);
@@ -235,6 +239,7 @@ fn run_wakeup(sh: &Shared, w: &Wakeup, plan: &RoundPlan, queued: &mut Hints) -> 
     let mut core = lock(&sh.core);
     let t0 = Instant::now();
     core.set_knobs(w.knobs);
+    core.set_max_guest_pause_us(w.max_guest_pause_us);
     if queued.lost {
         // Device writes whose ranges are lost: every logged page gets a
         // full look.

@@ -323,6 +323,7 @@ impl DedupBackend for KsmBackend {
             zero_pages: zero,
             full_scans: g("full_scans"),
             merges: merging,
+            max_guest_pause_us: None,
             cow_breaks: self.inner.cow_breaks(),
             pool_pages: g("pages_shared"),
             vmas_created: 0,

@@ -21,7 +21,7 @@ impl Core {
     /// come after it: executing a span of scattered pairs can take most of
     /// a second in a debug build, too long for a registration to wait.
     pub(super) fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
-        let _parked = self.park_guests(ops.len());
+        let mut park = self.park_guests(ops.len());
         ops.sort_by_key(|o| (o.region, o.page));
         let later = self.joins_before_their_creator(&mut ops);
         let mut new_slots: Vec<u32> = Vec::new();
@@ -33,14 +33,18 @@ impl Core {
                     self.abandon(&sweep[i..], &mut new_slots, freed);
                     self.abandon(pending, &mut new_slots, freed);
                     freed.extend(new_slots);
+                    self.window_cost = park.cost();
                     return;
                 }
+                park.checkpoint();
                 let s = i;
-                i = window_end(sweep, s);
+                i = window_end(sweep, s, park.window_pages());
                 let chunk = &sweep[s..i];
                 ran += chunk.len();
                 let gaps = chunk[chunk.len() - 1].page - chunk[0].page + 1 != chunk.len();
+                let t = Instant::now();
                 let res = self.exec_window(chunk, pending);
+                park.timed(chunk.len(), t.elapsed());
                 if res.protect_failed && gaps {
                     // Not protectable as a whole (a VMA in a gap is not
                     // registered): each gapless part on its own.
@@ -62,6 +66,7 @@ impl Core {
         }
         // A created slot nobody ended up mapping is freed.
         freed.extend(new_slots);
+        self.window_cost = park.cost();
     }
 
     /// Takes out of `ops` (sorted by region and page) the joins of a slot
@@ -193,8 +198,9 @@ impl Core {
 /// after it of the same phase (creating slots or joining them) and region,
 /// within [`GAPPED_WINDOW_PAGES`] pages of the first (gaps allowed, see
 /// `merge::exec_chunk`), or within [`CHUNK_PAGES`] while the window has no
-/// gap (a run of pages of one content).
-fn window_end(ops: &[Op], s: usize) -> usize {
+/// gap (a run of pages of one content); and within `cap` pages (the pause
+/// budget's, `BoundedPark::window_pages`).
+fn window_end(ops: &[Op], s: usize, cap: usize) -> usize {
     let mut gapless = true;
     let mut i = s + 1;
     while i < ops.len() && ops[i].region == ops[s].region {
@@ -204,7 +210,8 @@ fn window_end(ops: &[Op], s: usize) -> usize {
             CHUNK_PAGES
         } else {
             GAPPED_WINDOW_PAGES
-        };
+        }
+        .min(cap);
         if span >= limit {
             break;
         }
@@ -270,7 +277,7 @@ mod tests {
     fn windows(ops: &[Op]) -> Vec<usize> {
         let (mut v, mut s) = (Vec::new(), 0);
         while s < ops.len() {
-            let e = window_end(ops, s);
+            let e = window_end(ops, s, CHUNK_PAGES);
             v.push(e - s);
             s = e;
         }

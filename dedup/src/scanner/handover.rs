@@ -8,8 +8,10 @@ const SLOW_TAKE_BACK: Duration = Duration::from_millis(200);
 
 /// Bytes a take-back from KSM gives back per `MADV_UNMERGEABLE`: the core
 /// is held through each, and one call over a whole region would hold it
-/// for hundreds of milliseconds while VM creation and deletion wait.
-const TAKE_BACK_CHUNK: usize = 16 << 20;
+/// for hundreds of milliseconds while VM creation and deletion wait; the
+/// guests are parked through each, and the pause budget can end a park
+/// only between two.
+const TAKE_BACK_CHUNK: usize = 1 << 20;
 
 /// How a take-back from KSM ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,22 +63,21 @@ impl Core {
         }
         let t = Instant::now();
         let (from, len) = (self.regions[ri].taken_back, self.regions[ri].len());
+        // Each KSM page given back is a copy-on-write fault and a TLB
+        // flush: parked through, up to the pause budget at once.
+        let mut park = self.park_guests((len - from) / crate::PAGE_SIZE);
         while self.regions[ri].taken_back < len {
+            park.checkpoint();
             let r = &self.regions[ri];
             let (addr, n) = (
                 r.addr + r.taken_back,
                 (len - r.taken_back).min(TAKE_BACK_CHUNK),
             );
-            let res = {
-                // Each KSM page given back is a copy-on-write fault and a
-                // TLB flush.
-                let _parked = self.park_guests(n / crate::PAGE_SIZE);
-                // SAFETY: `addr..+n` is a page-aligned part of a registered
-                // region (register contract; `TAKE_BACK_CHUNK` and the
-                // region's length are whole pages); MADV_UNMERGEABLE gives
-                // each KSM page a private copy of the same bytes.
-                unsafe { crate::mm::madvise(addr, n, libc::MADV_UNMERGEABLE) }
-            };
+            // SAFETY: `addr..+n` is a page-aligned part of a registered
+            // region (register contract; `TAKE_BACK_CHUNK` and the region's
+            // length are whole pages); MADV_UNMERGEABLE gives each KSM page
+            // a private copy of the same bytes.
+            let res = unsafe { crate::mm::madvise(addr, n, libc::MADV_UNMERGEABLE) };
             let r = &mut self.regions[ri];
             if let Err(e) = res {
                 log::warn!("KSM assist: giving region back: {e}");

@@ -47,7 +47,7 @@ use crate::merge::{self, Ctx, Op, OpKind, CHUNK_PAGES, GAPPED_WINDOW_PAGES};
 use crate::mm;
 use crate::pagemap::{Entry, Pagemap, PM_PRESENT};
 use crate::pool::{Pool, SlotState};
-use crate::quiesce::{Parked, Quiesce};
+use crate::quiesce::Quiesce;
 use crate::region::{self, GuestPage, Region, HASHED, MAX_LEVEL, MERGED, NEW, ZERO};
 use crate::uffd::Uffd;
 use crate::writelog::{WriteLog, Written, VERIFY_BLOCK, VERIFY_PASSES};
@@ -61,6 +61,7 @@ mod execute;
 mod handover;
 mod hints;
 mod logs;
+mod pause;
 mod register;
 mod report;
 mod run;
@@ -69,6 +70,7 @@ mod unmerge;
 mod visit;
 
 use choose::Plan;
+use pause::BoundedPark;
 use span::Planned;
 use visit::{PageVisit, VisitMode};
 
@@ -282,6 +284,11 @@ pub struct Core {
     quiescers: HashMap<RegionId, Arc<dyn Quiesce>>,
     /// Batches of at least this many ops park them (0: never).
     quiesce_min_ops: usize,
+    /// Longest park of the guests at once (`None`: never park them).
+    pause_budget: Option<Duration>,
+    /// What a page of a merge window costs while parked, nanoseconds, as
+    /// the last batch measured it (`pause::BoundedPark`; 0: unknown).
+    window_cost: f64,
     pool: Pool,
     stable: StableIndex,
     unstable: UnstableIndex,
@@ -386,6 +393,10 @@ impl Core {
             strong_hash,
             quiescers: HashMap::new(),
             quiesce_min_ops: DEFAULT_QUIESCE_MIN_OPS,
+            pause_budget: Some(Duration::from_micros(
+                crate::settings::DEFAULT_MAX_GUEST_PAUSE_US,
+            )),
+            window_cost: 0.0,
             cur_hi: 0,
             assist: KsmAssist::new(AssistConfig::default()),
             pass_groups: HashMap::new(),
@@ -466,6 +477,12 @@ impl Core {
         self.quiesce_min_ops = ops;
     }
 
+    /// Parks of the guests last at most `us` microseconds at once (0:
+    /// never park them; see [`pause::BoundedPark`]).
+    pub fn set_max_guest_pause_us(&mut self, us: u64) {
+        self.pause_budget = (us > 0).then(|| Duration::from_micros(us));
+    }
+
     /// How to park the threads running guest code in region `id` (None:
     /// nothing to park). Ignored for a region that is not registered.
     pub fn set_quiescer(&mut self, id: RegionId, q: Option<Arc<dyn Quiesce>>) {
@@ -513,9 +530,17 @@ impl Core {
     /// enough (`quiesce_min_ops`): the batch's TLB flushes then stay on
     /// this CPU (`crate::quiesce`). Merges, unmerges and take-backs from
     /// KSM all flush per page or per VMA.
-    pub(super) fn park_guests(&self, pages: usize) -> Option<Parked> {
-        (self.quiesce_min_ops > 0 && pages >= self.quiesce_min_ops && !self.quiescers.is_empty())
-            .then(|| Parked::park(self.quiescers.values()))
+    /// A park lasts at most the pause budget at once: its owner calls
+    /// [`pause::BoundedPark::checkpoint`] between the batch's steps.
+    fn park_guests(&self, pages: usize) -> BoundedPark {
+        let worth = self.quiesce_min_ops > 0 && pages >= self.quiesce_min_ops;
+        match self.pause_budget {
+            Some(budget) if worth && !self.quiescers.is_empty() => {
+                let q = self.quiescers.values().cloned().collect();
+                BoundedPark::start(q, Some(budget), self.window_cost)
+            }
+            _ => BoundedPark::none(self.window_cost),
+        }
     }
 
     /// Frees the slots in `slots` that nothing maps any more: out of the

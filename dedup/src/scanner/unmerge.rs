@@ -21,11 +21,13 @@ impl Core {
         yielding: bool,
     ) -> Option<u64> {
         let npages = self.regions[ri].npages;
-        // The vCPUs stay parked over a slice of chunks (a scattered region's
-        // chunks are a page or two each, a park costs a kick and a wait):
-        // every chunk flushes the TLB, which costs most while vCPUs run
-        // (scripts/unmerge_under_load.py measures both ways).
-        let (mut parked, mut parked_pages) = (None, 0);
+        // The vCPUs stay parked over chunks, up to the pause budget (a
+        // scattered region's chunks are a page or two each, a park costs a
+        // kick and a wait): every chunk flushes the TLB, which costs most
+        // while vCPUs run (scripts/unmerge_under_load.py measures both
+        // ways). Parked at the first chunk: a region with nothing in the
+        // pool parks nothing.
+        let mut park: Option<BoundedPark> = None;
         let mut left = 0;
         let mut i = 0;
         while i < npages {
@@ -49,15 +51,10 @@ impl Core {
                         .then(|| self.pool.page_ptr(r.word[p]) as *const u8)
                 })
                 .collect();
-            if parked_pages >= SPAN_PAGES {
-                // The guests run between two slices of the unmerge.
-                parked = None;
+            match park.as_mut() {
+                Some(p) => p.checkpoint(),
+                None => park = Some(self.park_guests(SPAN_PAGES)),
             }
-            if parked.is_none() {
-                parked = self.park_guests(SPAN_PAGES);
-                parked_pages = 0;
-            }
-            parked_pages += i - s;
             let ok = {
                 let ctx = self.ctx();
                 merge::unmerge_chunk(&ctx, addr, i - s, &slots)
