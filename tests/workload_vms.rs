@@ -601,8 +601,12 @@ fn the_latency_probe_reports_consistent_pauses() {
             "{name}: each gap is over 1 us: {p}"
         );
     }
-    // One shared page rewritten per millisecond of the write probe.
-    let pages = phases(v, "latency-write")[0]["pages"].as_u64().unwrap();
-    assert!((190..=201).contains(&pages), "{pages} pages written");
+    // One shared page rewritten per millisecond of the write probe, but
+    // for those due during its last gap (the run ends before them).
+    let w = &phases(v, "latency-write")[0];
+    let pages = w["pages"].as_u64().unwrap();
+    let max_ms = (w["pauses"]["max_us"].as_f64().unwrap() / 1e3).ceil() as u64;
+    let least = (200 - max_ms.min(200)).saturating_sub(2);
+    assert!((least..=201).contains(&pages), "{pages} pages written: {w}");
     assert_eq!(phases(v, "latency")[0]["pages"], 0);
 }
