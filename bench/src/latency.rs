@@ -154,9 +154,10 @@ pub struct LatencyRow {
     pub merged_pages: u64,
     /// The exact possible saving of the pair.
     pub possible_pages: u64,
-    /// Merged pages written back to private copies during the phase:
-    /// the engine's `cow_breaks`, or for KSM the host-wide `cow_ksm` of
-    /// /proc/vmstat (null where the kernel has no such counter).
+    /// Merged pages written back to private copies during the phase: for
+    /// KSM the host-wide `cow_ksm` of /proc/vmstat (null where the kernel
+    /// has no such counter); for the engine its `cow_breaks` plus
+    /// `cow_ksm` (the breaks of pages its KSM assist handed to KSM).
     pub cow_breaks: Option<u64>,
     /// Shared pages the guests rewrote during the phase.
     pub pages_written: u64,

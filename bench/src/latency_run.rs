@@ -41,14 +41,17 @@ impl Counters {
             };
         };
         let st = b.stats();
+        // KSM's backend reports no COW breaks: the kernel counts them
+        // host-wide in /proc/vmstat. The engine counts its own, and its KSM
+        // assist hands scattered groups to kernel KSM, whose breaks only
+        // the kernel sees: the engine's rows add both.
+        let ksm = crate::host::cow_ksm();
         Counters {
             saved: st.pages_sharing + st.zero_pages,
-            // KSM's backend reports no COW breaks: the kernel counts them
-            // host-wide in /proc/vmstat.
             cow: if kernel_ksm {
-                crate::host::cow_ksm()
+                ksm
             } else {
-                Some(st.cow_breaks)
+                Some(st.cow_breaks + ksm.unwrap_or(0))
             },
             cpu_s: st.cpu_seconds,
         }
