@@ -609,4 +609,9 @@ fn the_latency_probe_reports_consistent_pauses() {
     let least = (200 - max_ms.min(200)).saturating_sub(2);
     assert!((least..=201).contains(&pages), "{pages} pages written: {w}");
     assert_eq!(phases(v, "latency")[0]["pages"], 0);
+    // The end-of-run report shows each probe's pauses.
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<_> = out.lines().filter(|l| l.contains(" pauses ")).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines.iter().all(|l| l.contains("p99.9")), "{out}");
 }
