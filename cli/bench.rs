@@ -76,6 +76,7 @@ pub struct LatencyArgs {
     /// ksm-default, ksm-max (default: all).
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
+    /// Which placements of the identical content to run.
     #[arg(long, value_enum, default_value = "both")]
     pub shape: LatencyShapeArg,
     /// RAM per VM.
