@@ -185,7 +185,8 @@ pub fn latency_json(r: &LatencyReport) -> Result<String, BenchError> {
 }
 
 /// One panel per (shape, probe): each system's pause spectrum, the pause
-/// at p50, p90, p99, p99.9 and p99.99 on a log axis of 1/(1-q).
+/// at p50, p90, p99, p99.9 and p99.99, on log axes (1/(1-q) across, µs
+/// up): the pauses span from the probe's 1 µs floor to tens of ms.
 pub fn latency_chart(r: &LatencyReport) -> Chart {
     let mut panels = Vec::new();
     for shape in shapes(r) {
@@ -211,6 +212,7 @@ pub fn latency_chart(r: &LatencyReport) -> Chart {
                 x_label: "1/(1-q): 2 = p50, 100 = p99, 1000 = p99.9, 10000 = p99.99".into(),
                 y_label: "pause (us)".into(),
                 log_x: true,
+                log_y: true,
                 lines,
             });
         }
