@@ -65,6 +65,57 @@ struct Measured {
     end: Counters,
 }
 
+/// What every row of one run shares.
+struct RunInfo {
+    system: String,
+    shape: LatencyShape,
+    possible: u64,
+    host: HostId,
+    load: [f64; 3],
+    warnings: Vec<String>,
+}
+
+impl RunInfo {
+    /// The row of one probe.
+    fn row(&self, phase: ProbePhase, m: &Measured) -> LatencyRow {
+        let st = &m.probe.stats;
+        LatencyRow {
+            system: self.system.clone(),
+            shape: self.shape,
+            phase,
+            gaps: st.gaps,
+            p50_us: st.p50_us,
+            p99_us: st.p99_us,
+            p999_us: st.p999_us,
+            max_us: st.max_us,
+            stopped_ms_per_s: st.stopped_ms_per_s,
+            probe_ms: st.run_ms,
+            merged_pages: m.end.saved,
+            possible_pages: self.possible,
+            cow_breaks: m.end.cow.zip(m.start.cow).map(|(e, s)| e.saturating_sub(s)),
+            pages_written: m.probe.pages_written,
+            engine_cpu_s: (m.end.cpu_s - m.start.cpu_s).max(0.0),
+            spectrum: spectrum(&m.probe),
+            host_kind: self.host.kind.clone(),
+            host_kernel: self.host.kernel.clone(),
+            load_avg: self.load,
+            warnings: self.warnings.clone(),
+        }
+    }
+}
+
+/// Warnings about the host, taken before the run.
+fn ksm_warnings(kernel_ksm: bool) -> Vec<String> {
+    let others = other_ksm_users();
+    if !kernel_ksm || others.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "other processes use KSM (pages_sharing and cow_ksm include them): {}",
+        others.join(", ")
+    )]
+}
+
 /// Runs `ls` on `shape`; the caller holds the KSM lock.
 pub(crate) fn run_once(
     ls: &LatencySystem,
@@ -72,20 +123,18 @@ pub(crate) fn run_once(
     opts: &LatencyOptions,
 ) -> Result<Vec<LatencyRow>, BenchError> {
     let kernel_ksm = ls.system.as_ref().is_some_and(|s| s.kernel_ksm);
-    let mut warnings = Vec::new();
-    let others = other_ksm_users();
-    if kernel_ksm && !others.is_empty() {
-        warnings.push(format!(
-            "other processes use KSM (pages_sharing and cow_ksm include them): {}",
-            others.join(", ")
-        ));
-    }
-    let (host, load) = (HostId::current(), load_avg());
     let vm = VmOptions {
         placement: shape.placement(),
         ..opts.vm.clone()
     };
-    let possible = vm.expected()?.saved_pages();
+    let info = RunInfo {
+        system: ls.name.clone(),
+        shape,
+        possible: vm.expected()?.saved_pages(),
+        host: HostId::current(),
+        load: load_avg(),
+        warnings: ksm_warnings(kernel_ksm),
+    };
     let backend = ls.system.as_ref().map(build_backend).transpose()?;
     let mut pair = match ProbePair::start(backend.as_ref(), &vm, opts.probe) {
         Ok(p) => p,
@@ -97,43 +146,15 @@ pub(crate) fn run_once(
         }
     };
     let tag = format!("[{} {}]", ls.name, shape.name());
-    let result = measure(
-        &mut pair,
-        backend.as_deref(),
-        kernel_ksm,
-        possible,
-        &tag,
-        opts,
-    );
+    let b = backend.as_deref();
+    let result = measure(&mut pair, b, kernel_ksm, info.possible, &tag, opts);
     pair.stop();
-    let down = teardown(backend.as_deref(), kernel_ksm, &ls.name);
+    let down = teardown(b, kernel_ksm, &ls.name);
     let [merging, cow] = result?;
     down?;
-    let row = |phase, m: &Measured| LatencyRow {
-        system: ls.name.clone(),
-        shape,
-        phase,
-        gaps: m.probe.stats.gaps,
-        p50_us: m.probe.stats.p50_us,
-        p99_us: m.probe.stats.p99_us,
-        p999_us: m.probe.stats.p999_us,
-        max_us: m.probe.stats.max_us,
-        stopped_ms_per_s: m.probe.stats.stopped_ms_per_s,
-        probe_ms: m.probe.stats.run_ms,
-        merged_pages: m.end.saved,
-        possible_pages: possible,
-        cow_breaks: m.end.cow.zip(m.start.cow).map(|(e, s)| e.saturating_sub(s)),
-        pages_written: m.probe.pages_written,
-        engine_cpu_s: (m.end.cpu_s - m.start.cpu_s).max(0.0),
-        spectrum: spectrum(&m.probe),
-        host_kind: host.kind.clone(),
-        host_kernel: host.kernel.clone(),
-        load_avg: load,
-        warnings: warnings.clone(),
-    };
     let rows = vec![
-        row(ProbePhase::Merging, &merging),
-        row(ProbePhase::Cow, &cow),
+        info.row(ProbePhase::Merging, &merging),
+        info.row(ProbePhase::Cow, &cow),
     ];
     if opts.progress {
         for r in &rows {
