@@ -11,6 +11,10 @@ use pagefold_bench::{
     write_file, AutoOptions, BenchError, Case, Chart, Placement, SeedOptions, Shape, VmOptions,
 };
 use pagefold_bench::{
+    latency_chart, latency_json, latency_markdown, latency_table, run_latency_bench,
+    select_latency_systems, LatencyOptions, LatencyShape,
+};
+use pagefold_bench::{
     linux_build_chart, linux_build_json, linux_build_markdown, linux_build_table,
     run_linux_build_bench, BuildSystem, LinuxBuildOptions,
 };
@@ -46,6 +50,47 @@ pub enum BenchCommand {
     /// the saving was reached, engine CPU. Needs VMX/SVM, or the emulated
     /// host (scripts/emulated-host.sh).
     LinuxRead(LinuxReadArgs),
+    /// What merging costs a running guest: two identical workload VMs run
+    /// a TSC pause probe while each system (off, pagefold-on, pagefold-max,
+    /// ksm-default, ksm-max) merges them, then while rewriting merged
+    /// pages; pause percentiles, stopped time, COW breaks.
+    Latency(LatencyArgs),
+}
+
+/// `bench latency --shape`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LatencyShapeArg {
+    /// Identical content at the same guest addresses (linear placement).
+    Full,
+    /// Identical content in a VM-specific random page order.
+    Scattered,
+    /// full, then scattered (the default).
+    Both,
+}
+
+#[derive(Args, Debug)]
+pub struct LatencyArgs {
+    #[command(flatten)]
+    pub out: Outputs,
+    /// Comma-separated subset of off, pagefold-on, pagefold-max,
+    /// ksm-default, ksm-max (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+    /// Which placements of the identical content to run.
+    #[arg(long, value_enum, default_value = "both")]
+    pub shape: LatencyShapeArg,
+    /// RAM per VM.
+    #[arg(long, default_value = "512M")]
+    pub memory: String,
+    /// Identical data per VM.
+    #[arg(long, default_value = "256M")]
+    pub shared: String,
+    /// Length of each of the two probes, in milliseconds.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub probe_millisecs: u64,
+    /// Between the probes, wait at most this long for 90 % of the saving.
+    #[arg(long, default_value_t = 60)]
+    pub merge_timeout_secs: u64,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -403,7 +448,44 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         BenchCommand::Auto(a) => auto(a),
         BenchCommand::Build(a) => build(a),
         BenchCommand::LinuxRead(a) => linux_read(a),
+        BenchCommand::Latency(a) => latency(a),
     }
+}
+
+/// The options `bench latency`'s flags ask for.
+fn latency_options(a: &LatencyArgs) -> LatencyOptions {
+    let defaults = LatencyOptions::default();
+    LatencyOptions {
+        shapes: match a.shape {
+            LatencyShapeArg::Full => vec![LatencyShape::Full],
+            LatencyShapeArg::Scattered => vec![LatencyShape::Scattered],
+            LatencyShapeArg::Both => LatencyShape::ALL.to_vec(),
+        },
+        vm: VmOptions {
+            memory: a.memory.clone(),
+            shared: a.shared.clone(),
+            ..defaults.vm.clone()
+        },
+        probe: Duration::from_millis(a.probe_millisecs),
+        merge_timeout: Duration::from_secs(a.merge_timeout_secs),
+        ..defaults
+    }
+}
+
+/// `pagefold bench latency` (docs/benchmarks.md). Exit code 1 when a KSM
+/// tunable was not restored.
+fn latency(a: LatencyArgs) -> Result<i32, Error> {
+    let systems = select_latency_systems(&a.systems).map_err(bench_err)?;
+    let report = run_latency_bench(&systems, &latency_options(&a)).map_err(bench_err)?;
+    crate::output::write_out_or_drop(&latency_table(&report))?;
+    let json = latency_json(&report).map_err(bench_err)?;
+    write_outputs(
+        &a.out,
+        json,
+        latency_chart(&report),
+        latency_markdown(&report),
+    )?;
+    Ok(if report.unrestored.is_empty() { 0 } else { 1 })
 }
 
 /// The options `bench linux-read`'s flags ask for.
@@ -519,6 +601,56 @@ mod tests {
         match Bench::try_parse_from(argv).unwrap().args.cmd {
             BenchCommand::LinuxRead(a) => a,
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn latency_flags() {
+        let parse = |args: &[&str]| {
+            let argv = ["bench", "latency"].iter().chain(args);
+            match Bench::try_parse_from(argv).unwrap().args.cmd {
+                BenchCommand::Latency(a) => a,
+                other => panic!("{other:?}"),
+            }
+        };
+        let a = parse(&[]);
+        let o = latency_options(&a);
+        assert_eq!(o.shapes, LatencyShape::ALL);
+        assert_eq!(
+            (o.vm.memory.as_str(), o.vm.shared.as_str()),
+            ("512M", "256M")
+        );
+        assert_eq!(o.probe, Duration::from_secs(5));
+        assert_eq!(select_latency_systems(&a.systems).unwrap().len(), 5);
+        let a = parse(&[
+            "--shape",
+            "scattered",
+            "--memory",
+            "128M",
+            "--shared",
+            "32M",
+            "--probe-millisecs",
+            "250",
+            "--merge-timeout-secs",
+            "9",
+            "--systems",
+            "off,ksm-max",
+            "--json-file",
+            "/out/l.json",
+        ]);
+        let o = latency_options(&a);
+        assert_eq!(o.shapes, [LatencyShape::Scattered]);
+        assert_eq!(
+            (o.vm.memory.as_str(), o.vm.shared.as_str()),
+            ("128M", "32M")
+        );
+        assert_eq!(o.probe, Duration::from_millis(250));
+        assert_eq!(o.merge_timeout, Duration::from_secs(9));
+        assert_eq!(a.out.json.as_deref(), Some("/out/l.json"));
+        assert_eq!(select_latency_systems(&a.systems).unwrap().len(), 2);
+        for bad in [&["--probe-millisecs", "0"][..], &["--shape", "sparse"]] {
+            let argv = ["bench", "latency"].iter().chain(bad);
+            assert!(Bench::try_parse_from(argv).is_err(), "{bad:?}");
         }
     }
 

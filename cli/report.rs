@@ -35,11 +35,20 @@ pub fn render(r: &RunReport) -> String {
             );
         }
         for p in &v.phases {
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 "    {:<8} {:>8} pages {:>10.1} ms {:>7.2} GB/s  mismatches {}",
                 p.phase, p.pages, p.ms, p.gbps, p.mismatches
             );
+            // The pause probe's figures, where the phase was one.
+            if let Some(q) = &p.pauses {
+                let _ = write!(
+                    s,
+                    "  pauses {} (p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us, stopped {:.2} ms/s)",
+                    q.gaps, q.p50_us, q.p99_us, q.p999_us, q.max_us, q.stopped_ms_per_s
+                );
+            }
+            s.push('\n');
         }
     }
     if let Some(d) = r.dedup_peak.as_ref().or(r.dedup.as_ref()) {

@@ -531,3 +531,87 @@ fn vcpu_threads_run_on_the_cpus_given() {
     );
     common::dedup::finish_ok(r);
 }
+
+/// The pause probe: two 200 ms runs, the second rewriting a shared page
+/// every millisecond. What the guest measured must be consistent with the
+/// host's clock and with itself.
+#[test]
+fn the_latency_probe_reports_consistent_pauses() {
+    require_kvm();
+    let dir = TempDir::new("latency");
+    let json = dir.path("report.json");
+    let o = run(
+        &[
+            "run",
+            "--name",
+            "probe",
+            "--memory",
+            "64M",
+            "--shared",
+            "8M",
+            "--private",
+            "0M",
+            "--phases",
+            "fill,latency:200,latency-write:200,verify",
+            "--json-file",
+            json.to_str().unwrap(),
+        ],
+        LIMIT,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let r = read_json(&json);
+    let v = vm(&r, "probe");
+    assert_eq!(v["exit_status"], 0, "{v}");
+    // The rewrites kept every page's content: verify still matches.
+    assert_eq!(v["mismatches"], 0, "{v}");
+    for name in ["latency", "latency-write"] {
+        let ph = phases(v, name);
+        assert_eq!(ph.len(), 1, "{v}");
+        let host_ms = ph[0]["ms"].as_f64().unwrap();
+        let p = &ph[0]["pauses"];
+        let f = |k: &str| {
+            p[k].as_f64()
+                .unwrap_or_else(|| panic!("{name}: no {k} in {p}"))
+        };
+        // The guest ran for its 200 ms of TSC time (plus at most the last
+        // gap); the host saw at least that long and not absurdly longer.
+        let run_ms = f("run_ms");
+        assert!(
+            (200.0..200.0 + f("max_us") / 1e3 + 1.0).contains(&run_ms),
+            "{name}: {p}"
+        );
+        assert!(
+            (run_ms - 1.0..10_000.0).contains(&host_ms),
+            "{name}: host {host_ms} ms, {p}"
+        );
+        // A vCPU on a host with timer ticks is stopped now and then.
+        let gaps = p["gaps"].as_u64().unwrap();
+        assert!(gaps > 0, "{name}: {p}");
+        let (p50, p99, p999, max) = (f("p50_us"), f("p99_us"), f("p999_us"), f("max_us"));
+        assert!(
+            1.0 <= p50 && p50 <= p99 && p99 <= p999 && p999 <= max,
+            "{name}: {p}"
+        );
+        // Stopped time is at most the run time, and at least the longest gap.
+        let stopped_ms = f("stopped_ms_per_s") * run_ms / 1e3;
+        assert!(stopped_ms <= run_ms, "{name}: {p}");
+        assert!(stopped_ms * 1e3 >= max * 0.999, "{name}: {p}");
+        assert!(
+            stopped_ms * 1e3 >= gaps as f64,
+            "{name}: each gap is over 1 us: {p}"
+        );
+    }
+    // One shared page rewritten per millisecond of the write probe, but
+    // for those due during its last gap (the run ends before them).
+    let w = &phases(v, "latency-write")[0];
+    let pages = w["pages"].as_u64().unwrap();
+    let max_ms = (w["pauses"]["max_us"].as_f64().unwrap() / 1e3).ceil() as u64;
+    let least = (200 - max_ms.min(200)).saturating_sub(2);
+    assert!((least..=201).contains(&pages), "{pages} pages written: {w}");
+    assert_eq!(phases(v, "latency")[0]["pages"], 0);
+    // The end-of-run report shows each probe's pauses.
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<_> = out.lines().filter(|l| l.contains(" pauses ")).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines.iter().all(|l| l.contains("p99.9")), "{out}");
+}

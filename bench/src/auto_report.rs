@@ -150,6 +150,7 @@ pub fn auto_chart(r: &AutoReport) -> Chart {
         x_label: "time since the crossing / switching on (s)".into(),
         y_label: "saved (MiB)".into(),
         log_x: false,
+        log_y: false,
         lines: r
             .series
             .iter()
@@ -209,6 +210,7 @@ pub fn auto_chart(r: &AutoReport) -> Chart {
         x_label: "time since the crossing / switching on (s)".into(),
         y_label: "GiB".into(),
         log_x: false,
+        log_y: false,
         lines,
     };
     Chart::new(vec![saving, free])

@@ -333,6 +333,7 @@ pub(crate) fn rows_chart(title: String, rows: &[BuildRow]) -> Chart {
         x_label: "time since the builds started (s)".into(),
         y_label: "npages (pages_sharing + zero_pages)".into(),
         log_x: false,
+        log_y: false,
         lines,
     }])
 }

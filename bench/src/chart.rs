@@ -12,13 +12,13 @@
 //! with ticks and labels, and a legend on its right. Time is on a log axis
 //! where systems converge between tens of milliseconds and minutes
 //! (`log_x`); the `auto` chart uses a linear axis that may start below
-//! zero (time before the trigger).
+//! zero (time before the trigger). Pause lengths, from microseconds to
+//! tens of milliseconds, go on a log y axis (`log_y`).
 
 use std::ops::Range;
 use std::sync::OnceLock;
 
 use plotters::coord::ranged1d::{Ranged, ValueFormatter};
-use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -79,6 +79,9 @@ pub struct Panel {
     pub y_label: String,
     /// Log-scale x axis (x > 0); otherwise linear.
     pub log_x: bool,
+    /// Log-scale y axis (y > 0), for values spread over decades such as
+    /// pause lengths; otherwise linear from 0.
+    pub log_y: bool,
     pub lines: Vec<Line>,
 }
 
@@ -158,11 +161,17 @@ fn fmt_tick(v: f64) -> String {
 }
 
 impl Panel {
-    /// The points drawn for `line`: simplified, and x > 0 on a log axis.
+    /// The points drawn for `line`: simplified, and x > 0 (y > 0) on a
+    /// log axis.
     fn drawn(&self, line: &Line) -> Vec<(f64, f64)> {
         simplify(&line.points)
             .into_iter()
-            .filter(|&(x, y)| x.is_finite() && y.is_finite() && (!self.log_x || x > 0.0))
+            .filter(|&(x, y)| {
+                x.is_finite()
+                    && y.is_finite()
+                    && (!self.log_x || x > 0.0)
+                    && (!self.log_y || y > 0.0)
+            })
             .collect()
     }
 
@@ -192,28 +201,38 @@ impl Panel {
         }
     }
 
-    /// 0 up to a nice step above the largest value.
-    fn y_max(&self) -> f64 {
-        let ymax = self
+    /// 0 up to a nice step above the largest value; on a log axis, the
+    /// whole decades around every value.
+    fn y_range(&self) -> Range<f64> {
+        let ys: Vec<f64> = self
             .lines
             .iter()
             .flat_map(|l| self.drawn(l))
             .map(|p| p.1)
-            .fold(0.0f64, f64::max);
+            .collect();
+        let ymax = ys.iter().copied().fold(0.0f64, f64::max);
+        if self.log_y {
+            let ymax = if ymax > 0.0 { ymax } else { 1.0 };
+            let ymin = ys.iter().copied().fold(f64::INFINITY, f64::min).min(ymax);
+            let lo = ymin.log10().floor();
+            let hi = ymax.log10().ceil().max(lo + 1.0);
+            return 10f64.powf(lo)..10f64.powf(hi);
+        }
         let step = nice_step(ymax.max(1.0), 5.0);
-        (ymax / step).ceil().max(1.0) * step
+        0.0..(ymax / step).ceil().max(1.0) * step
     }
 }
 
-/// Axes, grid and lines of one panel on either kind of x axis.
-fn draw_plot<DB, X>(
-    mut chart: ChartContext<'_, DB, Cartesian2d<X, RangedCoordf64>>,
+/// Axes, grid and lines of one panel on any kinds of axes.
+fn draw_plot<DB, X, Y>(
+    mut chart: ChartContext<'_, DB, Cartesian2d<X, Y>>,
     p: &Panel,
-    x_ticks: usize,
+    (x_ticks, y_ticks): (usize, usize),
 ) -> Result<(), ChartError>
 where
     DB: DrawingBackend,
     X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
 {
     let tick = |v: &f64| fmt_tick(*v);
     chart
@@ -221,7 +240,7 @@ where
         .x_desc(p.x_label.as_str())
         .y_desc(p.y_label.as_str())
         .x_labels(x_ticks)
-        .y_labels(6)
+        .y_labels(y_ticks)
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
         .max_light_lines(0)
@@ -250,6 +269,18 @@ where
     Ok(())
 }
 
+/// Whole decades in a log axis's range.
+fn decades(r: &Range<f64>) -> usize {
+    (r.end / r.start).log10().round() as usize
+}
+
+/// A log axis's range widened by a hair: plotters finds the first decade
+/// tick with ceil(ln(start) / ln(10)), which float rounding pushes past an
+/// exact power of ten (0.01 gives -1.99..96, so no 0.01 tick).
+fn widen(r: &Range<f64>) -> Range<f64> {
+    r.start * (1.0 - 1e-9)..r.end * (1.0 + 1e-9)
+}
+
 /// One panel: title, plot, and the legend in the strip on the right.
 fn draw_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
@@ -268,21 +299,38 @@ fn draw_panel<DB: DrawingBackend>(
         .margin_bottom(8)
         .x_label_area_size(50)
         .y_label_area_size(80);
-    let x = p.x_range();
-    let y = 0.0..p.y_max();
-    if p.log_x {
-        let decades = (x.end / x.start).log10().round() as usize;
-        // Widened by a hair: plotters finds the first decade tick with
-        // ceil(ln(start) / ln(10)), which float rounding pushes past an
-        // exact power of ten (0.01 gives -1.99..96, so no 0.01 tick).
-        let x = x.start * (1.0 - 1e-9)..x.end * (1.0 + 1e-9);
-        let chart = builder
-            .build_cartesian_2d(x.log_scale(), y)
-            .map_err(draw_err)?;
-        draw_plot(chart, p, decades + 1)?;
-    } else {
-        let chart = builder.build_cartesian_2d(x, y).map_err(draw_err)?;
-        draw_plot(chart, p, 10)?;
+    let (x, y) = (p.x_range(), p.y_range());
+    let (xt, yt) = (
+        if p.log_x { decades(&x) + 1 } else { 10 },
+        if p.log_y { decades(&y) + 1 } else { 6 },
+    );
+    match (p.log_x, p.log_y) {
+        (false, false) => draw_plot(
+            builder.build_cartesian_2d(x, y).map_err(draw_err)?,
+            p,
+            (xt, yt),
+        )?,
+        (true, false) => draw_plot(
+            builder
+                .build_cartesian_2d(widen(&x).log_scale(), y)
+                .map_err(draw_err)?,
+            p,
+            (xt, yt),
+        )?,
+        (false, true) => draw_plot(
+            builder
+                .build_cartesian_2d(x, widen(&y).log_scale())
+                .map_err(draw_err)?,
+            p,
+            (xt, yt),
+        )?,
+        (true, true) => draw_plot(
+            builder
+                .build_cartesian_2d(widen(&x).log_scale(), widen(&y).log_scale())
+                .map_err(draw_err)?,
+            p,
+            (xt, yt),
+        )?,
     }
     let font = (FAMILY, DESC_SIZE).into_font();
     for (i, l) in p.lines.iter().enumerate() {
@@ -424,6 +472,7 @@ pub(crate) mod tests {
             x_label: "time (s)".into(),
             y_label: "pages_sharing".into(),
             log_x: true,
+            log_y: false,
             lines: vec![
                 Line {
                     name: "ksm-default".into(),
@@ -509,6 +558,7 @@ pub(crate) mod tests {
             x_label: "s".into(),
             y_label: "MiB".into(),
             log_x: false,
+            log_y: false,
             lines: vec![Line {
                 name: "a".into(),
                 points: vec![(-10.0, 0.0), (0.0, 0.0), (30.0, 256.0)],
@@ -530,12 +580,51 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn log_y_axis_spans_whole_decades_and_drops_non_positive_values() {
+        let p = Panel {
+            title: "pauses".into(),
+            x_label: "1/(1-q)".into(),
+            y_label: "us".into(),
+            log_x: true,
+            log_y: true,
+            lines: vec![Line {
+                name: "a".into(),
+                points: vec![
+                    (2.0, 3.0),
+                    (100.0, 0.0),
+                    (1000.0, 450.0),
+                    (10000.0, 20000.0),
+                ],
+            }],
+        };
+        // 3 µs .. 20 ms: the decades 1 .. 100000.
+        assert_eq!(p.y_range(), 1.0..100_000.0);
+        let svg = Chart::new(vec![p]).svg().unwrap();
+        let texts = svg_texts(&svg);
+        for t in ["1", "10", "100", "1000", "10000", "100000"] {
+            assert!(texts.iter().any(|x| x == t), "no {t} tick: {texts:?}");
+        }
+        let lines = svg_polylines(&svg);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        // The 0 µs point is left out; each later point is higher up.
+        let series = &lines[0];
+        assert_eq!(series.len(), 3, "{series:?}");
+        assert!(series.windows(2).all(|w| w[1].1 < w[0].1), "{series:?}");
+        // Equal decades take equal heights: 3 -> 450 (2.18 decades) and
+        // 450 -> 20000 (1.65 decades).
+        let (d1, d2) = (series[0].1 - series[1].1, series[1].1 - series[2].1);
+        let want = (450f64 / 3.0).log10() / (20000f64 / 450.0).log10();
+        assert!((d1 / d2 - want).abs() < 0.05, "{d1} {d2} {want}");
+    }
+
+    #[test]
     fn empty_panel_still_renders() {
         let p = Panel {
             title: "none".into(),
             x_label: "x".into(),
             y_label: "y".into(),
             log_x: true,
+            log_y: false,
             lines: vec![],
         };
         let c = Chart::new(vec![p]);

@@ -18,6 +18,10 @@
 //!   same files; how much of it each system merges, and how soon (hosts
 //!   with VMX/SVM, or the emulated host).
 //!
+//! - `latency` ([`run_latency_bench`]): two identical workload VMs run the
+//!   guest-side pause probe while each system merges them and while they
+//!   rewrite merged pages; pause percentiles, stopped time, COW breaks.
+//!
 //! docs/results/results.md is rendered from the runs' JSON by
 //! [`results_page`] (the `results-page` binary, scripts/results-page.sh).
 //!
@@ -35,6 +39,11 @@ mod chart;
 mod disk_copy;
 mod error;
 mod host;
+mod latency;
+mod latency_bench;
+mod latency_report;
+mod latency_run;
+mod latency_vms;
 mod linux_console;
 mod linux_read;
 mod linux_read_report;
@@ -76,6 +85,15 @@ pub use chart::{
 pub use disk_copy::{copy_disk, CopyKind};
 pub use error::BenchError;
 pub use host::{kernel_release, load_avg, mem_available, other_ksm_users};
+pub use latency::{
+    select_latency_systems, LatencyOptions, LatencyReport, LatencyRow, LatencyShape, LatencySystem,
+    ProbePhase, LATENCY_SYSTEM_NAMES,
+};
+pub use latency_bench::run_latency_bench;
+pub use latency_report::{
+    latency_chart, latency_goals, latency_json, latency_markdown, latency_table,
+};
+pub use latency_vms::{program as latency_program, ProbePair, ProbeResult};
 pub use linux_console::ConsoleWatch;
 pub use linux_read::{
     agent_files, agent_vm_config, md5s_agree, parse_md5s, select_linux_read_systems, t_final_s,

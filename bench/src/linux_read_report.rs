@@ -223,6 +223,7 @@ pub fn linux_read_chart(r: &LinuxReadReport) -> Chart {
         x_label: "time since the read was posted (s)".into(),
         y_label: "npages (pages_sharing + zero_pages)".into(),
         log_x: false,
+        log_y: false,
         lines,
     }])
 }

@@ -337,6 +337,7 @@ pub fn seed_chart(report: &SeedReport) -> Chart {
             x_label: "time since merging was switched on (s, log scale)".into(),
             y_label: "pages_sharing + zero_pages".into(),
             log_x: true,
+            log_y: false,
             lines: report
                 .series
                 .iter()

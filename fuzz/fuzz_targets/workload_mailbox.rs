@@ -66,7 +66,7 @@ fn fuzzed_params(i: &mut Input) -> WorkloadParams {
     }
     if mask & (1 << 14) != 0 {
         for k in 0..16 {
-            p.program[k] = u32::from(i.u8() % 11);
+            p.program[k] = u32::from(i.u8()) % (phase::LAST + 1);
             p.program_args[k] = u64::from(i.u16());
         }
     }

@@ -568,6 +568,12 @@ pub enum Phase {
     /// arg: 0 scattered (the VM's placement, or the build's own scatter in
     /// a linear VM), 1 the VM's placement as it is.
     Build(u64),
+    /// The pause probe for this many milliseconds
+    /// (`pagefold_guest_abi::pause`).
+    Latency(u64),
+    /// The pause probe that also rewrites a shared page every
+    /// `pause::WRITE_INTERVAL_US` (COW breaks of merged pages).
+    LatencyWrite(u64),
 }
 
 impl Phase {
@@ -598,6 +604,8 @@ impl Phase {
             "badport" => no_arg(Phase::BadPort),
             "sleep" => Ok(Phase::Sleep(ms(arg, None)?)),
             "wait" => Ok(Phase::WaitHost(ms(arg, Some(600_000))?)),
+            "latency" => Ok(Phase::Latency(ms(arg, None)?)),
+            "latency-write" => Ok(Phase::LatencyWrite(ms(arg, None)?)),
             "disk-read" => match arg {
                 None => Ok(Phase::DiskRead(0)),
                 Some(a) => match a.parse::<u64>() {
@@ -615,7 +623,7 @@ impl Phase {
                 )),
             },
             _ => Err(format!(
-                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], build[:scattered|linear], or the fault injections fault and badport)"
+                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], build[:scattered|linear], latency:MS, latency-write:MS, or the fault injections fault and badport)"
             )),
         }
     }
@@ -1022,6 +1030,19 @@ mod tests {
         let e = disk(Path::new("/dev/null")).unwrap_err();
         assert!(e.contains("is not a regular file"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn latency_phases_need_a_duration() {
+        assert_eq!(Phase::parse("latency:200").unwrap(), Phase::Latency(200));
+        assert_eq!(
+            Phase::parse("latency-write:50").unwrap(),
+            Phase::LatencyWrite(50)
+        );
+        assert!(Phase::parse("latency").unwrap_err().contains("duration"));
+        assert!(Phase::parse("latency-write:x")
+            .unwrap_err()
+            .contains("milliseconds"));
     }
 
     #[test]

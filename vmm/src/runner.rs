@@ -105,6 +105,9 @@ pub struct PhaseRow {
     /// Host-measured duration.
     pub ms: f64,
     pub gbps: f64,
+    /// LATENCY phases: the probe's pauses (absent for other phases).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pauses: Option<crate::workload::pauses::PauseRow>,
 }
 
 /// Final report of one VM.
@@ -143,6 +146,7 @@ impl VmReport {
                 cpu_ms: p.report.cpu_us as f64 / 1e3,
                 ms: p.elapsed.as_secs_f64() * 1e3,
                 gbps: p.gbps(),
+                pauses: crate::workload::pauses::pause_row(&summary, p),
             })
             .collect();
         VmReport {

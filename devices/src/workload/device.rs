@@ -10,7 +10,8 @@ use pagefold_guest_abi::classes::{DataLayout, ParamsError};
 use pagefold_guest_abi::mailbox::{
     offset, op, status, Mailbox, PhaseReport, ABI_VERSION, LOG_CAPACITY,
 };
-use pagefold_guest_abi::{ports, WorkloadParams};
+use pagefold_guest_abi::pause::PauseHistogram;
+use pagefold_guest_abi::{phase, ports, WorkloadParams};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap};
@@ -211,6 +212,17 @@ impl<M: GuestMemory> WorkloadDevice<M> {
                     }
                 };
                 let _ = begun;
+                if matches!(report.phase, phase::LATENCY | phase::LATENCY_WRITE) {
+                    let addr = mb + offset::PAUSES as u64;
+                    let Plain(histogram): Plain<PauseHistogram> = self
+                        .mem
+                        .read_obj(GuestAddress(addr))
+                        .map_err(|source| Error::Memory { addr, source })?;
+                    self.emit(EventKind::Pauses {
+                        slot: report.slot,
+                        histogram: Box::new(histogram),
+                    });
+                }
                 self.emit(EventKind::PhaseEnd {
                     report,
                     elapsed: start.elapsed(),
@@ -379,6 +391,57 @@ mod tests {
             .unwrap();
         assert_eq!(got, params());
         assert!(r.rx.try_recv().is_err(), "GET_PARAMS is not an event");
+    }
+
+    #[test]
+    fn a_latency_phase_end_sends_its_histogram_then_its_report() {
+        let mut r = rig(params());
+        r.register(MB).unwrap();
+        r.call(op::PHASE_BEGIN, [u64::from(phase::LATENCY), 2, 200, 0])
+            .unwrap();
+        r.event();
+        let mut hist = PauseHistogram::ZERO;
+        hist.record_ns(3_000);
+        hist.record_ns(450_000);
+        let mut report = PhaseReport {
+            phase: phase::LATENCY,
+            slot: 2,
+            first_mismatch: NO_MISMATCH,
+            ..Default::default()
+        };
+        report.pauses.gaps = 2;
+        report.pauses.max_gap_ns = 450_000;
+        r.mem
+            .write_obj(Plain(hist), GuestAddress(MB + offset::PAUSES as u64))
+            .unwrap();
+        r.mem
+            .write_obj(Plain(report), GuestAddress(MB + offset::REPORT as u64))
+            .unwrap();
+        r.call(op::PHASE_END, [0; 4]).unwrap();
+        assert_eq!(
+            r.event(),
+            EventKind::Pauses {
+                slot: 2,
+                histogram: Box::new(hist)
+            }
+        );
+        match r.event() {
+            EventKind::PhaseEnd { report: got, .. } => assert_eq!(got, report),
+            e => panic!("unexpected {e:?}"),
+        }
+        // Other phases send no histogram.
+        r.call(op::PHASE_BEGIN, [u64::from(phase::FILL), 0, 0, 0])
+            .unwrap();
+        r.event();
+        let fill = PhaseReport {
+            phase: phase::FILL,
+            ..Default::default()
+        };
+        r.mem
+            .write_obj(Plain(fill), GuestAddress(MB + offset::REPORT as u64))
+            .unwrap();
+        r.call(op::PHASE_END, [0; 4]).unwrap();
+        assert!(matches!(r.event(), EventKind::PhaseEnd { .. }));
     }
 
     #[test]

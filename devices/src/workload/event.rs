@@ -2,6 +2,7 @@
 //! worth knowing about, and their one-line rendering.
 
 use pagefold_guest_abi::mailbox::{PhaseReport, NO_MISMATCH};
+use pagefold_guest_abi::pause::PauseHistogram;
 use pagefold_guest_abi::{phase, PAGE_SIZE};
 use std::fmt;
 use std::time::Duration;
@@ -25,6 +26,13 @@ pub enum EventKind {
     PhaseEnd {
         report: PhaseReport,
         elapsed: Duration,
+    },
+    /// The histogram of a LATENCY phase's gaps, sent just before that
+    /// phase's `PhaseEnd` (which carries the gap count, stopped time, run
+    /// time and longest gap). Boxed: 2.5 KiB.
+    Pauses {
+        slot: u32,
+        histogram: Box<PauseHistogram>,
     },
     /// `done` of `total` pages (total 0: open-ended, e.g. churn).
     Progress { phase: u32, done: u64, total: u64 },
@@ -58,6 +66,19 @@ pub(crate) fn fmt_phase_end(
     match r.phase {
         phase::SLEEP | phase::WAIT_HOST => return write!(f, "{name}: {:.1} ms", ms(elapsed)),
         _ => {}
+    }
+    if matches!(r.phase, phase::LATENCY | phase::LATENCY_WRITE) {
+        let p = &r.pauses;
+        return write!(
+            f,
+            "{name}: {:.1} ms, {} gaps above {} us, stopped {:.3} ms, longest {:.1} us, {} pages written",
+            p.run_ns as f64 / 1e6,
+            p.gaps,
+            pagefold_guest_abi::pause::GAP_THRESHOLD_NS / 1000,
+            p.stopped_ns as f64 / 1e6,
+            p.max_gap_ns as f64 / 1e3,
+            r.pages
+        );
     }
     let mib = r.bytes as f64 / (1 << 20) as f64;
     if r.phase == phase::BUILD {
@@ -124,6 +145,13 @@ impl fmt::Display for EventKind {
                 } else {
                     write!(f, "{}: {done} pages ({mib:.1} MiB)", phase::name(*p))
                 }
+            }
+            Self::Pauses { slot, histogram } => {
+                write!(
+                    f,
+                    "slot {slot}: {} gaps in the histogram",
+                    histogram.total()
+                )
             }
             Self::Log(text) => write!(f, "guest: {text}"),
             Self::Exit { status } => write!(f, "exit {status}"),

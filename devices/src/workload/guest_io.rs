@@ -1,6 +1,7 @@
 //! Reading and writing the ABI structs in guest memory through vm-memory.
 
 use pagefold_guest_abi::mailbox::PhaseReport;
+use pagefold_guest_abi::pause::PauseHistogram;
 use pagefold_guest_abi::WorkloadParams;
 use vm_memory::ByteValued;
 
@@ -17,6 +18,9 @@ unsafe impl ByteValued for Plain<WorkloadParams> {}
 
 // SAFETY: as above: PhaseReport is #[repr(C)], integers only, no padding.
 unsafe impl ByteValued for Plain<PhaseReport> {}
+
+// SAFETY: as above: PauseHistogram is #[repr(C)], an array of u32 only.
+unsafe impl ByteValued for Plain<PauseHistogram> {}
 
 #[cfg(test)]
 mod tests {

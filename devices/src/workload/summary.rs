@@ -2,6 +2,7 @@
 
 use super::event::{fmt_phase_end, gbps, EventKind};
 use pagefold_guest_abi::mailbox::PhaseReport;
+use pagefold_guest_abi::pause::{PauseHistogram, PauseStats};
 use pagefold_guest_abi::phase;
 use std::fmt;
 use std::time::Duration;
@@ -35,6 +36,8 @@ pub struct WorkloadSummary {
     pub last_progress: Option<(u32, u64, u64)>,
     /// Exit code, once the guest exited.
     pub exit_status: Option<u32>,
+    /// Histograms of the LATENCY phases, by program slot, in order.
+    pub pauses: Vec<(u32, PauseHistogram)>,
 }
 
 impl WorkloadSummary {
@@ -57,6 +60,7 @@ impl WorkloadSummary {
             EventKind::Progress { phase, done, total } => {
                 self.last_progress = Some((*phase, *done, *total))
             }
+            EventKind::Pauses { slot, histogram } => self.pauses.push((*slot, **histogram)),
             EventKind::Log(text) => self.logs.push(text.clone()),
             EventKind::Exit { status } => self.exit_status = Some(*status),
         }
@@ -65,6 +69,17 @@ impl WorkloadSummary {
     /// Finished phases with opcode `op`.
     pub fn phases_of(&self, op: u32) -> impl Iterator<Item = &PhaseRecord> + '_ {
         self.phases.iter().filter(move |p| p.report.phase == op)
+    }
+
+    /// Pause statistics of each finished LATENCY or LATENCY_WRITE phase
+    /// with opcode `op`: its record and its histogram's percentiles.
+    pub fn pause_stats(&self, op: u32) -> Vec<(PhaseRecord, PauseStats)> {
+        self.phases_of(op)
+            .filter_map(|p| {
+                let (_, h) = self.pauses.iter().find(|(s, _)| *s == p.report.slot)?;
+                Some((*p, PauseStats::compute(&p.report.pauses, h)))
+            })
+            .collect()
     }
 
     /// Mismatching pages over all VERIFY phases.
@@ -131,6 +146,42 @@ mod tests {
             report,
             elapsed: Duration::from_millis(ms),
         }
+    }
+
+    #[test]
+    fn pause_stats_pair_each_latency_phase_with_its_histogram() {
+        let mut s = WorkloadSummary::new("vm1");
+        let mut h = PauseHistogram::ZERO;
+        for ns in [2_000, 2_000, 2_000, 90_000] {
+            h.record_ns(ns);
+        }
+        let mut report = PhaseReport {
+            phase: phase::LATENCY,
+            slot: 1,
+            ..Default::default()
+        };
+        report.pauses.gaps = 4;
+        report.pauses.stopped_ns = 96_000;
+        report.pauses.run_ns = 100_000_000;
+        report.pauses.max_gap_ns = 90_000;
+        s.record(&end(phase::FILL, 10, 1));
+        s.record(&EventKind::Pauses {
+            slot: 1,
+            histogram: Box::new(h),
+        });
+        s.record(&EventKind::PhaseEnd {
+            report,
+            elapsed: Duration::from_millis(100),
+        });
+        let st = s.pause_stats(phase::LATENCY);
+        assert_eq!(st.len(), 1);
+        let (rec, p) = st[0];
+        assert_eq!(rec.report.slot, 1);
+        assert_eq!(p.gaps, 4);
+        assert_eq!(p.p50_us, 3.0);
+        assert_eq!(p.max_us, 90.0);
+        assert!((p.stopped_ms_per_s - 0.96).abs() < 1e-9);
+        assert!(s.pause_stats(phase::LATENCY_WRITE).is_empty());
     }
 
     #[test]

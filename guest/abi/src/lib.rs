@@ -11,6 +11,7 @@ pub mod disk;
 pub mod expect;
 pub mod generator;
 pub mod mailbox;
+pub mod pause;
 pub mod placement;
 pub mod virtio;
 
@@ -92,8 +93,18 @@ pub mod phase {
     /// placement. Arg: 0 in a linear VM, scatter the area's pages anyway
     /// (keyed by `private_seed`); 1 keep the VM's placement as it is.
     pub const BUILD: u32 = 10;
+    /// The pause probe ([`crate::pause`]): loop on the TSC for
+    /// `program_args[i]` ms and count every gap between two reads above
+    /// `pause::GAP_THRESHOLD_NS` (the vCPU was stopped: a VM exit, a park,
+    /// a host preemption, a fault). Reports `PhaseReport::pauses` and the
+    /// mailbox's histogram.
+    pub const LATENCY: u32 = 11;
+    /// LATENCY, and every `pause::WRITE_INTERVAL_US` rewrite one page of
+    /// the shared set with its current content (a COW break where it is
+    /// merged), the write's time inside the measured gap.
+    pub const LATENCY_WRITE: u32 = 12;
     /// Highest valid opcode.
-    pub const LAST: u32 = BUILD;
+    pub const LAST: u32 = LATENCY_WRITE;
     /// The port BAD_PORT_WRITE pokes.
     pub const BAD_PORT: u16 = 0x1234;
 
@@ -111,6 +122,8 @@ pub mod phase {
             BAD_PORT_WRITE => "badport",
             DISK_READ => "disk-read",
             BUILD => "build",
+            LATENCY => "latency",
+            LATENCY_WRITE => "latency-write",
             _ => "unknown",
         }
     }
@@ -154,7 +167,7 @@ pub struct WorkloadParams {
     pub program: [u32; 16],
     /// One argument per program slot: SLEEP: ms; WAIT_HOST: max ms (0: no
     /// limit); CHURN: duration ms (0: `churn_ms`); DISK_READ: pages (0:
-    /// `disk_pages`); others: unused.
+    /// `disk_pages`); LATENCY, LATENCY_WRITE: duration ms; others: unused.
     pub program_args: [u64; 16],
     // Layout version 2 (the fields below are new; older fields keep their
     // offsets).

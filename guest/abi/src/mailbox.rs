@@ -10,6 +10,7 @@
 //! A fixed layout (no per-op variants) keeps both sides trivial: the host
 //! touches only the fields of the operation at hand.
 
+use crate::pause::{PauseHistogram, PauseSummary};
 use crate::WorkloadParams;
 
 /// Operations (values written to `ports::DOORBELL`).
@@ -70,8 +71,9 @@ pub mod exit_code {
 
 /// Mailbox protocol version, sent with HELLO (2: `PhaseReport::checksum`,
 /// the disk fields of `WorkloadParams`; 3: its placement fields; 4: the
-/// BUILD fields at the end of `PhaseReport`).
-pub const ABI_VERSION: u64 = 4;
+/// BUILD fields at the end of `PhaseReport`; 5: `PhaseReport::pauses` and
+/// `Mailbox::pauses`, the LATENCY phases).
+pub const ABI_VERSION: u64 = 5;
 
 /// The guest sends PROGRESS every this many pages of a long phase (256 MiB);
 /// its status is also how a host stop reaches a running phase.
@@ -123,6 +125,10 @@ pub struct PhaseReport {
     /// BUILD: guest-measured microseconds of the CPU-bound part (compile
     /// and link, without the disk reads).
     pub cpu_us: u64,
+    // ABI version 5.
+    /// LATENCY, LATENCY_WRITE: gaps, stopped time, run time and the longest
+    /// gap; the histogram of the gaps is `Mailbox::pauses`.
+    pub pauses: PauseSummary,
 }
 
 /// Value of [`PhaseReport::first_mismatch`] when nothing mismatched.
@@ -141,6 +147,9 @@ pub struct Mailbox {
     /// Length of the LOG text in `log`.
     pub log_len: u64,
     pub log: [u8; LOG_CAPACITY],
+    /// PHASE_END of a LATENCY phase: the histogram of its gaps (read by the
+    /// host only for those phases).
+    pub pauses: PauseHistogram,
 }
 
 impl Mailbox {
@@ -165,10 +174,17 @@ impl Mailbox {
             pages_written: 0,
             pages_reused: 0,
             cpu_us: 0,
+            pauses: PauseSummary {
+                gaps: 0,
+                stopped_ns: 0,
+                run_ns: 0,
+                max_gap_ns: 0,
+            },
         },
         params: WorkloadParams::ZERO,
         log_len: 0,
         log: [0; LOG_CAPACITY],
+        pauses: PauseHistogram::ZERO,
     };
 }
 
@@ -180,6 +196,7 @@ pub mod offset {
     pub const PARAMS: usize = core::mem::offset_of!(Mailbox, params);
     pub const LOG_LEN: usize = core::mem::offset_of!(Mailbox, log_len);
     pub const LOG: usize = core::mem::offset_of!(Mailbox, log);
+    pub const PAUSES: usize = core::mem::offset_of!(Mailbox, pauses);
 }
 
 #[cfg(test)]
@@ -190,7 +207,7 @@ mod tests {
     #[test]
     fn layout_is_fixed_and_padding_free() {
         // The host and the guest are separate builds: pin the layout.
-        assert_eq!(size_of::<PhaseReport>(), 8 + 15 * 8);
+        assert_eq!(size_of::<PhaseReport>(), 8 + 15 * 8 + 4 * 8);
         assert_eq!(
             size_of::<WorkloadParams>(),
             14 * 8 + 16 * 4 + 16 * 8 + (3 + crate::disk::MAX_DISKS) * 8 + 4 + 4 + 8
@@ -214,7 +231,11 @@ mod tests {
             offset::PARAMS + size_of::<WorkloadParams>()
         );
         assert_eq!(offset::LOG, offset::LOG_LEN + 8);
-        assert_eq!(size_of::<Mailbox>(), offset::LOG + LOG_CAPACITY);
+        assert_eq!(offset::PAUSES, offset::LOG + LOG_CAPACITY);
+        assert_eq!(
+            size_of::<Mailbox>(),
+            offset::PAUSES + 4 * crate::pause::BUCKETS
+        );
         assert_eq!(align_of::<Mailbox>(), 8);
         assert!(size_of::<Mailbox>() < 4096);
     }
@@ -225,5 +246,6 @@ mod tests {
         assert_eq!(m.params, WorkloadParams::default());
         assert_eq!(m.report, PhaseReport::default());
         assert!(m.log.iter().all(|&b| b == 0));
+        assert_eq!(m.pauses, PauseHistogram::default());
     }
 }

@@ -4,6 +4,7 @@ use core::arch::asm;
 use core::cell::UnsafeCell;
 use core::ptr::{addr_of, addr_of_mut};
 use pagefold_guest_abi::mailbox::{op, status, Mailbox, PhaseReport, ABI_VERSION, LOG_CAPACITY};
+use pagefold_guest_abi::pause::PauseHistogram;
 use pagefold_guest_abi::{ports, WorkloadParams};
 
 /// The one mailbox, in .bss (GPA == VA: its address is what the host uses).
@@ -70,6 +71,12 @@ pub fn phase_end(report: &PhaseReport) -> u32 {
     // SAFETY: as in `call`.
     unsafe { addr_of_mut!((*mailbox()).report).write_volatile(*report) };
     call(op::PHASE_END, [0; 4])
+}
+
+/// Puts a LATENCY phase's histogram in the mailbox (before its PHASE_END).
+pub fn set_pauses(h: &PauseHistogram) {
+    // SAFETY: as in `call`.
+    unsafe { addr_of_mut!((*mailbox()).pauses).write_volatile(*h) };
 }
 
 pub fn progress(phase: u32, done: u64, total: u64) -> u32 {

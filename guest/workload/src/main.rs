@@ -9,6 +9,7 @@ mod build;
 mod clock;
 mod host;
 mod phases;
+mod probe;
 mod program;
 mod rt;
 mod store;

@@ -85,7 +85,7 @@ impl Workload {
     }
 
     /// Writes page `i` at `version`; returns its class.
-    fn write_page(&self, i: u64, version: u32) -> PageClass {
+    pub(crate) fn write_page(&self, i: u64, version: u32) -> PageClass {
         let page = self.store.page(i);
         match page_content(&self.params, i, version) {
             Content::Zero => zero_page_nt(page),

@@ -7,6 +7,7 @@ use crate::store::Store;
 use crate::{clock::rdtsc, log};
 use pagefold_guest_abi::classes::DataLayout;
 use pagefold_guest_abi::mailbox::{exit_code, status, PhaseReport, NO_MISMATCH};
+use pagefold_guest_abi::pause::PauseHistogram;
 use pagefold_guest_abi::{phase, Placement};
 
 /// Runs the whole workload; returns the exit code.
@@ -55,6 +56,14 @@ pub fn run() -> u32 {
                     return exit_code::DISK_ERROR;
                 }
             },
+            phase::LATENCY | phase::LATENCY_WRITE => {
+                let mut hist = PauseHistogram::ZERO;
+                let r = w.latency(slot, arg, op == phase::LATENCY_WRITE, &mut hist);
+                if r.is_ok() {
+                    host::set_pauses(&hist);
+                }
+                r
+            }
             phase::BUILD => match w.build(slot, arg) {
                 Ok(r) => Ok(r),
                 Err(BuildFailure::Stopped) => Err(Stopped),

@@ -5,6 +5,7 @@
 
 pub mod boot;
 pub mod image;
+pub mod pauses;
 
 use std::sync::{Arc, Mutex};
 
@@ -216,6 +217,8 @@ pub fn params_with_disks(
             Phase::BadPort => (phase::BAD_PORT_WRITE, 0),
             Phase::DiskRead(pages) => (phase::DISK_READ, pages),
             Phase::Build(placement) => (phase::BUILD, placement),
+            Phase::Latency(ms) => (phase::LATENCY, ms),
+            Phase::LatencyWrite(ms) => (phase::LATENCY_WRITE, ms),
         };
         p.program[i] = op;
         p.program_args[i] = arg;
