@@ -151,20 +151,6 @@ pub fn other_ksm_users() -> Vec<String> {
         .collect()
 }
 
-/// Host-wide count of copy-on-write faults on KSM pages (`cow_ksm` in
-/// /proc/vmstat), or `None` on a kernel without the counter.
-pub fn cow_ksm() -> Option<u64> {
-    parse_vmstat(&std::fs::read_to_string("/proc/vmstat").ok()?, "cow_ksm")
-}
-
-/// The value of counter `name` in /proc/vmstat text.
-fn parse_vmstat(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let (k, v) = l.split_once(' ')?;
-        (k == name).then(|| v.trim().parse().ok()).flatten()
-    })
-}
-
 /// Waits (at most 30 s) until ksmd no longer counts pages of this process
 /// (`merging_pages` in /proc/self/ksm_stat), then drops this process's
 /// leftover rmap items ([`drain_ksm_items`]): after a kernel-KSM run's
@@ -247,15 +233,6 @@ pub fn unrestored_tunables(root: &Path, before: &BTreeMap<String, String>) -> Ve
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn vmstat_counters_are_found_by_exact_name() {
-        let t = "ksm_swpin_copy 3\ncow_ksm 1572435\ncow_ksm_x 9\n";
-        assert_eq!(super::parse_vmstat(t, "cow_ksm"), Some(1_572_435));
-        assert_eq!(super::parse_vmstat(t, "ksm_swpin_copy"), Some(3));
-        assert_eq!(super::parse_vmstat(t, "cow"), None);
-        assert_eq!(super::parse_vmstat("cow_ksm x\n", "cow_ksm"), None);
-    }
-
     use super::*;
     use procfs::FromRead;
 

@@ -41,11 +41,11 @@ impl Counters {
             };
         };
         let st = b.stats();
-        // KSM's backend reports no COW breaks: the kernel counts them
-        // host-wide in /proc/vmstat. The engine counts its own, and its KSM
-        // assist hands scattered groups to kernel KSM, whose breaks only
-        // the kernel sees: the engine's rows add both.
-        let ksm = crate::host::cow_ksm();
+        // Kernel KSM's breaks are counted host-wide only (cow_ksm in
+        // /proc/vmstat), read here for the KSM rows. The engine counts its
+        // own, and its KSM assist hands scattered groups to kernel KSM,
+        // whose breaks only the kernel sees: the engine's rows add both.
+        let ksm = pagefold_dedup::ksm::cow_ksm();
         Counters {
             saved: st.pages_sharing + st.zero_pages,
             cow: if kernel_ksm {

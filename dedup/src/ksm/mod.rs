@@ -16,7 +16,7 @@ pub use driver::MIN_ROUND;
 pub use error::KsmError;
 pub use lock::{ksm_exclusive, ksm_exclusive_at, try_ksm_flock, KsmExclusive, KSM_LOCK_PATH};
 pub use procstat::{
-    clock_ticks, count_ksm_pages, cpu_seconds, find_by_comm, parse_ksm_stat, parse_stat_ticks,
-    self_ksm_stat, ProcessKsmStat,
+    clock_ticks, count_ksm_pages, cow_ksm, cpu_seconds, find_by_comm, parse_ksm_stat,
+    parse_stat_ticks, self_ksm_stat, ProcessKsmStat,
 };
 pub use sysfs::{snapshot_tunables, KsmSysfs, KSM_SYSFS, TUNABLES};
