@@ -163,6 +163,14 @@ pub struct LatencyRow {
     pub pages_written: u64,
     /// Merging-side CPU seconds during the phase.
     pub engine_cpu_s: f64,
+    /// The engine's parks of the guests during the phase (both VMs'
+    /// windows, from the VMM's record; 0 for KSM, which never parks).
+    pub parks: u64,
+    /// Their 99th percentile and longest, µs.
+    pub park_p99_us: f64,
+    pub park_max_us: f64,
+    /// Parked time per second of probe time (per guest).
+    pub parked_ms_per_s: f64,
     /// The percentile spectrum: (1/(1-q), µs) at q = 0.5, 0.9, 0.99,
     /// 0.999, 0.9999 (for the chart).
     pub spectrum: Vec<(f64, f64)>,

@@ -97,7 +97,7 @@ pub fn latency_table(r: &LatencyReport) -> String {
     let mut out = host(r).map_or_else(String::new, |h| format!("{h}\n"));
     let _ = writeln!(
         out,
-        "{:<13} {:<9} {:<7} {:>7} {:>7} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>7}",
+        "{:<13} {:<9} {:<7} {:>7} {:>7} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8} {:>7} {:>6} {:>9} {:>9} {:>11}",
         "system",
         "shape",
         "phase",
@@ -109,12 +109,16 @@ pub fn latency_table(r: &LatencyReport) -> String {
         "stop_ms/s",
         "merged",
         "cow_brk",
-        "written"
+        "written",
+        "parks",
+        "park_p99",
+        "park_max",
+        "parked_ms/s"
     );
     for x in &r.rows {
         let _ = writeln!(
             out,
-            "{:<13} {:<9} {:<7} {:>7} {:>7.0} {:>8.0} {:>9.0} {:>9.0} {:>10.2} {:>8} {:>8} {:>7}",
+            "{:<13} {:<9} {:<7} {:>7} {:>7.0} {:>8.0} {:>9.0} {:>9.0} {:>10.2} {:>8} {:>8} {:>7} {:>6} {:>9.0} {:>9.0} {:>11.2}",
             x.system,
             x.shape.name(),
             x.phase.name(),
@@ -126,7 +130,11 @@ pub fn latency_table(r: &LatencyReport) -> String {
             x.stopped_ms_per_s,
             x.merged_pages,
             cow(x.cow_breaks),
-            x.pages_written
+            x.pages_written,
+            x.parks,
+            x.park_p99_us,
+            x.park_max_us,
+            x.parked_ms_per_s
         );
     }
     for g in latency_goals(r) {
@@ -241,6 +249,14 @@ mod tests {
             cow_breaks: if system == "ksm-max" { None } else { Some(7) },
             pages_written: 0,
             engine_cpu_s: 0.1,
+            parks: if system.starts_with("pagefold") {
+                12
+            } else {
+                0
+            },
+            park_p99_us: 480.0,
+            park_max_us: 610.0,
+            parked_ms_per_s: 1.5,
             spectrum: vec![(2.0, 2.0), (100.0, 20.0), (1000.0, p999)],
             host_kind: "pvm".into(),
             host_kernel: "6.18.0".into(),
@@ -289,6 +305,13 @@ mod tests {
         // KSM without a COW counter shows "-", not 0.
         let ksm = t.lines().find(|l| l.starts_with("ksm-max")).unwrap();
         assert!(ksm.contains(" - "), "{ksm}");
+        // The engine's parks: count, p99, max, parked time.
+        let on = t.lines().find(|l| l.starts_with("pagefold-on")).unwrap();
+        assert!(
+            on.trim_end()
+                .ends_with("12       480       610        1.50"),
+            "{on}"
+        );
         let md = latency_markdown(&r);
         assert_eq!(md.lines().filter(|l| l.starts_with("| off |")).count(), 2);
         assert!(md.contains("| 1000 / 1100 |"), "{md}");
@@ -304,6 +327,10 @@ mod tests {
             "stopped_ms_per_s",
             "merged_pages",
             "cow_breaks",
+            "parks",
+            "park_p99_us",
+            "park_max_us",
+            "parked_ms_per_s",
         ] {
             assert!(rows.iter().all(|x| x.get(k).is_some()), "{k}");
         }

@@ -15,6 +15,7 @@ use crate::latency::{LatencyOptions, LatencyRow, LatencyShape, LatencySystem, Pr
 use crate::latency_vms::{ProbePair, ProbeResult};
 use crate::system::System;
 use crate::vms::VmOptions;
+use pagefold_vmm::pause::GuestPauses;
 
 /// Quantiles of the chart's spectrum, in parts per million.
 const SPECTRUM_PPM: [u32; 5] = [500_000, 900_000, 990_000, 999_000, 999_900];
@@ -29,14 +30,18 @@ struct Counters {
     saved: u64,
     cow: Option<u64>,
     cpu_s: f64,
+    /// Both VMs' park windows so far.
+    parks: GuestPauses,
 }
 
 impl Counters {
     /// `off` reads all zero: nothing merges, nothing breaks.
-    fn read(backend: Option<&dyn DedupBackend>, kernel_ksm: bool) -> Counters {
+    fn read(backend: Option<&dyn DedupBackend>, kernel_ksm: bool, pair: &ProbePair) -> Counters {
+        let parks = pair.guest_pauses();
         let Some(b) = backend else {
             return Counters {
                 cow: Some(0),
+                parks,
                 ..Counters::default()
             };
         };
@@ -54,6 +59,7 @@ impl Counters {
                 Some(st.cow_breaks + ksm.unwrap_or(0))
             },
             cpu_s: st.cpu_seconds,
+            parks,
         }
     }
 }
@@ -79,6 +85,9 @@ impl RunInfo {
     /// The row of one probe.
     fn row(&self, phase: ProbePhase, m: &Measured) -> LatencyRow {
         let st = &m.probe.stats;
+        let parks = m.end.parks.since(&m.start.parks);
+        // Per guest: the pair's windows are both guests' stops.
+        let probe_s = st.run_ms / 1e3;
         LatencyRow {
             system: self.system.clone(),
             shape: self.shape,
@@ -95,6 +104,14 @@ impl RunInfo {
             cow_breaks: m.end.cow.zip(m.start.cow).map(|(e, s)| e.saturating_sub(s)),
             pages_written: m.probe.pages_written,
             engine_cpu_s: (m.end.cpu_s - m.start.cpu_s).max(0.0),
+            parks: parks.count,
+            park_p99_us: parks.p99_s * 1e6,
+            park_max_us: parks.max_s * 1e6,
+            parked_ms_per_s: if probe_s > 0.0 {
+                parks.total_s * 1e3 / probe_s
+            } else {
+                0.0
+            },
             spectrum: spectrum(&m.probe),
             host_kind: self.host.kind.clone(),
             host_kernel: self.host.kernel.clone(),
@@ -201,7 +218,7 @@ fn measure(
     opts: &LatencyOptions,
 ) -> Result<[Measured; 2], BenchError> {
     let limit = opts.probe + PHASE_SLACK;
-    let start = Counters::read(backend, kernel_ksm);
+    let start = Counters::read(backend, kernel_ksm, pair);
     if let Some(b) = backend {
         b.set_mode(Mode::On)
             .map_err(BenchError::backend(b.name()))?;
@@ -214,10 +231,10 @@ fn measure(
     let merging = Measured {
         probe: probe_of(pair, phase::LATENCY)?,
         start,
-        end: Counters::read(backend, kernel_ksm),
+        end: Counters::read(backend, kernel_ksm, pair),
     };
-    wait_merged(backend, kernel_ksm, possible, tag, opts);
-    let start = Counters::read(backend, kernel_ksm);
+    wait_merged(pair, backend, kernel_ksm, possible, tag, opts);
+    let start = Counters::read(backend, kernel_ksm, pair);
     if opts.progress {
         eprintln!(
             "{tag} {} of {possible} pages merged; write probe for {:?}",
@@ -229,7 +246,7 @@ fn measure(
     let cow = Measured {
         probe: probe_of(pair, phase::LATENCY_WRITE)?,
         start,
-        end: Counters::read(backend, kernel_ksm),
+        end: Counters::read(backend, kernel_ksm, pair),
     };
     Ok([merging, cow])
 }
@@ -246,6 +263,7 @@ fn probe_of(pair: &ProbePair, op: u32) -> Result<ProbeResult, BenchError> {
 /// Waits until the saving reaches 90 % of `possible` or the merge
 /// timeout passes (`off` does not wait), printing progress once a second.
 fn wait_merged(
+    pair: &ProbePair,
     backend: Option<&dyn DedupBackend>,
     kernel_ksm: bool,
     possible: u64,
@@ -258,7 +276,7 @@ fn wait_merged(
     let t0 = Instant::now();
     let mut next = Duration::from_secs(1);
     while t0.elapsed() < opts.merge_timeout {
-        let saved = Counters::read(backend, kernel_ksm).saved;
+        let saved = Counters::read(backend, kernel_ksm, pair).saved;
         if saved * 10 >= possible * 9 {
             return;
         }

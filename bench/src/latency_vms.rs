@@ -53,6 +53,14 @@ pub struct ProbePair {
 }
 
 impl ProbePair {
+    /// Both VMs' windows of the engine's parks so far.
+    pub fn guest_pauses(&self) -> pagefold_vmm::pause::GuestPauses {
+        self.vms
+            .iter()
+            .map(|v| v.info().guest_pauses)
+            .fold(Default::default(), |a, b| a.merged(&b))
+    }
+
     /// Creates both VMs (registered with `backend` if there is one, mode
     /// left as it is), starts them and waits until both guests filled.
     pub fn start(

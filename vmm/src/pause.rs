@@ -43,6 +43,46 @@ pub struct GuestPauses {
 }
 
 impl GuestPauses {
+    /// Both VMs' windows together (a pair that the engine parks at once).
+    pub fn merged(&self, other: &GuestPauses) -> GuestPauses {
+        let mut g = GuestPauses {
+            count: self.count + other.count,
+            total_s: self.total_s + other.total_s,
+            max_s: self.max_s.max(other.max_s),
+            p99_s: 0.0,
+            buckets: std::array::from_fn(|i| self.buckets[i] + other.buckets[i]),
+        };
+        g.p99_s = g.quantile(0.99);
+        g
+    }
+
+    /// The windows recorded since `earlier` (a snapshot of the same log).
+    /// The maximum is the log's if it grew since, else the bound of the
+    /// highest bucket that did.
+    pub fn since(&self, earlier: &GuestPauses) -> GuestPauses {
+        let buckets: [u64; PAUSE_BUCKETS] =
+            std::array::from_fn(|i| self.buckets[i].saturating_sub(earlier.buckets[i]));
+        let top = buckets.iter().rposition(|&n| n > 0);
+        let max_s = match top {
+            None => 0.0,
+            Some(_) if self.max_s > earlier.max_s => self.max_s,
+            Some(i) => PAUSE_BOUNDS_S
+                .get(i)
+                .copied()
+                .unwrap_or(self.max_s)
+                .min(self.max_s),
+        };
+        let mut g = GuestPauses {
+            count: buckets.iter().sum(),
+            total_s: (self.total_s - earlier.total_s).max(0.0),
+            max_s,
+            p99_s: 0.0,
+            buckets,
+        };
+        g.p99_s = g.quantile(0.99);
+        g
+    }
+
     /// The bucket-bound estimate of quantile `q` (0..=1), capped by the
     /// maximum; 0 with no window.
     pub fn quantile(&self, q: f64) -> f64 {
@@ -165,6 +205,25 @@ mod tests {
         assert_eq!(g.p99_s, 50e-6, "rank 99 of 100 is in the le-50µs bucket");
         assert_eq!(g.quantile(1.0), 3e-3, "the last rank: the maximum");
         assert_eq!(GuestPauses::default().quantile(0.99), 0.0);
+    }
+
+    #[test]
+    fn windows_since_a_snapshot_and_of_two_logs() {
+        let log = PauseLog::default();
+        log.record(Duration::from_millis(3));
+        let before = log.snapshot();
+        log.record(Duration::from_micros(40));
+        log.record(Duration::from_micros(40));
+        let d = log.snapshot().since(&before);
+        assert_eq!(d.count, 2);
+        assert_eq!(d.max_s, 50e-6, "the old 3 ms is not in it");
+        assert!((d.total_s - 80e-6).abs() < 1e-9);
+        log.record(Duration::from_millis(4));
+        assert_eq!(log.snapshot().since(&before).max_s, 4e-3);
+        assert_eq!(before.since(&before).count, 0);
+        let both = before.merged(&log.snapshot());
+        assert_eq!(both.count, 5);
+        assert_eq!(both.max_s, 4e-3);
     }
 
     #[test]
