@@ -159,12 +159,12 @@ pub fn latency_table(r: &LatencyReport) -> String {
 pub fn latency_markdown(r: &LatencyReport) -> String {
     let mut out = host(r).map_or_else(String::new, |h| format!("{h}\n\n"));
     out.push_str(
-        "| system | shape | probe | gaps | p50 (µs) | p99 (µs) | p99.9 (µs) | max (µs) | stopped (ms/s) | merged pages | COW breaks | pages written | load avg 1m |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | shape | probe | gaps | p50 (µs) | p99 (µs) | p99.9 (µs) | max (µs) | stopped (ms/s) | merged pages | COW breaks | pages written | parks | park p99 / max (µs) | parked (ms/s) | load avg 1m |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for x in &r.rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} / {} | {} | {} | {:.2} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {} / {} | {} | {} | {} | {:.0} / {:.0} | {:.2} | {:.2} |",
             x.system,
             x.shape.name(),
             x.phase.name(),
@@ -178,6 +178,10 @@ pub fn latency_markdown(r: &LatencyReport) -> String {
             x.possible_pages,
             cow(x.cow_breaks),
             x.pages_written,
+            x.parks,
+            x.park_p99_us,
+            x.park_max_us,
+            x.parked_ms_per_s,
             x.load_avg[0]
         );
     }
@@ -315,6 +319,7 @@ mod tests {
         let md = latency_markdown(&r);
         assert_eq!(md.lines().filter(|l| l.starts_with("| off |")).count(), 2);
         assert!(md.contains("| 1000 / 1100 |"), "{md}");
+        assert!(md.contains("| 12 | 480 / 610 | 1.50 |"), "{md}");
         let j: serde_json::Value = serde_json::from_str(&latency_json(&r).unwrap()).unwrap();
         let rows = j.as_array().unwrap();
         assert_eq!(rows.len(), 5);
