@@ -21,7 +21,7 @@ impl Core {
     /// come after it: executing a span of scattered pairs can take most of
     /// a second in a debug build, too long for a registration to wait.
     pub(super) fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
-        let mut park = self.park_guests(ops.len());
+        let mut park = self.park_for_merges(ops.len());
         ops.sort_by_key(|o| (o.region, o.page));
         let later = self.joins_before_their_creator(&mut ops);
         let mut new_slots: Vec<u32> = Vec::new();
@@ -33,7 +33,7 @@ impl Core {
                     self.abandon(&sweep[i..], &mut new_slots, freed);
                     self.abandon(pending, &mut new_slots, freed);
                     freed.extend(new_slots);
-                    self.window_cost = park.cost();
+                    self.park_costs = park.finish();
                     return;
                 }
                 park.checkpoint();
@@ -66,7 +66,7 @@ impl Core {
         }
         // A created slot nobody ended up mapping is freed.
         freed.extend(new_slots);
-        self.window_cost = park.cost();
+        self.park_costs = park.finish();
     }
 
     /// Takes out of `ops` (sorted by region and page) the joins of a slot

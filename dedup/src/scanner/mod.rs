@@ -61,6 +61,7 @@ mod execute;
 mod handover;
 mod hints;
 mod logs;
+mod park_costs;
 mod pause;
 mod register;
 mod report;
@@ -286,9 +287,10 @@ pub struct Core {
     quiesce_min_ops: usize,
     /// Longest park of the guests at once (`None`: never park them).
     pause_budget: Option<Duration>,
-    /// What a page of a merge window costs while parked, nanoseconds, as
-    /// the last batch measured it (`pause::BoundedPark`; 0: unknown).
-    window_cost: f64,
+    /// What parking costs and saves on this host, as measured so far
+    /// (`park_costs.rs`): sizes parked merge windows and decides whether a
+    /// merge batch parks.
+    park_costs: park_costs::ParkCosts,
     pool: Pool,
     stable: StableIndex,
     unstable: UnstableIndex,
@@ -396,7 +398,7 @@ impl Core {
             pause_budget: Some(Duration::from_micros(
                 crate::settings::DEFAULT_MAX_GUEST_PAUSE_US,
             )),
-            window_cost: 0.0,
+            park_costs: park_costs::ParkCosts::default(),
             cur_hi: 0,
             assist: KsmAssist::new(AssistConfig::default()),
             pass_groups: HashMap::new(),
@@ -537,10 +539,22 @@ impl Core {
         match self.pause_budget {
             Some(budget) if worth && !self.quiescers.is_empty() => {
                 let q = self.quiescers.values().cloned().collect();
-                BoundedPark::start(q, Some(budget), self.window_cost)
+                BoundedPark::start(q, Some(budget), self.park_costs)
             }
-            _ => BoundedPark::none(self.window_cost),
+            _ => BoundedPark::none(self.park_costs),
         }
+    }
+
+    /// [`Core::park_guests`] for a batch of `ops` merges, which parks only
+    /// when the host's measured costs say parking is cheaper for its size
+    /// (`park_costs.rs`). The caller hands the costs back
+    /// ([`pause::BoundedPark::finish`]).
+    fn park_for_merges(&mut self, ops: usize) -> BoundedPark {
+        let parks = !self.quiescers.is_empty() && self.pause_budget.is_some();
+        if parks && !self.park_costs.park(ops) {
+            return BoundedPark::none(self.park_costs);
+        }
+        self.park_guests(ops)
     }
 
     /// Frees the slots in `slots` that nothing maps any more: out of the

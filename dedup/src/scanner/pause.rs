@@ -7,11 +7,13 @@
 //! a step must fit in the budget too: the park measures what a page of a
 //! step costs on this host and sizes the steps to half the budget. The
 //! cost differs by orders of magnitude between hosts (page-table changes
-//! trap on a paravirtualised host), so it is measured, not assumed.
+//! trap on a paravirtualised host), so it is measured, not assumed
+//! ([`ParkCosts`], which also decides whether a merge batch parks).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::park_costs::ParkCosts;
 use crate::quiesce::{Parked, Quiesce};
 
 /// The park of one batch (merges, an unmerge, a take-back from KSM). Held
@@ -24,8 +26,10 @@ pub(super) struct BoundedPark {
     budget: Option<Duration>,
     parked: Option<Parked>,
     since: Instant,
-    /// Measured cost of a page of a step, nanoseconds (0: not yet known).
-    ns_per_page: f64,
+    /// What the current park took to start, ns.
+    park_ns: f64,
+    /// The host's measured costs, updated by this batch.
+    costs: ParkCosts,
 }
 
 /// The fewest pages a step is cut to: below it a step's fixed costs (a
@@ -33,61 +37,77 @@ pub(super) struct BoundedPark {
 const MIN_STEP_PAGES: usize = 8;
 
 impl BoundedPark {
-    /// Parks `quiescers` (none: a batch that does not park).
-    /// `ns_per_page`: the cost the last batch measured ([`Self::cost`]).
+    /// Parks `quiescers` (none: a batch that does not park). `costs`:
+    /// the host's costs as measured so far ([`Self::finish`] returns them
+    /// with this batch's measurements).
     pub(super) fn start(
         quiescers: Vec<Arc<dyn Quiesce>>,
         budget: Option<Duration>,
-        ns_per_page: f64,
+        costs: ParkCosts,
     ) -> Self {
-        let since = Instant::now();
-        let parked = (!quiescers.is_empty()).then(|| Parked::park(&quiescers));
-        BoundedPark {
+        let mut p = BoundedPark {
             quiescers,
             budget,
-            parked,
-            since,
-            ns_per_page,
-        }
+            parked: None,
+            since: Instant::now(),
+            park_ns: 0.0,
+            costs,
+        };
+        p.park();
+        p
     }
 
     /// A batch that parks nothing.
-    pub(super) fn none(ns_per_page: f64) -> Self {
-        BoundedPark::start(Vec::new(), None, ns_per_page)
+    pub(super) fn none(costs: ParkCosts) -> Self {
+        BoundedPark::start(Vec::new(), None, costs)
+    }
+
+    /// Parks the quiescers, if any: the window starts now.
+    fn park(&mut self) {
+        self.since = Instant::now();
+        if !self.quiescers.is_empty() {
+            self.parked = Some(Parked::park(&self.quiescers));
+            self.park_ns = self.since.elapsed().as_nanos() as f64;
+        }
+    }
+
+    /// Ends the park, if one is on, and counts what parking and releasing
+    /// cost.
+    fn release(&mut self) {
+        if let Some(p) = self.parked.take() {
+            let t = Instant::now();
+            drop(p);
+            self.costs
+                .park_took(self.park_ns + t.elapsed().as_nanos() as f64);
+        }
+    }
+
+    /// The batch ends: the guests go, and the costs it measured come back.
+    pub(super) fn finish(mut self) -> ParkCosts {
+        self.release();
+        self.costs
     }
 
     /// Most pages the next step may span: as many as half the budget pays
     /// for at the measured cost, at least [`MIN_STEP_PAGES`]; unbounded
     /// (`usize::MAX`) while unparked or before a cost is known.
     pub(super) fn window_pages(&self) -> usize {
+        let per = self.costs.parked_page_ns();
         match self.budget {
-            Some(b) if self.parked.is_some() && self.ns_per_page > 0.0 => {
-                let pages = b.as_nanos() as f64 / 2.0 / self.ns_per_page;
+            Some(b) if self.parked.is_some() && per > 0.0 => {
+                let pages = b.as_nanos() as f64 / 2.0 / per;
                 (pages as usize).max(MIN_STEP_PAGES)
             }
             _ => usize::MAX,
         }
     }
 
-    /// A step of `pages` pages took `took`: the cost follows it (a moving
-    /// average, so one slow step does not halve the next ones). Steps run
-    /// unparked cost more (their flushes reach running vCPUs) and are not
-    /// what sizes parked steps: not counted.
+    /// A merge window of `pages` pages took `took`, parked or not
+    /// ([`ParkCosts::window`]: moving averages, so one slow window does
+    /// not halve the next ones).
     pub(super) fn timed(&mut self, pages: usize, took: Duration) {
-        if pages == 0 || self.parked.is_none() {
-            return;
-        }
-        let per = took.as_nanos() as f64 / pages as f64;
-        self.ns_per_page = if self.ns_per_page > 0.0 {
-            0.75 * self.ns_per_page + 0.25 * per
-        } else {
-            per
-        };
-    }
-
-    /// The measured cost, for the next batch.
-    pub(super) fn cost(&self) -> f64 {
-        self.ns_per_page
+        let parked = self.parked.is_some();
+        self.costs.window(parked, pages, took.as_nanos() as f64);
     }
 
     /// Between two steps of the batch: a park that has lasted the budget
@@ -101,10 +121,9 @@ impl BoundedPark {
         if self.parked.is_none() || self.since.elapsed() < budget {
             return;
         }
-        self.parked = None;
+        self.release();
         std::thread::sleep(budget);
-        self.since = Instant::now();
-        self.parked = Some(Parked::park(&self.quiescers));
+        self.park();
     }
 
     /// The guests are parked now.
@@ -151,7 +170,7 @@ mod tests {
     fn a_park_that_lasted_the_budget_lets_the_guests_run_as_long() {
         let (l, q) = log();
         let budget = Duration::from_millis(3);
-        let mut p = BoundedPark::start(q, Some(budget), 0.0);
+        let mut p = BoundedPark::start(q, Some(budget), ParkCosts::default());
         p.checkpoint();
         assert_eq!(l.windows.lock().unwrap().len(), 1, "within the budget");
         std::thread::sleep(budget);
@@ -172,33 +191,42 @@ mod tests {
     #[test]
     fn without_a_budget_or_quiescers_nothing_changes() {
         let (l, q) = log();
-        let mut p = BoundedPark::start(q, None, 0.0);
+        let mut p = BoundedPark::start(q, None, ParkCosts::default());
         std::thread::sleep(Duration::from_millis(2));
         p.checkpoint();
         drop(p);
         assert_eq!(l.windows.lock().unwrap().len(), 1);
-        let mut none = BoundedPark::none(0.0);
+        let mut none = BoundedPark::none(ParkCosts::default());
         assert!(!none.is_parked());
         none.checkpoint();
         assert!(!none.is_parked());
         none.timed(100, Duration::from_millis(1));
         assert_eq!(none.window_pages(), usize::MAX, "unparked: no cap");
+        let costs = none.finish();
+        assert_eq!(
+            costs.parked_page_ns(),
+            0.0,
+            "an unparked window is not a parked cost"
+        );
     }
 
     #[test]
     fn steps_are_sized_to_half_the_budget_at_the_measured_cost() {
         let (_l, q) = log();
-        let mut p = BoundedPark::start(q, Some(Duration::from_micros(500)), 0.0);
+        let mut p = BoundedPark::start(q, Some(Duration::from_micros(500)), ParkCosts::default());
         assert_eq!(p.window_pages(), usize::MAX, "no cost known yet");
         // 128 pages in 3.2 ms: 25 µs a page, 250 µs pays for 10 pages.
         p.timed(128, Duration::from_micros(3200));
         assert_eq!(p.window_pages(), 10);
         // One fast step moves the average a quarter of the way.
         p.timed(10, Duration::from_micros(50));
-        assert!((p.cost() - 20_000.0).abs() < 1.0, "{}", p.cost());
+        let costs = p.finish();
+        assert!((costs.parked_page_ns() - 20_000.0).abs() < 1.0, "{costs:?}");
         // A host where a page costs 2 µs: 125 pages per step.
         let (_l, q) = log();
-        let mut fast = BoundedPark::start(q, Some(Duration::from_micros(500)), 2_000.0);
+        let mut known = ParkCosts::default();
+        known.window(true, 1, 2_000.0);
+        let mut fast = BoundedPark::start(q, Some(Duration::from_micros(500)), known);
         assert_eq!(fast.window_pages(), 125);
         // Never below the floor.
         fast.timed(1, Duration::from_millis(100));
