@@ -9,10 +9,8 @@
 //! prefix. docs/metrics.md's table is `doc_table::markdown_table` of this list; a
 //! test keeps the two equal.
 
-use crate::dedup_view::{AutoView, DedupView};
-
-use super::process::ProcessFigures;
-use super::{BuildInfo, Num, Scrape, MODES, STATES};
+use super::rows::{auto, build, dedup, ms_to_s, one, per_owner, per_owner_some, per_vm, process};
+use super::{Num, Scrape, MODES, STATES};
 
 /// A family's Prometheus type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,60 +77,6 @@ pub const NOT_EXPORTED: &[(&str, &str)] = &[
         "the same setting as pagefold_dedup_auto_max_scanning_factor",
     ),
 ];
-
-fn one(n: impl Into<Num>) -> Rows {
-    Some(vec![(Vec::new(), n.into())])
-}
-
-fn dedup(s: &Scrape, f: fn(&DedupView) -> Num) -> Rows {
-    s.dedup.as_ref().and_then(|d| one(f(d)))
-}
-
-fn auto(s: &Scrape, f: fn(&AutoView) -> Num) -> Rows {
-    s.dedup
-        .as_ref()
-        .and_then(|d| d.auto.as_ref())
-        .and_then(|a| one(f(a)))
-}
-
-fn process(s: &Scrape, f: fn(&ProcessFigures) -> Option<Num>) -> Rows {
-    s.process.as_ref().and_then(f).and_then(one)
-}
-
-fn per_vm(s: &Scrape, f: fn(&pagefold_vmm::vm::VmInfo) -> Num) -> Rows {
-    Some(s.vms.iter().map(|v| (vec![v.name.clone()], f(v))).collect())
-}
-
-fn per_owner(s: &Scrape, f: fn(&crate::dedup_view::OwnerView) -> u64) -> Rows {
-    s.dedup.as_ref().map(|d| {
-        d.per_owner
-            .iter()
-            .map(|(vm, o)| (vec![vm.clone(), o.group.clone()], Num::U(f(o))))
-            .collect()
-    })
-}
-
-/// Like [`per_owner`], for a figure some backends do not have per owner:
-/// only the owners that have it.
-fn per_owner_some(s: &Scrape, f: fn(&crate::dedup_view::OwnerView) -> Option<u64>) -> Rows {
-    s.dedup.as_ref().map(|d| {
-        d.per_owner
-            .iter()
-            .filter_map(|(vm, o)| Some((vec![vm.clone(), o.group.clone()], Num::U(f(o)?))))
-            .collect()
-    })
-}
-
-fn ms_to_s(ms: f64) -> Num {
-    Num::F(ms / 1000.0)
-}
-
-fn build(b: &BuildInfo) -> Rows {
-    Some(vec![(
-        vec![b.version.clone(), b.commit.clone(), b.features.clone()],
-        Num::U(1),
-    )])
-}
 
 /// Every family, in exposition order.
 pub static FAMILIES: &[Family] = &[

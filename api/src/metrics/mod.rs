@@ -14,6 +14,7 @@
 pub mod catalogue;
 pub mod doc_table;
 pub mod process;
+mod rows;
 
 use std::fmt::{self, Write};
 use std::sync::OnceLock;

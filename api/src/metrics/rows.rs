@@ -1,0 +1,62 @@
+//! How a metric family reads its samples from a scrape: the helpers the
+//! catalogue's `rows` functions are made of.
+
+use crate::dedup_view::{AutoView, DedupView, OwnerView};
+
+use super::catalogue::Rows;
+use super::process::ProcessFigures;
+use super::{BuildInfo, Num, Scrape};
+
+pub(super) fn one(n: impl Into<Num>) -> Rows {
+    Some(vec![(Vec::new(), n.into())])
+}
+
+pub(super) fn dedup(s: &Scrape, f: fn(&DedupView) -> Num) -> Rows {
+    s.dedup.as_ref().and_then(|d| one(f(d)))
+}
+
+pub(super) fn auto(s: &Scrape, f: fn(&AutoView) -> Num) -> Rows {
+    s.dedup
+        .as_ref()
+        .and_then(|d| d.auto.as_ref())
+        .and_then(|a| one(f(a)))
+}
+
+pub(super) fn process(s: &Scrape, f: fn(&ProcessFigures) -> Option<Num>) -> Rows {
+    s.process.as_ref().and_then(f).and_then(one)
+}
+
+pub(super) fn per_vm(s: &Scrape, f: fn(&pagefold_vmm::vm::VmInfo) -> Num) -> Rows {
+    Some(s.vms.iter().map(|v| (vec![v.name.clone()], f(v))).collect())
+}
+
+pub(super) fn per_owner(s: &Scrape, f: fn(&OwnerView) -> u64) -> Rows {
+    s.dedup.as_ref().map(|d| {
+        d.per_owner
+            .iter()
+            .map(|(vm, o)| (vec![vm.clone(), o.group.clone()], Num::U(f(o))))
+            .collect()
+    })
+}
+
+/// Like [`per_owner`], for a figure some backends do not have per owner:
+/// only the owners that have it.
+pub(super) fn per_owner_some(s: &Scrape, f: fn(&OwnerView) -> Option<u64>) -> Rows {
+    s.dedup.as_ref().map(|d| {
+        d.per_owner
+            .iter()
+            .filter_map(|(vm, o)| Some((vec![vm.clone(), o.group.clone()], Num::U(f(o)?))))
+            .collect()
+    })
+}
+
+pub(super) fn ms_to_s(ms: f64) -> Num {
+    Num::F(ms / 1000.0)
+}
+
+pub(super) fn build(b: &BuildInfo) -> Rows {
+    Some(vec![(
+        vec![b.version.clone(), b.commit.clone(), b.features.clone()],
+        Num::U(1),
+    )])
+}
