@@ -73,14 +73,15 @@ pub struct VmInfoSchema {
     guest_pauses: GuestPausesSchema,
 }
 
-/// The windows in which the dedup engine held the VM's vCPUs out of guest
-/// code (to merge pages without interrupting them): each bounds from above
-/// a stop its guest saw.
+/// The stops of the VM's vCPUs that the dedup engine's parks caused (it
+/// holds the vCPUs out of guest code while it merges, where that is
+/// cheaper than interrupting them): one per vCPU kept waiting, as long as
+/// it waited.
 #[derive(ToSchema)]
 #[schema(as = GuestPauses)]
 #[serde(deny_unknown_fields)]
 pub struct GuestPausesSchema {
-    /// Windows so far.
+    /// Stops so far.
     #[schema(minimum = 0)]
     count: u64,
     /// Their total length, seconds.
@@ -93,7 +94,7 @@ pub struct GuestPausesSchema {
     /// capped by the maximum).
     #[schema(minimum = 0)]
     p99_s: f64,
-    /// Windows per bucket, not cumulative; the buckets' upper bounds are
+    /// Stops per bucket, not cumulative; the buckets' upper bounds are
     /// 10, 25, 50, 100, 250 and 500 µs, 1, 2.5, 5, 10, 25, 50 and 100 ms,
     /// then +Inf (`pagefold_guest_pause_seconds` on /metrics).
     #[schema(min_items = 14, max_items = 14)]

@@ -31,6 +31,12 @@ pub trait Quiesce: Send + Sync {
     /// first one's threads could take the CPU from the engine before it
     /// releases the next, whose threads would stay stopped meanwhile.
     fn wake(&self) {}
+    /// Some thread waits for this park to end: the park stops it. A park
+    /// that stops no one (its guests idle outside guest code) need not
+    /// end at the pause budget. The default assumes one does.
+    fn holds_threads(&self) -> bool {
+        true
+    }
     /// Re-sends whatever wakes the threads out of guest code (a thread may
     /// have entered it just after the request).
     fn nudge(&self) {}

@@ -1,16 +1,16 @@
-//! What the dedup engine's parks cost a VM: every window in which the engine
-//! held the VM's vCPUs out of guest code (`crate::quiesce`), in a histogram
-//! with fixed bounds, so `/metrics` can export it as a Prometheus histogram
-//! and `pagefold status` can show a tail and a maximum per VM.
+//! What the dedup engine's parks cost a VM: every stop of one of its vCPUs
+//! that a park caused (`crate::quiesce`), in a histogram with fixed
+//! bounds, so `/metrics` can export it as a Prometheus histogram and
+//! `pagefold status` can show a tail and a maximum per VM.
 //!
-//! A window runs from the engine's request to its release. A vCPU stops at
-//! the request (or at its next exit, if it was in the guest) and runs again
-//! at the release, so each window bounds the stop its guest saw from above;
-//! a vCPU halted in the guest's idle loop loses nothing in it.
+//! A stop is recorded by the vCPU thread itself (`VmShared::vcpu_checkpoint`):
+//! from when it starts waiting for the hold to end until it goes back to
+//! the guest. A park that keeps no vCPU waiting (its guest idle outside
+//! guest code) costs the guest nothing and records nothing. The time from
+//! the engine's kick to the vCPU's exit is not in it (microseconds).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -24,10 +24,10 @@ pub const PAUSE_BOUNDS_S: [f64; 13] = [
 /// Buckets of the histogram: one per bound and `+Inf`.
 pub const PAUSE_BUCKETS: usize = PAUSE_BOUNDS_S.len() + 1;
 
-/// One VM's pause windows so far, as the API shows them.
+/// One VM's stops so far, as the API shows them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct GuestPauses {
-    /// Windows recorded.
+    /// Stops recorded (one per vCPU kept waiting by a park).
     pub count: u64,
     /// Their total length, seconds.
     pub total_s: f64,
@@ -37,13 +37,13 @@ pub struct GuestPauses {
     /// or the maximum when that is smaller (so an estimate from above,
     /// within one bucket).
     pub p99_s: f64,
-    /// Windows per bucket (not cumulative), in the order of
+    /// Stops per bucket (not cumulative), in the order of
     /// [`PAUSE_BOUNDS_S`], then `+Inf`.
     pub buckets: [u64; PAUSE_BUCKETS],
 }
 
 impl GuestPauses {
-    /// Both VMs' windows together (a pair that the engine parks at once).
+    /// Two logs' stops together (say, a pair of VMs).
     pub fn merged(&self, other: &GuestPauses) -> GuestPauses {
         let mut g = GuestPauses {
             count: self.count + other.count,
@@ -56,7 +56,7 @@ impl GuestPauses {
         g
     }
 
-    /// The windows recorded since `earlier` (a snapshot of the same log).
+    /// The stops recorded since `earlier` (a snapshot of the same log).
     /// The maximum is the log's if it grew since, else the bound of the
     /// highest bucket that did.
     pub fn since(&self, earlier: &GuestPauses) -> GuestPauses {
@@ -102,45 +102,18 @@ impl GuestPauses {
     }
 }
 
-/// The histogram a VM's quiescer records into. Lock-free: the engine's
-/// threads record, the API reads.
+/// The histogram a VM's vCPU threads record their stops into. Lock-free:
+/// the vCPU threads record, the API reads.
 #[derive(Debug, Default)]
 pub struct PauseLog {
     buckets: [AtomicU64; PAUSE_BUCKETS],
     count: AtomicU64,
     total_ns: AtomicU64,
     max_ns: AtomicU64,
-    /// Requests not yet released, and when the first of them came: nested
-    /// requests (two engine threads parking at once) make one window.
-    open: Mutex<(u32, Option<Instant>)>,
 }
 
 impl PauseLog {
-    /// A window opens (the engine asked the vCPUs to park).
-    pub fn opened(&self) {
-        let mut o = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if o.0 == 0 {
-            o.1 = Some(Instant::now());
-        }
-        o.0 += 1;
-    }
-
-    /// One request is released; the window closes with the last.
-    pub fn closed(&self) {
-        let since = {
-            let mut o = self.open.lock().unwrap_or_else(|e| e.into_inner());
-            o.0 = o.0.saturating_sub(1);
-            if o.0 > 0 {
-                return;
-            }
-            o.1.take()
-        };
-        if let Some(t) = since {
-            self.record(t.elapsed());
-        }
-    }
-
-    /// Counts one window of length `d`.
+    /// Counts one stop of length `d`.
     pub fn record(&self, d: Duration) {
         let s = d.as_secs_f64();
         let i = PAUSE_BOUNDS_S
@@ -154,8 +127,8 @@ impl PauseLog {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The windows so far. Read while windows are recorded, the figures
-    /// may be off by the windows in flight, never torn within one.
+    /// The stops so far. Read while stops are recorded, the figures may be
+    /// off by the stops in flight.
     pub fn snapshot(&self) -> GuestPauses {
         let buckets: [u64; PAUSE_BUCKETS] =
             std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed));
@@ -224,22 +197,5 @@ mod tests {
         let both = before.merged(&log.snapshot());
         assert_eq!(both.count, 5);
         assert_eq!(both.max_s, 4e-3);
-    }
-
-    #[test]
-    fn nested_requests_make_one_window() {
-        let log = PauseLog::default();
-        log.opened();
-        log.opened();
-        log.closed();
-        assert_eq!(log.snapshot().count, 0, "one request still open");
-        std::thread::sleep(Duration::from_millis(2));
-        log.closed();
-        let g = log.snapshot();
-        assert_eq!(g.count, 1);
-        assert!(g.max_s >= 2e-3, "{}", g.max_s);
-        // A stray release opens nothing and records nothing.
-        log.closed();
-        assert_eq!(log.snapshot().count, 1);
     }
 }

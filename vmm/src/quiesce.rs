@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 
 use pagefold_dedup::Quiesce;
 
-use crate::pause::PauseLog;
 use crate::state::VmShared;
 use crate::vcpu;
 
@@ -17,20 +16,13 @@ pub struct VcpuQuiescer {
     /// [`VcpuQuiescer::forget_threads`]) before they are joined, after which
     /// their ids may be reused.
     threads: Mutex<Vec<libc::pthread_t>>,
-    /// The VM's record of the windows its vCPUs were held.
-    pauses: Arc<PauseLog>,
 }
 
 impl VcpuQuiescer {
-    pub fn new(
-        shared: Arc<VmShared>,
-        threads: Vec<libc::pthread_t>,
-        pauses: Arc<PauseLog>,
-    ) -> Self {
+    pub fn new(shared: Arc<VmShared>, threads: Vec<libc::pthread_t>) -> Self {
         Self {
             shared,
             threads: Mutex::new(threads),
-            pauses,
         }
     }
 
@@ -45,7 +37,6 @@ impl VcpuQuiescer {
 
 impl Quiesce for VcpuQuiescer {
     fn request(&self) {
-        self.pauses.opened();
         self.shared.hold();
         if !self.shared.out_of_guest() {
             self.nudge();
@@ -58,7 +49,10 @@ impl Quiesce for VcpuQuiescer {
 
     fn release(&self) {
         self.shared.unhold();
-        self.pauses.closed();
+    }
+
+    fn holds_threads(&self) -> bool {
+        self.shared.holds_a_vcpu()
     }
 
     fn wake(&self) {

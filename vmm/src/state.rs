@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::pause::{GuestPauses, PauseLog};
+
 /// Where a VM is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -115,6 +117,11 @@ pub struct VmShared {
     holds: AtomicUsize,
     /// vCPU threads inside KVM_RUN (running guest code) right now.
     in_guest: AtomicUsize,
+    /// vCPU threads waiting at the hold gate right now: a hold that keeps
+    /// them is a stop of their guest.
+    held: AtomicUsize,
+    /// Every such stop, as long as each vCPU thread waited.
+    pauses: PauseLog,
 }
 
 impl VmShared {
@@ -128,6 +135,8 @@ impl VmShared {
             live_vcpus: AtomicUsize::new(0),
             holds: AtomicUsize::new(0),
             in_guest: AtomicUsize::new(0),
+            held: AtomicUsize::new(0),
+            pauses: PauseLog::default(),
         })
     }
 
@@ -186,6 +195,9 @@ impl VmShared {
     /// VM's own condition variable) or held (at the process's hold gate),
     /// and tells whether the thread should keep running.
     pub fn vcpu_checkpoint(&self) -> bool {
+        // When this thread started waiting for a hold to end (one stop
+        // may span several waits: other VMs' wakes are spurious here).
+        let mut held_since: Option<Instant> = None;
         loop {
             {
                 let mut g = self.lock();
@@ -202,14 +214,20 @@ impl VmShared {
                 }
             }
             if self.holds.load(Ordering::SeqCst) == 0 {
+                if let Some(t) = held_since {
+                    self.pauses.record(t.elapsed());
+                }
                 return true;
             }
             // Held: re-checked under the gate's lock, which every wake
             // takes after the holds dropped, so no wake-up is missed.
             let g = gate();
             if self.holds.load(Ordering::SeqCst) > 0 && !self.stopping() {
+                held_since.get_or_insert_with(Instant::now);
                 self.parked.fetch_add(1, Ordering::SeqCst);
+                self.held.fetch_add(1, Ordering::SeqCst);
                 drop(HOLD_GATE.1.wait(g).unwrap_or_else(|e| e.into_inner()));
+                self.held.fetch_sub(1, Ordering::SeqCst);
                 self.parked.fetch_sub(1, Ordering::SeqCst);
             }
         }
@@ -250,6 +268,17 @@ impl VmShared {
     /// every VM of a batch go first, then wakes them all at once).
     pub fn unhold(&self) {
         self.holds.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// True while a vCPU thread waits for a hold to end: the hold stops
+    /// its guest.
+    pub fn holds_a_vcpu(&self) -> bool {
+        self.held.load(Ordering::SeqCst) > 0
+    }
+
+    /// The stops holds caused so far, one per vCPU thread kept waiting.
+    pub fn guest_pauses(&self) -> GuestPauses {
+        self.pauses.snapshot()
     }
 
     /// True while no vCPU thread runs guest code.
@@ -357,9 +386,14 @@ mod tests {
         wake_held_vcpus();
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(s.parked_vcpus(), 1, "still held once");
+        assert!(s.holds_a_vcpu());
         s.unhold();
         wake_held_vcpus();
         assert!(t.join().unwrap());
+        assert!(!s.holds_a_vcpu());
+        let p = s.guest_pauses();
+        assert_eq!(p.count, 1, "one stop, however many wakes: {p:?}");
+        assert!(p.max_s >= 0.02, "it waited through both sleeps: {p:?}");
         assert!(s.enter_guest());
         // A stop releases a held vCPU too.
         s.leave_guest();

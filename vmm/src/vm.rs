@@ -20,7 +20,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{SerialOutput, VmConfig};
 use crate::dirty_log::KvmDirtyLog;
-use crate::pause::{GuestPauses, PauseLog};
+use crate::pause::GuestPauses;
 use crate::quiesce::VcpuQuiescer;
 use crate::state::{Outcome, RunState, VmShared};
 use crate::vcpu::{self, ExitContext};
@@ -113,8 +113,8 @@ pub struct VmInfo {
     pub dedup_group: Option<String>,
     pub outcome: Option<Outcome>,
     pub uptime_s: f64,
-    /// The windows in which the dedup engine held the VM's vCPUs out of
-    /// guest code (see [`crate::pause`]).
+    /// The stops of the VM's vCPUs that the dedup engine's parks caused
+    /// (see [`crate::pause`]).
     #[serde(default)]
     pub guest_pauses: GuestPauses,
 }
@@ -142,8 +142,6 @@ pub struct Vm {
     hint_target: Arc<RwLock<Option<Arc<dyn DedupBackend>>>>,
     /// Given to the dedup backend for its regions once the vCPUs run.
     quiescer: Option<Arc<VcpuQuiescer>>,
-    /// What the quiescers (one per attachment) recorded, for the VM's life.
-    pauses: Arc<PauseLog>,
     workload: Option<Arc<workload::Control>>,
     workload_params: Option<pagefold_guest_abi::WorkloadParams>,
     serial: Arc<Mutex<SerialDevice>>,
@@ -319,7 +317,6 @@ impl Vm {
             threads: Vec::new(),
             regions: Vec::new(),
             quiescer: None,
-            pauses: Arc::default(),
             dedup: backend,
             hint_target,
             workload,
@@ -443,7 +440,6 @@ impl Vm {
             let q = Arc::new(VcpuQuiescer::new(
                 self.shared.clone(),
                 self.threads.iter().map(|t| t.as_pthread_t()).collect(),
-                self.pauses.clone(),
             ));
             let t = Instant::now();
             for &id in &self.regions {
@@ -654,7 +650,7 @@ impl Vm {
             dedup_group: self.config.dedup.enabled.then(|| self.config.dedup_group()),
             outcome: self.shared.outcome(),
             uptime_s: self.started.elapsed().as_secs_f64(),
-            guest_pauses: self.pauses.snapshot(),
+            guest_pauses: self.shared.guest_pauses(),
         }
     }
 

@@ -207,7 +207,7 @@ pub static FAMILIES: &[Family] = &[
         name: "pagefold_guest_pause_seconds",
         kind: Kind::Histogram,
         labels: &["vm"],
-        help: "Windows in which the dedup engine held the VM's vCPUs out of guest code to merge (each bounds a stop the guest saw).",
+        help: "Stops of the VM's vCPUs caused by the dedup engine's parks (one per vCPU kept waiting, as long as it waited).",
         source: &[],
         ksmd: None,
         rows: |s| {
