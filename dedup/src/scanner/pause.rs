@@ -32,6 +32,10 @@ pub(super) struct BoundedPark {
     costs: ParkCosts,
 }
 
+/// Longest wait for released threads to leave their wait before the
+/// guests' run time starts counting anyway.
+const RELEASE_WAIT: Duration = Duration::from_millis(10);
+
 /// The fewest pages a step is cut to: below it a step's fixed costs (a
 /// write-protect call, a `mmap`) would outweigh its pages.
 const MIN_STEP_PAGES: usize = 8;
@@ -128,6 +132,14 @@ impl BoundedPark {
             return;
         }
         self.release();
+        // The guests run for as long as the budget from when the last
+        // released thread has left its wait: waking a thread can take a
+        // while on a busy host, and parked again before it ran, a guest
+        // would get no run at all between two parks.
+        let t = Instant::now();
+        while self.quiescers.iter().any(|q| q.holds_threads()) && t.elapsed() < RELEASE_WAIT {
+            std::thread::sleep(Duration::from_micros(50));
+        }
         std::thread::sleep(budget);
         self.park();
     }
