@@ -20,10 +20,7 @@ pub enum Kind {
     Histogram,
 }
 
-/// A family's samples: label values (in the order of [`Family::labels`])
-/// and the value. `None`: the family is absent from this scrape (no dedup
-/// backend, no auto-mode controller, /proc unreadable).
-pub type Rows = Option<Vec<(Vec<String>, Num)>>;
+pub use super::rows::Rows;
 
 /// One metric family.
 pub struct Family {

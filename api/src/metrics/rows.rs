@@ -3,9 +3,13 @@
 
 use crate::dedup_view::{AutoView, DedupView, OwnerView};
 
-use super::catalogue::Rows;
 use super::process::ProcessFigures;
 use super::{BuildInfo, Num, Scrape};
+
+/// A family's samples: label values (in the order of `Family::labels`)
+/// and the value. `None`: the family is absent from this scrape (no dedup
+/// backend, no auto-mode controller, /proc unreadable).
+pub type Rows = Option<Vec<(Vec<String>, Num)>>;
 
 pub(super) fn one(n: impl Into<Num>) -> Rows {
     Some(vec![(Vec::new(), n.into())])
