@@ -988,6 +988,13 @@ fn an_unmerge_parks_the_guests_per_slice_of_chunks() {
         scans += 1;
     }
     assert_eq!(e.stats().pages_sharing as usize, N / 2, "{:?}", e.stats());
+    // The pause budget would end each park after 500 µs (the quiescer
+    // says it holds threads): at a second, what is left is the slicing.
+    let budget = DedupSettings {
+        max_guest_pause_us: Some(1_000_000),
+        ..DedupSettings::default()
+    };
+    e.apply(&budget.validate().unwrap()).unwrap();
     let before = q.requests.load(Ordering::SeqCst);
     e.set_mode(Mode::Unmerge).unwrap();
     assert!(e.wait_mode(Mode::Off, Duration::from_secs(60)));
