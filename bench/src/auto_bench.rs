@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pagefold_dedup::auto::{AutoConfig, AutoController, MemorySource, ScriptedSource};
-use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KsmBackend, KsmOptions, KSM_SYSFS};
+use pagefold_dedup::ksm::{KsmBackend, KsmOptions};
 use pagefold_dedup::{DedupBackend, DedupSettings, Engine, Mode, DEFAULT_KNOBS};
 use serde::{Deserialize, Serialize};
 
 use crate::error::BenchError;
-use crate::host::{load_avg, mem_available, other_ksm_users, HostId};
+use crate::host::{load_avg, mem_available, other_ksm_users, HostId, KsmSession};
 use crate::region::PAGE;
 use crate::system::KSM_DEFAULT_KNOBS;
 use crate::target::{Attached, Case, RegionSizes};
@@ -236,12 +236,7 @@ pub fn run_auto_all(systems: &[AutoSystem], opts: &AutoOptions) -> Result<AutoRe
     if systems.is_empty() {
         return Err(BenchError::NoSystems);
     }
-    let _lock = ksm_exclusive()?;
-    // Knobs a killed pagefold (an earlier benchmark included) left changed
-    // go back before `before` is taken: they are not the host's settings.
-    pagefold_dedup::ksm::journal::recover();
-    let root = std::path::Path::new(KSM_SYSFS);
-    let before = snapshot_tunables(root);
+    let ksm = KsmSession::start()?;
     let mut rows = Vec::new();
     let mut series = Vec::new();
     let mut result = Ok(());
@@ -260,7 +255,7 @@ pub fn run_auto_all(systems: &[AutoSystem], opts: &AutoOptions) -> Result<AutoRe
             }
         }
     }
-    let unrestored = crate::host::unrestored_tunables(root, &before);
+    let unrestored = ksm.finish();
     result?;
     let threshold_pct = bench_auto_config().threshold_pct;
     Ok(AutoReport {

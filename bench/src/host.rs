@@ -7,7 +7,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use pagefold_dedup::ksm::{self_ksm_stat, snapshot_tunables, KsmSysfs};
+use pagefold_dedup::ksm::{
+    ksm_exclusive, self_ksm_stat, snapshot_tunables, KsmExclusive, KsmSysfs, KSM_SYSFS,
+};
+
+use crate::error::BenchError;
 use procfs::{Current, LoadAverage, Meminfo};
 
 /// `/proc/loadavg`'s 1, 5 and 15 minute averages (zeros if unreadable).
@@ -216,6 +220,34 @@ pub fn drain_ksm_items() {
             "bench: ksmd dropped {stale} stale rmap items in {:?}",
             t.elapsed()
         );
+    }
+}
+
+/// A benchmark's hold on kernel KSM, for all of its systems: the lock that
+/// keeps other KSM users (tests, other benchmarks) out, and the tunables as
+/// the run found them.
+pub struct KsmSession {
+    _lock: KsmExclusive,
+    before: BTreeMap<String, String>,
+}
+
+impl KsmSession {
+    /// Takes the lock; knobs a killed pagefold (an earlier benchmark
+    /// included) left changed go back before the tunables are recorded:
+    /// they are not the host's settings.
+    pub fn start() -> Result<KsmSession, BenchError> {
+        let lock = ksm_exclusive()?;
+        pagefold_dedup::ksm::journal::recover();
+        Ok(KsmSession {
+            _lock: lock,
+            before: snapshot_tunables(Path::new(KSM_SYSFS)),
+        })
+    }
+
+    /// Ends the hold: the tunables no longer as found
+    /// ([`unrestored_tunables`]), checked before the lock goes.
+    pub fn finish(self) -> Vec<String> {
+        unrestored_tunables(Path::new(KSM_SYSFS), &self.before)
     }
 }
 

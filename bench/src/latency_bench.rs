@@ -1,9 +1,8 @@
 //! Running the `latency` benchmark: every system on every shape, under
 //! the KSM lock, with the KSM tunables checked at the end.
 
-use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
-
 use crate::error::BenchError;
+use crate::host::KsmSession;
 use crate::latency::{LatencyOptions, LatencyReport, LatencySystem};
 
 /// Runs every system on every shape, holding the KSM lock throughout, and
@@ -16,10 +15,7 @@ pub fn run_latency_bench(
     if systems.is_empty() {
         return Err(BenchError::NoSystems);
     }
-    let _lock = ksm_exclusive()?;
-    pagefold_dedup::ksm::journal::recover();
-    let root = std::path::Path::new(KSM_SYSFS);
-    let before = snapshot_tunables(root);
+    let ksm = KsmSession::start()?;
     let mut rows = Vec::new();
     let mut result = Ok(());
     'all: for &shape in &opts.shapes {
@@ -33,7 +29,7 @@ pub fn run_latency_bench(
             }
         }
     }
-    let unrestored = crate::host::unrestored_tunables(root, &before);
+    let unrestored = ksm.finish();
     if !unrestored.is_empty() {
         log::error!("KSM tunables not restored: {}", unrestored.join("; "));
     }

@@ -6,12 +6,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pagefold_dedup::ksm::{count_ksm_pages, ksm_exclusive, snapshot_tunables, KSM_SYSFS};
+use pagefold_dedup::ksm::count_ksm_pages;
 use pagefold_dedup::{mm, DedupBackend, Mode};
 use serde::{Deserialize, Serialize};
 
 use crate::error::BenchError;
-use crate::host::{load_avg, other_ksm_users, HostId};
+use crate::host::{load_avg, other_ksm_users, HostId, KsmSession};
 use crate::region::{Shape, PAGE, SCATTERED_REGION_BYTES, SEED_REGION_BYTES};
 use crate::settle::{Sample, Settled, Settler};
 use crate::system::System;
@@ -172,12 +172,7 @@ pub fn run_ksm_seed(systems: &[System], opts: &SeedOptions) -> Result<SeedReport
     if systems.is_empty() {
         return Err(BenchError::NoSystems);
     }
-    let _lock = ksm_exclusive()?;
-    // Knobs a killed pagefold (an earlier benchmark included) left changed
-    // go back before `before` is taken: they are not the host's settings.
-    pagefold_dedup::ksm::journal::recover();
-    let root = std::path::Path::new(KSM_SYSFS);
-    let before = snapshot_tunables(root);
+    let ksm = KsmSession::start()?;
     let mut rows = Vec::new();
     let mut series = Vec::new();
     let mut result = Ok(());
@@ -199,7 +194,7 @@ pub fn run_ksm_seed(systems: &[System], opts: &SeedOptions) -> Result<SeedReport
             }
         }
     }
-    let unrestored = crate::host::unrestored_tunables(root, &before);
+    let unrestored = ksm.finish();
     if !unrestored.is_empty() {
         log::error!("KSM tunables not restored: {}", unrestored.join("; "));
     }
