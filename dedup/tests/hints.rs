@@ -197,3 +197,46 @@ fn overlapping_hints_in_one_wake_up_keep_exact_refcounts() {
     unsafe { core.unregister(core.regions()[0].id, true) }.unwrap();
     core.check_consistency().unwrap();
 }
+
+/// A hinted page pairs with a page an earlier wake-up's hint left in the
+/// index, behind it in the region; the same wake-up's next hint covers
+/// that partner, whose merge is still planned. The partner lies outside
+/// every range this wake-up visited, so only the planned pages tell that
+/// the plan must run first: visited with its merge still planned, the
+/// partner was taken for a copy-on-write break (its pool reference
+/// dropped, then counted again by the merge; under writers, a slot freed
+/// while a page mapped it). Found by `torture_io_hints_in_short_parks`.
+#[test]
+fn a_hint_over_a_partner_planned_by_an_earlier_range_runs_the_plan_first() {
+    use pagefold_dedup::testing::Hint;
+
+    let m = Mem::new(256);
+    for i in 0..256 {
+        m.fill(i, 7000 + i as u64);
+    }
+    m.fill(10, 42);
+    m.fill(100, 42);
+    let mut core = core_over(&m);
+    assert!(core.run_batch(1 << 20, true).pass_completed);
+    let hint = |page: usize| Hint {
+        addr: m.addr + page * PS,
+        len: PS,
+        at: Instant::now(),
+    };
+    // A device refills page 10: no partner yet, remembered.
+    let mut hints = vec![hint(10)];
+    core.run_hints(&mut hints, 1 << 20);
+    core.check_consistency().unwrap();
+    // Then page 100 (pairs with page 10, planning both), then page 10
+    // again, in one wake-up.
+    let mut hints = vec![hint(100), hint(10)];
+    core.run_hints(&mut hints, 1 << 20);
+    assert!(hints.is_empty());
+    core.check_consistency().unwrap();
+    let pm = Pagemap::open().unwrap();
+    assert_eq!(m.pfn(&pm, 10), m.pfn(&pm, 100), "the pair never merged");
+    assert_eq!(m.read(10), pattern(42));
+    // SAFETY: with unmerge the region keeps its content.
+    unsafe { core.unregister(core.regions()[0].id, true) }.unwrap();
+    core.check_consistency().unwrap();
+}

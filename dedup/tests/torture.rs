@@ -66,6 +66,17 @@ struct Cfg {
     /// Guest RAM backed by transparent huge pages (`Mem::new_thp`): merges,
     /// zero-page drops and protects split them under the writers.
     thp: bool,
+    /// Kernel-mode writes are reported as I/O hints, as the VMM's
+    /// virtio-blk reports its reads (`DedupBackend::hint`): the hinted
+    /// pages and their neighbours are planned together, first, as
+    /// candidates on their first visit.
+    hints: bool,
+    /// Each region gets a quiescer that says it holds threads (it stops
+    /// none: parking is an optimisation, never what keeps a merge right),
+    /// under this pause budget, µs: batches are cut into short windows and
+    /// the park ends and starts again between them, as on a host where a
+    /// window's pages are dear.
+    pause_budget_us: Option<u64>,
 }
 
 impl Cfg {
@@ -88,6 +99,8 @@ impl Cfg {
             refill_runs: false,
             churn: false,
             thp: false,
+            hints: false,
+            pause_budget_us: None,
         }
     }
 }
@@ -142,6 +155,8 @@ fn run(cfg: Cfg) {
         refill_runs,
         churn,
         thp,
+        hints,
+        pause_budget_us,
     } = cfg;
     let e = Arc::new(
         Engine::new(EngineConfig {
@@ -201,11 +216,22 @@ fn run(cfg: Cfg) {
     }
     let logs: Arc<Vec<Arc<UserWrites>>> =
         Arc::new((0..3).map(|_| Arc::new(UserWrites::default())).collect());
+    let quiescer = Arc::new(CountingQuiescer::default());
     for (k, m) in world.mems.iter().enumerate() {
         let id = m.register(&e, &format!("vm{k}"), if k < 2 { "g1" } else { "g2" });
         if write_log {
             e.set_write_log(id, Some(logs[k].clone()));
         }
+        if pause_budget_us.is_some() {
+            e.set_quiesce(id, Some(quiescer.clone()));
+        }
+    }
+    if let Some(us) = pause_budget_us {
+        let budget = pagefold_dedup::DedupSettings {
+            max_guest_pause_us: Some(us),
+            ..pagefold_dedup::DedupSettings::default()
+        };
+        e.apply(&budget.validate().unwrap()).unwrap();
     }
     // A file of patterns for kernel-mode writes (pread into guest pages).
     // SAFETY: plain syscalls on our own memfd.
@@ -235,13 +261,14 @@ fn run(cfg: Cfg) {
     let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     for w in 0..WRITERS {
-        let (world, barrier, pause, stop, shadows, logs) = (
+        let (world, barrier, pause, stop, shadows, logs, e) = (
             world.clone(),
             barrier.clone(),
             pause.clone(),
             stop.clone(),
             shadows.clone(),
             logs.clone(),
+            e.clone(),
         );
         handles.push(std::thread::spawn(move || {
             let mut rng = Rng(seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -307,6 +334,16 @@ fn run(cfg: Cfg) {
                             )
                         };
                         assert_eq!(n, PS as isize, "pread into a guest page failed");
+                        if hints {
+                            // A device reports the range its request
+                            // filled: here the page and its neighbours,
+                            // which other writers write meanwhile.
+                            let (m, i) = (g / world.pages_per, g % world.pages_per);
+                            let first = i.saturating_sub(2);
+                            let end = (i + 6).min(world.pages_per);
+                            let base = world.mems[m].page_ptr(first) as usize;
+                            e.hint(base, (end - first) * PS);
+                        }
                         pattern(v + 100)
                     }
                 };
@@ -418,6 +455,15 @@ fn run(cfg: Cfg) {
         e.abandoned()
     );
     assert!(s.merges > 100, "the engine hardly merged: {s:?}");
+    if hints {
+        assert!(s.hint_merges > 0, "no hinted page merged: {s:?}");
+    }
+    if pause_budget_us.is_some() {
+        let parks = quiescer.requests.load(Ordering::SeqCst);
+        eprintln!("parks: {parks}");
+        assert!(parks > 0, "the budget's quiescer was never asked to park");
+        assert_eq!(quiescer.held.load(Ordering::SeqCst), 0, "a park left on");
+    }
     if write_log {
         assert_eq!(s.write_logged_regions, 3, "{s:?}");
         assert!(s.clean_visits > 0, "the write log answered no visit: {s:?}");
@@ -561,6 +607,33 @@ fn torture_transparent_huge_pages() {
         run_pages: 8,
         thp: true,
         ..Cfg::base(0x7a9e_2b1f)
+    });
+}
+
+#[test]
+fn torture_io_hints() {
+    // What two Linux guests reading one disk give the engine: device
+    // writes reported as hints, planned together as candidates at first
+    // sight, over the pages of earlier ranges' planned merges, under
+    // user-mode writers and a write log.
+    run(Cfg {
+        hints: true,
+        write_log: true,
+        run_pages: 4,
+        ..Cfg::base(0x10b1_4715)
+    });
+}
+
+#[test]
+fn torture_short_parks() {
+    // Batches cut into short parked windows (a 50 µs budget), the park
+    // ended and started again between them: the writers run between two
+    // windows of one batch, as guests do.
+    run(Cfg {
+        pause_budget_us: Some(50),
+        run_pages: 4,
+        rounds: 8,
+        ..Cfg::base(0x5407_9a2c)
     });
 }
 

@@ -1,7 +1,7 @@
 //! I/O hints: visiting the pages a device just filled before the scan comes
 //! round.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 use super::*;
 
@@ -92,6 +92,8 @@ impl Core {
         // save.
         let mut pending: Vec<Op> = Vec::new();
         let mut visited: Vec<HintVisit> = Vec::new();
+        // The pages of `pending`'s ops, by (region, page).
+        let mut pending_pages: BTreeSet<(usize, usize)> = BTreeSet::new();
         while done < hints.len() && visit_units > 0 {
             let h = hints[done];
             let Some(ri) = self.regions.iter().position(|r| r.contains(h.addr)) else {
@@ -109,13 +111,20 @@ impl Core {
             if let Some(w) = self.regions[ri].written.as_mut() {
                 w.mark(first, end);
             }
-            if visited
+            let revisits = visited
                 .iter()
-                .any(|v| v.region == ri && v.first < end && first < v.end)
-            {
-                // A page read again in this wake-up: what is planned for it
-                // runs first, so the page is seen as it then is.
+                .any(|v| v.region == ri && v.first < end && first < v.end);
+            if revisits || pending_pages.range((ri, first)..(ri, end)).next().is_some() {
+                // A page read again in this wake-up, or a page an earlier
+                // range planned a merge for (an unstable partner of one of
+                // its pages, anywhere in any region): what is planned runs
+                // first, so the page is seen as it then is. Visited with
+                // its merge still planned, its provisional MERGED state
+                // would meet a pagemap entry of a private page and be
+                // taken for a copy-on-write break (its pool reference
+                // dropped, then counted again by the merge).
                 self.flush_hint_ops(&mut visited, &mut pending);
+                pending_pages.clear();
             }
             let planned = pending.len();
             let mut p = first;
@@ -124,6 +133,7 @@ impl Core {
                 let keep = Planned::Keep(&mut pending);
                 p += self.scan_span(ri, p, n, &mut visit_units, VisitMode::Hinted, keep);
             }
+            pending_pages.extend(pending[planned..].iter().map(|o| (o.region, o.page)));
             let planned = pending.len() - planned;
             visited.push(HintVisit {
                 region: ri,
