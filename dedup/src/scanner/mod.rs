@@ -535,11 +535,17 @@ impl Core {
     /// A park lasts at most the pause budget at once: its owner calls
     /// [`pause::BoundedPark::checkpoint`] between the batch's steps.
     fn park_guests(&self, pages: usize) -> BoundedPark {
+        self.park_guests_as(pages, park_costs::Way::Park)
+    }
+
+    /// [`Core::park_guests`], the way `way` says (a batch may run
+    /// unparked, or park after a probe of its first pages).
+    fn park_guests_as(&self, pages: usize, way: park_costs::Way) -> BoundedPark {
         let worth = self.quiesce_min_ops > 0 && pages >= self.quiesce_min_ops;
         match self.pause_budget {
             Some(budget) if worth && !self.quiescers.is_empty() => {
                 let q = self.quiescers.values().cloned().collect();
-                BoundedPark::start(q, Some(budget), self.park_costs)
+                BoundedPark::start_as(q, Some(budget), self.park_costs, way)
             }
             _ => BoundedPark::none(self.park_costs),
         }
@@ -551,10 +557,11 @@ impl Core {
     /// ([`pause::BoundedPark::finish`]).
     fn park_for_merges(&mut self, ops: usize) -> BoundedPark {
         let parks = !self.quiescers.is_empty() && self.pause_budget.is_some();
-        if parks && !self.park_costs.park(ops) {
-            return BoundedPark::none(self.park_costs);
+        if !parks {
+            return self.park_guests(ops);
         }
-        self.park_guests(ops)
+        let way = self.park_costs.way(ops, self.pause_budget);
+        self.park_guests_as(ops, way)
     }
 
     /// Frees the slots in `slots` that nothing maps any more: out of the

@@ -11,12 +11,27 @@
 //! its size, and runs a small batch the other way now and then so that
 //! the figure it does not use stays current.
 
+use std::time::Duration;
+
 /// One batch in this many goes the other way, to keep measuring it.
 const PROBE_EVERY: u32 = 32;
 
-/// Largest batch run the other way as a probe: a probe on a host where
-/// the other way is much dearer must stay cheap.
-const PROBE_MAX_PAGES: usize = 64;
+/// Most pages run the other way as a probe: a probe on a host where the
+/// other way is much dearer must stay cheap. A larger batch that probes
+/// the running cost runs this many pages unparked, then parks.
+pub(super) const PROBE_MAX_PAGES: usize = 64;
+
+/// How a merge batch runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Way {
+    /// Parked from its first window.
+    Park,
+    /// Unparked throughout.
+    Run,
+    /// Its first this-many pages unparked (the running cost's probe), the
+    /// rest parked.
+    ProbeThenPark(usize),
+}
 
 /// The moving averages of the costs, nanoseconds (0: not measured yet).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -27,8 +42,21 @@ pub(super) struct ParkCosts {
     parked_page_ns: f64,
     /// A page of a merge window while the guests run.
     running_page_ns: f64,
-    /// Batches since the last probe.
+    /// What the engine waits between two parks of one batch that the
+    /// pause budget split: the released threads leaving their wait, then
+    /// the guests' run of the budget's length.
+    gap_ns: f64,
+    /// A page of a whole batch of at least [`PROBE_MAX_PAGES`] pages run
+    /// parked: from its start to its end, parks and the guests' runs
+    /// between them included.
+    parked_batch_ns: f64,
+    /// A page of a batch of at least [`PROBE_MAX_PAGES`] pages run
+    /// unparked (or of a probe's pages).
+    running_batch_ns: f64,
+    /// Small batches since the last probe.
     since_probe: u32,
+    /// Large batches since the last probe.
+    since_large_probe: u32,
 }
 
 /// A quarter of each new sample: one odd sample moves the average little.
@@ -41,32 +69,111 @@ fn follow(avg: f64, sample: f64) -> f64 {
 }
 
 impl ParkCosts {
-    /// Should a batch of `pages` pages park the guests? Parks until both
-    /// ways are measured (parking is never the costly mistake where IPIs
-    /// trap), then whichever is cheaper for `pages`; a probe batch goes the
-    /// other way.
-    pub(super) fn park(&mut self, pages: usize) -> bool {
-        let n = pages as f64;
-        let cheaper = if self.fixed_ns > 0.0 && self.running_page_ns > 0.0 {
-            self.fixed_ns + n * self.parked_page_ns <= n * self.running_page_ns
-        } else {
-            true
-        };
-        self.since_probe = self.since_probe.saturating_add(1);
-        let measured_parked = self.fixed_ns > 0.0 && self.parked_page_ns > 0.0;
-        if measured_parked && self.since_probe >= PROBE_EVERY && pages <= PROBE_MAX_PAGES {
-            self.since_probe = 0;
-            log::debug!(
-                "park costs: {:.1} us a park, {:.2} us a page parked, {:.2} us running; \
-                 a batch of {pages} runs {} as a probe",
-                self.fixed_ns / 1e3,
-                self.parked_page_ns / 1e3,
-                self.running_page_ns / 1e3,
-                if cheaper { "unparked" } else { "parked" }
-            );
-            return !cheaper;
+    /// How a batch of `pages` pages runs under the pause budget `budget`.
+    ///
+    /// A batch of at least [`PROBE_MAX_PAGES`] pages goes by what whole
+    /// batches cost ([`ParkCosts::large_way`]). A smaller one goes by its
+    /// windows' costs: parked, it pays each park's fixed cost, one park per
+    /// budget's worth of parked work, with the guests' run between two of
+    /// them (`gap_ns`, at least the budget); running, each page pays its
+    /// flushes. Until the parked cost is known a small batch parks
+    /// (parking is never the costly mistake where IPIs trap); until the
+    /// running cost is known it runs, which measures it at a small price.
+    /// One small batch in [`PROBE_EVERY`] goes the way not taken.
+    pub(super) fn way(&mut self, pages: usize, budget: Option<Duration>) -> Way {
+        if pages >= PROBE_MAX_PAGES {
+            return self.large_way(pages);
         }
-        cheaper
+        if self.fixed_ns <= 0.0 || self.parked_page_ns <= 0.0 {
+            return Way::Park;
+        }
+        if self.running_page_ns <= 0.0 {
+            return Way::Run;
+        }
+        let n = pages as f64;
+        let park = self.parked_ns(n, budget) <= n * self.running_page_ns;
+        self.since_probe = self.since_probe.saturating_add(1);
+        if self.since_probe < PROBE_EVERY {
+            return if park { Way::Park } else { Way::Run };
+        }
+        self.since_probe = 0;
+        let way = if park { Way::Run } else { Way::Park };
+        self.log_probe(pages, way);
+        way
+    }
+
+    /// [`ParkCosts::way`] for a batch of at least [`PROBE_MAX_PAGES`]
+    /// pages: by the whole batches' measured cost per page each way. A
+    /// window's cost per page depends on its size (a window pays its
+    /// protect, remap and flushes once), and parked windows are cut to the
+    /// budget while unparked ones are not; a large parked batch also pays
+    /// a park and the guests' run per budget's worth of work. So large
+    /// batches compare what whole batches cost: the running figure comes
+    /// from the first [`PROBE_MAX_PAGES`] pages of a batch run unparked
+    /// (cheap wherever running is dear), the parked one from parked
+    /// batches. Where running is cheaper, a whole batch parks as a probe
+    /// only once in [`PROBE_EVERY`] times the ratio of the costs, so that
+    /// probing costs about the same share of the time whatever the ratio.
+    fn large_way(&mut self, pages: usize) -> Way {
+        let probe = Way::ProbeThenPark(PROBE_MAX_PAGES);
+        if self.parked_batch_ns <= 0.0 || self.running_batch_ns <= 0.0 {
+            // The first large batch measures both.
+            return probe;
+        }
+        let park = self.parked_batch_ns <= self.running_batch_ns;
+        self.since_large_probe = self.since_large_probe.saturating_add(1);
+        let every = if park {
+            PROBE_EVERY
+        } else {
+            let ratio = self.parked_batch_ns / self.running_batch_ns;
+            (f64::from(PROBE_EVERY) * ratio).min(f64::from(u32::MAX)) as u32
+        };
+        if self.since_large_probe < every {
+            return if park { Way::Park } else { Way::Run };
+        }
+        self.since_large_probe = 0;
+        let way = if park { probe } else { Way::Park };
+        self.log_probe(pages, way);
+        way
+    }
+
+    fn log_probe(&self, pages: usize, way: Way) {
+        log::debug!(
+            "park costs: {:.1} us a park, {:.2} us a page parked, {:.2} us running, \
+             {:.1} us between parks; batches: {:.2} us a page parked, {:.2} us running; \
+             a batch of {pages} probes: {way:?}",
+            self.fixed_ns / 1e3,
+            self.parked_page_ns / 1e3,
+            self.running_page_ns / 1e3,
+            self.gap_ns / 1e3,
+            self.parked_batch_ns / 1e3,
+            self.running_batch_ns / 1e3,
+        );
+    }
+
+    /// `pages` pages of a batch (or of a probe) took `ns` from start to
+    /// end, parked or not. Counts only from [`PROBE_MAX_PAGES`] pages.
+    pub(super) fn batch_took(&mut self, parked: bool, pages: usize, ns: f64) {
+        if pages < PROBE_MAX_PAGES {
+            return;
+        }
+        let per = ns / pages as f64;
+        if parked {
+            self.parked_batch_ns = follow(self.parked_batch_ns, per);
+        } else {
+            self.running_batch_ns = follow(self.running_batch_ns, per);
+        }
+    }
+
+    /// The engine's time for `n` pages parked under `budget`, ns.
+    fn parked_ns(&self, n: f64, budget: Option<Duration>) -> f64 {
+        let work = n * self.parked_page_ns;
+        let Some(b) = budget.map(|b| b.as_nanos() as f64).filter(|&b| b > 0.0) else {
+            return work + self.fixed_ns;
+        };
+        let parks = (work / b).ceil().max(1.0);
+        let gap = self.gap_ns.max(b);
+        work + parks * self.fixed_ns + (parks - 1.0) * gap
     }
 
     /// A merge window of `pages` pages took `ns`, parked or not.
@@ -87,6 +194,11 @@ impl ParkCosts {
         self.fixed_ns = follow(self.fixed_ns, ns);
     }
 
+    /// The engine waited `ns` between two parks of one batch.
+    pub(super) fn gap_took(&mut self, ns: f64) {
+        self.gap_ns = follow(self.gap_ns, ns);
+    }
+
     /// A page of a parked merge window, ns (0: not measured yet).
     pub(super) fn parked_page_ns(&self) -> f64 {
         self.parked_page_ns
@@ -105,46 +217,98 @@ mod tests {
         c
     }
 
+    /// [`measured`] with whole large batches at `parked` and `running` ns
+    /// a page.
+    fn batches(parked: f64, running: f64) -> ParkCosts {
+        let mut c = measured(50_000.0, parked, running);
+        c.batch_took(true, 1000, parked * 1000.0);
+        c.batch_took(false, 64, running * 64.0);
+        c
+    }
+
+    const BUDGET: Option<Duration> = Some(Duration::from_micros(500));
+
     #[test]
-    fn parks_until_both_ways_are_measured() {
+    fn small_batches_park_until_measured_then_probe_running() {
         let mut c = ParkCosts::default();
-        assert!(c.park(1));
+        assert_eq!(c.way(8, BUDGET), Way::Park);
         c.window(true, 10, 20_000.0);
+        assert_eq!(c.way(8, BUDGET), Way::Park, "no park measured yet");
         c.park_took(30_000.0);
-        assert!(c.park(1), "the running cost is not known yet");
         assert_eq!(c.parked_page_ns(), 2_000.0);
+        assert_eq!(c.way(8, BUDGET), Way::Run, "the running cost is not known");
     }
 
     #[test]
-    fn where_flushes_trap_every_batch_parks() {
+    fn where_flushes_trap_small_batches_park() {
         // Parked 25 µs a page, 100 µs running, 50 µs a park.
         let mut c = measured(50_000.0, 25_000.0, 100_000.0);
-        for pages in [1, 8, 4096] {
-            assert!(c.park(pages), "{pages}");
+        for pages in [1, 8, 63] {
+            assert_eq!(c.way(pages, BUDGET), Way::Park, "{pages}");
         }
     }
 
     #[test]
-    fn with_cheap_flushes_only_large_batches_park() {
-        // Parked 2 µs a page, 2.5 µs running, 40 µs a park: from 80 pages.
+    fn with_cheap_flushes_a_small_batch_parks_from_its_break_even() {
+        // Parked 2 µs a page, 2.5 µs running, 40 µs a park: from 80 pages
+        // without a budget, never below 64 pages.
         let mut c = measured(40_000.0, 2_000.0, 2_500.0);
-        assert!(!c.park(10));
-        assert!(!c.park(79));
-        assert!(c.park(80));
-        assert!(c.park(4096));
+        assert_eq!(c.way(10, None), Way::Run);
+        assert_eq!(c.way(63, None), Way::Run);
+        // Dear parks under a budget: 4 ms between parks, 2 ms a park, and
+        // 30 µs a page parked make 60 pages 4 parks.
+        let mut c = measured(2_000_000.0, 30_000.0, 40_000.0);
+        c.gap_took(4_000_000.0);
+        assert_eq!(c.way(60, BUDGET), Way::Run);
+        assert_eq!(c.way(60, None), Way::Run);
+    }
+
+    #[test]
+    fn a_large_batch_measures_both_ways_then_takes_the_cheaper() {
+        let mut c = measured(50_000.0, 25_000.0, 100_000.0);
+        // Nothing known of whole batches: the first probes running.
+        assert_eq!(c.way(4096, BUDGET), Way::ProbeThenPark(PROBE_MAX_PAGES));
+        c.batch_took(false, PROBE_MAX_PAGES, 64.0 * 60_000.0);
+        assert_eq!(c.way(4096, BUDGET), Way::ProbeThenPark(PROBE_MAX_PAGES));
+        // Parked batches at 20 µs a page: parking is cheaper.
+        c.batch_took(true, 4032, 4032.0 * 20_000.0);
+        assert_eq!(c.way(4096, BUDGET), Way::Park);
+        // An emulated CPU: a parked batch's page costs 490 µs with its
+        // parks and the guests' runs, a running one 45 µs.
+        let mut c = batches(490_000.0, 45_000.0);
+        assert_eq!(c.way(4096, BUDGET), Way::Run);
+        // Figures below 64 pages say nothing of large batches.
+        c.batch_took(true, 10, 10.0);
+        assert_eq!(c.way(4096, BUDGET), Way::Run);
+    }
+
+    #[test]
+    fn the_dearer_way_is_probed_less_often_the_dearer_it_is() {
+        // Parking cheaper: one large batch in 32 probes running on its
+        // first pages.
+        let mut c = batches(20_000.0, 60_000.0);
+        let ways: Vec<Way> = (0..64).map(|_| c.way(4096, BUDGET)).collect();
+        let probes: Vec<usize> = (0..64).filter(|&i| ways[i] != Way::Park).collect();
+        assert_eq!(probes, [31, 63], "{ways:?}");
+        assert_eq!(ways[31], Way::ProbeThenPark(PROBE_MAX_PAGES));
+        // Running 10 times cheaper: a whole batch parks once in 320.
+        let mut c = batches(450_000.0, 45_000.0);
+        let ways: Vec<Way> = (0..640).map(|_| c.way(4096, BUDGET)).collect();
+        let probes: Vec<usize> = (0..640).filter(|&i| ways[i] != Way::Run).collect();
+        assert_eq!(probes, [319, 639]);
+        assert_eq!(ways[319], Way::Park);
     }
 
     #[test]
     fn one_small_batch_in_thirty_two_probes_the_other_way() {
         let mut c = measured(50_000.0, 25_000.0, 100_000.0);
-        let ways: Vec<bool> = (0..64).map(|_| c.park(8)).collect();
-        assert_eq!(ways.iter().filter(|&&p| !p).count(), 2, "{ways:?}");
-        assert!(!ways[31] && !ways[63]);
-        // A large batch never probes: it waits for a small one.
-        let mut c = measured(50_000.0, 25_000.0, 100_000.0);
-        let large: Vec<bool> = (0..40).map(|_| c.park(4096)).collect();
-        assert!(large.iter().all(|&p| p));
-        assert!(!c.park(8), "the next small batch probes");
+        let ways: Vec<Way> = (0..64).map(|_| c.way(8, BUDGET)).collect();
+        let runs: Vec<usize> = (0..64).filter(|&i| ways[i] == Way::Run).collect();
+        assert_eq!(runs, [31, 63], "{ways:?}");
+        let mut c = measured(40_000.0, 2_000.0, 2_500.0);
+        let ways: Vec<Way> = (0..32).map(|_| c.way(8, None)).collect();
+        assert_eq!(ways[31], Way::Park);
+        assert!(ways[..31].iter().all(|&w| w == Way::Run));
     }
 
     #[test]

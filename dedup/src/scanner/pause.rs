@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::park_costs::ParkCosts;
+use super::park_costs::{ParkCosts, Way};
 use crate::quiesce::{Parked, Quiesce};
 
 /// The park of one batch (merges, an unmerge, a take-back from KSM). Held
@@ -30,6 +30,19 @@ pub(super) struct BoundedPark {
     park_ns: f64,
     /// The host's measured costs, updated by this batch.
     costs: ParkCosts,
+    /// Pages still to run unparked before the first park (the running
+    /// cost's probe, [`Way::ProbeThenPark`]).
+    probe_left: usize,
+    /// The first park waits for the probe to end.
+    park_after_probe: bool,
+    /// The batch's figures count ([`ParkCosts::batch_took`]): it had
+    /// guests to park, whichever way it went.
+    measured: bool,
+    /// Pages of the batch's windows so far.
+    pages: usize,
+    /// When the batch's current way began (its start, or the end of its
+    /// probe), and its pages then.
+    way_since: (Instant, usize),
 }
 
 /// Longest wait for released threads to leave their wait before the
@@ -49,15 +62,39 @@ impl BoundedPark {
         budget: Option<Duration>,
         costs: ParkCosts,
     ) -> Self {
+        BoundedPark::start_as(quiescers, budget, costs, Way::Park)
+    }
+
+    /// [`BoundedPark::start`], the way `way` says: [`Way::Run`] parks
+    /// nothing, [`Way::ProbeThenPark`] parks after its first pages.
+    pub(super) fn start_as(
+        quiescers: Vec<Arc<dyn Quiesce>>,
+        budget: Option<Duration>,
+        costs: ParkCosts,
+        way: Way,
+    ) -> Self {
+        let measured = !quiescers.is_empty();
+        let (quiescers, probe_left) = match way {
+            Way::Run => (Vec::new(), 0),
+            Way::Park => (quiescers, 0),
+            Way::ProbeThenPark(n) => (quiescers, n),
+        };
         let mut p = BoundedPark {
+            measured,
+            pages: 0,
+            way_since: (Instant::now(), 0),
+            park_after_probe: probe_left > 0 && !quiescers.is_empty(),
             quiescers,
             budget,
             parked: None,
             since: Instant::now(),
             park_ns: 0.0,
             costs,
+            probe_left,
         };
-        p.park();
+        if !p.park_after_probe {
+            p.park();
+        }
         p
     }
 
@@ -88,14 +125,30 @@ impl BoundedPark {
 
     /// The batch ends: the guests go, and the costs it measured come back.
     pub(super) fn finish(mut self) -> ParkCosts {
+        let parked = self.parked.is_some();
         self.release();
+        self.way_took(parked);
         self.costs
+    }
+
+    /// The batch's pages since its current way began took the time since
+    /// then: a figure of that way ([`ParkCosts::batch_took`]).
+    fn way_took(&mut self, parked: bool) {
+        let (t, p) = self.way_since;
+        if self.measured {
+            self.costs
+                .batch_took(parked, self.pages - p, t.elapsed().as_nanos() as f64);
+        }
+        self.way_since = (Instant::now(), self.pages);
     }
 
     /// Most pages the next step may span: as many as half the budget pays
     /// for at the measured cost, at least [`MIN_STEP_PAGES`]; unbounded
     /// (`usize::MAX`) while unparked or before a cost is known.
     pub(super) fn window_pages(&self) -> usize {
+        if self.park_after_probe {
+            return self.probe_left.max(1);
+        }
         let per = self.costs.parked_page_ns();
         match self.budget {
             Some(b) if self.parked.is_some() && per > 0.0 => {
@@ -112,6 +165,10 @@ impl BoundedPark {
     pub(super) fn timed(&mut self, pages: usize, took: Duration) {
         let parked = self.parked.is_some();
         self.costs.window(parked, pages, took.as_nanos() as f64);
+        self.pages += pages;
+        if self.park_after_probe {
+            self.probe_left = self.probe_left.saturating_sub(pages);
+        }
     }
 
     /// Between two steps of the batch: a park that has lasted the budget
@@ -119,6 +176,14 @@ impl BoundedPark {
     /// park them anew. So a guest stops at most about the budget plus one
     /// step at a time, and at most half the time while the batch lasts.
     pub(super) fn checkpoint(&mut self) {
+        if self.park_after_probe {
+            if self.probe_left == 0 {
+                self.park_after_probe = false;
+                self.way_took(false);
+                self.park();
+            }
+            return;
+        }
         let Some(budget) = self.budget else {
             return;
         };
@@ -141,6 +206,7 @@ impl BoundedPark {
             std::thread::sleep(Duration::from_micros(50));
         }
         std::thread::sleep(budget);
+        self.costs.gap_took(t.elapsed().as_nanos() as f64);
         self.park();
     }
 
@@ -226,6 +292,48 @@ mod tests {
             0.0,
             "an unparked window is not a parked cost"
         );
+    }
+
+    #[test]
+    fn a_probe_runs_its_pages_unparked_then_parks() {
+        let (l, q) = log();
+        let mut p = BoundedPark::start_as(
+            q,
+            Some(Duration::from_secs(1)),
+            ParkCosts::default(),
+            Way::ProbeThenPark(64),
+        );
+        assert!(!p.is_parked());
+        assert_eq!(p.window_pages(), 64, "the probe is one window");
+        p.checkpoint();
+        assert!(!p.is_parked(), "the probe has not run yet");
+        p.timed(40, Duration::from_micros(400));
+        assert_eq!(p.window_pages(), 24);
+        p.checkpoint();
+        assert!(!p.is_parked());
+        p.timed(24, Duration::from_micros(240));
+        p.checkpoint();
+        assert!(p.is_parked(), "parked once the probe ran");
+        p.timed(100, Duration::from_micros(100));
+        let costs = p.finish();
+        assert_eq!(l.windows.lock().unwrap().len(), 1);
+        assert_eq!(l.held.load(Ordering::SeqCst), 0);
+        // 10 µs a page running (the probe), 1 µs parked; and both ways'
+        // whole-batch figures (real time here), so no more probing.
+        let mut c = costs;
+        assert_eq!(c.parked_page_ns(), 1_000.0);
+        assert_ne!(
+            c.way(4096, None),
+            Way::ProbeThenPark(super::super::park_costs::PROBE_MAX_PAGES),
+            "both ways of a large batch are measured: {costs:?}"
+        );
+        // Run: no park at all.
+        let (l, q) = log();
+        let mut p = BoundedPark::start_as(q, None, ParkCosts::default(), Way::Run);
+        p.checkpoint();
+        p.timed(10, Duration::from_micros(10));
+        p.finish();
+        assert!(l.windows.lock().unwrap().is_empty());
     }
 
     #[test]
