@@ -60,6 +60,10 @@ pub enum BuildSystem {
     /// The same without the write log (KVM's dirty log not read: every
     /// visit reads pagemap, as before the log).
     PagefoldOnNoLog,
+    /// The same, never parking the vCPUs around merges (every merge's TLB
+    /// flush is an IPI to the CPUs running them): what parking costs or
+    /// saves on this host (`bench linux-read` only).
+    PagefoldOnNoPark,
     /// pagefold's engine with the auto controller on a scripted memory
     /// source, which crosses the threshold during the build.
     PagefoldAuto,
@@ -74,6 +78,7 @@ impl BuildSystem {
             Self::PagefoldOn => "pagefold-on",
             Self::PagefoldOnNoHints => "pagefold-on-nohints",
             Self::PagefoldOnNoLog => "pagefold-on-nolog",
+            Self::PagefoldOnNoPark => "pagefold-on-nopark",
             Self::PagefoldAuto => "pagefold-auto",
             Self::Ksm(n, _) => n,
         }
@@ -557,13 +562,18 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
         BuildSystem::PagefoldOn
         | BuildSystem::PagefoldOnNoHints
         | BuildSystem::PagefoldOnNoLog
+        | BuildSystem::PagefoldOnNoPark
         | BuildSystem::PagefoldAuto => {
             // The engine as the VMM runs it (KSM assist auto, I/O hints,
             // write log).
             let engine = Engine::new(EngineConfig {
                 io_hints: s != BuildSystem::PagefoldOnNoHints,
                 write_log: s != BuildSystem::PagefoldOnNoLog,
-                quiesce_min_ops: pagefold_vmm::dedup::quiesce_min_ops(),
+                quiesce_min_ops: if s == BuildSystem::PagefoldOnNoPark {
+                    0
+                } else {
+                    pagefold_vmm::dedup::quiesce_min_ops()
+                },
                 ..EngineConfig::vmm_default()
             })
             .map_err(pagefold_dedup::Error::from)

@@ -36,11 +36,12 @@ pub const LINUX_READ_VMS: [&str; 2] = ["a", "b"];
 /// Their dedup group.
 pub const LINUX_READ_GROUP: &str = "linux-read";
 /// Names accepted by [`select_linux_read_systems`], in run order.
-pub const LINUX_READ_SYSTEM_NAMES: [&str; 6] = [
+pub const LINUX_READ_SYSTEM_NAMES: [&str; 7] = [
     "off",
     "pagefold-on",
     "pagefold-on-nohints",
     "pagefold-on-nolog",
+    "pagefold-on-nopark",
     "ksm-4096",
     "ksm-default",
 ];
@@ -94,6 +95,7 @@ pub fn select_linux_read_systems(names: &[String]) -> Result<Vec<BuildSystem>, B
         BuildSystem::PagefoldOn,
         BuildSystem::PagefoldOnNoHints,
         BuildSystem::PagefoldOnNoLog,
+        BuildSystem::PagefoldOnNoPark,
         BuildSystem::Ksm("ksm-4096", KSM_4096_KNOBS),
         BuildSystem::Ksm("ksm-default", KSM_DEFAULT_KNOBS),
     ]
