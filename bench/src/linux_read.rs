@@ -180,21 +180,7 @@ pub fn agent_files(dir: &Path, system: &str, vm: &str) -> AgentFiles {
     }
 }
 
-/// The host CPU the `n`-th VM's vCPU is pinned to, None for no pinning.
-///
-/// Under the emulated host, two VMs whose vCPU threads wander between its
-/// CPUs sometimes crash its kernel (a reschedule IPI between a guest's exit
-/// and KVM's reload of the host state; tests/common/linux_vms.rs,
-/// docs/linux-guests.md): there each VM gets its own CPU, as the Linux
-/// tests do. Every guest crash seen there hit the VM on the first CPU,
-/// so with three CPUs or more the VMs keep off it. Elsewhere the
-/// scheduler places them.
-pub fn vm_cpu(emulated: bool, n: usize, cpus: usize) -> Option<usize> {
-    match cpus {
-        0..=2 => emulated.then(|| n % cpus.max(1)),
-        _ => emulated.then(|| 1 + n % (cpus - 1)),
-    }
-}
+pub use pagefold_vmm::host_kind::linux_vm_cpu as vm_cpu;
 
 /// One agent VM: 1 vCPU, the data disk read-only then its mailbox
 /// writable, its console to a file, in the benchmark's dedup group.
@@ -512,23 +498,6 @@ pub(crate) mod tests {
                 ]
             );
         }
-    }
-
-    #[test]
-    fn pins_vms_to_cpus_only_under_emulation() {
-        assert_eq!(vm_cpu(false, 0, 2), None);
-        assert_eq!(
-            (vm_cpu(true, 0, 2), vm_cpu(true, 1, 2), vm_cpu(true, 2, 2)),
-            (Some(0), Some(1), Some(0))
-        );
-        assert_eq!(vm_cpu(true, 1, 1), Some(0));
-        assert_eq!(vm_cpu(true, 1, 0), Some(0));
-        // Three CPUs or more: the first is left to the host.
-        assert_eq!(
-            (vm_cpu(true, 0, 3), vm_cpu(true, 1, 3), vm_cpu(true, 2, 3)),
-            (Some(1), Some(2), Some(1))
-        );
-        assert_eq!(vm_cpu(false, 0, 3), None);
     }
 
     #[test]

@@ -82,13 +82,12 @@ pub struct Emulation {
     /// it runs in the emulated host, which is thrown away afterwards, even
     /// where this host could run it.
     pub disposable: bool,
-    /// Two Linux guests whose memory the host remaps and copies on write
-    /// while they run: under the emulated host such guests die of the
-    /// emulator's faults (a triple fault, or the host kernel's panic) in
-    /// most runs, with kernel KSM as with pagefold (docs/linux-guests.md,
-    /// "Two guests under the emulated host"). Such a test runs there only
-    /// with `PAGEFOLD_EMULATED_PAIRS=1`; on hardware hosts always.
-    pub pair: bool,
+    /// The emulated host's CPUs; None: scripts/emulated-host.sh's default
+    /// (this machine's CPUs). Tests of two guests or more take three:
+    /// their VMs then keep off the first CPU, where every guest crash and
+    /// host panic of the emulated host struck with two CPUs
+    /// ([`pagefold_vmm::host_kind::linux_vm_cpu`], docs/linux-guests.md).
+    pub cpus: Option<u32>,
 }
 
 impl Default for Emulation {
@@ -97,7 +96,7 @@ impl Default for Emulation {
             memory: "4G",
             timeout: Duration::from_secs(900),
             disposable: false,
-            pair: false,
+            cpus: None,
         }
     }
 }
@@ -121,15 +120,6 @@ pub fn run_here(test: &str, emu: &Emulation) -> bool {
         );
         super::require_kvm();
         return true;
-    }
-    if emu.pair && std::env::var("PAGEFOLD_EMULATED_PAIRS").as_deref() != Ok("1") {
-        eprintln!(
-            "{test}: SKIPPED: host kind {} has no VMX/SVM, and two Linux guests whose memory \
-             is remapped die of the emulated host's faults in most runs, with KSM as with \
-             pagefold (docs/linux-guests.md); PAGEFOLD_EMULATED_PAIRS=1 runs it there anyway",
-            kind.name()
-        );
-        return false;
     }
     eprintln!(
         "{test}: host kind {}{}; running it inside the emulated SVM host (kernel {})",
@@ -184,6 +174,11 @@ fn emulate(test: &str, emu: &Emulation) -> (Option<i32>, String, String) {
     let o = Command::new(root().join("scripts").join("emulated-host.sh"))
         .args(["--kernel", &emulated_kernel(), "--memory", emu.memory])
         .args(["--timeout", &emu.timeout.as_secs().to_string()])
+        .args(
+            emu.cpus
+                .iter()
+                .flat_map(|n| ["--cpus".to_string(), n.to_string()]),
+        )
         .arg("--bin")
         .arg(&exe)
         .arg("--bin")

@@ -67,16 +67,12 @@ pub struct Served {
 }
 
 /// The host CPU VM number `n` (in creation order) is pinned to under the
-/// emulated host, None elsewhere: one VM per CPU, so that a VM's vCPU
-/// threads do not wander between the emulated host's CPUs (each move is
-/// more interrupts into a CPU while it runs a guest, where the emulated
-/// host's faults lie; docs/linux-guests.md, "The emulated host").
+/// emulated host, None elsewhere: one VM per CPU, the first CPU left free
+/// when there are three or more (`pagefold_vmm::host_kind::linux_vm_cpu`).
 pub fn emulated_cpu(n: usize) -> Option<usize> {
-    if super::linux_host::host_kind() != super::linux_host::HostKind::EmulatedSvm {
-        return None;
-    }
+    let emulated = super::linux_host::host_kind() == super::linux_host::HostKind::EmulatedSvm;
     let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
-    Some(n % cpus)
+    pagefold_vmm::host_kind::linux_vm_cpu(emulated, n, cpus)
 }
 
 /// The config of one agent VM, with its files in `dir`; `cpu` pins its

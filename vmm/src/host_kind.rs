@@ -116,6 +116,22 @@ pub fn host_kind() -> HostKind {
     HostKind::of(emulated_host(), host_kvm_kind())
 }
 
+/// The host CPU the `n`-th Linux VM's vCPU is pinned to, None for no
+/// pinning.
+///
+/// Under the emulated host (`emulated`), two VMs whose vCPU threads wander
+/// between its CPUs sometimes crash its kernel (a reschedule IPI between a
+/// guest's exit and KVM's reload of the host state; docs/linux-guests.md):
+/// there each VM gets its own CPU. Every guest crash seen there hit the VM
+/// on the first CPU, so with three CPUs or more the VMs keep off it.
+/// Elsewhere the scheduler places them.
+pub fn linux_vm_cpu(emulated: bool, n: usize, cpus: usize) -> Option<usize> {
+    match cpus {
+        0..=2 => emulated.then(|| n % cpus.max(1)),
+        _ => emulated.then(|| 1 + n % (cpus - 1)),
+    }
+}
+
 /// Why a Linux guest cannot run to user space on a host of `kind`, or
 /// None when it can. `what` names the command in the message.
 pub fn linux_guest_refusal(kind: KvmKind, what: &str) -> Option<String> {
@@ -149,6 +165,32 @@ pub fn linux_guest_refusal_with(kind: KvmKind, what: &str, instead: &str) -> Opt
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn pins_linux_vms_to_cpus_only_under_emulation() {
+        assert_eq!(linux_vm_cpu(false, 0, 2), None);
+        assert_eq!(
+            (
+                linux_vm_cpu(true, 0, 2),
+                linux_vm_cpu(true, 1, 2),
+                linux_vm_cpu(true, 2, 2)
+            ),
+            (Some(0), Some(1), Some(0))
+        );
+        assert_eq!(linux_vm_cpu(true, 1, 1), Some(0));
+        assert_eq!(linux_vm_cpu(true, 1, 0), Some(0));
+        // Three CPUs or more: the first is left to the host.
+        assert_eq!(
+            (
+                linux_vm_cpu(true, 0, 3),
+                linux_vm_cpu(true, 1, 3),
+                linux_vm_cpu(true, 2, 3)
+            ),
+            (Some(1), Some(2), Some(1))
+        );
+        assert_eq!(linux_vm_cpu(false, 0, 3), None);
+    }
+
     use super::*;
 
     const INTEL: &str = "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae vmx ept\n";
