@@ -115,10 +115,21 @@ impl ParkCosts {
     /// only once in [`PROBE_EVERY`] times the ratio of the costs, so that
     /// probing costs about the same share of the time whatever the ratio.
     fn large_way(&mut self, pages: usize) -> Way {
-        let probe = Way::ProbeThenPark(PROBE_MAX_PAGES);
-        if self.parked_batch_ns <= 0.0 || self.running_batch_ns <= 0.0 {
-            // The first large batch measures both.
-            return probe;
+        // A probe measures running on its first pages and parking on the
+        // rest, when the rest is large enough to count; a batch too small
+        // for both runs whole as the running probe.
+        let probe = if pages >= 2 * PROBE_MAX_PAGES {
+            Way::ProbeThenPark(PROBE_MAX_PAGES)
+        } else {
+            Way::Run
+        };
+        match (self.parked_batch_ns > 0.0, self.running_batch_ns > 0.0) {
+            // The first large batch measures both, or parks.
+            (false, false) if probe == Way::Run => return Way::Park,
+            (false, false) => return probe,
+            (false, true) => return Way::Park,
+            (true, false) => return probe,
+            (true, true) => {}
         }
         let park = self.parked_batch_ns <= self.running_batch_ns;
         self.since_large_probe = self.since_large_probe.saturating_add(1);
@@ -266,10 +277,20 @@ mod tests {
     #[test]
     fn a_large_batch_measures_both_ways_then_takes_the_cheaper() {
         let mut c = measured(50_000.0, 25_000.0, 100_000.0);
-        // Nothing known of whole batches: the first probes running.
+        // Nothing known of whole batches: the first probes running on 64
+        // pages and parks the rest; one too small for both parks.
         assert_eq!(c.way(4096, BUDGET), Way::ProbeThenPark(PROBE_MAX_PAGES));
+        assert_eq!(c.way(100, BUDGET), Way::Park);
         c.batch_took(false, PROBE_MAX_PAGES, 64.0 * 60_000.0);
-        assert_eq!(c.way(4096, BUDGET), Way::ProbeThenPark(PROBE_MAX_PAGES));
+        assert_eq!(
+            c.way(4096, BUDGET),
+            Way::Park,
+            "parked batches not measured"
+        );
+        let mut r = measured(50_000.0, 25_000.0, 100_000.0);
+        r.batch_took(true, 4032, 4032.0 * 20_000.0);
+        assert_eq!(r.way(4096, BUDGET), Way::ProbeThenPark(PROBE_MAX_PAGES));
+        assert_eq!(r.way(100, BUDGET), Way::Run, "running not measured");
         // Parked batches at 20 µs a page: parking is cheaper.
         c.batch_took(true, 4032, 4032.0 * 20_000.0);
         assert_eq!(c.way(4096, BUDGET), Way::Park);
