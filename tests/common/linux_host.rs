@@ -83,11 +83,10 @@ pub struct Emulation {
     /// where this host could run it.
     pub disposable: bool,
     /// The emulated host's CPUs; None: scripts/emulated-host.sh's default
-    /// (this machine's CPUs). Tests of two guests or more take one more
-    /// CPU than guests: each VM then gets its own, off the first CPU,
-    /// where every guest crash and host panic of the emulated host struck
-    /// with two CPUs; a third guest sharing a CPU with the first crashed
-    /// once ([`pagefold_vmm::host_kind::linux_vm_cpu`], docs/linux-guests.md).
+    /// (this machine's CPUs). Tests of two guests or more take three or
+    /// four: their VMs then keep off the first CPU, where every guest
+    /// crash and host panic of the emulated host struck with two CPUs
+    /// ([`pagefold_vmm::host_kind::linux_vm_cpu`], docs/linux-guests.md).
     pub cpus: Option<u32>,
 }
 
