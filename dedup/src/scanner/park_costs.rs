@@ -68,6 +68,13 @@ fn follow(avg: f64, sample: f64) -> f64 {
     }
 }
 
+/// Moves `avg` towards `ns` spread over `pages` pages (none: no sample).
+fn follow_per_page(avg: &mut f64, pages: usize, ns: f64) {
+    if pages > 0 {
+        *avg = follow(*avg, ns / pages as f64);
+    }
+}
+
 impl ParkCosts {
     /// How a batch of `pages` pages runs under the pause budget `budget`.
     ///
@@ -168,12 +175,12 @@ impl ParkCosts {
         if pages < PROBE_MAX_PAGES {
             return;
         }
-        let per = ns / pages as f64;
-        if parked {
-            self.parked_batch_ns = follow(self.parked_batch_ns, per);
+        let avg = if parked {
+            &mut self.parked_batch_ns
         } else {
-            self.running_batch_ns = follow(self.running_batch_ns, per);
-        }
+            &mut self.running_batch_ns
+        };
+        follow_per_page(avg, pages, ns);
     }
 
     /// The engine's time for `n` pages parked under `budget`, ns.
@@ -189,15 +196,12 @@ impl ParkCosts {
 
     /// A merge window of `pages` pages took `ns`, parked or not.
     pub(super) fn window(&mut self, parked: bool, pages: usize, ns: f64) {
-        if pages == 0 {
-            return;
-        }
-        let per = ns / pages as f64;
-        if parked {
-            self.parked_page_ns = follow(self.parked_page_ns, per);
+        let avg = if parked {
+            &mut self.parked_page_ns
         } else {
-            self.running_page_ns = follow(self.running_page_ns, per);
-        }
+            &mut self.running_page_ns
+        };
+        follow_per_page(avg, pages, ns);
     }
 
     /// Parking and releasing the guests once took `ns`.
