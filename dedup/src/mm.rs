@@ -416,7 +416,10 @@ mod tests {
         // bounded number of times likewise, and every try must keep the
         // bytes.
         let mut tries = 0;
-        loop {
+        // What smaps said right after the last try: khugepaged may collapse
+        // the range again at any later moment (it is `MADV_HUGEPAGE`), so a
+        // second reading could see a new huge page, not a failed split.
+        let left = loop {
             tries += 1;
             split_huge_page_at(base + 5 * crate::PAGE_SIZE).unwrap();
             split_huge_page_at(base + HUGE_PAGE_SIZE + 7 * crate::PAGE_SIZE).unwrap();
@@ -427,17 +430,14 @@ mod tests {
                 let v = unsafe { std::ptr::read_volatile((base + i) as *const u64) };
                 assert_eq!(v, i as u64 | 1, "page {}", i / crate::PAGE_SIZE);
             }
-            if huge == 0 || anon_huge_bytes(base) == 0 || tries == SPLIT_TRIES {
-                break;
+            let left = anon_huge_bytes(base);
+            if huge == 0 || left == 0 || tries == SPLIT_TRIES {
+                break left;
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        };
         if huge > 0 {
-            assert_eq!(
-                anon_huge_bytes(base),
-                0,
-                "the huge pages were not split in {tries} tries"
-            );
+            assert_eq!(left, 0, "the huge pages were not split in {tries} tries");
             if tries > 1 {
                 eprintln!("the huge pages split at try {tries}");
             }
