@@ -515,9 +515,11 @@ impl Engine {
 }
 
 /// A wake-up is overdue when the scanner has not started one for its
-/// planned sleep plus this much: no batch (at most `pages_to_scan` x the
-/// auto factor pages, or one unmerge step) takes that long when the engine
-/// is healthy, and the API's health check reports it as stalled.
+/// planned sleep plus this much: a wake-up's work ends at its next step
+/// boundary after `WAKEUP_TIME` (1 s), and a step (a span of 4,096 pages,
+/// 512 merges once the time is up, an unmerge chunk) takes milliseconds on
+/// a hardware host and at most a few seconds on a loaded emulated CPU, so
+/// the API's health check reports it as stalled.
 pub const WAKEUP_GRACE: Duration = Duration::from_secs(10);
 
 fn overdue_after(planned_sleep: Duration) -> Duration {

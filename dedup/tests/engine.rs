@@ -1361,6 +1361,67 @@ fn a_vm_leaving_half_way_through_an_unmerge_loses_no_page_of_the_other() {
     e.shutdown();
 }
 
+/// A wake-up whose time is up ends like one with a waiter: the span stops
+/// once 512 merges are planned, its execution after 512 merges ran (the
+/// few planned ops left wait for a second look), the batch reports that it
+/// yielded, and the next batches merge the rest. An unmerge step past its
+/// time likewise stops after a chunk and the next steps finish the
+/// unmerge.
+#[test]
+fn a_wakeup_past_its_deadline_stops_at_a_step_and_the_next_go_on() {
+    const N: usize = 4096;
+    let pm = Pagemap::open().unwrap();
+    let a = Mem::new(N);
+    for k in 0..N / 2 {
+        a.fill(2 * k, 50_000 + k as u64);
+        a.fill(2 * k + 1, 50_000 + k as u64);
+    }
+    let mut core = driven_core();
+    // SAFETY: `a` is a private anonymous mapping declared before the core,
+    // so it stays mapped for as long as the core lives.
+    unsafe { core.register(a.addr, N * PS, "a".into(), "g".into()) }.unwrap();
+    core.run_passes(1);
+    core.set_deadline(Some(std::time::Instant::now()));
+    let rep = core.run_batch(1 << 20, true);
+    assert!(rep.yielded, "{rep:?}");
+    let left = core.counters().left_for_waiters;
+    assert!(
+        (512..=514).contains(&(rep.merges + left)),
+        "the span planned {} merges and left {left} before stopping at the deadline",
+        rep.merges
+    );
+    assert!(rep.merges >= 512, "{rep:?}");
+    core.check_consistency().unwrap();
+    core.set_deadline(None);
+    core.run_passes(2);
+    core.check_consistency().unwrap();
+    for k in 0..N / 2 {
+        assert_eq!(a.pfn(&pm, 2 * k), a.pfn(&pm, 2 * k + 1), "pair {k}");
+    }
+    // Unmerge: each step past its deadline does one chunk (and says it
+    // stopped early); the steps together unmerge every page.
+    let mut steps = 0;
+    loop {
+        core.set_deadline(Some(std::time::Instant::now()));
+        steps += 1;
+        match core.unmerge_all() {
+            Some(left) => {
+                assert_eq!(left, 0);
+                break;
+            }
+            None => assert!(steps < 10_000, "unmerge makes no progress"),
+        }
+    }
+    assert!(steps > 1, "the deadline did not stop the unmerge");
+    core.set_deadline(None);
+    core.check_consistency().unwrap();
+    for k in 0..N / 2 {
+        assert_ne!(a.pfn(&pm, 2 * k), a.pfn(&pm, 2 * k + 1), "pair {k}");
+        assert_eq!(a.read(2 * k + 1), pattern(50_000 + k as u64));
+        assert_eq!(a.read(2 * k), pattern(50_000 + k as u64));
+    }
+}
+
 /// A span plans the merges of up to 4,096 pages and runs them before the
 /// batch can yield: 2,570 scattered merges held the core 244 ms in a soak,
 /// and a VM being created waited for all of them. With a thread waiting for

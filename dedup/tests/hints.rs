@@ -240,3 +240,65 @@ fn a_hint_over_a_partner_planned_by_an_earlier_range_runs_the_plan_first() {
     unsafe { core.unregister(core.regions()[0].id, true) }.unwrap();
     core.check_consistency().unwrap();
 }
+
+/// A long hinted range whose pages all have partners (a guest reading a
+/// file that another guest holds, its requests queued as one range) runs
+/// its planned merges a span's worth at a time; past the wake-up's
+/// deadline the visit stops after one such step, and the rest of the
+/// range waits in the queue for the next wake-up, which merges it. Planned
+/// whole, its merges took 10 s of one wake-up on an emulated CPU.
+#[test]
+fn a_long_hinted_range_runs_in_steps_and_stops_at_the_deadline() {
+    use pagefold_dedup::testing::Hint;
+
+    const LONG: usize = 3 * 4096;
+    let (a, b) = (Mem::new(LONG), Mem::new(LONG));
+    for i in 0..LONG {
+        a.fill(i, 300_000 + i as u64);
+        b.fill(i, 300_000 + i as u64);
+    }
+    let mut core = driven_core();
+    // SAFETY: `a` and `b` are private anonymous mappings declared before
+    // the core, so they stay mapped for as long as it lives.
+    unsafe { core.register(a.addr, LONG * PS, "a".into(), "g".into()) }.unwrap();
+    // SAFETY: as above.
+    unsafe { core.register(b.addr, LONG * PS, "b".into(), "g".into()) }.unwrap();
+    let range = |m: &Mem| Hint {
+        addr: m.addr,
+        len: LONG * PS,
+        at: Instant::now(),
+    };
+    // VM a reads the file: no partner yet, its pages are remembered.
+    let mut hints = vec![range(&a)];
+    core.run_hints(&mut hints, 1 << 20);
+    assert!(hints.is_empty());
+    // VM b reads it in a wake-up whose time is up.
+    core.set_deadline(Some(Instant::now()));
+    let mut hints = vec![range(&b)];
+    let rep = core.run_hints(&mut hints, 1 << 20);
+    core.check_consistency().unwrap();
+    assert!(
+        (512..=4096).contains(&rep.merges),
+        "one step of at most a span's merges: {rep:?}"
+    );
+    assert_eq!(hints.len(), 1, "the rest of the range is not queued");
+    // At most a span's pages visited (a pair plans an op for each page).
+    let visited = (hints[0].addr - b.addr) / PS;
+    assert!((1..=4096).contains(&visited), "{visited} pages visited");
+    assert_eq!(hints[0].addr + hints[0].len, b.addr + LONG * PS);
+    // The next wake-ups (no deadline): the rest of the range, then the
+    // second looks at what the step left, merge every page.
+    core.set_deadline(None);
+    core.run_hints(&mut hints, 1 << 20);
+    assert!(hints.is_empty());
+    core.run_batch(1 << 20, true);
+    core.check_consistency().unwrap();
+    let pm = Pagemap::open().unwrap();
+    let apart = (0..LONG)
+        .filter(|&i| a.pfn(&pm, i) != b.pfn(&pm, i))
+        .count();
+    assert_eq!(apart, 0, "pages of b not merged with a's");
+    for i in (0..LONG).step_by(97) {
+        assert_eq!(b.read(i), pattern(300_000 + i as u64));
+    }
+}

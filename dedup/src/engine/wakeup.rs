@@ -10,6 +10,14 @@ const IDLE_FLOOR: Duration = Duration::from_millis(20);
 /// core (a waiter normally gets it within microseconds of the release).
 const LET_IN_MAX: Duration = Duration::from_millis(50);
 
+/// The longest a wake-up's scan, hints or unmerge step runs before it ends
+/// at its next step boundary (`Core::set_deadline`); the rest waits for the
+/// next wake-up, after the sleep. Far below [`WAKEUP_GRACE`], so that a
+/// healthy engine on a slow host is never reported stalled, and short
+/// enough that a mode or knob change waits at most about this long. On a
+/// fast host a full boosted wake-up (65,536 pages at the defaults) fits.
+const WAKEUP_TIME: Duration = Duration::from_secs(1);
+
 /// Most unmerge steps before unmerge mode gives up and turns itself off.
 const UNMERGE_TRIES: u32 = 100;
 
@@ -132,14 +140,17 @@ fn unmerge_step(sh: &Shared, w: &Wakeup, tries: &mut u32) -> Option<Duration> {
     let left = {
         let mut core = lock(&sh.core);
         core.set_max_guest_pause_us(w.max_guest_pause_us);
+        core.set_deadline(Some(Instant::now() + WAKEUP_TIME));
         // Logs itself when slow (SLOW_UNMERGE_STEP).
         let left = core.unmerge_all();
+        core.set_deadline(None);
         sh.publish(&core);
         unlock_core(core);
         left
     };
     let Some(left) = left else {
-        // A VM is being created or deleted: it goes first.
+        // A VM is being created or deleted (it goes first), or the step's
+        // time is up (the control state is read again).
         let_waiters_in(sh);
         return None;
     };
@@ -174,7 +185,8 @@ fn merge_wakeup(sh: &Shared, w: &Wakeup, boost: &mut u64) -> Duration {
     }
     lock(&sh.ctl).last_round_merges = rep.merges;
     *boost = match w.mode {
-        // Cut short for a waiter: says nothing of the pace.
+        // Cut short for a waiter or by its time: says nothing of the pace
+        // (on a host too slow for the boosted batch, the time bounds it).
         Mode::On if rep.yielded => *boost,
         Mode::On => next_boost(*boost, sh.boost_max, &rep, plan.pages_to_visit),
         _ => 1,
@@ -238,6 +250,7 @@ fn take_hints(sh: &Shared) -> Hints {
 fn run_wakeup(sh: &Shared, w: &Wakeup, plan: &RoundPlan, queued: &mut Hints) -> (BatchReport, u32) {
     let mut core = lock(&sh.core);
     let t0 = Instant::now();
+    core.set_deadline(Some(t0 + WAKEUP_TIME));
     core.set_knobs(w.knobs);
     core.set_max_guest_pause_us(w.max_guest_pause_us);
     if queued.lost {
@@ -264,6 +277,7 @@ fn run_wakeup(sh: &Shared, w: &Wakeup, plan: &RoundPlan, queued: &mut Hints) -> 
     rep.fresh += hinted.fresh;
     core.assist_mut()
         .drive(plan.merge, plan.pages_to_visit, w.knobs.sleep_millisecs);
+    core.set_deadline(None);
     let t3 = Instant::now();
     sh.publish(&core);
     if t0.elapsed() >= SLOW_HOLD {

@@ -50,9 +50,10 @@ impl Core {
                 rep.census_pending = true;
                 break;
             }
-            if self.someone_waits() {
-                // Someone waits for the core: the rest of the batch's pace
-                // is left, the cursor stays where the span ended.
+            if self.should_stop() {
+                // Someone waits for the core, or the wake-up's time is up:
+                // the rest of the batch's pace is left, the cursor stays
+                // where the span ended.
                 rep.yielded = true;
                 break;
             }
@@ -212,7 +213,7 @@ impl Core {
             self.execute_planned(ops);
             self.judge_groups(groups);
             at = end;
-            if at < queue.len() && self.someone_waits() {
+            if at < queue.len() && self.should_stop() {
                 // Ahead of the pages these visits queued.
                 queue.drain(..at);
                 queue.append(&mut self.recheck);

@@ -14,12 +14,14 @@ impl Core {
     /// creates the pair's slot) waits for a second sweep; before its
     /// creator it would find the slot unwritten and fail. Once
     /// `OPS_BEFORE_YIELD` ops ran, a thread waiting for the core (VM
-    /// creation or deletion) stops it: the ops left are abandoned, as if
-    /// their final compare had failed (`commit` with `done` false: the
-    /// pages keep their private copies and are due again at the next
-    /// pass). The plan is made before the execution and the waiter may
-    /// come after it: executing a span of scattered pairs can take most of
-    /// a second in a debug build, too long for a registration to wait.
+    /// creation or deletion) or the wake-up's deadline stops it: the ops
+    /// left are abandoned, as if their final compare had failed (`commit`
+    /// with `done` false: the pages keep their private copies), and queued
+    /// for a second look at the next wake-up. The plan is made before the
+    /// execution and the waiter may come after it: executing a span of
+    /// scattered pairs can take most of a second in a debug build, too
+    /// long for a registration to wait, and seconds on a loaded emulated
+    /// CPU (1.35 ms a merge), longer than a wake-up may last.
     pub(super) fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
         let mut park = self.park_for_merges(ops.len());
         ops.sort_by_key(|o| (o.region, o.page));
@@ -29,7 +31,7 @@ impl Core {
         for (sweep, pending) in [(&ops, &later[..]), (&later, &[][..])] {
             let mut i = 0;
             while i < sweep.len() {
-                if ran >= OPS_BEFORE_YIELD && self.someone_waits() {
+                if ran >= OPS_BEFORE_YIELD && self.should_stop() {
                     self.abandon(&sweep[i..], &mut new_slots, freed);
                     self.abandon(pending, &mut new_slots, freed);
                     freed.extend(new_slots);
@@ -104,6 +106,12 @@ impl Core {
                 self.pool.fail(op.slot);
             }
             self.commit(op, false, freed);
+            // A second look next wake-up (`run_rechecks`: if nothing wrote
+            // it since, it is visited again at once), not at the next pass.
+            if self.recheck.len() < RECHECK_CAP {
+                self.recheck
+                    .push(self.regions[op.region].gid_base + op.page as u32);
+            }
         }
         self.counters.left_for_waiters += ops.len() as u64;
     }

@@ -84,7 +84,7 @@ impl Core {
                 return TakeBack::Failed;
             }
             r.taken_back += n;
-            if yielding && r.taken_back < len && self.someone_waits() {
+            if yielding && r.taken_back < len && self.should_stop() {
                 return TakeBack::Yielded;
             }
         }

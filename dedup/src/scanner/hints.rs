@@ -72,6 +72,10 @@ impl HintTally {
     }
 }
 
+/// Most merges a wake-up's hint visits plan before they run them: a span's
+/// worth, so that they run in steps no longer than a span's.
+const HINT_PLAN_MAX: usize = SPAN_PAGES;
+
 impl Core {
     /// Visits device-filled ranges first (I/O hints), within `pages_to_visit` page
     /// visits, from the front of `hints`; what the visits did not reach is
@@ -85,11 +89,11 @@ impl Core {
         let fresh_before = self.fresh_hashed;
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let mut done = 0;
-        // The merges of every range are planned first (`pending`) and
-        // executed together: each batch parks the VMs' vCPUs, and a
-        // wake-up's hints are many small ranges (one per virtio request),
-        // and a park per range would cost more engine CPU than the hints
-        // save.
+        // The merges of the ranges are planned first (`pending`) and
+        // executed together, up to `HINT_PLAN_MAX` at a time: each batch
+        // parks the VMs' vCPUs, and a wake-up's hints are many small
+        // ranges (one per virtio request), and a park per range would cost
+        // more engine CPU than the hints save.
         let mut pending: Vec<Op> = Vec::new();
         let mut visited: Vec<HintVisit> = Vec::new();
         // The pages of `pending`'s ops, by (region, page).
@@ -126,20 +130,37 @@ impl Core {
                 self.flush_hint_ops(&mut visited, &mut pending);
                 pending_pages.clear();
             }
-            let planned = pending.len();
+            let mut planned = pending.len();
+            let mut from = first;
             let mut p = first;
             while p < end && visit_units > 0 {
                 let n = (end - p).min(SPAN_PAGES);
                 let keep = Planned::Keep(&mut pending);
                 p += self.scan_span(ri, p, n, &mut visit_units, VisitMode::Hinted, keep);
+                if pending.len() >= HINT_PLAN_MAX && p < end {
+                    // A long range (adjacent requests queue as one): its
+                    // part so far runs now, like a plan of many ranges.
+                    visited.push(HintVisit {
+                        region: ri,
+                        first: from,
+                        end: p,
+                        planned: pending.len() - planned,
+                        at: h.at,
+                    });
+                    self.flush_hint_ops(&mut visited, &mut pending);
+                    pending_pages.clear();
+                    (planned, from) = (0, p);
+                    if self.should_stop() {
+                        break;
+                    }
+                }
             }
             pending_pages.extend(pending[planned..].iter().map(|o| (o.region, o.page)));
-            let planned = pending.len() - planned;
             visited.push(HintVisit {
                 region: ri,
-                first,
+                first: from,
                 end: p,
-                planned,
+                planned: pending.len() - planned,
                 at: h.at,
             });
             if p < end {
@@ -149,9 +170,19 @@ impl Core {
                 break;
             }
             done += 1;
-            if self.someone_waits() {
-                // Someone waits for the core (a VM coming or going): the
-                // ranges left stay first in line for the next wake-up.
+            if pending.len() >= HINT_PLAN_MAX {
+                // As large a plan as one span's: its execution is one step
+                // of bounded length, after which a waiter or the wake-up's
+                // deadline can end the visits. Planning is cheap, running
+                // the merges is not: a guest reading a file that another
+                // guest holds plans a merge for nearly every hinted page.
+                self.flush_hint_ops(&mut visited, &mut pending);
+                pending_pages.clear();
+            }
+            if self.should_stop() {
+                // Someone waits for the core (a VM coming or going), or the
+                // wake-up's time is up: the ranges left stay first in line
+                // for the next wake-up.
                 break;
             }
         }

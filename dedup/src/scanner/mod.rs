@@ -90,12 +90,13 @@ pub(super) fn drop_mapper(pool: &mut Pool, stable: &mut StableIndex, s: u32) -> 
 /// Pages per pagemap read.
 pub const SPAN_PAGES: usize = 4096;
 /// Merges a span plans, or executes, before it ends early for a thread
-/// waiting for the core (VM creation or deletion). A span of scattered
+/// waiting for the core (VM creation or deletion) or at the wake-up's
+/// deadline (`Core::set_deadline`). A span of scattered
 /// pages can plan thousands of merges, and a VM's creation would wait for
 /// all of them; this many keep that wait to tens of milliseconds on a
 /// loaded machine. Planning checks for a waiter as it goes, and so does the
 /// execution (a waiter who came after the plan: the planned merges left are
-/// abandoned, see `Core::execute`). Without a waiter spans run whole (one
+/// abandoned, see `Core::execute`). Without either, spans run whole (one
 /// pagemap read and one vCPU park each).
 const OPS_BEFORE_YIELD: usize = 512;
 /// Visit units: a hashed page costs `HASH_COST`, a pagemap-only visit 1
@@ -181,7 +182,8 @@ pub struct Counters {
     /// ran out, or a waiter came first.
     pub abandoned: u64,
     /// Of `abandoned`: planned merges left unexecuted for a thread waiting
-    /// for the core (`Core::execute`).
+    /// for the core or at the wake-up's deadline (`Core::execute`); their
+    /// pages get a second look at the next wake-up.
     pub left_for_waiters: u64,
     /// Pages hashed (a visit that joined a slot by its stored hash is not
     /// one).
@@ -209,7 +211,8 @@ pub struct BatchReport {
     /// next wake-up should come soon, whatever the idle back-off says.
     pub census_pending: bool,
     /// The batch ended early at a span boundary because another thread
-    /// waited for the core (see [`Core::waiters`]).
+    /// waited for the core (see [`Core::waiters`]) or the wake-up's time
+    /// was up ([`Core::set_deadline`]).
     pub yielded: bool,
 }
 
@@ -337,6 +340,10 @@ pub struct Core {
     /// whole batch (seconds at high `pages_to_scan` on scattered regions).
     /// Shared with the engine, which counts.
     waiters: Arc<std::sync::atomic::AtomicUsize>,
+    /// When the current wake-up's work should end (`Core::set_deadline`):
+    /// its scan, hints, rechecks and unmerge steps stop at their next step
+    /// boundary past it, as for a waiter, and go on next wake-up.
+    deadline: Option<Instant>,
     /// Counters at the last per-region recount (see `end_pass`).
     recount_key: (u64, u64, u64, u64),
     /// Slot references of pages that still mapped their slot when their
@@ -405,6 +412,7 @@ impl Core {
             last_pass_groups: HashMap::new(),
             census: census::CensusRoom::default(),
             waiters: Arc::default(),
+            deadline: None,
             recount_key: (u64::MAX, 0, 0, 0),
             orphans: Vec::new(),
             hint_index: hints::HintIndex::default(),
@@ -520,6 +528,22 @@ impl Core {
     /// step boundary when one does.
     pub(super) fn someone_waits(&self) -> bool {
         self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0
+    }
+
+    /// Bounds the work of the wake-up that starts now (None: unbounded).
+    /// A wake-up holds the core and sees the control state only when it
+    /// starts: on a slow host (an emulated CPU, a loaded machine) a
+    /// boosted batch of 65,536 pages can take tens of seconds, in which a
+    /// mode change waits and the engine looks stalled.
+    pub fn set_deadline(&mut self, at: Option<Instant>) {
+        self.deadline = at;
+    }
+
+    /// Should long work under the core stop at this step boundary: a
+    /// thread waits for the core, or the wake-up's time is up
+    /// ([`Core::set_deadline`])?
+    pub(super) fn should_stop(&self) -> bool {
+        self.someone_waits() || self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
     /// Pages tracked in all regions.

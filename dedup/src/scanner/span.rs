@@ -79,9 +79,10 @@ impl Core {
             self.run.note(None);
         }
         while used < n && *visit_units > 0 {
-            if ops.len() >= OPS_BEFORE_YIELD && self.someone_waits() {
-                // Someone waits for the core: the span ends here, its merges
-                // run, and the batch yields (the cursor goes on from here).
+            if ops.len() >= OPS_BEFORE_YIELD && self.should_stop() {
+                // Someone waits for the core, or the wake-up's time is up:
+                // the span ends here, its merges run, and the batch yields
+                // (the cursor goes on from here).
                 break;
             }
             let p = start + used;

@@ -81,7 +81,7 @@ impl Core {
                 }
             }
             // After a chunk, so that each call makes progress.
-            if yielding && i < npages && self.someone_waits() {
+            if yielding && i < npages && self.should_stop() {
                 return None;
             }
         }
