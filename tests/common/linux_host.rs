@@ -215,7 +215,9 @@ fn emulate(test: &str, emu: &Emulation) -> (Option<i32>, String, String) {
 /// along into the emulated host.
 fn forwarded_env() -> Vec<String> {
     std::env::vars()
-        .filter(|(k, _)| k.starts_with("PAGEFOLD_TEST_") || k == "PAGEFOLD_QUIESCE_MIN_OPS")
+        .filter(|(k, _)| {
+            k.starts_with("PAGEFOLD_TEST_") || k == "PAGEFOLD_QUIESCE_MIN_OPS" || k == "RUST_LOG"
+        })
         .map(|(k, v)| format!("{k}={v}"))
         .collect()
 }

@@ -133,7 +133,13 @@ impl Served {
         let stderr = dir.path("serve.stderr");
         let cfg = dir.path("serve.toml");
         std::fs::write(&cfg, format!("[dedup]\n{dedup_toml}\n")).unwrap();
-        let mut child = Command::new(bin())
+        let mut cmd = Command::new(bin());
+        if std::env::var_os("RUST_LOG").is_none() {
+            // Info lines (slow holds of the engine, slow unregisters) are
+            // the context a failure prints (`assert_no_warnings`).
+            cmd.args(["--log", "info"]);
+        }
+        let mut child = cmd
             .arg("serve")
             .arg("--api-sock")
             .arg(&sock)
@@ -392,4 +398,43 @@ pub fn warnings(stderr: &str) -> Vec<&str> {
         .lines()
         .filter(|l| l.contains(": warn:") || l.contains(": error:"))
         .collect()
+}
+
+/// The longest hold of the engine by one wake-up that the server logged
+/// (`a wake-up held the engine for 1.2s (...)`, at info level), in
+/// seconds, with its line: how close the run came to the health check's
+/// 10 s.
+pub fn longest_wakeup(stderr: &str) -> Option<(f64, &str)> {
+    const MARK: &str = "a wake-up held the engine for ";
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = &l[l.find(MARK)? + MARK.len()..];
+            let d = rest.split_whitespace().next()?;
+            let secs = if let Some(v) = d.strip_suffix("ms") {
+                v.parse::<f64>().ok()? / 1e3
+            } else if let Some(v) = d.strip_suffix("µs") {
+                v.parse::<f64>().ok()? / 1e6
+            } else {
+                d.strip_suffix('s')?.parse::<f64>().ok()?
+            };
+            Some((secs, l))
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+}
+
+/// Asserts that the server printed no warning; else fails with them and
+/// the lines before the first one (the context, at `RUST_LOG=info`).
+pub fn assert_no_warnings(stderr: &str) {
+    let w = warnings(stderr);
+    if w.is_empty() {
+        return;
+    }
+    let lines: Vec<&str> = stderr.lines().collect();
+    let first = lines.iter().position(|l| *l == w[0]).unwrap_or(0);
+    panic!(
+        "warnings in a normal run:\n{}\n--- the server's stderr before the first\n{}",
+        w.join("\n"),
+        lines[first.saturating_sub(60)..first].join("\n")
+    );
 }
