@@ -101,9 +101,16 @@ fn header(r: &LinuxReadReport) -> String {
 fn comparison(r: &LinuxReadReport) -> Option<String> {
     let on = r.rows.iter().find(|x| x.system == "pagefold-on")?;
     let (saved, t_final) = ratios(on, base(r));
-    base(r)?;
+    let b = base(r)?;
+    let frames = match (on.census, b.census) {
+        (Some(x), Some(y)) if x.frames > 0 && y.frames > 0 => format!(
+            ", frames holding the guests' RAM {}",
+            fmt_ratio(Some(x.frames as f64 / y.frames as f64))
+        ),
+        _ => String::new(),
+    };
     Some(format!(
-        "pagefold-on vs {RATIO_BASE}: saved pages {}, t final {}",
+        "pagefold-on vs {RATIO_BASE}: saved pages {}, t final {}{frames}",
         fmt_ratio(saved),
         fmt_ratio(t_final)
     ))
@@ -165,8 +172,22 @@ pub fn linux_read_markdown(r: &LinuxReadReport) -> String {
             notes.push(format!(
                 "{}: guest RAM at the end, paused: {} pages present ({} zero); {} non-zero \
                  copies of another page, {} of them left unshared; {} zero pages left on \
-                 frames of their own",
-                row.system, c.present, c.zero, c.nonzero_copies, c.nonzero_left, c.zero_left
+                 frames of their own{}",
+                row.system,
+                c.present,
+                c.zero,
+                c.nonzero_copies,
+                c.nonzero_left,
+                c.zero_left,
+                if c.frames > 0 {
+                    format!(
+                        "; {} frames ({} MiB) hold all of it, every page read",
+                        c.frames,
+                        c.frames / 256
+                    )
+                } else {
+                    String::new()
+                }
             ));
         }
         notes.extend(row.warnings.iter().map(|w| format!("{}: {w}", row.system)));
@@ -323,15 +344,16 @@ mod tests {
             nonzero_copies: 26_000,
             nonzero_left: 10,
             zero_left: 2,
+            frames: 40_000,
         });
         let mut ksm_default = row("ksm-default", 15_000, None);
         ksm_default.md5s_agree = false;
-        let r = report(vec![
-            row("off", 0, None),
-            on,
-            row("ksm-4096", 20_000, Some(8.0)),
-            ksm_default,
-        ]);
+        let mut ksm = row("ksm-4096", 20_000, Some(8.0));
+        ksm.census = Some(crate::page_census::PageCensus {
+            frames: 50_000,
+            ..crate::page_census::PageCensus::default()
+        });
+        let r = report(vec![row("off", 0, None), on, ksm, ksm_default]);
         let md = linux_read_markdown(&r);
         let lines: Vec<&str> = md.lines().collect();
         assert!(lines[0].starts_with("linux-read: two Linux guests (384M each, 1 vCPU)"));
@@ -353,12 +375,16 @@ mod tests {
                 && lines[7].contains("| 0.75x | - | - |")
         );
         assert!(lines[7].contains("| NO |"), "{}", lines[7]);
-        assert!(md.contains("- pagefold-on vs ksm-4096: saved pages 1.50x, t final 0.25x\n"));
+        assert!(md.contains(
+            "- pagefold-on vs ksm-4096: saved pages 1.50x, t final 0.25x, frames holding the \
+             guests' RAM 0.80x\n"
+        ));
         assert!(
             md.contains(
                 "- pagefold-on: guest RAM at the end, paused: 90000 pages present (5000 zero); \
                  26000 non-zero copies of another page, 10 of them left unshared; 2 zero pages \
-                 left on frames of their own\n"
+                 left on frames of their own; 40000 frames (156 MiB) hold all of it, every page \
+                 read\n"
             ),
             "{md}"
         );

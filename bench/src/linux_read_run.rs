@@ -749,6 +749,7 @@ mod tests {
                 nonzero_copies: self.npages,
                 nonzero_left: 7,
                 zero_left: 3,
+                frames: 900,
             })
         }
 
