@@ -104,16 +104,18 @@ impl Core {
                 done += 1;
                 continue;
             };
-            let r = &self.regions[ri];
-            if r.assisted {
-                done += 1;
-                continue;
-            }
-            let (first, end) = r.pages_of(h.addr, h.len);
+            let (first, end) = self.regions[ri].pages_of(h.addr, h.len);
             // The device wrote them (KVM's log sees guest writes only): if
-            // this visit does not reach them all, the scan's will.
+            // this visit does not reach them all, the scan's will. KSM's
+            // region keeps its marks for when the engine takes it back:
+            // unmarked, a page a device rewrote there would pass for
+            // unchanged (`log_clean`), and a merged one for still shared.
             if let Some(w) = self.regions[ri].written.as_mut() {
                 w.mark(first, end);
+            }
+            if self.regions[ri].assisted {
+                done += 1;
+                continue;
             }
             let revisits = visited
                 .iter()
@@ -255,6 +257,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::PAGE_SIZE;
 
     #[test]
     fn the_hint_index_keeps_the_newest_page_and_forgets_the_oldest_content() {
@@ -281,5 +284,43 @@ mod tests {
         t.add(1, 0.050);
         assert_eq!(t.merges(), 4);
         assert!((t.mean_delay_ms() - 20.0).abs() < 1e-9);
+    }
+
+    /// A device's write into a region handed to KSM is marked in its write
+    /// log like anywhere else: the region keeps its marks for when the
+    /// engine takes it back, and a page rewritten there unmarked would
+    /// pass for unchanged (`log_clean`), a merged one for still shared.
+    #[test]
+    fn a_hint_into_ksms_region_marks_the_pages_written() {
+        const N: usize = 64;
+        let len = N * PAGE_SIZE;
+        let ptr = crate::mm::map_anon(len).unwrap();
+        let mem = ptr as usize;
+        let mut core = Core::driven(1 << 26).unwrap();
+        // SAFETY: the test's own private anonymous mapping, unmapped only
+        // after the unregister below.
+        let id = unsafe { core.register(mem, len, "a".into(), "g".into()) }.unwrap();
+        let log = Arc::new(crate::writelog::RecordedWrites::default());
+        core.set_write_log(id, Some(log));
+        // The first pass examines every page: no mark is left.
+        core.run_passes(1);
+        let marked = |core: &Core| {
+            let w = core.regions[0].written.as_ref().unwrap();
+            (0..N).filter(|&p| w.get(p)).collect::<Vec<_>>()
+        };
+        assert_eq!(marked(&core), Vec::<usize>::new());
+        core.hand_to_ksm(0);
+        let mut hints = vec![Hint {
+            addr: mem + 5 * PAGE_SIZE,
+            len: 3 * PAGE_SIZE,
+            at: Instant::now(),
+        }];
+        core.run_hints(&mut hints, 1 << 20);
+        assert!(hints.is_empty());
+        assert_eq!(marked(&core), vec![5, 6, 7]);
+        // SAFETY: with unmerge the region keeps its content.
+        unsafe { core.unregister(id, true) }.unwrap();
+        // SAFETY: the test's own mapping, no longer registered or used.
+        unsafe { crate::mm::unmap(ptr, len) };
     }
 }
