@@ -123,13 +123,26 @@ impl CensusRoom {
     fn finish(&mut self, t: Instant) {
         self.cost = std::mem::take(&mut self.spans) + t.elapsed();
         self.at = Some(Instant::now());
+        log::debug!(
+            "census pass: cost {:?}, KSM sharing {} (shared {})",
+            self.cost,
+            self.figures.sharing,
+            self.figures.shared
+        );
     }
 
     /// Decides whether the next pass collects the census, from what the
     /// last one cost and what KSM is doing.
     pub(super) fn schedule(&mut self, ksm_scanned: bool, ksm_busy: bool) {
         let every = census_interval(self.cost, ksm_scanned, ksm_busy);
-        self.due = self.at.is_none_or(|t| t.elapsed() >= every);
+        let due = self.at.is_none_or(|t| t.elapsed() >= every);
+        if due && !self.due {
+            log::debug!(
+                "census due: {every:?} after the last (cost {:?}; KSM scanned {ksm_scanned}, busy {ksm_busy})",
+                self.cost
+            );
+        }
+        self.due = due;
     }
 }
 
