@@ -388,6 +388,15 @@ impl Drop for Served {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
+            if std::thread::panicking() {
+                // The test failed while the server ran: its last lines.
+                let err = self.stderr();
+                let lines: Vec<&str> = err.lines().collect();
+                eprintln!(
+                    "--- the server's stderr, last lines\n{}",
+                    lines[lines.len().saturating_sub(80)..].join("\n")
+                );
+            }
         }
     }
 }

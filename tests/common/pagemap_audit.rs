@@ -38,7 +38,9 @@ pub struct Audit {
     pub pool_sharing: u64,
     /// Present anonymous pages inside pool VMAs: copies made on write.
     pub cow_copies: u64,
-    /// Anonymous frames mapped by two or more pages (KSM's).
+    /// Anonymous frames mapped by two or more pages (KSM's), copies made
+    /// on write inside pool VMAs included: in a region handed to KSM,
+    /// KSM merges those too.
     pub ksm_shared: u64,
     /// Sum over those frames of (pages mapping it - 1).
     pub ksm_sharing: u64,
@@ -115,15 +117,15 @@ pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
         for (i, e) in entries(&pagemap, v).into_iter().enumerate() {
             let present = e & PM_PRESENT != 0;
             let file = e & PM_FILE != 0;
-            if pool_vma {
-                if present && !file {
-                    a.cow_copies += 1;
-                } else {
-                    *pool
-                        .entry((v.inode, v.offset / PAGE + i as u64))
-                        .or_default() += 1;
-                }
-            } else if present && !file {
+            // A private anonymous page: a guest page of its own, or (in a
+            // pool VMA) a copy made on write.
+            let private_anon = present && !file;
+            if pool_vma && !private_anon {
+                *pool
+                    .entry((v.inode, v.offset / PAGE + i as u64))
+                    .or_default() += 1;
+            } else if private_anon {
+                a.cow_copies += u64::from(pool_vma);
                 let pfn = e & PM_PFN_MASK;
                 assert!(pfn != 0, "pagemap hides frame numbers: run as root");
                 if pfn != zero_pfn {
