@@ -194,6 +194,8 @@ pub struct BuildRun {
     pub merges: u64,
     /// pagefold with I/O hints: merges made on hinted visits, and their
     /// mean delay from the device's fill to the merge (None without any).
+    /// A hinted page the scan reached first is merged by the scan: on a
+    /// small tree every merge may be.
     pub hint_merges: u64,
     pub hint_merge_delay_ms: Option<f64>,
     /// Per VM: pages read, written, reused; output checksum.
@@ -1021,15 +1023,30 @@ mod tests {
             assert_eq!(row.merges_mean, 0.0, "{row:?}");
             assert_eq!(row.engine_us_per_merge, None, "{row:?}");
         }
-        // Hinted merges (and their delay) only where hints are on (auto
-        // mode's depend on when it triggers: not asserted).
+        // Merges made on hinted visits only where hints are on (auto
+        // mode's depend on when it triggers: not asserted). Where they are
+        // on, the scan may reach a hinted page first on a tree this small
+        // (every merge was the scan's in 3 of 12 runs on a 2-core PVM
+        // host), so that some are is not asserted: dedup/tests/hints.rs
+        // shows hinted pages merging before any scan could.
         for row in r.rows.iter().filter(|x| x.system != "pagefold-auto") {
             let hinted = matches!(row.system.as_str(), "pagefold-on" | "pagefold-on-nolog");
             for run in &row.per_run {
-                assert_eq!(run.hint_merges > 0, hinted, "{}: {run:?}", row.system);
-                assert_eq!(run.hint_merge_delay_ms.is_some(), hinted, "{}", row.system);
+                if !hinted {
+                    assert_eq!(run.hint_merges, 0, "{}: {run:?}", row.system);
+                }
+                assert_eq!(
+                    run.hint_merge_delay_ms.is_some(),
+                    run.hint_merges > 0,
+                    "{}: {run:?}",
+                    row.system
+                );
             }
-            assert_eq!(row.hint_merge_delay_mean_ms.is_some(), hinted, "{row:?}");
+            assert_eq!(
+                row.hint_merge_delay_mean_ms.is_some(),
+                row.per_run.iter().any(|x| x.hint_merges > 0),
+                "{row:?}"
+            );
         }
         let json = crate::build_json(&r).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
