@@ -48,6 +48,20 @@ impl PageCensus {
     }
 }
 
+/// Pages per pagemap read.
+const CHUNK_PAGES: usize = 4096;
+
+/// `ranges` (page-aligned host ranges) in pieces of at most
+/// [`CHUNK_PAGES`] pages: (start address, pages).
+fn chunks(ranges: &[(usize, usize)]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    ranges.iter().flat_map(|&(start, len)| {
+        let npages = len / PAGE_SIZE;
+        (0..npages)
+            .step_by(CHUNK_PAGES)
+            .map(move |done| (start + done * PAGE_SIZE, (npages - done).min(CHUNK_PAGES)))
+    })
+}
+
 /// Counts what `ranges` (page-aligned host ranges of this process, mapped
 /// for the whole call) hold. Pages are grouped by a 64-bit hash of their
 /// content (a collision among a few hundred thousand pages is a chance of
@@ -69,36 +83,29 @@ pub unsafe fn census(ranges: &[(usize, usize)]) -> Option<PageCensus> {
     // Content hash -> (pages, frames the pages map).
     let mut groups: HashMap<u64, (u64, Vec<u64>)> = HashMap::new();
     let mut zero_frames: HashMap<u64, u64> = HashMap::new();
-    let mut entries = vec![Entry(0); 4096];
-    for &(start, len) in ranges {
-        let npages = len / PAGE_SIZE;
-        let mut done = 0;
-        while done < npages {
-            let n = (npages - done).min(entries.len());
-            let base = start + done * PAGE_SIZE;
-            pm.read(base, &mut entries[..n]).ok()?;
-            for (i, e) in entries[..n].iter().enumerate() {
-                if !e.present() {
-                    continue;
-                }
-                c.present += 1;
-                if e.pfn() == zero_pfn {
-                    c.zero += 1;
-                    continue;
-                }
-                // SAFETY: a page of a range this function's caller keeps
-                // mapped (its contract); read once into a snapshot.
-                let page = unsafe { GuestPage::new(base + i * PAGE_SIZE) };
-                if page.is_zero() {
-                    c.zero += 1;
-                    *zero_frames.entry(e.pfn()).or_default() += 1;
-                    continue;
-                }
-                let g = groups.entry(xxh3(page.bytes())).or_default();
-                g.0 += 1;
-                g.1.push(e.pfn());
+    let mut entries = vec![Entry(0); CHUNK_PAGES];
+    for (base, n) in chunks(ranges) {
+        pm.read(base, &mut entries[..n]).ok()?;
+        for (i, e) in entries[..n].iter().enumerate() {
+            if !e.present() {
+                continue;
             }
-            done += n;
+            c.present += 1;
+            if e.pfn() == zero_pfn {
+                c.zero += 1;
+                continue;
+            }
+            // SAFETY: a page of a range this function's caller keeps
+            // mapped (its contract); read once into a snapshot.
+            let page = unsafe { GuestPage::new(base + i * PAGE_SIZE) };
+            if page.is_zero() {
+                c.zero += 1;
+                *zero_frames.entry(e.pfn()).or_default() += 1;
+                continue;
+            }
+            let g = groups.entry(xxh3(page.bytes())).or_default();
+            g.0 += 1;
+            g.1.push(e.pfn());
         }
     }
     for (_, (pages, mut frames)) in groups {
@@ -123,27 +130,20 @@ pub unsafe fn census(ranges: &[(usize, usize)]) -> Option<PageCensus> {
 /// As [`census`].
 unsafe fn frames(ranges: &[(usize, usize)], pm: &Pagemap, zero_pfn: u64) -> Option<u64> {
     let mut pfns: Vec<u64> = Vec::new();
-    let mut entries = vec![Entry(0); 4096];
-    for &(start, len) in ranges {
-        let npages = len / PAGE_SIZE;
-        let mut done = 0;
-        while done < npages {
-            let n = (npages - done).min(entries.len());
-            let base = start + done * PAGE_SIZE;
-            for i in 0..n {
-                // SAFETY: a page of a range the caller keeps mapped and
-                // readable; a read changes no content.
-                let _ = unsafe { std::ptr::read_volatile((base + i * PAGE_SIZE) as *const u8) };
-            }
-            pm.read(base, &mut entries[..n]).ok()?;
-            pfns.extend(
-                entries[..n]
-                    .iter()
-                    .filter(|e| e.present() && e.pfn() != zero_pfn)
-                    .map(|e| e.pfn()),
-            );
-            done += n;
+    let mut entries = vec![Entry(0); CHUNK_PAGES];
+    for (base, n) in chunks(ranges) {
+        for i in 0..n {
+            // SAFETY: a page of a range the caller keeps mapped and
+            // readable; a read changes no content.
+            let _ = unsafe { std::ptr::read_volatile((base + i * PAGE_SIZE) as *const u8) };
         }
+        pm.read(base, &mut entries[..n]).ok()?;
+        pfns.extend(
+            entries[..n]
+                .iter()
+                .filter(|e| e.present() && e.pfn() != zero_pfn)
+                .map(|e| e.pfn()),
+        );
     }
     pfns.sort_unstable();
     pfns.dedup();
