@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::dedup::*;
 use common::linux_host::{self, Emulation};
+use common::Hog;
 use pagefold_dedup::auto::{MemSample, ScriptedSource};
 use pagefold_dedup::Mode;
 
@@ -170,29 +171,6 @@ fn auto_mode_follows_the_hosts_own_available_memory() {
 }
 
 const MIB: u64 = 1 << 20;
-
-/// Anonymous memory this process has faulted in for writing
-/// (`MAP_POPULATE` on a private writable mapping), so that the host counts
-/// it used; unmapped on drop.
-struct Hog {
-    addr: *mut u8,
-    len: usize,
-}
-
-impl Hog {
-    fn take(len: usize) -> Hog {
-        let addr = pagefold_dedup::mm::map_anon_populated(len)
-            .unwrap_or_else(|e| panic!("take {len} bytes: {e}"));
-        Hog { addr, len }
-    }
-}
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        // SAFETY: exactly what `take` mapped; nothing else refers to it.
-        unsafe { pagefold_dedup::mm::unmap(self.addr, self.len) };
-    }
-}
 
 /// on -> auto -> unmerge -> off while the guests rewrite memory: no write
 /// is lost (every verify phase passes).

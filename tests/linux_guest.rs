@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use common::linux_host::{self, hardware_virtualization, image, Emulation};
 use common::linux_vms::{assert_no_warnings, longest_wakeup, Served, Spec};
 use common::*;
-use pagefold_api::dedup_view::DedupView;
+use pagefold_api::dedup_view::{AutoView, DedupView};
 
 /// About 60 s on an idle machine of this project's kind; the emulated boot
 /// is CPU-bound, so a loaded machine needs the headroom.
@@ -369,6 +369,160 @@ fn linux_guests_keep_their_files_through_a_ksm_assist_and_its_take_back() {
     eprintln!("taken back: assist {}", back.ksm_assist);
     same_hashes(
         "after the take-back",
+        &s.run_all(HASHES, step),
+        Some(&reference),
+    );
+    let err = s.shutdown();
+    assert_no_warnings(&err);
+}
+
+/// Auto mode's status in a dedup view (the pagefold engine has one).
+fn auto_of(d: &DedupView) -> &AutoView {
+    d.auto.as_ref().expect("the engine's auto-mode status")
+}
+
+/// Auto mode on real Linux guests and the host's own memory: two guests
+/// read the same files, so they hold tens of thousands of identical pages,
+/// yet the engine merges none of them while the host has memory to spare;
+/// once a process takes memory until `MemAvailable` is under the trigger
+/// line, it merges them, and once that memory is given back it stops
+/// merging and keeps what it merged. The guests' files stay intact
+/// throughout. `tests/auto_vms.rs` does the same with workload VMs; Linux
+/// guests add what those lack (a page cache, a kernel writing its own
+/// pages while the engine watches). The host's free memory is host-wide
+/// state, so the test always runs in a throwaway emulated host.
+#[test]
+fn linux_guests_merge_in_auto_mode_only_while_the_host_is_short_of_memory() {
+    let test = "linux_guests_merge_in_auto_mode_only_while_the_host_is_short_of_memory";
+    if !linux_host::run_here(
+        test,
+        &Emulation {
+            disposable: true,
+            cpus: Some(3),
+            // Small enough that a hog can push MemAvailable under the
+            // trigger line, large enough for two 384 MiB guests beside
+            // the hog.
+            memory: "3G",
+            ..Emulation::default()
+        },
+    ) {
+        return;
+    }
+    assert_eq!(
+        linux_host::host_kind(),
+        linux_host::HostKind::EmulatedSvm,
+        "this test takes the host's memory: it must run in a throwaway host"
+    );
+    const MIB: u64 = 1 << 20;
+    let step = Duration::from_secs(180);
+    let specs = [
+        Spec::new("one", "384M", "pair"),
+        Spec::new("two", "384M", "pair"),
+    ];
+    // Trigger at 30 % of the host's memory (about 880 MiB of 3 GiB), stop
+    // 1/16 of it (about 190 MiB) above: two guests leave far more than
+    // that available.
+    let mut s = Served::start(
+        "linux-auto",
+        "mode = \"auto\"\nauto_threshold = 30\npages_to_scan = 4096\nsleep_millisecs = 20\nksm_assist = \"off\"",
+        &specs,
+    );
+    let read = format!(
+        "cp /data/random-16m.bin /tmp/copy16 && cat /data/random-64m.bin >/dev/null && {HASHES}"
+    );
+    let reference = same_hashes("first read", &s.run_all(&read, step), None);
+
+    // 1. Memory to spare: checksum-only rounds, nothing merged. The wait
+    // spans many samples of the memory signal (one per 200 ms) and
+    // wake-ups (one per 20 ms).
+    let before = s.dedup();
+    std::thread::sleep(Duration::from_secs(3));
+    let d = s.dedup();
+    let a = auto_of(&d);
+    eprintln!(
+        "{test}: plentiful: {} MiB available of {} MiB (trigger {} MiB, stop {} MiB)",
+        a.available_bytes / MIB,
+        a.total_bytes / MIB,
+        a.trigger_bytes / MIB,
+        a.stop_bytes / MIB
+    );
+    assert!(
+        a.available_bytes > a.stop_bytes,
+        "the guests left too little memory for the test's premise: {a:?}"
+    );
+    assert!(
+        !a.auto_triggered && a.triggered_times == 0,
+        "triggered with memory to spare: {a:?}"
+    );
+    assert!(
+        a.rounds > auto_of(&before).rounds + 10,
+        "the untriggered controller should keep planning checksum-only rounds: {a:?}"
+    );
+    assert_eq!(
+        (d.merges, d.pages_sharing, d.zero_pages),
+        (0, 0, 0),
+        "merged while memory was plentiful: {d:?}"
+    );
+
+    // 2. Take memory until `MemAvailable` is 256 MiB under the trigger
+    // line: auto mode triggers, once, and the guests' pages merge.
+    let take = a.available_bytes - (a.trigger_bytes - 256 * MIB);
+    let hog = Hog::take(take as usize);
+    let d = s.wait_dedup("auto mode to trigger", step, |d| auto_of(d).auto_triggered);
+    let a = auto_of(&d);
+    eprintln!(
+        "{test}: took {} MiB; triggered at {} MiB available (trigger {} MiB)",
+        take / MIB,
+        a.available_bytes / MIB,
+        a.trigger_bytes / MIB
+    );
+    assert!(a.available_bytes < a.trigger_bytes, "{a:?}");
+    let merged = s.wait_dedup("the guests' pages merged", step, |d| d.pages_sharing > 1000);
+    let a = auto_of(&merged);
+    assert!(a.auto_triggered && a.triggered_times == 1, "{a:?}");
+    same_hashes("while merging", &s.run_all(HASHES, step), Some(&reference));
+    let merged = s.dedup();
+    eprintln!(
+        "{test}: merging: {} sharing, {} zero pages, {} merges; {} MiB available",
+        merged.pages_sharing,
+        merged.zero_pages,
+        merged.merges,
+        auto_of(&merged).available_bytes / MIB
+    );
+
+    // 3. The memory given back: above the stop line auto mode stops; no
+    // merge after that, and nothing but the guests' own writes (copies on
+    // write) takes merged pages apart.
+    drop(hog);
+    let stopped = s.wait_dedup("auto mode to stop", step, |d| !auto_of(d).auto_triggered);
+    std::thread::sleep(Duration::from_secs(2));
+    let d = s.dedup();
+    let a = auto_of(&d);
+    eprintln!(
+        "{test}: stopped at {} MiB available (stop {} MiB): {} sharing, {} merges; 2 s later {} sharing, {} merges, {} copies on write",
+        auto_of(&stopped).available_bytes / MIB,
+        a.stop_bytes / MIB,
+        stopped.pages_sharing,
+        stopped.merges,
+        d.pages_sharing,
+        d.merges,
+        d.cow_breaks - stopped.cow_breaks
+    );
+    assert!(
+        !a.auto_triggered && a.triggered_times == 1,
+        "auto mode should have triggered once and stopped: {a:?}"
+    );
+    assert_eq!(
+        d.merges, stopped.merges,
+        "merged after memory recovered: {d:?}"
+    );
+    assert!(
+        d.pages_sharing + (d.cow_breaks - stopped.cow_breaks) >= stopped.pages_sharing,
+        "merged pages were taken apart other than by copy on write: {stopped:?} then {d:?}"
+    );
+    assert!(d.pages_sharing > 1000, "{d:?}");
+    same_hashes(
+        "after auto mode stopped",
         &s.run_all(HASHES, step),
         Some(&reference),
     );

@@ -186,3 +186,27 @@ pub fn phases<'a>(vm: &'a serde_json::Value, phase: &str) -> Vec<&'a serde_json:
         .filter(|p| p["phase"] == phase)
         .collect()
 }
+
+/// Anonymous memory this process has faulted in for writing
+/// (`MAP_POPULATE` on a private writable mapping), so that the host counts
+/// it used; unmapped on drop. Auto-mode tests take the host's memory with
+/// it.
+pub struct Hog {
+    addr: *mut u8,
+    len: usize,
+}
+
+impl Hog {
+    pub fn take(len: usize) -> Hog {
+        let addr = pagefold_dedup::mm::map_anon_populated(len)
+            .unwrap_or_else(|e| panic!("take {len} bytes: {e}"));
+        Hog { addr, len }
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        // SAFETY: exactly what `take` mapped; nothing else refers to it.
+        unsafe { pagefold_dedup::mm::unmap(self.addr, self.len) };
+    }
+}
