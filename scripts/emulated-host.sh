@@ -21,6 +21,10 @@
 #   --guest DIR            a guest image directory (scripts/guest-image.sh),
 #                          available read-only at /guest (default
 #                          target/guest-img when it exists)
+#   --scratch SIZE         an empty ext4 disk of SIZE (sparse here),
+#                          mounted read-write at /scratch: room for files
+#                          larger than the host's RAM should hold (disk
+#                          copies of the Linux build benchmark)
 #   --out DIR              where the files the command leaves in /out land
 #                          (default: discarded)
 #   --timeout SECS         stop the emulated host after SECS (default 1800)
@@ -55,6 +59,7 @@ CPUS=${PAGEFOLD_EMU_CPUS:-$(nproc)}
 BINS=()
 FILES=()
 GUEST=
+SCRATCH=
 OUTDIR=
 TIMEOUT=1800
 IMAGES=$ROOT/target/emulated-host
@@ -68,6 +73,7 @@ while (($#)); do
     --bin) BINS+=("${2:?}"); shift 2 ;;
     --file) FILES+=("${2:?}"); shift 2 ;;
     --guest) GUEST=${2:?}; shift 2 ;;
+    --scratch) SCRATCH=${2:?}; shift 2 ;;
     --out) OUTDIR=${2:?}; shift 2 ;;
     --timeout) TIMEOUT=${2:?}; shift 2 ;;
     --image-dir) IMAGES=${2:?}; shift 2 ;;
@@ -143,7 +149,14 @@ done
 i=0
 while [ ! -b /dev/vdb ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 mount -t ext4 -o ro /dev/vda /in || { echo "emulated-host: cannot mount the input disk"; poweroff -f; }
-[ -b /dev/vdc ] && mount -t ext4 -o ro /dev/vdc /guest
+# The optional disks, named on the command line by the script that
+# attached them (their letters depend on which are present).
+for w in $(cat /proc/cmdline); do
+    case $w in
+    pagefold.guest=*) mount -t ext4 -o ro /dev/${w#*=} /guest ;;
+    pagefold.scratch=*) mkdir -p /scratch && mount -t ext4 /dev/${w#*=} /scratch ;;
+    esac
+done
 # The programs' shared libraries, where their ELF interpreter looks.
 for f in /in/.lib/*; do
     [ -e "$f" ] || continue
@@ -228,6 +241,19 @@ if [ -n "$GUEST" ]; then
     mkfs.ext4 -q -F -L pf-guest -d "$RUN/guest" "$RUN/guest.ext4" "$(size_mb "$RUN/guest")M" >/dev/null
     DRIVES+=(-drive "file=$RUN/guest.ext4,if=virtio,format=raw,readonly=on")
 fi
+# virtio disks take letters in the order they are given: vda in, vdb out.
+disk_letters=(c d)
+EXTRA_APPEND=
+if [ -n "$GUEST" ]; then
+    EXTRA_APPEND+=" pagefold.guest=vd${disk_letters[0]}"
+    disk_letters=("${disk_letters[@]:1}")
+fi
+if [ -n "$SCRATCH" ]; then
+    truncate -s "$SCRATCH" "$RUN/scratch.ext4"
+    mkfs.ext4 -q -F -L pf-scratch "$RUN/scratch.ext4" >/dev/null
+    DRIVES+=(-drive "file=$RUN/scratch.ext4,if=virtio,format=raw")
+    EXTRA_APPEND+=" pagefold.scratch=vd${disk_letters[0]}"
+fi
 
 # --- Run ---------------------------------------------------------------
 # nox2apic: with the host kernel's x2APIC, a reschedule IPI sometimes
@@ -245,7 +271,7 @@ CONSOLE=$RUN/console.log
 qemu-system-x86_64 -accel "tcg,thread=${PAGEFOLD_EMU_THREAD:-multi}" -cpu "${PAGEFOLD_EMU_CPU:-max}" -smp "$CPUS" -m "$MEMORY" \
     -machine q35,mem-merge=off -nodefaults -no-reboot -display none \
     -kernel "$HOST/bzImage" -initrd "$HOST/initrd.img" \
-    -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 nox2apic ${PAGEFOLD_EMU_APPEND:-}" \
+    -append "console=ttyS0 rdinit=/init panic=-1 quiet loglevel=3 nox2apic$EXTRA_APPEND ${PAGEFOLD_EMU_APPEND:-}" \
     "${DRIVES[@]}" -serial "file:$CONSOLE" </dev/null &
 QEMU_PID=$!
 # Echo the console as it grows; stop QEMU on the timeout.
