@@ -264,6 +264,15 @@ pub struct BuildArgs {
     /// --guest linux: vCPUs per VM (make -j this many).
     #[arg(long, default_value_t = 2)]
     pub vcpus: u8,
+    /// --guest linux: where the VMs' disk copies and console logs go
+    /// (default: the disk image's directory, so a copy can be a reflink).
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<std::path::PathBuf>,
+    /// --guest linux: what the guests build, comma-separated kbuild targets
+    /// of the image's tinyconfig kernel tree (e.g. mm/,kernel/ or vmlinux;
+    /// default: the image's, init/).
+    #[arg(long, value_delimiter = ',', value_name = "TARGETS")]
+    pub make_targets: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -401,9 +410,15 @@ fn build(a: BuildArgs) -> Result<i32, Error> {
     if a.guest == GuestArg::Linux {
         return build_linux(a, systems);
     }
-    if a.kernel.is_some() || a.initrd.is_some() || a.disk.is_some() {
+    if a.kernel.is_some()
+        || a.initrd.is_some()
+        || a.disk.is_some()
+        || a.work_dir.is_some()
+        || !a.make_targets.is_empty()
+    {
         return Err(Error::Usage(
-            "--kernel, --initrd and --disk are for --guest linux".into(),
+            "--kernel, --initrd, --disk, --work-dir and --make-targets are for --guest linux"
+                .into(),
         ));
     }
     if a.runs == 0 || a.files == 0 || !(0.0..=1.0).contains(&a.auto_trigger) {
@@ -553,6 +568,8 @@ fn build_linux(a: BuildArgs, systems: Vec<BuildSystem>) -> Result<i32, Error> {
         vcpus: a.vcpus,
         runs: a.runs,
         timeout: a.timeout_secs.map_or(defaults.timeout, Duration::from_secs),
+        work_dir: a.work_dir.clone(),
+        targets: a.make_targets.clone(),
         ..defaults
     };
     let report = run_linux_build_bench(&systems, &opts).map_err(bench_err)?;
@@ -566,7 +583,7 @@ fn build_linux(a: BuildArgs, systems: Vec<BuildSystem>) -> Result<i32, Error> {
     )?;
     let agree = report.rows.iter().all(|r| r.checksums_agree);
     if !agree {
-        eprintln!("the guests' vmlinux hashes differ between builds");
+        eprintln!("the guests' build hashes differ between builds");
     }
     Ok(if report.unrestored.is_empty() && agree {
         0

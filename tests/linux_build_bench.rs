@@ -1,9 +1,10 @@
 //! `pagefold bench build --guest linux` as a user runs it: the flags it
 //! needs, and on a host without VMX/SVM (this project's PVM machines) an
 //! immediate refusal that says why, with exit code 4, before it touches
-//! KSM or a file. The benchmark itself needs a VMX/SVM host and the image
-//! of scripts/linux-build-bench.sh; it has not run on this project's
-//! machines (docs/benchmarks.md).
+//! KSM or a file, and the command that runs it inside the emulated host
+//! instead. The benchmark itself needs the image of
+//! scripts/linux-build-bench.sh and a VMX/SVM host or the emulated host
+//! (docs/benchmarks.md; its runs are on the results page).
 
 mod common;
 
@@ -89,6 +90,11 @@ fn linux_form_refuses_at_once_without_vmx_or_svm() {
             text(&o)
         );
     }
+    assert!(
+        err.contains("scripts/emulated-host.sh --scratch"),
+        "the refusal must say how to run it here: {}",
+        text(&o)
+    );
     assert!(!err.contains("panicked"), "{}", text(&o));
     assert!(o.stdout.is_empty(), "no table on refusal: {}", text(&o));
     // Refused before anything: not even the work directory beside the disk.

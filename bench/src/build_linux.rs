@@ -1,7 +1,8 @@
 //! The real-Linux form of the `build` benchmark (docs/benchmarks.md): two
 //! Linux VMs, each booted from its own copy of one disk image made by
-//! scripts/linux-build-bench.sh, run `make defconfig && make -j$(nproc)` on
-//! the Debian kernel source side by side, `runs` times per system. `real`
+//! scripts/linux-build-bench.sh, run `make -j$(nproc) TARGETS` in the
+//! Debian kernel source (configured as tinyconfig in the image; TARGETS
+//! from the image, `mm/` by default) side by side, `runs` times per system. `real`
 //! comes from the guests' result lines; `user`, `sys`, engine CPU and
 //! `npages` are measured on the host exactly as in the workload form, and
 //! fill the same table.
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use pagefold_vmm::config::{DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig, VmDedup};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::build_bench::BuildRow;
 use crate::linux_result::LinuxBuildResult;
@@ -53,6 +54,9 @@ pub struct LinuxBuildOptions {
     /// Where the disk copies and console logs go (default: the disk's
     /// directory, so a copy can be a reflink).
     pub work_dir: Option<PathBuf>,
+    /// What the guests build (kbuild targets such as `mm/` or `vmlinux`);
+    /// None: the image's default (scripts/linux-build-bench.sh).
+    pub targets: Vec<String>,
     pub progress: bool,
 }
 
@@ -69,6 +73,7 @@ impl LinuxBuildOptions {
             timeout: Duration::from_secs(3 * 3600),
             auto_trigger_after: Duration::from_secs(60),
             work_dir: None,
+            targets: Vec::new(),
             progress: true,
         }
     }
@@ -87,11 +92,18 @@ impl LinuxBuildOptions {
 /// build script is init, and after its result line the guest waits `hold`
 /// (`pagefold.hold=`, read by the init script) so its memory is still in
 /// place when the host reads the end-of-build figures; the host stops it.
-pub fn linux_build_cmdline(hold: Duration) -> String {
-    format!(
+/// `targets`, when given, replace the image's default build targets
+/// (`pagefold.make=`).
+pub fn linux_build_cmdline(hold: Duration, targets: &[String]) -> String {
+    let mut c = format!(
         "console=ttyS0 panic=-1 root=/dev/vda rw init={BUILD_INIT} pagefold.hold={}",
         hold.as_secs()
-    )
+    );
+    if !targets.is_empty() {
+        c.push_str(" pagefold.make=");
+        c.push_str(&targets.join(","));
+    }
+    c
 }
 
 /// One VM's files for one run.
@@ -115,12 +127,19 @@ pub fn linux_vm_files(dir: &Path, system: &str, run: usize) -> Vec<VmFiles> {
 }
 
 /// The two VMs: same kernel and initrd, each its own writable disk copy
-/// and console file, one dedup group.
-pub fn linux_build_configs(opts: &LinuxBuildOptions, files: &[VmFiles]) -> Vec<VmConfig> {
+/// and console file, one dedup group. `cpus[n]`: the host CPU the n-th
+/// VM's vCPUs are pinned to, if any
+/// ([`pagefold_vmm::host_kind::linux_vm_cpu`]: under the emulated host).
+pub fn linux_build_configs(
+    opts: &LinuxBuildOptions,
+    files: &[VmFiles],
+    cpus: [Option<usize>; 2],
+) -> Vec<VmConfig> {
     LINUX_BUILD_VMS
         .iter()
         .zip(files)
-        .map(|(name, f)| VmConfig {
+        .zip(cpus)
+        .map(|((name, f), cpu)| VmConfig {
             name: (*name).into(),
             vcpus: opts.vcpus,
             memory: SizeValue::Text(opts.memory.clone()),
@@ -133,19 +152,19 @@ pub fn linux_build_configs(opts: &LinuxBuildOptions, files: &[VmFiles]) -> Vec<V
             kernel: Some(KernelConfig {
                 path: opts.kernel.clone(),
                 initrd: opts.initrd.clone(),
-                cmdline: linux_build_cmdline(opts.timeout),
+                cmdline: linux_build_cmdline(opts.timeout, &opts.targets),
                 disks: vec![DiskConfig {
                     path: f.disk.clone(),
                     readonly: false,
                 }],
             }),
-            vcpu_affinity: None,
+            vcpu_affinity: cpu.map(|c| vec![c]),
         })
         .collect()
 }
 
 /// What was run on.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinuxGuestInfo {
     pub kernel: String,
     pub initrd: Option<String>,
@@ -156,12 +175,15 @@ pub struct LinuxGuestInfo {
     pub cmdline: String,
     /// Console logs of every VM of every run.
     pub console_dir: String,
-    /// The vmlinux hash every build is compared with (the first build's).
+    /// What the guests built (kbuild targets, from their start lines).
+    #[serde(default)]
+    pub targets: Option<String>,
+    /// The objects' hash every build is compared with (the first build's).
     pub reference_sha256: Option<String>,
 }
 
 /// One guest's result line.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinuxVmResult {
     pub system: String,
     pub run: usize,
@@ -169,11 +191,11 @@ pub struct LinuxVmResult {
     pub result: LinuxBuildResult,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LinuxBuildReport {
     pub guest: LinuxGuestInfo,
     /// The same rows as the workload form's (`checksums agree`: every
-    /// build produced the reference vmlinux).
+    /// build produced the reference objects).
     pub rows: Vec<BuildRow>,
     pub results: Vec<LinuxVmResult>,
     pub unrestored: Vec<String>,
@@ -208,10 +230,12 @@ mod tests {
         for f in &files {
             copy_disk(&disk, &f.disk).unwrap();
         }
-        let c = linux_build_configs(&opts, &files);
+        let c = linux_build_configs(&opts, &files, [None, Some(1)]);
         assert_eq!(c.len(), 2);
         assert_eq!(c[0].dedup_group(), c[1].dedup_group());
         assert_eq!(c[0].dedup_group(), LINUX_BUILD_GROUP);
+        assert_eq!(c[0].vcpu_affinity, None);
+        assert_eq!(c[1].vcpu_affinity, Some(vec![1]));
         for (v, f) in c.iter().zip(&files) {
             v.validate().unwrap();
             assert!(v.workload.is_none());
@@ -240,7 +264,11 @@ mod tests {
             // The guest holds its memory until the host stops it, at most
             // as long as a run may take.
             assert!(words.contains(&"pagefold.hold=10800"), "{:?}", k.cmdline);
+            assert!(!k.cmdline.contains("pagefold.make="), "{:?}", k.cmdline);
         }
+        let two = vec!["mm/".to_string(), "vmlinux".to_string()];
+        assert!(linux_build_cmdline(Duration::from_secs(1), &two)
+            .ends_with(" pagefold.make=mm/,vmlinux"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

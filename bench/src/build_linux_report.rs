@@ -4,16 +4,19 @@
 
 use std::fmt::Write as _;
 
+use crate::build_bench::BuildRow;
 use crate::build_linux::LinuxBuildReport;
 use crate::build_report::{json_rows, rows_chart, rows_markdown, rows_table};
 use crate::chart::Chart;
 use crate::error::BenchError;
+use crate::ratio::{ratio, Goal};
 
 fn header(r: &LinuxBuildReport) -> String {
     let g = &r.guest;
     format!(
-        "build (Linux guests, make defconfig && make -j{}): kernel {}, disk {} ({:.0} MiB), 2 x {} RAM; reference vmlinux sha256 {}",
+        "build (Linux guests, make -j{} {}): kernel {}, disk {} ({:.0} MiB), 2 x {} RAM; reference objects sha256 {}",
         g.vcpus,
+        g.targets.as_deref().unwrap_or("(targets not reported)"),
         g.kernel,
         g.disk,
         g.disk_bytes as f64 / (1 << 20) as f64,
@@ -22,9 +25,84 @@ fn header(r: &LinuxBuildReport) -> String {
     )
 }
 
-/// A plain-text table for stdout.
+fn find<'a>(r: &'a LinuxBuildReport, system: &str) -> Option<&'a BuildRow> {
+    r.rows.iter().find(|x| x.system == system)
+}
+
+/// The project's goals for two Linux guests building the same tree
+/// (issue: "Real build"): pagefold-on ends with at least ksm-10000's
+/// npages, gets there at least 10 times sooner than ksm-default gets to
+/// its own end value, at most half ksmd's CPU at 10,000 pages, and costs
+/// the build no more than KSM does. A system still merging when the builds
+/// ended has no time to its end value ("not measured").
+pub fn linux_build_goals(r: &LinuxBuildReport) -> Vec<Goal> {
+    let mut out = Vec::new();
+    let on = find(r, "pagefold-on");
+    if let (Some(on), Some(k)) = (on, find(r, "ksm-10000")) {
+        out.push(Goal::at_least(
+            "pagefold-on npages at the end >= ksm-10000's (ratio)".into(),
+            ratio(Some(on.npages_mean), Some(k.npages_mean)),
+            1.0,
+            format!("{:.0} against {:.0}", on.npages_mean, k.npages_mean),
+        ));
+        out.push(Goal::at_most(
+            "pagefold-on engine CPU <= 0.5x ksm-10000's".into(),
+            ratio(Some(on.engine_cpu_mean_s), Some(k.engine_cpu_mean_s)),
+            0.5,
+            format!(
+                "{:.1} s against {:.1} s",
+                on.engine_cpu_mean_s, k.engine_cpu_mean_s
+            ),
+        ));
+        out.push(Goal::at_most(
+            "pagefold-on build time <= ksm-10000's (ratio)".into(),
+            ratio(Some(on.real_mean_s), Some(k.real_mean_s)),
+            1.0,
+            format!("{:.1} s against {:.1} s", on.real_mean_s, k.real_mean_s),
+        ));
+    }
+    if let (Some(on), Some(d)) = (on, find(r, "ksm-default")) {
+        out.push(Goal::at_least(
+            "ksm-default's time to its end npages / pagefold-on's".into(),
+            ratio(d.t_final_npages_s, on.t_final_npages_s),
+            10.0,
+            format!(
+                "{} against {}",
+                secs(d.t_final_npages_s),
+                secs(on.t_final_npages_s)
+            ),
+        ));
+    }
+    if let (Some(on), Some(off)) = (on, find(r, "off")) {
+        out.push(Goal::at_most(
+            "pagefold-on build time <= 1.01x off's".into(),
+            ratio(Some(on.real_mean_s), Some(off.real_mean_s)),
+            1.01,
+            format!("{:.1} s against {:.1} s", on.real_mean_s, off.real_mean_s),
+        ));
+    }
+    out.extend(Goal::every_system(
+        "builds give the reference objects",
+        &r.rows,
+        |x| x.checksums_agree,
+    ));
+    out
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or_else(
+        || "still merging at the end".into(),
+        |v| format!("{v:.1} s"),
+    )
+}
+
+/// A plain-text table for stdout, then the goal checks.
 pub fn linux_build_table(r: &LinuxBuildReport) -> String {
-    rows_table(&header(r), &r.rows, &r.unrestored)
+    let mut out = rows_table(&header(r), &r.rows, &r.unrestored);
+    for g in linux_build_goals(r) {
+        let _ = writeln!(out, "{}", g.line());
+    }
+    out
 }
 
 /// A markdown table with the header line.
@@ -48,7 +126,7 @@ pub fn linux_build_json(r: &LinuxBuildReport) -> Result<String, BenchError> {
 /// npages over build time, first run of each system.
 pub fn linux_build_chart(r: &LinuxBuildReport) -> Chart {
     rows_chart(
-        "build: merged pages during two concurrent Linux kernel builds".into(),
+        "build: merged pages while two Linux guests build the same kernel tree".into(),
         &r.rows,
     )
 }
@@ -110,6 +188,7 @@ mod tests {
                 vcpus: 2,
                 cmdline: String::new(),
                 console_dir: "/pf".into(),
+                targets: Some("mm/".into()),
                 reference_sha256: Some(hash.clone()),
             },
             rows: vec![row],
@@ -126,7 +205,7 @@ mod tests {
         } = r.rows[0].clone();
         assert!(checksums_agree);
         let t = linux_build_table(&r);
-        assert!(t.starts_with("build (Linux guests, make defconfig && make -j2): kernel /pf/vmlinux, disk /pf/build.ext4 (8192 MiB)"), "{t}");
+        assert!(t.starts_with("build (Linux guests, make -j2 mm/): kernel /pf/vmlinux, disk /pf/build.ext4 (8192 MiB)"), "{t}");
         assert!(t.contains(&hash), "{t}");
         assert_eq!(
             t.lines().nth(1),

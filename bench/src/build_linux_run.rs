@@ -25,7 +25,9 @@ use crate::error::{input_err, linux_vm_err, BenchError};
 use crate::host::HostId;
 use crate::linux_console::ConsoleWatch;
 use crate::linux_result::LinuxBuildResult;
-use pagefold_vmm::host_kind::{host_kvm_kind, linux_guest_refusal};
+use pagefold_vmm::host_kind::{
+    emulated_host, host_kvm_kind, linux_guest_refusal_with, linux_vm_cpu,
+};
 
 /// Runs every system `opts.runs` times (interleaved, as the workload
 /// form), holding the KSM lock; refuses at once on a host without
@@ -34,11 +36,29 @@ pub fn run_linux_build_bench(
     systems: &[BuildSystem],
     opts: &LinuxBuildOptions,
 ) -> Result<LinuxBuildReport, BenchError> {
-    if let Some(why) = linux_guest_refusal(host_kvm_kind(), LINUX_BUILD_COMMAND) {
-        return Err(BenchError::HostUnsupported(why));
+    let emulated = emulated_host();
+    if !emulated {
+        let instead = "On such a host, run it inside the emulated host (docs/benchmarks.md): \
+                       scripts/emulated-host.sh --scratch 8G --file DIR/build.ext4 --guest DIR/guest -- \
+                       pagefold bench build --guest linux --disk /in/build.ext4 --kernel /guest/vmlinux \
+                       --initrd /guest/initrd.img --work-dir /scratch";
+        if let Some(why) = linux_guest_refusal_with(host_kvm_kind(), LINUX_BUILD_COMMAND, instead) {
+            return Err(BenchError::HostUnsupported(why));
+        }
     }
     if systems.is_empty() || opts.runs == 0 {
         return Err(BenchError::NoSystems);
+    }
+    // The targets go on the guests' kernel command line.
+    let plain = |t: &String| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_./-".contains(&b))
+    };
+    if let Some(bad) = opts.targets.iter().find(|t| !plain(t)) {
+        return Err(input_err(format!(
+            "make target {bad:?}: only letters, digits and _./- are allowed"
+        )));
     }
     let disk_bytes = std::fs::metadata(&opts.disk)
         .map_err(|e| input_err(format!("disk image {}: {e}", opts.disk.display())))?
@@ -59,7 +79,12 @@ pub fn run_linux_build_bench(
             ..f
         })
         .collect();
-    for c in linux_build_configs(opts, &originals) {
+    let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let vm_cpus = [
+        linux_vm_cpu(emulated, 0, cpus),
+        linux_vm_cpu(emulated, 1, cpus),
+    ];
+    for c in linux_build_configs(opts, &originals, vm_cpus) {
         c.validate().map_err(input_err)?;
     }
     let _lock = ksm_exclusive()?;
@@ -70,6 +95,7 @@ pub fn run_linux_build_bench(
     let mut loads = vec![[0.0; 3]; systems.len()];
     let mut warnings: Vec<Vec<String>> = vec![Vec::new(); systems.len()];
     let mut results = Vec::new();
+    let mut targets = None;
     let mut result = Ok(());
     'outer: for run in 0..opts.runs {
         for (i, s) in systems.iter().enumerate() {
@@ -79,8 +105,9 @@ pub fn run_linux_build_bench(
             if opts.progress {
                 eprintln!("[linux build] {} run {}/{}", s.name(), run + 1, opts.runs);
             }
-            match run_linux_once(*s, opts, &dir, run) {
-                Ok((r, vm_results)) => {
+            match run_linux_once(*s, opts, &dir, run, vm_cpus) {
+                Ok((r, vm_results, t)) => {
+                    targets = targets.or(t);
                     if opts.progress {
                         eprintln!(
                             "[linux build] {} run {}: real {:.1} s, user {:.1} s, sys {:.1} s, engine {:.2} s, npages {}",
@@ -122,8 +149,9 @@ pub fn run_linux_build_bench(
             disk_bytes,
             memory: opts.memory.clone(),
             vcpus: opts.vcpus,
-            cmdline: linux_build_cmdline(opts.timeout),
+            cmdline: linux_build_cmdline(opts.timeout, &opts.targets),
             console_dir: dir.display().to_string(),
+            targets,
             reference_sha256: reference,
         },
         rows,
@@ -140,13 +168,17 @@ fn console_error(w: &ConsoleWatch, vm: &str, what: &str) -> String {
     )
 }
 
+/// A run's figures, both guests' result lines, and what they built.
+type LinuxRunOut = (BuildRun, Vec<LinuxBuildResult>, Option<String>);
+
 /// One run: fresh disk copies, fresh backend, two fresh VMs, both builds.
 fn run_linux_once(
     s: BuildSystem,
     opts: &LinuxBuildOptions,
     dir: &Path,
     run: usize,
-) -> Result<(BuildRun, Vec<LinuxBuildResult>), BenchError> {
+    vm_cpus: [Option<usize>; 2],
+) -> Result<LinuxRunOut, BenchError> {
     let files = linux_vm_files(dir, s.name(), run);
     let remove_disks = || {
         for f in &files {
@@ -165,7 +197,7 @@ fn run_linux_once(
             eprintln!("[linux build] {} ({kind:?} copy)", f.disk.display());
         }
     }
-    let out = drive(s, opts, &files);
+    let out = drive(s, opts, &files, vm_cpus);
     remove_disks();
     out
 }
@@ -174,11 +206,12 @@ fn drive(
     s: BuildSystem,
     opts: &LinuxBuildOptions,
     files: &[VmFiles],
-) -> Result<(BuildRun, Vec<LinuxBuildResult>), BenchError> {
+    vm_cpus: [Option<usize>; 2],
+) -> Result<LinuxRunOut, BenchError> {
     let (backend, script) = make_backend(s)?;
     let cfg = Config {
         dedup: Default::default(),
-        vms: linux_build_configs(opts, files),
+        vms: linux_build_configs(opts, files, vm_cpus),
         stdin: None,
         // Benchmarks run their VMs in-process without the VMM's filters.
         seccomp: Some(false),
@@ -283,6 +316,7 @@ fn drive(
     if !tr.finished() {
         return Err(linux_vm_err("the builds did not finish"));
     }
+    let targets = watches.iter().find_map(|w| w.targets.clone());
     let results: Vec<LinuxBuildResult> = watches
         .into_iter()
         .filter_map(|w| w.result.and_then(Result::ok))
@@ -294,7 +328,7 @@ fn drive(
     let run = tr
         .into_run(real_s, guest_cpu_s, checksums)
         .ok_or_else(|| linux_vm_err("the builds did not finish"))?;
-    Ok((run, results))
+    Ok((run, results, targets))
 }
 
 #[cfg(test)]
@@ -330,7 +364,7 @@ mod tests {
             ..LinuxBuildOptions::new(guest.join("vmlinux"), guest.join("rootfs.ext4"))
         };
         let t = Instant::now();
-        let e = run_linux_once(BuildSystem::PagefoldOn, &opts, &work, 0)
+        let e = run_linux_once(BuildSystem::PagefoldOn, &opts, &work, 0, [None; 2])
             .unwrap_err()
             .to_string();
         eprintln!("run ended after {:?}: {e}", t.elapsed());
@@ -356,7 +390,7 @@ mod tests {
 
     #[test]
     fn refuses_on_a_host_without_vmx_or_svm_before_touching_files() {
-        if linux_guest_refusal(host_kvm_kind(), "x").is_none() {
+        if emulated_host() || linux_guest_refusal_with(host_kvm_kind(), "x", "").is_none() {
             eprintln!("SKIPPED: this host has VMX/SVM; the refusal is for PVM hosts");
             return;
         }

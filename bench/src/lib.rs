@@ -75,7 +75,7 @@ pub use build_linux::{
     LINUX_BUILD_VMS,
 };
 pub use build_linux_report::{
-    linux_build_chart, linux_build_json, linux_build_markdown, linux_build_table,
+    linux_build_chart, linux_build_goals, linux_build_json, linux_build_markdown, linux_build_table,
 };
 pub use build_linux_run::run_linux_build_bench;
 pub use build_report::{build_chart, build_goals, build_json, build_markdown, build_table};

@@ -24,6 +24,9 @@ pub struct ConsoleWatch {
     tail: VecDeque<String>,
     /// The guest printed the start marker.
     pub started: bool,
+    /// What the start line says the guest builds (`targets=a/ b/`, the
+    /// rest of the line), when it says.
+    pub targets: Option<String>,
     /// The guest printed its result line (parsed, or why not).
     pub result: Option<Result<LinuxBuildResult, ResultLineError>>,
 }
@@ -36,6 +39,7 @@ impl ConsoleWatch {
             partial: Vec::new(),
             tail: VecDeque::new(),
             started: false,
+            targets: None,
             result: None,
         }
     }
@@ -74,8 +78,11 @@ impl ConsoleWatch {
     }
 
     fn line(&mut self, line: String) {
-        if line.contains(START_MARKER) {
+        if let Some(at) = line.find(START_MARKER) {
             self.started = true;
+            self.targets = line[at..]
+                .split_once(" targets=")
+                .map(|(_, t)| t.trim_end().to_string());
         }
         // The first result line counts; the guest prints one.
         if self.result.is_none() && line.contains(RESULT_MARKER) {
@@ -111,10 +118,19 @@ mod tests {
         std::fs::write(&p, text).unwrap();
         w.poll().unwrap();
         assert!(w.started);
+        assert_eq!(w.targets, None);
         let r = w.result.clone().unwrap().unwrap();
         assert_eq!((r.status, r.real_s), (1, 1.0));
         assert!(w.tail().starts_with("Linux version 6.1\n"), "{}", w.tail());
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn takes_the_targets_from_the_start_line() {
+        let mut w = ConsoleWatch::new(Path::new("/nonexistent/console"));
+        w.feed(b"[  3.1] x\r\nPAGEFOLD-BUILD-START nproc=1 targets=mm/ lib/\r\n");
+        assert!(w.started);
+        assert_eq!(w.targets.as_deref(), Some("mm/ lib/"));
     }
 
     #[test]
