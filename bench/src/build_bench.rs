@@ -977,7 +977,10 @@ mod tests {
             tree: TreeSpec {
                 seed: 0x5107,
                 files: 150,
-                rounds: 10,
+                // Long enough that a page written during the build can stay
+                // unwritten for the write log's interval and merge inside
+                // the measured window (`pagefold_dedup::LOG_INTERVAL`).
+                rounds: 200,
             },
             runs: 2,
             progress: false,

@@ -243,6 +243,12 @@ fn measure(
     }
     pair.release();
     pair.wait_phase(phase::LATENCY_WRITE, limit)?;
+    if backend.is_some() && !kernel_ksm {
+        // The engine counts a break when a collection of the write log
+        // (once a `LOG_INTERVAL`) shows the write and its scan visits
+        // the page; kernel KSM's `cow_ksm` counts in the fault itself.
+        std::thread::sleep(2 * pagefold_dedup::LOG_INTERVAL);
+    }
     let cow = Measured {
         probe: probe_of(pair, phase::LATENCY_WRITE)?,
         start,

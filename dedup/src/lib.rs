@@ -49,7 +49,7 @@ pub use hash::xxh3;
 pub use policy::{RoundPlan, RoundPolicy};
 pub use quiesce::Quiesce;
 pub use region::GuestPage;
-pub use scanner::DEFAULT_QUIESCE_MIN_OPS;
+pub use scanner::{DEFAULT_QUIESCE_MIN_OPS, LOG_INTERVAL};
 #[cfg(feature = "clap")]
 pub use settings::flag;
 pub use settings::{

@@ -375,3 +375,42 @@ fn first_written_pages_merge_at_the_next_wake_up_where_merges_are_scattered() {
     assert_eq!(merged_after(true), (256, 258), "scattered: next wake-up");
     assert_eq!(merged_after(false), (256, 256), "runs: the next pass");
 }
+
+/// The logs are collected once per interval (`LOG_INTERVAL`), and a
+/// written page's second look waits for the collection after its visit:
+/// no wake-up before it merges the page, and a write in between (the
+/// guest still using the page) keeps it unmerged.
+#[test]
+fn a_written_page_merges_only_if_the_next_collection_finds_it_unwritten() {
+    use std::time::Duration;
+    let merged_after = |rewrite: bool| {
+        let (a, b) = filled(1_000, 5_000);
+        let (la, lb, mut core) = logged_core(&a, &b, true, 3);
+        a.fill(200, 9_999);
+        b.fill(17, 9_999);
+        la.record(200);
+        lb.record(17);
+        // The pass that sees the writes hashes both pages: changed.
+        core.run_passes(1);
+        let hashed = merged(&core);
+        core.set_log_interval(Duration::from_secs(3600));
+        core.run_batch(1, true);
+        let before_collection = merged(&core);
+        if rewrite {
+            a.fill(200, 9_999);
+            la.record(200);
+        }
+        core.set_log_interval(Duration::ZERO);
+        core.run_batch(1, true);
+        core.check_consistency().unwrap();
+        assert_eq!(a.read(200), pattern(9_999));
+        assert_eq!(b.read(17), pattern(9_999));
+        (hashed, before_collection, merged(&core))
+    };
+    assert_eq!(
+        merged_after(false),
+        (0, 0, 2),
+        "merged after the collection"
+    );
+    assert_eq!(merged_after(true), (0, 0, 0), "written again: not merged");
+}

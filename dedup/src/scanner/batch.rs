@@ -13,7 +13,7 @@ impl Core {
         }
         self.refresh_map_count(false);
         self.resume_handed_over();
-        self.collect_write_logs();
+        self.collect_write_logs_when_due();
         if merge && self.run_rechecks() {
             // Someone waits for the core: the scan waits for the next
             // wake-up, after the rechecks left.
@@ -159,24 +159,25 @@ impl Core {
         }
     }
 
-    /// Gives the pages queued in `recheck` their second look now: a page
-    /// whose content had changed when it was last hashed waits, under
-    /// KSM's volatility rule, until a later visit finds it unchanged, which
-    /// the scan brings a whole pass later. With a write log the engine knows
-    /// at the next wake-up whether anyone wrote it since: if not, it is
-    /// visited now as unchanged (`visit_clean`, or in full when it may
-    /// pair), so content a guest has just written merges within two
-    /// wake-ups. Written pages are left to the scan (due at its next pass).
+    /// Gives the pages whose second look is due (`recheck_due`) that look
+    /// now: a page whose content had changed when it was last hashed waits,
+    /// under KSM's volatility rule, until a later visit finds it unchanged,
+    /// which the scan brings a whole pass later. With a write log the
+    /// engine knows at the next collection whether anyone wrote it since
+    /// the previous one, which came before its visit: if not, it stayed
+    /// unwritten for a whole `LOG_INTERVAL` and is visited now as unchanged
+    /// (`visit_clean`, or in full when it may pair). Written pages are left
+    /// to the scan (due at its next pass).
     /// The merges run in slices of `SPAN_PAGES` queued pages, each planned
     /// and executed before the next (no provisional merge state is left for
     /// a span to meet); between two, a thread waiting for the core gets it
     /// (the queue holds up to `RECHECK_CAP` pages) and the rest stays
     /// queued for the next wake-up. Returns true when it stopped so.
     pub(super) fn run_rechecks(&mut self) -> bool {
-        if self.recheck.is_empty() {
+        if self.recheck_due.is_empty() {
             return false;
         }
-        let mut queue = std::mem::take(&mut self.recheck);
+        let mut queue = std::mem::take(&mut self.recheck_due);
         let run = self.run;
         let mut at = 0;
         while at < queue.len() {
@@ -216,8 +217,8 @@ impl Core {
             if at < queue.len() && self.should_stop() {
                 // Ahead of the pages these visits queued.
                 queue.drain(..at);
-                queue.append(&mut self.recheck);
-                self.recheck = queue;
+                queue.append(&mut self.recheck_due);
+                self.recheck_due = queue;
                 self.run = run;
                 return true;
             }

@@ -108,8 +108,9 @@ impl Core {
             self.commit(op, false, freed);
             // A second look next wake-up (`run_rechecks`: if nothing wrote
             // it since, it is visited again at once), not at the next pass.
-            if self.recheck.len() < RECHECK_CAP {
-                self.recheck
+            // It was found unchanged already: no wait for a collection.
+            if self.recheck_due.len() < RECHECK_CAP {
+                self.recheck_due
                     .push(self.regions[op.region].gid_base + op.page as u32);
             }
         }

@@ -34,9 +34,27 @@ impl Core {
         }
     }
 
-    /// Adds what each region's write log recorded since the last wake-up;
-    /// a log that fails is dropped (the region is then read in full).
-    pub(super) fn collect_write_logs(&mut self) {
+    /// Collects the write logs when `log_interval` has passed since the
+    /// last collection; the pages queued for a second look before it are
+    /// then due (`run_rechecks`): a write since the collection before
+    /// their visit would show in this one.
+    pub(super) fn collect_write_logs_when_due(&mut self) {
+        if self
+            .last_collect
+            .is_some_and(|t| t.elapsed() < self.log_interval)
+        {
+            return;
+        }
+        self.collect_write_logs();
+        self.last_collect = Some(Instant::now());
+        let mut queued = std::mem::take(&mut self.recheck);
+        self.recheck_due.append(&mut queued);
+    }
+
+    /// Adds what each region's write log recorded since the last
+    /// collection; a log that fails is dropped (the region is then read in
+    /// full).
+    fn collect_write_logs(&mut self) {
         for r in &mut self.regions {
             if let Some(w) = r.written.as_mut() {
                 if let Err(e) = w.collect() {

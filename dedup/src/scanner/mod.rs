@@ -354,15 +354,34 @@ pub struct Core {
     hint_index: hints::HintIndex,
     /// Merges made on hinted visits, and their delays.
     hint_tally: hints::HintTally,
-    /// Page ids whose hash changed at their last visit in a logged region:
-    /// looked at again at the next wake-up (`run_rechecks`), not the next
-    /// pass.
+    /// Page ids whose hash changed at their last visit in a logged region,
+    /// queued since the last collection of the write logs: looked at again
+    /// after the next one (`run_rechecks`), not at the next pass.
     recheck: Vec<u32>,
+    /// Queued pages whose collection came: looked at now.
+    recheck_due: Vec<u32>,
+    /// When the write logs were last collected, and the least time between
+    /// two collections (`LOG_INTERVAL`; tests drive every wake-up).
+    last_collect: Option<Instant>,
+    log_interval: Duration,
 }
 
 /// Most pages queued for a second look (`Core::recheck`); more wait for
 /// the next pass as without a write log.
 const RECHECK_CAP: usize = 1 << 16;
+
+/// Least time between two collections of the write logs. A collection
+/// write-protects every page the guest wrote since the last one, so a page
+/// the guest keeps writing costs it one fault per collection: at every
+/// wake-up (20 ms) that was 50 faults a second for each page of a
+/// compiler's working set, and a page quiet for one wake-up already
+/// counted as settled, so merges landed on pages written again moments
+/// later. Once a second, KSM's pace at `pages_to_scan` 10000 over a few
+/// GiB, a page must stay unwritten for a whole second before its second
+/// look merges it (`run_rechecks`), and the faults are 50 times fewer. The
+/// log only steers the scan: a write not collected yet costs a merge
+/// attempt, never data (docs/engine.md, "Write logs").
+pub const LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Core {
     /// A core with no regions.
@@ -418,6 +437,9 @@ impl Core {
             hint_index: hints::HintIndex::default(),
             hint_tally: hints::HintTally::default(),
             recheck: Vec::new(),
+            recheck_due: Vec::new(),
+            last_collect: None,
+            log_interval: LOG_INTERVAL,
         };
         Ok(c)
     }
@@ -427,7 +449,7 @@ impl Core {
     /// drive pass by pass.
     #[cfg(any(test, feature = "testing"))]
     pub fn driven(pool_max_bytes: u64) -> Result<Self, ScanError> {
-        Core::new(
+        let mut core = Core::new(
             Pool::new(pool_max_bytes)?,
             Arc::new(Uffd::new()?),
             Arc::new(Mutex::new(ProtState::default())),
@@ -439,7 +461,17 @@ impl Core {
             crate::hash::xxh3,
             true,
             DEFAULT_STRIPE,
-        )
+        )?;
+        // Tests drive wake-ups one by one: each collects the write logs.
+        core.log_interval = Duration::ZERO;
+        Ok(core)
+    }
+
+    /// Least time between two collections of the write logs
+    /// (`LOG_INTERVAL` unless set here).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn set_log_interval(&mut self, d: Duration) {
+        self.log_interval = d;
     }
 
     /// Re-reads the process's VMA count when due (`force`: now).

@@ -234,8 +234,8 @@ impl Core {
     }
 
     /// A page whose hash changed (or that is new): queued for a second look
-    /// at the next wake-up where a write log can tell, and a first-seen
-    /// page may still join an existing slot at once.
+    /// after the next collection where a write log can tell, and a
+    /// first-seen page may still join an existing slot at once.
     fn volatile_page(
         &mut self,
         v: PageVisit,
@@ -249,11 +249,11 @@ impl Core {
             && self.regions[ri].written.is_some()
             && self.recheck.len() < RECHECK_CAP
         {
-            // Its second look (KSM's rule) can come at the next wake-up:
-            // the write log tells whether it changed since. For a page
-            // seen for the first time only where the group's merges
-            // are scattered anyway: pairing first-sight pages a wake-up
-            // later paired two filling guests' pages in the order
+            // Its second look (KSM's rule) can come after the next
+            // collection: the write log tells whether it stayed unwritten
+            // for a whole `LOG_INTERVAL`. For a page seen for the first
+            // time only where the group's merges are scattered anyway:
+            // pairing first-sight pages a wake-up later paired two filling guests' pages in the order
             // their fill fronts met the scan, a VMA each where the
             // scan's order makes runs (`bench ksm-seed --vms-only`
             // shows the difference). Where every merge is a VMA of its
