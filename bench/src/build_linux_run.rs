@@ -4,7 +4,7 @@
 //! lines and measures on the host between them, as the workload form does.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pagefold_dedup::auto::ScriptedSource;
 use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
@@ -28,6 +28,11 @@ use crate::linux_result::LinuxBuildResult;
 use pagefold_vmm::host_kind::{
     emulated_host, host_kvm_kind, linux_guest_refusal_with, linux_vm_cpu,
 };
+
+/// A console silent this long before its result line ends the run: the
+/// guest prints a progress line a minute, so it stopped (under the
+/// emulated host, an emulator fault: docs/linux-guests.md).
+const SILENCE_LIMIT: Duration = Duration::from_secs(600);
 
 /// Runs every system `opts.runs` times (interleaved, as the workload
 /// form), holding the KSM lock; refuses at once on a host without
@@ -253,6 +258,25 @@ fn drive(
         for (w, vm) in watches.iter_mut().zip(LINUX_BUILD_VMS) {
             if let Err(e) = w.poll() {
                 return fail(&mut tr, r, format!("reading {}: {e}", w.path().display()));
+            }
+            if let Some(p) = &w.panic {
+                // A panicked guest never prints its result: end the run
+                // now rather than at the timeout, hours later.
+                let what = match &w.first_report {
+                    Some(first) => {
+                        format!("the guest kernel panicked ({p}; first report: {first})")
+                    }
+                    None => format!("the guest kernel panicked ({p})"),
+                };
+                return fail(&mut tr, r, console_error(w, vm, &what));
+            }
+            if w.result.is_none() && w.silent_for() > SILENCE_LIMIT {
+                let what = format!(
+                    "the guest printed nothing for {} s before its result line \
+                     (a build guest prints a line a minute)",
+                    w.silent_for().as_secs()
+                );
+                return fail(&mut tr, r, console_error(w, vm, &what));
             }
             match &w.result {
                 Some(Err(e)) => return fail(&mut tr, r, console_error(w, vm, &e.to_string())),

@@ -4,10 +4,17 @@
 use std::collections::VecDeque;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::linux_result::{
     parse_result_line, LinuxBuildResult, ResultLineError, RESULT_MARKER, START_MARKER,
 };
+
+/// The line Linux prints when it panics (then it reboots or hangs, and
+/// never prints a result line).
+const PANIC_MARKER: &str = "Kernel panic - not syncing";
+/// Lines that open a kernel error report (the first one is kept).
+const REPORT_MARKERS: [&str; 3] = ["BUG: ", "Oops", "general protection fault"];
 
 /// Console lines kept for error messages.
 const TAIL_LINES: usize = 20;
@@ -29,6 +36,12 @@ pub struct ConsoleWatch {
     pub targets: Option<String>,
     /// The guest printed its result line (parsed, or why not).
     pub result: Option<Result<LinuxBuildResult, ResultLineError>>,
+    /// The guest kernel's panic line, once it printed one.
+    pub panic: Option<String>,
+    /// The first kernel error report's opening line (`BUG: ...`).
+    pub first_report: Option<String>,
+    /// When the console last grew (or the watch began).
+    last_growth: Instant,
 }
 
 impl ConsoleWatch {
@@ -41,7 +54,17 @@ impl ConsoleWatch {
             started: false,
             targets: None,
             result: None,
+            panic: None,
+            first_report: None,
+            last_growth: Instant::now(),
         }
+    }
+
+    /// How long the console has not grown: a build guest prints a
+    /// progress line every minute, so minutes of silence before its
+    /// result line mean it stopped.
+    pub fn silent_for(&self) -> Duration {
+        self.last_growth.elapsed()
     }
 
     pub fn path(&self) -> &Path {
@@ -66,6 +89,9 @@ impl ConsoleWatch {
 
     /// Takes in console bytes (split into lines at '\n').
     pub fn feed(&mut self, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            self.last_growth = Instant::now();
+        }
         for &b in bytes {
             if b == b'\n' {
                 let line = String::from_utf8_lossy(&self.partial).into_owned();
@@ -87,6 +113,12 @@ impl ConsoleWatch {
         // The first result line counts; the guest prints one.
         if self.result.is_none() && line.contains(RESULT_MARKER) {
             self.result = Some(parse_result_line(&line));
+        }
+        if self.first_report.is_none() && REPORT_MARKERS.iter().any(|m| line.contains(m)) {
+            self.first_report = Some(line.trim_end().to_string());
+        }
+        if self.panic.is_none() && line.contains(PANIC_MARKER) {
+            self.panic = Some(line.trim_end().to_string());
         }
         if self.tail.len() == TAIL_LINES {
             self.tail.pop_front();
@@ -142,5 +174,35 @@ mod tests {
             w.result,
             Some(Err(ResultLineError::Malformed { key: "real", .. }))
         ));
+    }
+
+    #[test]
+    fn measures_silence_from_the_last_growth() {
+        let mut w = ConsoleWatch::new(Path::new("/nonexistent/console"));
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(w.silent_for() >= Duration::from_millis(30));
+        w.feed(b"");
+        assert!(w.silent_for() >= Duration::from_millis(30), "nothing new");
+        w.feed(b"x");
+        assert!(w.silent_for() < Duration::from_millis(30));
+    }
+
+    #[test]
+    fn notices_a_guest_kernel_panic_and_its_first_report() {
+        let mut w = ConsoleWatch::new(Path::new("/nonexistent/console"));
+        w.feed(b"pagefold-build: 6 objects compiled\n");
+        assert!(w.panic.is_none() && w.first_report.is_none());
+        w.feed(b"[  258.5] BUG: ENTRY_TRAMPOLINE stack guard page was hit at 0\n");
+        w.feed(b"[  258.5] RIP: 0010:error_entry+0x10/0x130\n[  258.5] Oops: again\n");
+        assert!(w.panic.is_none());
+        w.feed(b"[  258.5] Kernel panic - not syncing: Fatal exception in interrupt\n");
+        assert_eq!(
+            w.first_report.as_deref(),
+            Some("[  258.5] BUG: ENTRY_TRAMPOLINE stack guard page was hit at 0")
+        );
+        assert_eq!(
+            w.panic.as_deref(),
+            Some("[  258.5] Kernel panic - not syncing: Fatal exception in interrupt")
+        );
     }
 }
