@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use crate::build_bench::BuildRow;
 use crate::build_linux::LinuxBuildReport;
 use crate::build_report::{
     against_off_and_ksm, find, json_rows, rows_chart, rows_markdown, rows_table,
@@ -42,6 +43,22 @@ pub fn linux_build_goals(r: &LinuxBuildReport) -> Vec<Goal> {
             ratio(Some(on.real_mean_s), Some(k.real_mean_s)),
             1.0,
             format!("{:.1} s against {:.1} s", on.real_mean_s, k.real_mean_s),
+        ));
+    }
+    if let (Some(on), Some(k)) = (on, find(&r.rows, "ksm-10000")) {
+        // Per page saved at the end rather than per merge: KSM counts no
+        // merges, and both count what they saved and the breaks
+        // (pagefold's own, KSM's `cow_ksm`).
+        let per_saved =
+            |x: &BuildRow| (x.npages_mean > 0.0).then(|| x.cow_breaks_mean / x.npages_mean);
+        out.push(Goal::at_most(
+            "pagefold-on COW breaks per page saved <= ksm-10000's (ratio)".into(),
+            ratio(per_saved(on), per_saved(k)),
+            1.0,
+            format!(
+                "{:.0} breaks for {:.0} pages against {:.0} for {:.0}",
+                on.cow_breaks_mean, on.npages_mean, k.cow_breaks_mean, k.npages_mean
+            ),
         ));
     }
     if let (Some(on), Some(d)) = (on, find(&r.rows, "ksm-default")) {
@@ -202,5 +219,71 @@ mod tests {
             md.contains(".\n\nhost hardware (Linux 6.1.0-28-amd64)\n\n| system |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn compares_cow_breaks_per_saved_page_with_ksm() {
+        let host = crate::host::HostId {
+            kind: "emulated-svm".into(),
+            kernel: "6.1.0-57-cloud-amd64".into(),
+        };
+        let row = |system: &str, npages: u64, cow_breaks: u64| {
+            let run = BuildRun {
+                real_s: 100.0,
+                user_s: 0.0,
+                sys_s: 0.0,
+                guest_cpu_s: 0.0,
+                engine_cpu_s: 1.0,
+                npages,
+                pages_sharing: npages,
+                zero_pages: 0,
+                peak_npages: npages,
+                t_final_npages_s: Some(50.0),
+                cow_breaks,
+                merges: 0,
+                hint_merges: 0,
+                hint_merge_delay_ms: None,
+                pages_read: 0,
+                pages_written: 0,
+                pages_reused: 0,
+                checksums: vec![],
+                trigger_s: None,
+                samples: Vec::new(),
+            };
+            crate::build_bench::row(system, vec![run], 0, &host, [0.0; 3], vec![])
+        };
+        let goal = |on_breaks: u64| {
+            let rows = vec![
+                row("pagefold-on", 40_000, on_breaks),
+                row("ksm-10000", 20_000, 4_000),
+            ];
+            let r = LinuxBuildReport {
+                guest: LinuxGuestInfo {
+                    kernel: "/pf/vmlinux".into(),
+                    initrd: None,
+                    disk: "/pf/build.ext4".into(),
+                    disk_bytes: 1 << 30,
+                    memory: "1G".into(),
+                    vcpus: 1,
+                    cmdline: String::new(),
+                    console_dir: "/pf".into(),
+                    targets: None,
+                    reference_sha256: None,
+                },
+                rows,
+                results: vec![],
+                unrestored: vec![],
+            };
+            linux_build_goals(&r)
+                .into_iter()
+                .find(|g| g.name.starts_with("pagefold-on COW breaks per page saved"))
+                .unwrap()
+        };
+        // KSM: 0.2 breaks per saved page. pagefold 0.1, then 0.3.
+        let g = goal(4_000);
+        assert_eq!((g.value, g.met), (Some(0.5), Some(true)), "{g:?}");
+        let g = goal(12_000);
+        assert_eq!(g.met, Some(false), "{g:?}");
+        assert!((g.value.unwrap() - 1.5).abs() < 1e-9, "{g:?}");
     }
 }
