@@ -33,6 +33,10 @@
 #                          --out's console.log when --out is given)
 #   --watch SECS           every SECS, print the host's processes and the
 #                          kernel stacks of pagefold's threads (for hangs)
+#   --stall-trace SECS     for the Linux build benchmark: when a guest's
+#                          console stays silent for SECS, sample KVM's trace
+#                          events and pagefold's stacks into /out, then stop
+#                          pagefold (scripts/lib/stall-watch.sh)
 #
 # Inside the host the command runs as root under busybox sh, in /work (a
 # tmpfs), with /dev/kvm, /dev/userfaultfd, KSM's sysfs and everything a
@@ -65,6 +69,7 @@ TIMEOUT=1800
 IMAGES=$ROOT/target/emulated-host
 QUIET=0
 WATCH=0
+STALL_TRACE=0
 while (($#)); do
     case $1 in
     --kernel) KERNEL=${2:?}; shift 2 ;;
@@ -79,6 +84,7 @@ while (($#)); do
     --image-dir) IMAGES=${2:?}; shift 2 ;;
     --quiet) QUIET=1; shift ;;
     --watch) WATCH=${2:?}; shift 2 ;;
+    --stall-trace) STALL_TRACE=${2:?}; shift 2 ;;
     --) shift; break ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) log "unknown option $1 (see --help)"; exit 2 ;;
@@ -214,11 +220,17 @@ for f in "${FILES[@]}"; do
     mkdir -p "$(dirname "$IN/$dst")"
     cp -a "$src" "$IN/$dst"
 done
+if ((STALL_TRACE > 0)); then
+    cp "$ROOT/scripts/lib/stall-watch.sh" "$IN/.stall-watch.sh"
+fi
 {
     printf 'exec 0</dev/null\n'
     if ((WATCH > 0)); then
         # shellcheck disable=SC2016
         printf '(while sleep %d; do echo "== watch $(cat /proc/uptime)"; ps -o pid,stat,time,comm; grep -E "MemFree|MemAvailable" /proc/meminfo; for t in /proc/[0-9]*/task/*; do case $(cat $t/comm 2>/dev/null) in pagefold*|*vcpu*|*scan*|*uffd*|*api*) echo "-- $t $(cat $t/comm) $(cut -d" " -f3 $t/stat)"; cat $t/stack 2>/dev/null | head -8;; esac; done; done) &\n' "$WATCH"
+    fi
+    if ((STALL_TRACE > 0)); then
+        printf 'sh /in/.stall-watch.sh %d &\n' "$STALL_TRACE"
     fi
     printf '%q ' "$@"
     printf '\n'
