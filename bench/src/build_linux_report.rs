@@ -130,6 +130,49 @@ mod tests {
     use crate::build_linux::{LinuxGuestInfo, LinuxVmResult};
     use crate::linux_result::parse_result_line;
 
+    /// A run that saved `npages` pages (all shared, reached at 50 s) with
+    /// `cow_breaks` breaks, in 100 s and 1 s of engine CPU; nothing else.
+    fn run_of(npages: u64, cow_breaks: u64) -> BuildRun {
+        BuildRun {
+            real_s: 100.0,
+            user_s: 0.0,
+            sys_s: 0.0,
+            guest_cpu_s: 0.0,
+            engine_cpu_s: 1.0,
+            npages,
+            pages_sharing: npages,
+            zero_pages: 0,
+            peak_npages: npages,
+            t_final_npages_s: Some(50.0),
+            cow_breaks,
+            merges: 0,
+            hint_merges: 0,
+            hint_merge_delay_ms: None,
+            pages_read: 0,
+            pages_written: 0,
+            pages_reused: 0,
+            checksums: vec![],
+            trigger_s: None,
+            samples: Vec::new(),
+        }
+    }
+
+    /// Two 1 GiB guests with one vCPU each, built from /pf.
+    fn guest_info() -> LinuxGuestInfo {
+        LinuxGuestInfo {
+            kernel: "/pf/vmlinux".into(),
+            initrd: None,
+            disk: "/pf/build.ext4".into(),
+            disk_bytes: 1 << 30,
+            memory: "1G".into(),
+            vcpus: 1,
+            cmdline: String::new(),
+            console_dir: "/pf".into(),
+            targets: None,
+            reference_sha256: None,
+        }
+    }
+
     #[test]
     fn fills_the_workload_forms_table() {
         let hash = "ab".repeat(32);
@@ -142,21 +185,10 @@ mod tests {
             sys_s: 40.0,
             guest_cpu_s: 1190.0,
             engine_cpu_s: 3.5,
-            npages: 120_000,
-            pages_sharing: 120_000,
-            zero_pages: 0,
             peak_npages: 150_000,
             t_final_npages_s: Some(500.0),
-            cow_breaks: 9,
-            merges: 0,
-            hint_merges: 0,
-            hint_merge_delay_ms: None,
-            pages_read: 0,
-            pages_written: 0,
-            pages_reused: 0,
             checksums: vec![result.checksum(); 2],
-            trigger_s: None,
-            samples: Vec::new(),
+            ..run_of(120_000, 9)
         };
         let host = crate::host::HostId {
             kind: "hardware".into(),
@@ -172,16 +204,12 @@ mod tests {
         );
         let r = LinuxBuildReport {
             guest: LinuxGuestInfo {
-                kernel: "/pf/vmlinux".into(),
-                initrd: None,
-                disk: "/pf/build.ext4".into(),
                 disk_bytes: 8 << 30,
                 memory: "2G".into(),
                 vcpus: 2,
-                cmdline: String::new(),
-                console_dir: "/pf".into(),
                 targets: Some("mm/".into()),
                 reference_sha256: Some(hash.clone()),
+                ..guest_info()
             },
             rows: vec![row],
             results: vec![LinuxVmResult {
@@ -228,28 +256,7 @@ mod tests {
             kernel: "6.1.0-57-cloud-amd64".into(),
         };
         let row = |system: &str, npages: u64, cow_breaks: u64| {
-            let run = BuildRun {
-                real_s: 100.0,
-                user_s: 0.0,
-                sys_s: 0.0,
-                guest_cpu_s: 0.0,
-                engine_cpu_s: 1.0,
-                npages,
-                pages_sharing: npages,
-                zero_pages: 0,
-                peak_npages: npages,
-                t_final_npages_s: Some(50.0),
-                cow_breaks,
-                merges: 0,
-                hint_merges: 0,
-                hint_merge_delay_ms: None,
-                pages_read: 0,
-                pages_written: 0,
-                pages_reused: 0,
-                checksums: vec![],
-                trigger_s: None,
-                samples: Vec::new(),
-            };
+            let run = run_of(npages, cow_breaks);
             crate::build_bench::row(system, vec![run], 0, &host, [0.0; 3], vec![])
         };
         let goal = |on_breaks: u64| {
@@ -258,18 +265,7 @@ mod tests {
                 row("ksm-10000", 20_000, 4_000),
             ];
             let r = LinuxBuildReport {
-                guest: LinuxGuestInfo {
-                    kernel: "/pf/vmlinux".into(),
-                    initrd: None,
-                    disk: "/pf/build.ext4".into(),
-                    disk_bytes: 1 << 30,
-                    memory: "1G".into(),
-                    vcpus: 1,
-                    cmdline: String::new(),
-                    console_dir: "/pf".into(),
-                    targets: None,
-                    reference_sha256: None,
-                },
+                guest: guest_info(),
                 rows,
                 results: vec![],
                 unrestored: vec![],

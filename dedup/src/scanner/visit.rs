@@ -253,13 +253,14 @@ impl Core {
             // collection: the write log tells whether it stayed unwritten
             // for a whole `LOG_INTERVAL`. For a page seen for the first
             // time only where the group's merges are scattered anyway:
-            // pairing first-sight pages a wake-up later paired two filling guests' pages in the order
-            // their fill fronts met the scan, a VMA each where the
-            // scan's order makes runs (`bench ksm-seed --vms-only`
-            // shows the difference). Where every merge is a VMA of its
-            // own whatever the order (guests that place pages as real
-            // ones do), it brings the merge a pass sooner: the pages a
-            // build writes last need not wait for that pass.
+            // pairing first-sight pages a wake-up later paired two
+            // filling guests' pages in the order their fill fronts met
+            // the scan, a VMA each where the scan's order makes runs
+            // (`bench ksm-seed --vms-only` shows the difference). Where
+            // every merge is a VMA of its own whatever the order (guests
+            // that place pages as real ones do), it brings the merge a
+            // pass sooner: the pages a build writes last need not wait
+            // for that pass.
             self.recheck.push(self.regions[ri].gid_base + p as u32);
         }
         if hv.first_sight && v.mode.merges() {
