@@ -86,6 +86,20 @@ pub struct DedupView {
     /// part of one (so that the merged part is freed at once).
     #[serde(default)]
     pub huge_pages_split: u64,
+    /// pagefold engine: merges and copy-on-write breaks by the rule that
+    /// let each page merge (docs/engine.md, "Settling"). Zero for KSM.
+    #[serde(default)]
+    pub origins: OriginsView,
+    /// pagefold engine: how long pages must stay unchanged before the scan
+    /// merges them, in milliseconds (0: one pass); follows how many of its
+    /// merges the guests undo.
+    #[serde(default)]
+    pub settle_ms: u64,
+    /// pagefold engine: of `cpu_seconds`, the time spent executing merges
+    /// and zero drops.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub merge_cpu_seconds: f64,
     /// Per-VM figures, by VM name.
     pub per_owner: BTreeMap<String, OwnerView>,
     /// Auto mode's controller status (when the backend has one).
@@ -320,6 +334,9 @@ impl DedupView {
             write_logged_regions: stats.write_logged_regions,
             clean_visits: stats.clean_visits,
             huge_pages_split: stats.huge_pages_split,
+            origins: stats.origins.into(),
+            settle_ms: stats.settle_ms,
+            merge_cpu_seconds: stats.merge_cpu_seconds,
             per_owner: stats
                 .per_owner
                 .iter()
@@ -327,6 +344,57 @@ impl DedupView {
                 .collect(),
             auto,
             auto_config,
+        }
+    }
+}
+
+/// Counts by the rule that let a page merge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ByOriginView {
+    /// Unchanged since its previous visit a pass earlier.
+    pub steady: u64,
+    /// Changed at its visit, then unwritten for the settle time (at least
+    /// one write-log interval).
+    pub second_look: u64,
+    /// At first sight: a join of an existing slot, a run of one pattern.
+    pub first_sight: u64,
+    /// Filled by a device just before (I/O hints).
+    pub hinted: u64,
+}
+
+impl From<pagefold_dedup::ByOrigin> for ByOriginView {
+    fn from(b: pagefold_dedup::ByOrigin) -> Self {
+        ByOriginView {
+            steady: b.steady,
+            second_look: b.second_look,
+            first_sight: b.first_sight,
+            hinted: b.hinted,
+        }
+    }
+}
+
+/// The engine's merges and the copy-on-write breaks that undid them, by
+/// the rule that let each page merge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct OriginsView {
+    /// Merges since the start (zero drops included).
+    pub merges: ByOriginView,
+    /// Copy-on-write breaks since the start, by the origin of the merge
+    /// they undid (zero-page refills included).
+    pub cow_breaks: ByOriginView,
+    /// Of `merges`, drops to the zero page.
+    pub zero_merges: u64,
+    /// Of `cow_breaks`, zero-dropped pages written again.
+    pub zero_refills: u64,
+}
+
+impl From<pagefold_dedup::MergeOrigins> for OriginsView {
+    fn from(o: pagefold_dedup::MergeOrigins) -> Self {
+        OriginsView {
+            merges: o.merges.into(),
+            cow_breaks: o.cow_breaks.into(),
+            zero_merges: o.zero_merges,
+            zero_refills: o.zero_refills,
         }
     }
 }

@@ -92,6 +92,77 @@ pub struct OwnerStats {
     pub cow_breaks: Option<u64>,
 }
 
+/// Counts split by the rule that let a page merge (`region::Origin`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ByOrigin {
+    /// Unchanged since its previous visit a pass earlier (KSM's rule), by
+    /// its hash or by the write log.
+    pub steady: u64,
+    /// Changed at its visit, then unwritten for a whole write-log interval
+    /// (the write log's second look).
+    pub second_look: u64,
+    /// At first sight, with no check that it stays unchanged: a join of an
+    /// existing slot, a run of one pattern, a run continued unhashed.
+    pub first_sight: u64,
+    /// Filled by a device just before (I/O hints).
+    pub hinted: u64,
+}
+
+impl ByOrigin {
+    /// The count of the origin with index `i` (`region::Origin::index`).
+    pub fn at_mut(&mut self, i: usize) -> &mut u64 {
+        match i {
+            0 => &mut self.steady,
+            1 => &mut self.second_look,
+            2 => &mut self.first_sight,
+            _ => &mut self.hinted,
+        }
+    }
+
+    /// The sum over origins.
+    pub fn total(&self) -> u64 {
+        self.steady + self.second_look + self.first_sight + self.hinted
+    }
+
+    /// Each count minus `base`'s (counts since `base` was taken).
+    pub fn since(&self, base: &ByOrigin) -> ByOrigin {
+        ByOrigin {
+            steady: self.steady.saturating_sub(base.steady),
+            second_look: self.second_look.saturating_sub(base.second_look),
+            first_sight: self.first_sight.saturating_sub(base.first_sight),
+            hinted: self.hinted.saturating_sub(base.hinted),
+        }
+    }
+}
+
+/// pagefold's merges and the copy-on-write breaks that undid them, by
+/// the rule that let each page merge: which rules merge pages the guests
+/// write again soon. Zero drops count as merges, their refills as breaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeOrigins {
+    /// Merges since the start (their sum is `Stats::merges`).
+    pub merges: ByOrigin,
+    /// Copy-on-write breaks since the start, by the origin of the merge
+    /// they undid (their sum is `Stats::cow_breaks`).
+    pub cow_breaks: ByOrigin,
+    /// Of `merges`, drops to the zero page.
+    pub zero_merges: u64,
+    /// Of `cow_breaks`, zero-dropped pages written again.
+    pub zero_refills: u64,
+}
+
+impl MergeOrigins {
+    /// The counts since `base` was taken.
+    pub fn since(&self, base: &MergeOrigins) -> MergeOrigins {
+        MergeOrigins {
+            merges: self.merges.since(&base.merges),
+            cow_breaks: self.cow_breaks.since(&base.cow_breaks),
+            zero_merges: self.zero_merges.saturating_sub(base.zero_merges),
+            zero_refills: self.zero_refills.saturating_sub(base.zero_refills),
+        }
+    }
+}
+
 /// Backend statistics: KSM-compatible names, plus pagefold's own.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
@@ -181,6 +252,20 @@ pub struct Stats {
     /// part of one, so that the merged part is freed at once.
     #[serde(default)]
     pub huge_pages_split: u64,
+    /// pagefold's merges and copy-on-write breaks by the rule that let
+    /// each page merge (zero from the KSM backend, which cannot tell).
+    #[serde(default)]
+    pub origins: MergeOrigins,
+    /// How long pages must stay unchanged before the scan merges them, in
+    /// milliseconds (0: one pass, however short): follows how many of its
+    /// merges the guests undo (pagefold).
+    #[serde(default)]
+    pub settle_ms: u64,
+    /// Of `cpu_seconds`, the scanner's time executing merges and zero
+    /// drops (protect, final compare, remap, unprotect), apart from
+    /// finding them (pagefold).
+    #[serde(default)]
+    pub merge_cpu_seconds: f64,
     /// The figures of each owner (VM).
     pub per_owner: BTreeMap<String, OwnerStats>,
 }

@@ -43,7 +43,9 @@ mod uffd;
 mod writelog;
 
 pub use assist::{AssistConfig, AssistMode};
-pub use backend::{DedupBackend, Error, OwnerStats, RegionId, RegionSpec, Result, Stats};
+pub use backend::{
+    ByOrigin, DedupBackend, Error, MergeOrigins, OwnerStats, RegionId, RegionSpec, Result, Stats,
+};
 pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
 pub use hash::xxh3;
 pub use policy::{RoundPlan, RoundPolicy};

@@ -90,6 +90,9 @@ pub struct Op {
     pub old_state: u8,
     /// The page lies in a pool VMA (see `Region::in_pool`).
     pub in_pool: bool,
+    /// The rule that let the page merge, recorded in its state when the
+    /// merge is made (the scanner's; the merge path ignores it).
+    pub origin: crate::region::Origin,
 }
 
 impl Op {

@@ -3,9 +3,10 @@
 //! * `word[i]`: the page's last folded hash while it is unmerged, its pool
 //!   slot while merged (a merged page is never re-hashed: pool pages are
 //!   immutable, so only pagemap is checked for copy-on-write).
-//! * `state[i]`: kind (2 bits), smart-scan level (2 bits), volatile flag
-//!   (1 bit), rehash flag (1 bit); 2 bits free. Which passes a page at
-//!   level L is hashed on is not stored per page: see [`due`].
+//! * `state[i]`: kind (2 bits), smart-scan level (2 bits), rehash flag
+//!   (1 bit), merge origin (2 bits, [`Origin`]), volatile flag (1 bit).
+//!   Which passes a page at level L is hashed on is not stored per page:
+//!   see [`due`].
 
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
@@ -47,6 +48,52 @@ const VOLATILE: u8 = 1 << 7;
 /// page: a guess without a hash failed, or its share copy-on-write broke;
 /// its next visit hashes it and does not seed a run (`SEED_RUN`).
 pub const REHASH: u8 = 1 << 4;
+
+const ORIGIN_SHIFT: u8 = 5;
+const ORIGIN_MASK: u8 = 0b11 << ORIGIN_SHIFT;
+
+/// Which rule let a MERGED or ZERO page merge, kept in its state until it
+/// merges again: copy-on-write breaks are counted by it
+/// (`backend::MergeOrigins`), which tells the merges the guests undo
+/// from those that last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// Unchanged since its previous visit a pass earlier (KSM's rule), by
+    /// its hash or by the write log. A pair merges by the rule of the
+    /// visit that found it.
+    Steady = 0,
+    /// Changed at its visit, then unwritten for a whole `LOG_INTERVAL`
+    /// by the write log (`run_rechecks`).
+    SecondLook = 1,
+    /// At first sight, with no check that it stays unchanged: a join of
+    /// an existing slot, a run of one pattern (`SEED_RUN`), a run
+    /// continued without hashing.
+    FirstSight = 2,
+    /// Filled by a device just before (an I/O hint).
+    Hinted = 3,
+}
+
+impl Origin {
+    /// Its index in `backend::ByOrigin`'s order.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A page state's merge origin (meaningful for MERGED and ZERO pages).
+pub fn origin(s: u8) -> Origin {
+    match (s & ORIGIN_MASK) >> ORIGIN_SHIFT {
+        0 => Origin::Steady,
+        1 => Origin::SecondLook,
+        2 => Origin::FirstSight,
+        _ => Origin::Hinted,
+    }
+}
+
+/// The state with merge origin `o`, the rest kept.
+pub fn with_origin(s: u8, o: Origin) -> u8 {
+    (s & !ORIGIN_MASK) | ((o as u8) << ORIGIN_SHIFT)
+}
 
 /// Highest smart-scan level: a page unique for 3+ passes is looked at once
 /// every 8 passes (KSM's smart_scan idea, bounded).
@@ -504,6 +551,25 @@ mod tests {
         let s = with_level(with_kind(0, HASHED) | VOLATILE, 3);
         assert_eq!((kind(s), level(s), is_volatile(s)), (HASHED, 3, true));
         assert_eq!(level(with_level(s, 1)), 1);
+    }
+
+    #[test]
+    fn the_origin_bits_leave_the_other_fields_alone() {
+        let s = with_level(with_kind(0, MERGED) | VOLATILE | REHASH, 2);
+        for o in [
+            Origin::Steady,
+            Origin::SecondLook,
+            Origin::FirstSight,
+            Origin::Hinted,
+        ] {
+            let t = with_origin(s, o);
+            assert_eq!(origin(t), o);
+            assert_eq!(
+                (kind(t), level(t), is_volatile(t), needs_rehash(t)),
+                (MERGED, 2, true, true)
+            );
+            assert_eq!(with_origin(t, Origin::Steady) & !ORIGIN_MASK, s);
+        }
     }
 
     #[test]

@@ -415,6 +415,12 @@ fn cow_breaks_count_per_owner() {
     assert_eq!(s.per_owner["a"].cow_breaks, Some(4), "{s:?}");
     assert_eq!(s.per_owner["b"].cow_breaks, Some(0), "{s:?}");
     assert_eq!(s.cow_breaks, 4, "{s:?}");
+    // By origin: the breaks add up, two of them refills of zero pages.
+    let o = s.origins;
+    assert_eq!(o.cow_breaks.total(), 4, "{o:?}");
+    assert_eq!(o.zero_refills, 2, "{o:?}");
+    assert_eq!(o.merges.total(), s.merges, "{o:?}");
+    assert_eq!(o.zero_merges, before.zero_pages, "{o:?}");
     e.shutdown();
 }
 
@@ -778,14 +784,22 @@ fn a_run_rewritten_after_its_merge_waits_for_a_second_sight() {
     for i in 100..512 {
         a.fill(i, 9);
     }
+    // All 512 merged at first sight (a run of one pattern).
+    assert_eq!(e.stats().origins.merges.first_sight, 512, "{:?}", e.stats());
     e.scan_now(1);
     assert_eq!(e.stats().cow_breaks, 412, "{:?}", e.stats());
+    assert_eq!(e.stats().origins.cow_breaks.first_sight, 412);
     assert_eq!(mapped(&e), 100, "pages 0..100");
     // A run of one pattern again, first seen since the break: not seeded.
     e.scan_now(1);
     assert_eq!(mapped(&e), 100, "{:?}", e.stats());
     e.scan_now(1);
     assert_eq!(mapped(&e), 512, "{:?}", e.stats());
+    // Merged again on their second sight, by KSM's rule: none at first
+    // sight.
+    let o = e.stats().origins;
+    assert_eq!(o.merges.first_sight, 512, "{o:?}");
+    assert_eq!(o.merges.total(), 512 + 412, "{o:?}");
     for i in 0..512 {
         assert_eq!(a.read(i), pattern(if i < 100 { 7 } else { 9 }), "page {i}");
     }

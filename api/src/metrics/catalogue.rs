@@ -9,7 +9,10 @@
 //! prefix. docs/metrics.md's table is `doc_table::markdown_table` of this list; a
 //! test keeps the two equal.
 
-use super::rows::{auto, build, dedup, ms_to_s, one, per_owner, per_owner_some, per_vm, process};
+use super::rows::{
+    auto, build, by_origin, dedup, ms_to_s, one, pagefold_only, per_owner, per_owner_some, per_vm,
+    process,
+};
 use super::{Num, Scrape, MODES, STATES};
 
 /// A family's Prometheus type.
@@ -372,6 +375,70 @@ pub static FAMILIES: &[Family] = &[
         source: &["huge_pages_split"],
         ksmd: None,
         rows: |s| dedup(s, |d| d.huge_pages_split.into()),
+    },
+    Family {
+        name: "pagefold_dedup_merges_by_origin",
+        kind: Kind::Counter,
+        labels: &["origin"],
+        help: "pagefold engine: merges (zero drops included) by the rule that let each page merge: steady, second_look, first_sight, hinted.",
+        source: &[
+            "origins.merges.steady",
+            "origins.merges.second_look",
+            "origins.merges.first_sight",
+            "origins.merges.hinted",
+        ],
+        ksmd: None,
+        rows: |s| by_origin(s, |o| o.merges),
+    },
+    Family {
+        name: "pagefold_dedup_cow_breaks_by_origin",
+        kind: Kind::Counter,
+        labels: &["origin"],
+        help: "pagefold engine: copy-on-write breaks (zero-page refills included) by the rule that let the page merge.",
+        source: &[
+            "origins.cow_breaks.steady",
+            "origins.cow_breaks.second_look",
+            "origins.cow_breaks.first_sight",
+            "origins.cow_breaks.hinted",
+        ],
+        ksmd: None,
+        rows: |s| by_origin(s, |o| o.cow_breaks),
+    },
+    Family {
+        name: "pagefold_dedup_zero_merges",
+        kind: Kind::Counter,
+        labels: &[],
+        help: "pagefold engine: drops to the zero page (part of merges).",
+        source: &["origins.zero_merges"],
+        ksmd: None,
+        rows: |s| pagefold_only(s, |d| d.origins.zero_merges.into()),
+    },
+    Family {
+        name: "pagefold_dedup_zero_refills",
+        kind: Kind::Counter,
+        labels: &[],
+        help: "pagefold engine: zero-dropped pages written again (part of cow_breaks).",
+        source: &["origins.zero_refills"],
+        ksmd: None,
+        rows: |s| pagefold_only(s, |d| d.origins.zero_refills.into()),
+    },
+    Family {
+        name: "pagefold_dedup_settle_seconds",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "pagefold engine: how long pages must stay unchanged before the scan merges them (0: one pass); follows how many merges the guests undo.",
+        source: &["settle_ms"],
+        ksmd: None,
+        rows: |s| pagefold_only(s, |d| ms_to_s(d.settle_ms as f64)),
+    },
+    Family {
+        name: "pagefold_dedup_merge_cpu_seconds",
+        kind: Kind::Counter,
+        labels: &[],
+        help: "pagefold engine: of the engine's CPU, the time spent executing merges and zero drops.",
+        source: &["merge_cpu_seconds"],
+        ksmd: None,
+        rows: |s| pagefold_only(s, |d| Num::F(d.merge_cpu_seconds)),
     },
     Family {
         name: "pagefold_dedup_pool_pages",

@@ -1,7 +1,7 @@
 //! How a metric family reads its samples from a scrape: the helpers the
 //! catalogue's `rows` functions are made of.
 
-use crate::dedup_view::{AutoView, DedupView, OwnerView};
+use crate::dedup_view::{AutoView, ByOriginView, DedupView, OriginsView, OwnerView};
 
 use super::process::ProcessFigures;
 use super::{BuildInfo, Num, Scrape};
@@ -63,4 +63,29 @@ pub(super) fn build(b: &BuildInfo) -> Rows {
         vec![b.version.clone(), b.commit.clone(), b.features.clone()],
         Num::U(1),
     )])
+}
+
+/// A figure of the pagefold engine alone (the KSM backend has none).
+pub(super) fn pagefold_only(s: &Scrape, f: fn(&DedupView) -> Num) -> Rows {
+    s.dedup
+        .as_ref()
+        .filter(|d| d.backend == "pagefold")
+        .and_then(|d| one(f(d)))
+}
+
+/// One row per merge origin (pagefold engine).
+pub(super) fn by_origin(s: &Scrape, f: fn(&OriginsView) -> ByOriginView) -> Rows {
+    let d = s.dedup.as_ref().filter(|d| d.backend == "pagefold")?;
+    let b = f(&d.origins);
+    Some(
+        [
+            ("steady", b.steady),
+            ("second_look", b.second_look),
+            ("first_sight", b.first_sight),
+            ("hinted", b.hinted),
+        ]
+        .into_iter()
+        .map(|(o, n)| (vec![o.to_string()], Num::U(n)))
+        .collect(),
+    )
 }

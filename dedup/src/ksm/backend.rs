@@ -349,6 +349,9 @@ impl DedupBackend for KsmBackend {
             write_logged_regions: 0,
             clean_visits: 0,
             huge_pages_split: 0,
+            origins: Default::default(),
+            settle_ms: 0,
+            merge_cpu_seconds: 0.0,
             per_owner: self.per_owner(&st, proc),
         }
     }

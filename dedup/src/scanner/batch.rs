@@ -25,8 +25,19 @@ impl Core {
         let mut visit_units = pages_to_visit.saturating_mul(HASH_COST);
         let units0 = visit_units;
         self.census.start_batch();
-        if self.unstable.is_empty() && self.cursor.at_pass_start() {
-            self.unstable.reset(self.tracked_pages() as usize);
+        if self.cursor.at_pass_start() {
+            // The settle time (`settle.rs`): a page unchanged since its
+            // previous visit has then stayed so for at least that long.
+            let settled = self
+                .pass_started
+                .is_none_or(|t| t.elapsed() >= self.settle.time());
+            if merge && !settled && !self.passes_forced {
+                return rep;
+            }
+            self.pass_started = Some(Instant::now());
+            if self.unstable.is_empty() {
+                self.unstable.reset(self.tracked_pages() as usize);
+            }
         }
         while visit_units > 0 {
             let (ri, start) = self.cursor.next(self.regions.len());
@@ -76,16 +87,22 @@ impl Core {
     /// Runs whole passes synchronously (tests, benchmarks).
     #[cfg(any(test, feature = "testing"))]
     pub fn run_passes(&mut self, passes: u64) {
+        self.passes_forced = true;
         for _ in 0..passes {
             if self.regions.is_empty() {
-                return;
+                break;
             }
             while !self.run_batch(1 << 30, true).pass_completed {}
         }
+        self.passes_forced = false;
     }
 
     pub(super) fn end_pass(&mut self) {
         self.counters.passes += 1;
+        let o = &self.counters.origins;
+        let hinted = (o.merges.hinted, o.cow_breaks.hinted);
+        self.settle
+            .judge(o.merges.total() - hinted.0, o.cow_breaks.total() - hinted.1);
         // While KSM assists, a pass counts when it took a census after KSM
         // finished a full scan (so the figure it reports includes that scan).
         if self.assist.group().is_none()
@@ -207,7 +224,7 @@ impl Core {
                     p,
                     st,
                     prev,
-                    mode: VisitMode::Merge,
+                    mode: VisitMode::SecondLook,
                 };
                 self.visit(v, Entry(0), &mut units, &mut ops);
             }

@@ -14,6 +14,8 @@ pub(super) struct Plan {
     pub(super) hash: u32,
     /// The page's state to restore if the merge fails.
     pub(super) old_state: u8,
+    /// The rule that let the page merge.
+    pub(super) origin: Origin,
 }
 
 /// What the slot after the left neighbour's offers a page.
@@ -30,7 +32,14 @@ enum LeftStep {
 impl Plan {
     /// Page `p` of region `ri` joins the existing slot `slot` (content
     /// hash `hash`, 0 for a guess); `old_state` is restored if it fails.
-    pub(super) fn join(ri: usize, p: usize, slot: u32, hash: u32, old_state: u8) -> Self {
+    pub(super) fn join(
+        ri: usize,
+        p: usize,
+        slot: u32,
+        hash: u32,
+        old_state: u8,
+        origin: Origin,
+    ) -> Self {
         Plan {
             ri,
             p,
@@ -38,6 +47,7 @@ impl Plan {
             kind: OpKind::Existing,
             hash,
             old_state,
+            origin,
         }
     }
 }
@@ -57,6 +67,7 @@ impl Core {
             hash: m.hash,
             old_state: m.old_state,
             in_pool: r.in_pool(m.p),
+            origin: m.origin,
         });
         r.state[m.p] = region::with_kind(m.old_state, MERGED);
         r.word[m.p] = m.slot;

@@ -22,7 +22,13 @@ impl Core {
     /// scattered pairs can take most of a second in a debug build, too
     /// long for a registration to wait, and seconds on a loaded emulated
     /// CPU (1.35 ms a merge), longer than a wake-up may last.
-    pub(super) fn execute(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
+    pub(super) fn execute(&mut self, ops: Vec<Op>, freed: &mut Vec<u32>) {
+        let cpu0 = mm::clock_seconds(libc::CLOCK_THREAD_CPUTIME_ID);
+        self.execute_ops(ops, freed);
+        self.counters.merge_cpu_s += mm::clock_seconds(libc::CLOCK_THREAD_CPUTIME_ID) - cpu0;
+    }
+
+    fn execute_ops(&mut self, mut ops: Vec<Op>, freed: &mut Vec<u32>) {
         let mut park = self.park_for_merges(ops.len());
         ops.sort_by_key(|o| (o.region, o.page));
         let later = self.joins_before_their_creator(&mut ops);
@@ -179,6 +185,7 @@ impl Core {
                     r.set_kind(op.page, ZERO);
                     r.set_in_pool(op.page, false);
                     self.counters.zero_merges += 1;
+                    self.counters.origins.zero_merges += 1;
                 }
                 _ => {
                     r.set_in_pool(op.page, true);
@@ -189,6 +196,8 @@ impl Core {
                     self.counters.merges += 1;
                 }
             }
+            r.state[op.page] = region::with_origin(r.state[op.page], op.origin);
+            *self.counters.origins.merges.at_mut(op.origin.index()) += 1;
             self.pass_progress += 1;
         } else {
             r.word[op.page] = op.hash;
@@ -278,6 +287,7 @@ mod tests {
             kind,
             hash: 0,
             old_state: 0,
+            origin: Origin::Steady,
             in_pool: false,
         }
     }

@@ -35,9 +35,12 @@ impl Core {
     }
 
     /// Collects the write logs when `log_interval` has passed since the
-    /// last collection; the pages queued for a second look before it are
-    /// then due (`run_rechecks`): a write since the collection before
-    /// their visit would show in this one.
+    /// last collection, and moves on the pages queued for a second look:
+    /// a page written since the collection before its visit shows in this
+    /// one and leaves the queue (the scan's next pass looks at it); one
+    /// that stayed unwritten for the settle time (`settle.rs`; at least
+    /// one interval) is due (`run_rechecks`); the others wait for the next
+    /// collection.
     pub(super) fn collect_write_logs_when_due(&mut self) {
         if self
             .last_collect
@@ -47,8 +50,24 @@ impl Core {
         }
         self.collect_write_logs();
         self.last_collect = Some(Instant::now());
-        let mut queued = std::mem::take(&mut self.recheck);
-        self.recheck_due.append(&mut queued);
+        let need = self.settle.intervals(self.log_interval);
+        let (regions, due) = (&self.regions, &mut self.recheck_due);
+        self.recheck.retain_mut(|(gid, waited)| {
+            let Some((ri, p)) = locate_in(regions, *gid) else {
+                return false;
+            };
+            let r = &regions[ri];
+            let unwritten = r.written.as_ref().is_some_and(|w| !w.get(p));
+            if region::kind(r.state[p]) != HASHED || !unwritten {
+                return false;
+            }
+            *waited += 1;
+            if *waited >= need {
+                due.push(*gid);
+                return false;
+            }
+            true
+        });
     }
 
     /// Adds what each region's write log recorded since the last

@@ -48,7 +48,7 @@ use crate::mm;
 use crate::pagemap::{Entry, Pagemap, PM_PRESENT};
 use crate::pool::{Pool, SlotState};
 use crate::quiesce::Quiesce;
-use crate::region::{self, GuestPage, Region, HASHED, MAX_LEVEL, MERGED, NEW, ZERO};
+use crate::region::{self, GuestPage, Origin, Region, HASHED, MAX_LEVEL, MERGED, NEW, ZERO};
 use crate::uffd::Uffd;
 use crate::writelog::{WriteLog, Written, VERIFY_BLOCK, VERIFY_PASSES};
 
@@ -66,6 +66,7 @@ mod pause;
 mod register;
 mod report;
 mod run;
+mod settle;
 mod span;
 mod unmerge;
 mod visit;
@@ -178,6 +179,11 @@ pub struct Counters {
     pub zero_merges: u64,
     /// Merged or dropped pages a write took back (copy on write).
     pub cow_breaks: u64,
+    /// Merges and copy-on-write breaks by the rule that let each page
+    /// merge (`region::Origin`).
+    pub origins: crate::backend::MergeOrigins,
+    /// The scanner's CPU time executing planned merges (`Core::execute`).
+    pub merge_cpu_s: f64,
     /// Planned merges not made: the final compare failed, the VMA budget
     /// ran out, or a waiter came first.
     pub abandoned: u64,
@@ -355,9 +361,16 @@ pub struct Core {
     /// Merges made on hinted visits, and their delays.
     hint_tally: hints::HintTally,
     /// Page ids whose hash changed at their last visit in a logged region,
-    /// queued since the last collection of the write logs: looked at again
-    /// after the next one (`run_rechecks`), not at the next pass.
-    recheck: Vec<u32>,
+    /// each with the collections of the write logs it has stayed unwritten
+    /// for since: looked at again once that is the settle time's worth
+    /// (`run_rechecks`), not at the next pass.
+    recheck: Vec<(u32, u32)>,
+    /// How long pages must stay unchanged before the scan merges them
+    /// (`settle.rs`), and when the current pass started.
+    settle: settle::Settle,
+    pass_started: Option<Instant>,
+    /// `run_passes` runs: passes start at once, whatever the settle time.
+    passes_forced: bool,
     /// Queued pages whose collection came: looked at now.
     recheck_due: Vec<u32>,
     /// When the write logs were last collected, and the least time between
@@ -437,6 +450,9 @@ impl Core {
             hint_index: hints::HintIndex::default(),
             hint_tally: hints::HintTally::default(),
             recheck: Vec::new(),
+            settle: Default::default(),
+            pass_started: None,
+            passes_forced: false,
             recheck_due: Vec::new(),
             last_collect: None,
             log_interval: LOG_INTERVAL,

@@ -205,8 +205,10 @@ impl Core {
         let r = &mut self.regions[ri];
         let s = r.word[p];
         r.set_kind(p, NEW);
+        let origin = region::origin(r.state[p]);
         r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
         r.cow_breaks += 1;
+        *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
         if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
             freed.push(s);
         }
@@ -237,9 +239,12 @@ impl Core {
         } else if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
             let r = &mut self.regions[ri];
             r.set_kind(p, NEW);
+            let origin = region::origin(r.state[p]);
             r.state[p] = region::with_level(r.state[p], 0);
             r.cow_breaks += 1;
             self.counters.cow_breaks += 1;
+            *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
+            self.counters.origins.zero_refills += 1;
         }
     }
 

@@ -4,12 +4,15 @@
 use super::*;
 
 /// What a visit may do: only keep checksums (auto mode's idle rounds),
-/// merge, or merge a page a device just filled (an I/O hint: a merge
-/// candidate on its first visit, always due, no write-log shortcut).
+/// merge, merge on a second look (`run_rechecks`: the write log says the
+/// page stayed unwritten for a whole interval), or merge a page a device
+/// just filled (an I/O hint: a merge candidate on its first visit, always
+/// due, no write-log shortcut).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum VisitMode {
     Checksum,
     Merge,
+    SecondLook,
     Hinted,
 }
 
@@ -29,6 +32,20 @@ impl VisitMode {
 
     pub(super) fn hinted(self) -> bool {
         self == VisitMode::Hinted
+    }
+
+    /// A merge visit of the scan's kind (not hinted).
+    pub(super) fn scans(self) -> bool {
+        matches!(self, VisitMode::Merge | VisitMode::SecondLook)
+    }
+
+    /// The origin of a merge this visit makes of an unchanged page.
+    pub(super) fn origin(self) -> Origin {
+        match self {
+            VisitMode::Hinted => Origin::Hinted,
+            VisitMode::SecondLook => Origin::SecondLook,
+            _ => Origin::Steady,
+        }
     }
 }
 
@@ -87,13 +104,13 @@ impl Core {
         // and stays so while we hold the core (unregister needs it).
         let page = unsafe { self.regions[ri].guest_page(p) };
         // A hinted page was just rewritten: its stored hash is stale.
-        let plain = v.mode == VisitMode::Merge && !region::needs_rehash(v.st);
+        let plain = v.mode.scans() && !region::needs_rehash(v.st);
         if kind == HASHED && plain {
             if let Some(s) = self.join_unhashed(v, &page, ops) {
                 return Some(s);
             }
         }
-        if kind == NEW && plain {
+        if kind == NEW && plain && self.settle.first_sight() {
             if let Some(s) = self.continue_run_unhashed(v, &page, ops) {
                 return Some(s);
             }
@@ -116,6 +133,7 @@ impl Core {
                 hash: hv.h,
                 old_state: st,
                 in_pool,
+                origin: v.mode.origin(),
             });
             self.regions[ri].state[p] = region::with_kind(st, ZERO);
             return None;
@@ -126,7 +144,12 @@ impl Core {
         } else {
             v.prev
         };
-        self.place(PageVisit { st, prev, ..v }, hv.h, group, &page, ops)
+        let origin = if hv.seeded {
+            Origin::FirstSight
+        } else {
+            v.mode.origin()
+        };
+        self.place(PageVisit { st, prev, ..v }, hv.h, group, &page, origin, ops)
     }
 
     /// A visit's checks before the page is read: not due on this pass
@@ -207,6 +230,7 @@ impl Core {
         // rewrites a pattern soon after writing it would churn merges.
         let seeded = first_sight
             && v.mode.merges()
+            && self.settle.first_sight()
             && self.run.len() >= SEED_RUN
             && !region::needs_rehash(st);
         let unchanged =
@@ -244,7 +268,7 @@ impl Core {
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let (ri, p) = (v.ri, v.p);
-        if v.mode == VisitMode::Merge
+        if v.mode.scans()
             && (!hv.first_sight || self.merges_scattered(self.regions[ri].group))
             && self.regions[ri].written.is_some()
             && self.recheck.len() < RECHECK_CAP
@@ -261,9 +285,9 @@ impl Core {
             // that place pages as real ones do), it brings the merge a
             // pass sooner: the pages a build writes last need not wait
             // for that pass.
-            self.recheck.push(self.regions[ri].gid_base + p as u32);
+            self.recheck.push((self.regions[ri].gid_base + p as u32, 0));
         }
-        if hv.first_sight && v.mode.merges() {
+        if hv.first_sight && v.mode.merges() && self.settle.first_sight() {
             return self.join_first_seen(v, hv.h, page, ops);
         }
         None
@@ -320,46 +344,55 @@ impl Core {
                 prev,
                 ..v
             };
-            prev = self.place(at, h, group, &page, ops);
+            prev = self.place(at, h, group, &page, Origin::FirstSight, ops);
         }
         prev
     }
 
     /// Where an unchanged page with hash `h` (state `st`) merges
-    /// (`choose`), planned; or into the unstable index. Returns its slot.
+    /// (`choose`), planned, by the rule `origin` (an unstable partner's
+    /// too: the pair is this visit's doing); or into the unstable index.
+    /// Returns its slot.
     fn place(
         &mut self,
         v: PageVisit,
         h: u32,
         group: u32,
         page: &GuestPage,
+        origin: Origin,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
         let (ri, p, st, prev) = (v.ri, v.p, v.st, v.prev);
         let target = self.choose(v, h, group, page);
-        let mut plan =
-            |core: &mut Core, r: usize, pg: usize, slot: u32, kind: OpKind, hash: u32| {
-                let m = Plan {
-                    ri: r,
-                    p: pg,
-                    slot,
-                    kind,
-                    hash,
-                    old_state: core.regions[r].state[pg],
-                };
-                core.plan(m, ops);
+        let mut plan = |core: &mut Core,
+                        r: usize,
+                        pg: usize,
+                        slot: u32,
+                        kind: OpKind,
+                        hash: u32,
+                        origin: Origin| {
+            let m = Plan {
+                ri: r,
+                p: pg,
+                slot,
+                kind,
+                hash,
+                old_state: core.regions[r].state[pg],
+                origin,
             };
+            core.plan(m, ops);
+        };
         let extends = |s: u32| prev.is_some_and(|x| x.wrapping_add(1) == s);
         match target {
             Some(Target::Existing(s)) => {
                 self.note_planned(group, 1, u64::from(!extends(s)));
-                plan(self, ri, p, s, OpKind::Existing, h);
+                plan(self, ri, p, s, OpKind::Existing, h, origin);
                 Some(s)
             }
             Some(Target::New(s)) => {
                 self.note_planned(group, 1, u64::from(!extends(s)));
                 self.stable.insert(group, h, s);
-                plan(self, ri, p, s, OpKind::New, h);
+                plan(self, ri, p, s, OpKind::New, h, origin);
                 Some(s)
             }
             Some(Target::Pair(s, cr, cp)) => {
@@ -372,8 +405,8 @@ impl Core {
                     u64::from(!extends(s)) + u64::from(!partner_extends),
                 );
                 self.stable.insert(group, h, s);
-                plan(self, ri, p, s, OpKind::New, h);
-                plan(self, cr, cp, s, OpKind::Existing, h);
+                plan(self, ri, p, s, OpKind::New, h, origin);
+                plan(self, cr, cp, s, OpKind::Existing, h, origin);
                 Some(s)
             }
             None => {
@@ -467,11 +500,11 @@ impl Core {
     /// returns None and the page is hashed as usual. Sound because the final
     /// compare under write-protection decides every merge; if the page
     /// changed, that compare fails and the page gets `REHASH`, so its next
-    /// visit hashes it (a stale hash is never retried). Skips KSM's
-    /// "unchanged since the previous scan" check for these pages: a page
-    /// equal to a pool page now is merged now. New pool slots are always
-    /// made from a fresh hash (the stable index never files a slot under a
-    /// wrong hash).
+    /// visit hashes it (a stale hash is never retried). KSM's "unchanged
+    /// since the previous scan" holds for a join that succeeds: the page
+    /// then equals a slot filed under its stored hash. New pool slots are
+    /// always made from a fresh hash (the stable index never files a slot
+    /// under a wrong hash).
     pub(super) fn join_unhashed(
         &mut self,
         v: PageVisit,
@@ -492,7 +525,9 @@ impl Core {
         };
         // Kept in `old_state`: restored with it if the merge fails.
         let old = self.regions[ri].state[p] | region::REHASH;
-        self.plan(Plan::join(ri, p, s, h, old), ops);
+        // Its content now equals the slot's (the final compare), whose hash
+        // is its stored one: unchanged since that visit, KSM's rule.
+        self.plan(Plan::join(ri, p, s, h, old, v.mode.origin()), ops);
         Some(s)
     }
 
@@ -527,7 +562,7 @@ impl Core {
         }
         self.note_planned(group, 1, u64::from(!extends));
         let old = self.regions[ri].state[p];
-        self.plan(Plan::join(ri, p, s, h, old), ops);
+        self.plan(Plan::join(ri, p, s, h, old, Origin::FirstSight), ops);
         Some(s)
     }
 
@@ -573,7 +608,7 @@ impl Core {
         self.note_planned(group, 1, 0);
         // Kept in `old_state`: restored with it if the merge fails.
         let old = self.regions[ri].state[p] | region::REHASH;
-        self.plan(Plan::join(ri, p, s1, 0, old), ops);
+        self.plan(Plan::join(ri, p, s1, 0, old, Origin::FirstSight), ops);
         Some(s1)
     }
 }

@@ -1,0 +1,170 @@
+//! How long the guests' pages must stay unchanged before the scan merges
+//! them, following how many of its merges the guests undo.
+//!
+//! KSM merges a page found unchanged over one pass; at its default rate a
+//! pass takes minutes, so what it merges has stayed put for minutes. The
+//! engine passes in seconds or less, which merges a new VM within a
+//! second, but a busy guest's pages that were quiet for a pass are often
+//! written again soon: a real guest frees memory and allocates it again,
+//! zeroing it. Two Linux guests building one tree (`bench build --guest
+//! linux`, `Stats::origins`) undid a quarter to a half of the merges the
+//! scan made on its own pass (a few seconds there), more than half of
+//! those of second looks after a quiet write-log interval, most of their
+//! zero-page drops and of the merges made at first sight, against 0.3 %
+//! of the merges of pages a device had just filled; most of the undone
+//! merges were of pages broken for the first time, so no per-page
+//! history tells them apart. Each undone merge costs the engine a merge
+//! (most of its CPU there) and the guest a fault (docs/engine.md,
+//! "Settling").
+//!
+//! So the settle time follows the undone share of the scan's merges (all
+//! but the hinted ones): it starts at 0 (passes as fast as the pace
+//! allows, second looks after one interval, merges at first sight), goes
+//! to [`FIRST_STEP`] and doubles up to [`MAX_SETTLE`] while more than one
+//! merge in [`HIGH_BREAKS`] is undone, and halves back (to 0 below the
+//! first step) once fewer than one in [`LOW_BREAKS`] is. While it is not
+//! 0, a pass starts no sooner than the settle time after the previous one
+//! started (`Core::run_batch`), a second look waits as many write-log
+//! intervals, and no page merges at first sight. Guests whose merges last
+//! keep the full pace.
+
+use std::time::Duration;
+
+/// The settle time's first step up from 0.
+pub(super) const FIRST_STEP: Duration = Duration::from_secs(2);
+
+/// The longest settle time: about KSM's pass at 10,000 pages per 20 ms
+/// on a slow host, far shorter than at its defaults.
+pub(super) const MAX_SETTLE: Duration = Duration::from_secs(32);
+
+/// More than one merge in this many undone: settle longer.
+const HIGH_BREAKS: u64 = 4;
+
+/// Fewer than one in this many undone: settle less.
+const LOW_BREAKS: u64 = 16;
+
+/// Merges, or breaks of them, before the share is judged: a few merges
+/// say nothing of a guest's habits.
+const JUDGE_AFTER: u64 = 256;
+
+/// The settle time and the figures it was last judged on.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Settle {
+    time: Duration,
+    /// The scan's merges and their copy-on-write breaks, as counted at the
+    /// last judgement.
+    merges_at: u64,
+    breaks_at: u64,
+}
+
+impl Settle {
+    /// How long a page must stay unchanged before the scan merges it
+    /// (0: one pass, however short).
+    pub(super) fn time(&self) -> Duration {
+        self.time
+    }
+
+    /// Write-log intervals (of `interval`) a second look waits: the settle
+    /// time's worth, at least one.
+    pub(super) fn intervals(&self, interval: Duration) -> u32 {
+        if interval.is_zero() {
+            return 1;
+        }
+        let n = self.time.as_nanos().div_ceil(interval.as_nanos());
+        u32::try_from(n).unwrap_or(u32::MAX).max(1)
+    }
+
+    /// May a page merge at first sight?
+    pub(super) fn first_sight(&self) -> bool {
+        self.time.is_zero()
+    }
+
+    /// Judges the scan by its cumulative merges and the breaks of them
+    /// counted so far, once enough of either came since the last
+    /// judgement. A window's breaks include those of merges made before
+    /// it, under a shorter settle time: the time may go one step too far
+    /// up, and comes back down once the guests' merges last.
+    pub(super) fn judge(&mut self, merges: u64, breaks: u64) {
+        let dm = merges.saturating_sub(self.merges_at);
+        let db = breaks.saturating_sub(self.breaks_at);
+        if dm < JUDGE_AFTER && db < JUDGE_AFTER {
+            return;
+        }
+        let before = self.time;
+        if db.saturating_mul(HIGH_BREAKS) > dm {
+            self.time = (self.time * 2).clamp(FIRST_STEP, MAX_SETTLE);
+        } else if db.saturating_mul(LOW_BREAKS) < dm {
+            self.time /= 2;
+            if self.time < FIRST_STEP {
+                self.time = Duration::ZERO;
+            }
+        }
+        if self.time != before {
+            log::debug!(
+                "{db} of {dm} merges undone: settle time {before:?} -> {:?}",
+                self.time
+            );
+        }
+        self.merges_at = merges;
+        self.breaks_at = breaks;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn undone_merges_lengthen_it_up_to_its_cap() {
+        let mut st = Settle::default();
+        assert!(st.first_sight());
+        let (mut m, mut b) = (0, 0);
+        for want in [2, 4, 8, 16, 32, 32] {
+            m += 1000;
+            b += 500;
+            st.judge(m, b);
+            assert_eq!(st.time(), S(want));
+            assert!(!st.first_sight());
+        }
+    }
+
+    #[test]
+    fn lasting_merges_shorten_it_to_zero_and_a_middle_share_keeps_it() {
+        let mut st = Settle::default();
+        st.judge(1000, 900);
+        st.judge(2000, 1800);
+        assert_eq!(st.time(), S(4));
+        // One in eight undone: between the two thresholds.
+        st.judge(3000, 1925);
+        assert_eq!(st.time(), S(4));
+        for want in [2, 0, 0] {
+            let (m, b) = (st.merges_at + 1000, st.breaks_at + 10);
+            st.judge(m, b);
+            assert_eq!(st.time(), S(want));
+        }
+        assert!(st.first_sight());
+    }
+
+    #[test]
+    fn a_few_merges_are_not_judged() {
+        let mut st = Settle::default();
+        st.judge(100, 100);
+        assert_eq!(st.time(), Duration::ZERO);
+        // Breaks alone, once many: merges made earlier are being undone.
+        st.judge(100, 400);
+        assert_eq!(st.time(), S(2));
+    }
+
+    #[test]
+    fn second_looks_wait_the_settle_time_in_intervals() {
+        let mut st = Settle::default();
+        assert_eq!(st.intervals(S(1)), 1);
+        st.judge(1000, 900);
+        st.judge(2000, 1800);
+        assert_eq!(st.intervals(S(1)), 4);
+        assert_eq!(st.intervals(Duration::from_millis(1500)), 3);
+        assert_eq!(st.intervals(Duration::ZERO), 1);
+    }
+}

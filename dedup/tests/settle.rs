@@ -1,0 +1,88 @@
+//! The settle time (`scanner/settle.rs`): a scan whose merges the guest
+//! keeps undoing waits longer between passes and merges nothing at first
+//! sight; once its merges last, it goes back to full pace.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use pagefold_dedup::testing::Core;
+
+const N: usize = 1024;
+
+/// Registers `m` with `core` as owner `owner` of group "g".
+fn register(core: &mut Core, m: &Mem, owner: &str) {
+    // SAFETY: `m` is a private anonymous mapping that the test keeps
+    // mapped for as long as it uses the core (declared before it, so
+    // dropped after).
+    unsafe { core.register(m.addr, m.pages * PS, owner.into(), "g".into()) }.unwrap();
+}
+
+fn merged(core: &Core, owner: &str) -> u64 {
+    core.stats().per_owner[owner].pages_merged
+}
+
+#[test]
+fn undone_merges_slow_the_passes_and_stop_first_sight_merges() {
+    let (a, b, c) = (Mem::new(N), Mem::new(N), Mem::new(N));
+    a.fill_from(1);
+    b.fill_from(1);
+    c.fill_from(1);
+    let mut core = driven_core();
+    register(&mut core, &a, "a");
+    register(&mut core, &b, "b");
+    core.run_passes(2);
+    let s = core.stats();
+    assert_eq!(s.pages_sharing, N as u64, "{s:?}");
+    assert_eq!(s.settle_ms, 0, "merges that last: {s:?}");
+
+    // The guest writes every page of a: copy-on-write undoes N merges,
+    // noticed in the next pass, which then settles the scan.
+    a.fill_from(1 << 20);
+    core.run_passes(1);
+    let s = core.stats();
+    assert_eq!(s.cow_breaks, N as u64, "{s:?}");
+    assert_eq!(s.settle_ms, 2000, "{s:?}");
+
+    // The next pass waits for the settle time since the last one started.
+    let rep = core.run_batch(1 << 20, true);
+    assert_eq!((rep.spent, rep.merges), (0, 0), "{rep:?}");
+    std::thread::sleep(Duration::from_millis(2100));
+    let rep = core.run_batch(1 << 20, true);
+    assert!(rep.spent > 0, "{rep:?}");
+    while !core.run_batch(1 << 20, true).pass_completed {}
+
+    // c holds b's content, which the pool has: with the scan settled, it
+    // merges on its second sight, not at its first.
+    register(&mut core, &c, "c");
+    core.run_passes(1);
+    assert_eq!(merged(&core, "c"), 0, "{:?}", core.stats());
+    core.run_passes(1);
+    assert_eq!(merged(&core, "c"), N as u64, "{:?}", core.stats());
+    // Those merges last: full pace again.
+    assert_eq!(core.stats().settle_ms, 0, "{:?}", core.stats());
+    for i in 0..N {
+        assert_eq!(a.read(i), pattern((1 << 20) + i as u64), "a page {i}");
+        assert_eq!(c.read(i), pattern(1 + i as u64), "c page {i}");
+    }
+    core.check_consistency().unwrap();
+}
+
+#[test]
+fn without_undone_merges_a_new_region_merges_at_first_sight() {
+    // The same content as above, no copy-on-write: c joins the pool's
+    // slots in its first pass.
+    let (a, b, c) = (Mem::new(N), Mem::new(N), Mem::new(N));
+    a.fill_from(1);
+    b.fill_from(1);
+    c.fill_from(1);
+    let mut core = driven_core();
+    register(&mut core, &a, "a");
+    register(&mut core, &b, "b");
+    core.run_passes(2);
+    register(&mut core, &c, "c");
+    core.run_passes(1);
+    assert_eq!(core.stats().settle_ms, 0);
+    assert_eq!(merged(&core, "c"), N as u64, "{:?}", core.stats());
+}
