@@ -160,6 +160,41 @@ pub struct BuildSample {
     pub t_s: f64,
     /// `pages_sharing + zero_pages` (see [`BuildRun::npages`]).
     pub npages: u64,
+    /// The backend's full scans, merges and COW breaks so far (pagefold's
+    /// merges only; KSM's `full_scans` and host-wide `cow_ksm`): how fast
+    /// the passes go, and when merges are undone.
+    #[serde(default)]
+    pub full_scans: u64,
+    #[serde(default)]
+    pub merges: u64,
+    #[serde(default)]
+    pub cow_breaks: u64,
+    /// pagefold's settle time (`Stats::settle_ms`).
+    #[serde(default)]
+    pub settle_ms: u64,
+    /// The engine's CPU so far, and of it, executing merges.
+    #[serde(default)]
+    pub cpu_s: f64,
+    #[serde(default)]
+    pub merge_cpu_s: f64,
+}
+
+impl BuildSample {
+    /// The sample at `t_s` from the backend's statistics (None: off).
+    pub(crate) fn of(t_s: f64, st: Option<&pagefold_dedup::Stats>) -> Self {
+        BuildSample {
+            t_s,
+            npages: st.map_or(0, npages),
+            full_scans: st.map_or(0, |s| s.full_scans),
+            merges: st
+                .filter(|s| s.backend == "pagefold")
+                .map_or(0, |s| s.merges),
+            cow_breaks: st.map_or(0, |s| s.cow_breaks),
+            settle_ms: st.map_or(0, |s| s.settle_ms),
+            cpu_s: st.map_or(0.0, |s| s.cpu_seconds),
+            merge_cpu_s: st.map_or(0.0, |s| s.merge_cpu_seconds),
+        }
+    }
 }
 
 /// One run of one system.
@@ -198,6 +233,10 @@ pub struct BuildRun {
     /// small tree every merge may be.
     pub hint_merges: u64,
     pub hint_merge_delay_ms: Option<f64>,
+    /// pagefold's merges and COW breaks over the builds by the rule that
+    /// let each page merge (None for KSM, which cannot tell).
+    #[serde(default)]
+    pub origins: Option<pagefold_dedup::MergeOrigins>,
     /// Per VM: pages read, written, reused; output checksum.
     pub pages_read: u64,
     pub pages_written: u64,
@@ -636,6 +675,7 @@ pub(crate) struct Track {
     pub(crate) end_stats: Option<pagefold_dedup::Stats>,
     pub(crate) base_cow: u64,
     pub(crate) base_merges: u64,
+    pub(crate) base_origins: pagefold_dedup::MergeOrigins,
     pub(crate) error: Option<String>,
 }
 
@@ -646,6 +686,7 @@ impl Track {
         let cpu = st.as_ref().map_or(0.0, |s| s.cpu_seconds);
         self.started = Some((Instant::now(), self_rusage(), cpu));
         self.base_cow = st.as_ref().map_or(0, |s| s.cow_breaks);
+        self.base_origins = st.as_ref().map_or_else(Default::default, |s| s.origins);
         self.base_merges = st.map_or(0, |s| s.merges);
     }
 
@@ -707,6 +748,10 @@ impl Track {
                 .as_ref()
                 .filter(|s| s.hint_merges > 0)
                 .map(|s| s.hint_merge_delay_ms),
+            origins: end
+                .as_ref()
+                .filter(|s| s.backend == "pagefold")
+                .map(|s| s.origins.since(&self.base_origins)),
             pages_read: 0,
             pages_written: 0,
             pages_reused: 0,
@@ -806,11 +851,10 @@ fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRu
         let finished = phases_done(2);
         if due || finished {
             tr.last_sample = Some(Instant::now());
-            let n = r.dedup().map_or(0, |b| npages(&b.stats()));
-            tr.samples.push(BuildSample {
-                t_s: t0.elapsed().as_secs_f64(),
-                npages: n,
-            });
+            let st = r.dedup().map(|b| b.stats());
+            let sample = BuildSample::of(t0.elapsed().as_secs_f64(), st.as_ref());
+            let n = sample.npages;
+            tr.samples.push(sample);
             if opts.progress
                 && tr.samples.len()
                     % (1000 / opts.sample_interval.as_millis().max(1) as usize).max(1)
@@ -903,7 +947,10 @@ mod tests {
 
     #[test]
     fn npages_area_holds_each_sample_until_the_next() {
-        let s = |t_s: f64, npages: u64| BuildSample { t_s, npages };
+        let s = |t_s: f64, npages: u64| BuildSample {
+            npages,
+            ..BuildSample::of(t_s, None)
+        };
         assert_eq!(npages_area(&[]), 0.0);
         assert_eq!(npages_area(&[s(0.0, 5)]), 0.0);
         // 10 pages for 1 s, 30 for 0.5 s; the last sample ends the build.
@@ -917,7 +964,10 @@ mod tests {
 
     #[test]
     fn npages_time_mean_does_not_reward_a_slower_build() {
-        let s = |t_s: f64, npages: u64| BuildSample { t_s, npages };
+        let s = |t_s: f64, npages: u64| BuildSample {
+            npages,
+            ..BuildSample::of(t_s, None)
+        };
         assert_eq!(npages_time_mean(&[]), 0.0);
         assert_eq!(npages_time_mean(&[s(1.0, 5)]), 0.0);
         // 10 pages for 1 s, 30 for 0.5 s: 25 page s over 1.5 s.

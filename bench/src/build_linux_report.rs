@@ -148,6 +148,7 @@ mod tests {
             merges: 0,
             hint_merges: 0,
             hint_merge_delay_ms: None,
+            origins: None,
             pages_read: 0,
             pages_written: 0,
             pages_reused: 0,

@@ -13,8 +13,7 @@ use pagefold_vmm::runner::Runner;
 
 use crate::auto_bench::{FREE_AFTER, TOTAL};
 use crate::build_bench::{
-    end_backend, first_run_context, make_backend, npages, row, BuildRun, BuildSample, BuildSystem,
-    Track,
+    end_backend, first_run_context, make_backend, row, BuildRun, BuildSample, BuildSystem, Track,
 };
 use crate::build_linux::{
     linux_build_cmdline, linux_build_configs, linux_vm_files, LinuxBuildOptions, LinuxBuildReport,
@@ -118,6 +117,14 @@ pub fn run_linux_build_bench(
                             "[linux build] {} run {}: real {:.1} s, user {:.1} s, sys {:.1} s, engine {:.2} s, npages {}",
                             s.name(), run + 1, r.real_s, r.user_s, r.sys_s, r.engine_cpu_s, r.npages
                         );
+                        if let Some(o) = &r.origins {
+                            eprintln!(
+                                "[linux build] {} run {}: {}",
+                                s.name(),
+                                run + 1,
+                                origins_line(o)
+                            );
+                        }
                     }
                     runs[i].push(r);
                     for (vm, result) in LINUX_BUILD_VMS.iter().zip(vm_results) {
@@ -308,16 +315,21 @@ fn drive(
             .is_none_or(|l| l.elapsed() >= opts.sample_interval);
         if due || finished {
             tr.last_sample = Some(Instant::now());
-            let n = r.dedup().map_or(0, |b| npages(&b.stats()));
-            tr.samples.push(BuildSample {
-                t_s: t0.elapsed().as_secs_f64(),
-                npages: n,
-            });
+            let st = r.dedup().map(|b| b.stats());
+            let x = BuildSample::of(t0.elapsed().as_secs_f64(), st.as_ref());
+            tr.samples.push(x);
             if opts.progress && tr.samples.len() % 60 == 0 {
                 eprintln!(
-                    "[linux build {}] {:6.0} s: npages {n}",
+                    "[linux build {}] {:6.0} s: npages {}, full scans {}, merges {}, COW breaks {}, settle {} ms, CPU {:.1} s ({:.1} s merging)",
                     s.name(),
-                    t0.elapsed().as_secs_f64()
+                    x.t_s,
+                    x.npages,
+                    x.full_scans,
+                    x.merges,
+                    x.cow_breaks,
+                    x.settle_ms,
+                    x.cpu_s,
+                    x.merge_cpu_s
                 );
             }
         }
@@ -353,6 +365,24 @@ fn drive(
         .into_run(real_s, guest_cpu_s, checksums)
         .ok_or_else(|| linux_vm_err("the builds did not finish"))?;
     Ok((run, results, targets))
+}
+
+/// Merges and COW breaks by the rule that let each page merge, in one
+/// line: which merges the guests undid.
+fn origins_line(o: &pagefold_dedup::MergeOrigins) -> String {
+    let by = |b: &pagefold_dedup::ByOrigin| {
+        format!(
+            "steady {}, second look {}, first sight {}, hinted {}",
+            b.steady, b.second_look, b.first_sight, b.hinted
+        )
+    };
+    format!(
+        "merges ({}; {} to zero), COW breaks ({}; {} zero refills)",
+        by(&o.merges),
+        o.zero_merges,
+        by(&o.cow_breaks),
+        o.zero_refills
+    )
 }
 
 #[cfg(test)]
