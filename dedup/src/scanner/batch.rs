@@ -84,6 +84,17 @@ impl Core {
         self.counters.merges + self.counters.zero_merges
     }
 
+    /// Judges the settle time (`settle.rs`) by the scan's merges (all but
+    /// the hinted ones) and their copy-on-write breaks so far: at each
+    /// collection of the write logs and at each pass end, as a pass can
+    /// take tens of seconds while guests boot.
+    pub(super) fn judge_settle(&mut self) {
+        let o = &self.counters.origins;
+        let hinted = (o.merges.hinted, o.cow_breaks.hinted);
+        self.settle
+            .judge(o.merges.total() - hinted.0, o.cow_breaks.total() - hinted.1);
+    }
+
     /// Runs whole passes synchronously (tests, benchmarks).
     #[cfg(any(test, feature = "testing"))]
     pub fn run_passes(&mut self, passes: u64) {
@@ -99,10 +110,7 @@ impl Core {
 
     pub(super) fn end_pass(&mut self) {
         self.counters.passes += 1;
-        let o = &self.counters.origins;
-        let hinted = (o.merges.hinted, o.cow_breaks.hinted);
-        self.settle
-            .judge(o.merges.total() - hinted.0, o.cow_breaks.total() - hinted.1);
+        self.judge_settle();
         // While KSM assists, a pass counts when it took a census after KSM
         // finished a full scan (so the figure it reports includes that scan).
         if self.assist.group().is_none()

@@ -50,6 +50,7 @@ impl Core {
         }
         self.collect_write_logs();
         self.last_collect = Some(Instant::now());
+        self.judge_settle();
         let need = self.settle.intervals(self.log_interval);
         let (regions, due) = (&self.regions, &mut self.recheck_due);
         self.recheck.retain_mut(|(gid, waited)| {

@@ -18,7 +18,8 @@
 //! "Settling").
 //!
 //! So the settle time follows the undone share of the scan's merges (all
-//! but the hinted ones): it starts at 0 (passes as fast as the pace
+//! but the hinted ones), judged once a second and at each pass end: it
+//! starts at 0 (passes as fast as the pace
 //! allows, second looks after one interval, merges at first sight), goes
 //! to [`FIRST_STEP`] and doubles up to [`MAX_SETTLE`] while more than one
 //! merge in [`HIGH_BREAKS`] is undone, and halves back (to 0 below the
