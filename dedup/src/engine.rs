@@ -143,6 +143,11 @@ pub struct EngineConfig {
     /// (`crate::quiesce`), so that its TLB flushes stay on the engine's
     /// CPU; 0 never parks them. Default [`DEFAULT_QUIESCE_MIN_OPS`].
     pub quiesce_min_ops: usize,
+    /// Settle the scan while the guests undo its merges (docs/engine.md,
+    /// "Settling"); off, it keeps its full pace whatever they do (the
+    /// torture tests, which race writers against as many merges as they
+    /// can).
+    pub settle: bool,
 }
 
 impl EngineConfig {
@@ -177,6 +182,7 @@ impl Default for EngineConfig {
             write_log: true,
             thread_init: None,
             quiesce_min_ops: DEFAULT_QUIESCE_MIN_OPS,
+            settle: true,
         }
     }
 }
@@ -323,6 +329,7 @@ impl Engine {
         )?;
         core.set_assist(cfg.assist);
         core.set_quiesce_min_ops(cfg.quiesce_min_ops);
+        core.set_settle(cfg.settle);
         let core_waiters = core.waiters();
         let shared = Arc::new(Shared {
             snapshot: Mutex::new(core.stats()),

@@ -168,6 +168,9 @@ fn run(cfg: Cfg) {
             mode: Mode::On,
             hash_override: hash,
             assist,
+            // As many merges as the engine can make, whatever the writers
+            // undo: the race is the test (settling has its own tests).
+            settle: false,
             ..EngineConfig::default()
         })
         .unwrap(),

@@ -483,6 +483,12 @@ impl Core {
         Ok(core)
     }
 
+    /// Settles the scan while guests undo its merges (`settle.rs`), or
+    /// keeps its full pace whatever they do.
+    pub fn set_settle(&mut self, on: bool) {
+        self.settle.set_enabled(on);
+    }
+
     /// Least time between two collections of the write logs
     /// (`LOG_INTERVAL` unless set here).
     #[cfg(any(test, feature = "testing"))]

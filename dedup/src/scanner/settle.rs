@@ -51,6 +51,8 @@ const JUDGE_AFTER: u64 = 256;
 /// The settle time and the figures it was last judged on.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Settle {
+    /// Turned off (`EngineConfig::settle`): the time stays 0.
+    off: bool,
     time: Duration,
     /// The scan's merges and their copy-on-write breaks, as counted at the
     /// last judgement.
@@ -75,6 +77,14 @@ impl Settle {
         u32::try_from(n).unwrap_or(u32::MAX).max(1)
     }
 
+    /// Turns the settle time on, or off (back to 0, and stays there).
+    pub(super) fn set_enabled(&mut self, on: bool) {
+        self.off = !on;
+        if self.off {
+            self.time = Duration::ZERO;
+        }
+    }
+
     /// May a page merge at first sight?
     pub(super) fn first_sight(&self) -> bool {
         self.time.is_zero()
@@ -88,7 +98,7 @@ impl Settle {
     pub(super) fn judge(&mut self, merges: u64, breaks: u64) {
         let dm = merges.saturating_sub(self.merges_at);
         let db = breaks.saturating_sub(self.breaks_at);
-        if dm < JUDGE_AFTER && db < JUDGE_AFTER {
+        if self.off || (dm < JUDGE_AFTER && db < JUDGE_AFTER) {
             return;
         }
         let before = self.time;
@@ -145,6 +155,15 @@ mod tests {
             st.judge(m, b);
             assert_eq!(st.time(), S(want));
         }
+        assert!(st.first_sight());
+    }
+
+    #[test]
+    fn turned_off_it_stays_at_zero() {
+        let mut st = Settle::default();
+        st.set_enabled(false);
+        st.judge(1000, 900);
+        assert_eq!(st.time(), Duration::ZERO);
         assert!(st.first_sight());
     }
 
