@@ -19,16 +19,24 @@ fn register(core: &mut Core, m: &Mem, owner: &str) {
     unsafe { core.register(m.addr, m.pages * PS, owner.into(), "g".into()) }.unwrap();
 }
 
+/// Three regions of `N` pages with the same content page by page: a and
+/// b to merge together, c to join their slots later.
+fn three_alike() -> (Mem, Mem, Mem) {
+    let m = [Mem::new(N), Mem::new(N), Mem::new(N)];
+    for x in &m {
+        x.fill_from(1);
+    }
+    let [a, b, c] = m;
+    (a, b, c)
+}
+
 fn merged(core: &Core, owner: &str) -> u64 {
     core.stats().per_owner[owner].pages_merged
 }
 
 #[test]
 fn undone_merges_slow_the_passes_and_stop_first_sight_merges() {
-    let (a, b, c) = (Mem::new(N), Mem::new(N), Mem::new(N));
-    a.fill_from(1);
-    b.fill_from(1);
-    c.fill_from(1);
+    let (a, b, c) = three_alike();
     let mut core = driven_core();
     register(&mut core, &a, "a");
     register(&mut core, &b, "b");
@@ -73,10 +81,7 @@ fn undone_merges_slow_the_passes_and_stop_first_sight_merges() {
 fn without_undone_merges_a_new_region_merges_at_first_sight() {
     // The same content as above, no copy-on-write: c joins the pool's
     // slots in its first pass.
-    let (a, b, c) = (Mem::new(N), Mem::new(N), Mem::new(N));
-    a.fill_from(1);
-    b.fill_from(1);
-    c.fill_from(1);
+    let (a, b, c) = three_alike();
     let mut core = driven_core();
     register(&mut core, &a, "a");
     register(&mut core, &b, "b");

@@ -97,7 +97,7 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     let (a, b) = filled(1_000, 1_000);
     let (_, lb, mut core) = logged_core(&a, &b, true, 3);
     assert_eq!(merged(&core), 2 * N as u64, "identical regions not merged");
-    let breaks = core.counters().cow_breaks;
+    let breaks = core.counters().origins.cow_breaks.total();
 
     // A logged user-mode write to a merged page: copy-on-write, noticed at
     // the next pass whatever the page's smart-scan level.
@@ -105,7 +105,7 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     b.fill(6, 77);
     lb.record(6);
     core.run_passes(1);
-    assert_eq!(core.counters().cow_breaks, breaks + 1);
+    assert_eq!(core.counters().origins.cow_breaks.total(), breaks + 1);
     assert_eq!(b.read(6), pattern(77));
 
     // A kernel-mode write the log does not see (a device's): the share
@@ -127,12 +127,12 @@ fn a_logged_write_is_seen_at_once_and_an_unlogged_one_by_the_check() {
     unsafe { libc::close(fd) };
     assert_eq!(a.read(9), pattern(88), "the device's write landed");
     let mut passes = 0;
-    while core.counters().cow_breaks == breaks + 1 && passes <= VERIFY_PASSES {
+    while core.counters().origins.cow_breaks.total() == breaks + 1 && passes <= VERIFY_PASSES {
         core.run_passes(1);
         passes += 1;
     }
     assert_eq!(
-        core.counters().cow_breaks,
+        core.counters().origins.cow_breaks.total(),
         breaks + 2,
         "an unlogged copy-on-write was not noticed in {passes} passes"
     );

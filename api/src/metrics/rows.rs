@@ -65,18 +65,19 @@ pub(super) fn build(b: &BuildInfo) -> Rows {
     )])
 }
 
+/// The scrape's dedup view when its backend is the pagefold engine.
+fn pagefold_view(s: &Scrape) -> Option<&DedupView> {
+    s.dedup.as_ref().filter(|d| d.backend == "pagefold")
+}
+
 /// A figure of the pagefold engine alone (the KSM backend has none).
 pub(super) fn pagefold_only(s: &Scrape, f: fn(&DedupView) -> Num) -> Rows {
-    s.dedup
-        .as_ref()
-        .filter(|d| d.backend == "pagefold")
-        .and_then(|d| one(f(d)))
+    pagefold_view(s).and_then(|d| one(f(d)))
 }
 
 /// One row per merge origin (pagefold engine).
 pub(super) fn by_origin(s: &Scrape, f: fn(&OriginsView) -> ByOriginView) -> Rows {
-    let d = s.dedup.as_ref().filter(|d| d.backend == "pagefold")?;
-    let b = f(&d.origins);
+    let b = f(&pagefold_view(s)?.origins);
     Some(
         [
             ("steady", b.steady),

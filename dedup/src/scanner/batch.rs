@@ -81,7 +81,7 @@ impl Core {
 
     /// Merges made so far, zero-page drops included (what a batch reports).
     pub(super) fn merges_done(&self) -> u64 {
-        self.counters.merges + self.counters.zero_merges
+        self.counters.merges + self.counters.origins.zero_merges
     }
 
     /// Judges the settle time (`settle.rs`) by the scan's merges (all but
@@ -147,7 +147,7 @@ impl Core {
         // passes over KSM-assisted regions come every wake-up).
         let key = (
             self.counters.merges,
-            self.counters.cow_breaks,
+            self.counters.origins.cow_breaks.total(),
             self.regions.len() as u64,
             self.ids.regions_joined(),
         );

@@ -184,7 +184,6 @@ impl Core {
                 OpKind::Zero => {
                     r.set_kind(op.page, ZERO);
                     r.set_in_pool(op.page, false);
-                    self.counters.zero_merges += 1;
                     self.counters.origins.zero_merges += 1;
                 }
                 _ => {

@@ -175,12 +175,9 @@ pub struct Counters {
     pub passes: u64,
     /// Pages merged onto pool slots.
     pub merges: u64,
-    /// Pages dropped to the zero page.
-    pub zero_merges: u64,
-    /// Merged or dropped pages a write took back (copy on write).
-    pub cow_breaks: u64,
-    /// Merges and copy-on-write breaks by the rule that let each page
-    /// merge (`region::Origin`).
+    /// Drops to the zero page (`origins.zero_merges`) and merged or dropped
+    /// pages a write took back (`origins.cow_breaks`), by the rule that let
+    /// each page merge (`region::Origin`).
     pub origins: crate::backend::MergeOrigins,
     /// The scanner's CPU time executing planned merges (`Core::execute`).
     pub merge_cpu_s: f64,

@@ -212,7 +212,6 @@ impl Core {
         if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
             freed.push(s);
         }
-        self.counters.cow_breaks += 1;
         self.note_run(None);
         if !v.mode.hinted() || self.regions[ri].assisted {
             return None;
@@ -242,7 +241,6 @@ impl Core {
             let origin = region::origin(r.state[p]);
             r.state[p] = region::with_level(r.state[p], 0);
             r.cow_breaks += 1;
-            self.counters.cow_breaks += 1;
             *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
             self.counters.origins.zero_refills += 1;
         }
