@@ -9,6 +9,12 @@ use std::time::{Duration, Instant};
 
 use crate::merge::MapBudget;
 
+/// VMAs left, beyond the reserve, for the rest of the process to create
+/// between two reads of /proc/self/maps: a thread's stack and guard page,
+/// an allocator arena's heap and its unmapped tail, for a few dozen
+/// threads.
+const GROWTH_SLACK: u64 = 128;
+
 /// The process's VMA count, its limit, and what merges may still spend.
 #[derive(Debug)]
 pub(super) struct Vmas {
@@ -76,13 +82,17 @@ impl Vmas {
 
     /// The budget from the last maps read and the reserve: 1/16 of the
     /// limit is kept for everything else in the process, half of it with
-    /// `keep_half`.
+    /// `keep_half`. Either way [`GROWTH_SLACK`] more is kept for what the
+    /// rest of the process creates between two reads, which the running
+    /// estimate cannot see: with the estimate spent to the last VMA, one
+    /// new thread stack was enough to cross half the limit.
     pub(super) fn set_reserve(&mut self, keep_half: bool) {
-        let reserve = if keep_half {
-            self.max_map_count / 2
-        } else {
-            self.max_map_count / 16
-        };
+        let reserve = GROWTH_SLACK
+            + if keep_half {
+                self.max_map_count / 2
+            } else {
+                self.max_map_count / 16
+            };
         self.budget.headroom = self.headroom as i64 - reserve as i64;
         self.budget.limited = self.budget.headroom < 2;
         self.headroom_at_check = self.budget.headroom;
@@ -130,17 +140,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_reserve_is_a_sixteenth_or_half_of_the_limit() {
+    fn the_reserve_is_a_sixteenth_or_half_of_the_limit_and_the_slack() {
         let mut v = Vmas::new(false);
         v.max_map_count = 65_536;
         v.headroom = 65_536 - 1_000;
         v.set_reserve(false);
-        assert_eq!(v.budget.headroom, 64_536 - 4_096);
+        assert_eq!(v.budget.headroom, 64_536 - 4_096 - GROWTH_SLACK as i64);
         assert!(!v.short() && !v.limited());
         v.set_reserve(true);
-        assert_eq!(v.budget.headroom, 64_536 - 32_768);
+        assert_eq!(v.budget.headroom, 64_536 - 32_768 - GROWTH_SLACK as i64);
         assert!(!v.below_quarter());
-        v.headroom = 32_769;
+        v.headroom = 32_769 + GROWTH_SLACK;
         v.set_reserve(true);
         assert!(v.short() && v.limited(), "one VMA left is no budget");
         assert!(v.below_quarter());
