@@ -76,6 +76,8 @@ pub const VERIFY_BLOCK: usize = 512;
 pub struct Written {
     log: Arc<dyn WriteLog>,
     bits: Vec<u64>,
+    /// What the last collection brought, before it joined `bits`.
+    fresh: Vec<u64>,
     /// Pages marked for want of knowledge rather than for a recorded write
     /// (a new log, device ranges that were lost): such a page may never
     /// have been touched, so nothing about its mapping can be presumed.
@@ -105,6 +107,7 @@ impl Written {
         let unknown = bits.clone();
         Written {
             log,
+            fresh: vec![0; bits.len()],
             bits,
             unknown,
             npages,
@@ -112,8 +115,34 @@ impl Written {
     }
 
     /// Adds what the log recorded since the previous call.
-    pub fn collect(&mut self) -> Result<(), WriteLogError> {
-        self.log.collect(&mut self.bits)
+    #[cfg(test)]
+    fn collect(&mut self) -> Result<(), WriteLogError> {
+        self.collect_with(|_| {})
+    }
+
+    /// Adds what the log recorded since the previous call, and calls
+    /// `newly_written(p)` for each page it marks that was not marked
+    /// before: a page written since the engine last examined it, seen for
+    /// the first time.
+    pub fn collect_with(
+        &mut self,
+        mut newly_written: impl FnMut(usize),
+    ) -> Result<(), WriteLogError> {
+        self.fresh.fill(0);
+        self.log.collect(&mut self.fresh)?;
+        // Pages past the region's end, in its last word, stay unmarked.
+        if let (Some(last), tail @ 1..) = (self.fresh.last_mut(), self.npages % 64) {
+            *last &= crate::low_bits(tail) as u64;
+        }
+        for (w, (b, f)) in self.bits.iter_mut().zip(&self.fresh).enumerate() {
+            let mut new = *f & !*b;
+            *b |= *f;
+            while new != 0 {
+                newly_written(w * 64 + new.trailing_zeros() as usize);
+                new &= new - 1;
+            }
+        }
+        Ok(())
     }
 
     /// Was page `p` written since the engine last examined it?
@@ -215,5 +244,31 @@ mod tests {
         w.clear_range(60, 66);
         let left: Vec<usize> = (55..70).filter(|&p| w.get(p)).collect();
         assert_eq!(left, [55, 56, 57, 58, 59, 66, 67, 68, 69]);
+    }
+
+    #[test]
+    fn a_collection_names_only_the_pages_it_marks_for_the_first_time() {
+        let log = Arc::new(RecordedWrites::default());
+        let mut w = Written::new(log.clone(), 70);
+        w.clear_range(0, 70);
+        w.mark(5, 6);
+        // 5 was marked already (by a device); 71 is past the region, in
+        // its last word.
+        for p in [5, 6, 64, 69, 71] {
+            log.record(p);
+        }
+        let mut named = Vec::new();
+        w.collect_with(|p| named.push(p)).unwrap();
+        assert_eq!(named, [6, 64, 69]);
+        assert_eq!(w.bits[1], (1 << 0) | (1 << 5));
+        // Written again before the engine looked: nothing new.
+        log.record(6);
+        named.clear();
+        w.collect_with(|p| named.push(p)).unwrap();
+        assert!(named.is_empty());
+        w.clear_range(6, 7);
+        log.record(6);
+        w.collect_with(|p| named.push(p)).unwrap();
+        assert_eq!(named, [6]);
     }
 }

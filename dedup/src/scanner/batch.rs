@@ -87,12 +87,16 @@ impl Core {
     /// Judges the settle time (`settle.rs`) by the scan's merges (all but
     /// the hinted ones) and their copy-on-write breaks so far: at each
     /// collection of the write logs and at each pass end, as a pass can
-    /// take tens of seconds while guests boot.
+    /// take tens of seconds while guests boot. The breaks are those the
+    /// scan found or those the write logs saw, whichever count is ahead:
+    /// the logs see a break within a collection, the scan a pass later
+    /// (and alone in regions without a log).
     pub(super) fn judge_settle(&mut self) {
         let o = &self.counters.origins;
-        let hinted = (o.merges.hinted, o.cow_breaks.hinted);
+        let (found, logged) = (&o.cow_breaks, &self.logged_breaks);
+        let breaks = (found.total() - found.hinted).max(logged.total() - logged.hinted);
         self.settle
-            .judge(o.merges.total() - hinted.0, o.cow_breaks.total() - hinted.1);
+            .judge(o.merges.total() - o.merges.hinted, breaks);
     }
 
     /// Runs whole passes synchronously (tests, benchmarks).

@@ -196,6 +196,9 @@ impl Core {
                 }
             }
             r.state[op.page] = region::with_origin(r.state[op.page], op.origin);
+            if r.written.is_some() {
+                self.merged_since_collect.push(r.gid_base + op.page as u32);
+            }
             *self.counters.origins.merges.at_mut(op.origin.index()) += 1;
             self.pass_progress += 1;
         } else {

@@ -72,12 +72,24 @@ impl Core {
     }
 
     /// Adds what each region's write log recorded since the last
-    /// collection; a log that fails is dropped (the region is then read in
-    /// full).
+    /// collection, counting the writes to merged and zero-dropped pages
+    /// (`logged_breaks`); a log that fails is dropped (the region is then
+    /// read in full).
     fn collect_write_logs(&mut self) {
+        let recent: std::collections::HashSet<u32> = self.merged_since_collect.drain(..).collect();
+        let logged = &mut self.logged_breaks;
         for r in &mut self.regions {
+            let (state, base) = (&r.state, r.gid_base);
             if let Some(w) = r.written.as_mut() {
-                if let Err(e) = w.collect() {
+                let seen = w.collect_with(|p| {
+                    let st = state[p];
+                    if matches!(region::kind(st), MERGED | ZERO)
+                        && !recent.contains(&(base + p as u32))
+                    {
+                        *logged.at_mut(region::origin(st).index()) += 1;
+                    }
+                });
+                if let Err(e) = seen {
                     log::warn!("{} ({:?}): {e}; reading pagemap instead", r.owner, r.id);
                     r.written = None;
                 }
