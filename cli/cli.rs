@@ -642,6 +642,8 @@ mod tests {
             "free",
             "--max-guest-pause-us",
             "250",
+            "--settle",
+            "false",
         ])
         .unwrap();
         let d = run_config(&a).unwrap().dedup;
@@ -656,6 +658,7 @@ mod tests {
             max_scanning_factor: Some(4),
             memory_signal: Some(pagefold_dedup::MemorySignal::Free),
             max_guest_pause_us: Some(250),
+            settle: Some(false),
         };
         assert_eq!(*d.settings, want);
         // Without flags the config's (here: the defaults) stay.
@@ -671,16 +674,22 @@ mod tests {
         let path = dir.join("c.toml");
         std::fs::write(
             &path,
-            "[dedup]\nmode = \"on\"\npages_to_scan = 100\nauto_threshold = 10\n\
+            "[dedup]\nmode = \"on\"\npages_to_scan = 100\nauto_threshold = 10\nsettle = false\n\
              [[vm]]\nname = \"a\"\nmemory = 64\n",
         )
         .unwrap();
-        let a = run_args(&["--config", path.to_str().unwrap(), "--auto-threshold", "30"]).unwrap();
+        let config = path.to_str().unwrap();
+        let a = run_args(&["--config", config, "--auto-threshold", "30"]).unwrap();
         let d = run_config(&a).unwrap().dedup;
+        let settled = run_config(&run_args(&["--config", config, "--settle", "true"]).unwrap())
+            .unwrap()
+            .dedup;
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(d.mode(), Mode::On);
         assert_eq!(d.settings.pages_to_scan, Some(100));
         assert_eq!(d.settings.auto_threshold, Some(30));
+        assert_eq!(d.settings.settle, Some(false));
+        assert_eq!(settled.settings.settle, Some(true));
         // Out of range as a flag: a usage error (exit 2), the config's words.
         let e = run_config(&run_args(&["--auto-threshold", "101"]).unwrap()).unwrap_err();
         assert_eq!(e.exit_code(), 2);
@@ -712,6 +721,8 @@ mod tests {
             "off",
             "--no-io-hints",
             "--no-write-log",
+            "--settle",
+            "false",
         ];
         let cli = Cli::try_parse_from(["pagefold", "serve"].iter().chain(&flags)).unwrap();
         let Command::Serve(a) = cli.cmd else {
@@ -724,6 +735,7 @@ mod tests {
         assert_eq!(served.backend, BackendKind::Ksm);
         assert_eq!(served.ksm_assist, pagefold_dedup::AssistMode::Off);
         assert!(!served.io_hints && !served.write_log);
+        assert_eq!(served.settings.settle, Some(false));
         assert_eq!(served.mode(), Mode::Auto);
         assert_eq!(served.settings.auto_threshold, Some(30));
         assert_eq!(

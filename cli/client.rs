@@ -136,7 +136,8 @@ pub enum VmCommand {
 #[derive(Subcommand, Debug)]
 pub enum DedupCommand {
     /// Change the dedup mode or knobs: mode=off|on|unmerge|auto, pages_to_scan=N, sleep_millisecs=N,
-    /// max_page_sharing=N, auto_threshold=PCT, max_scanning_factor=N, memory_signal=free|available.
+    /// max_page_sharing=N, auto_threshold=PCT, max_scanning_factor=N, memory_signal=free|available,
+    /// max_guest_pause_us=US, settle=true|false.
     Set {
         /// The settings to change, e.g. mode=on pages_to_scan=4096.
         #[arg(required = true, value_name = "KEY=VALUE")]

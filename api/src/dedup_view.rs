@@ -95,6 +95,12 @@ pub struct DedupView {
     /// merges the guests undo.
     #[serde(default)]
     pub settle_ms: u64,
+    /// pagefold engine: settling on (the default) or off (`PATCH /dedup
+    /// {"settle": false}`: full pace whatever the guests undo, `settle_ms`
+    /// 0). Absent for KSM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub settle: Option<bool>,
     /// pagefold engine: of `cpu_seconds`, the time spent executing merges
     /// and zero drops.
     #[serde(default)]
@@ -336,6 +342,7 @@ impl DedupView {
             huge_pages_split: stats.huge_pages_split,
             origins: stats.origins.into(),
             settle_ms: stats.settle_ms,
+            settle: stats.settle,
             merge_cpu_seconds: stats.merge_cpu_seconds,
             per_owner: stats
                 .per_owner

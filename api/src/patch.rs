@@ -11,10 +11,15 @@ use pagefold_dedup::{CheckedSettings, DedupSettings, SettingsError};
 pub enum PatchError {
     #[error("{0:?}: expected KEY=VALUE")]
     Syntax(String),
-    #[error("unknown setting {0:?} (expected mode, pages_to_scan, sleep_millisecs, max_page_sharing, auto_threshold, max_scanning_factor, memory_signal or max_guest_pause_us)")]
+    #[error("unknown setting {0:?} (expected mode, pages_to_scan, sleep_millisecs, max_page_sharing, auto_threshold, max_scanning_factor, memory_signal, max_guest_pause_us or settle)")]
     UnknownKey(String),
     #[error("invalid value for {key}: {value:?} is not a non-negative integer")]
     NotANumber { key: String, value: String },
+    /// The JSON body's `true` and `false`, spelled as its words: a switch
+    /// that took `1`, `yes` or `off` too would read differently here and
+    /// in the body.
+    #[error("invalid value for {key}: {value:?} is not true or false")]
+    NotABool { key: String, value: String },
     #[error(transparent)]
     Invalid(#[from] SettingsError),
 }
@@ -43,6 +48,12 @@ pub fn from_pairs<S: AsRef<str>>(pairs: &[S]) -> Result<CheckedSettings, PatchEr
             "max_scanning_factor" => s.max_scanning_factor = Some(num()?),
             "memory_signal" => s.memory_signal = Some(v.parse()?),
             "max_guest_pause_us" => s.max_guest_pause_us = Some(num()?),
+            "settle" => {
+                s.settle = Some(v.parse().map_err(|_| PatchError::NotABool {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                })?)
+            }
             other => return Err(PatchError::UnknownKey(other.to_string())),
         }
     }
@@ -103,6 +114,24 @@ mod tests {
         let e = from_pairs(&["memory_signal=cached"]).unwrap_err();
         assert!(e.to_string().contains("cached"), "{e}");
         assert!(!from_pairs(&["mode=on"]).unwrap().touches_auto());
+    }
+
+    #[test]
+    fn settle_takes_the_json_bodys_words() {
+        let s = from_pairs(&["settle=false"]).unwrap();
+        assert_eq!(s.settle, Some(false));
+        assert_eq!(
+            serde_json::to_value(*s).unwrap(),
+            serde_json::json!({"settle": false})
+        );
+        assert_eq!(from_pairs(&["settle = true"]).unwrap().settle, Some(true));
+        for bad in ["settle=no", "settle=0", "settle=False", "settle="] {
+            let e = from_pairs(&[bad]).unwrap_err();
+            assert!(matches!(e, PatchError::NotABool { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("is not true or false"), "{e}");
+        }
+        let e = from_pairs(&["setle=false"]).unwrap_err().to_string();
+        assert!(e.contains("max_guest_pause_us or settle)"), "{e}");
     }
 
     #[test]

@@ -277,6 +277,11 @@ async fn dedup_patch_validates_like_the_cli() {
     assert_eq!(a.status, StatusCode::OK, "{}", a.text);
     assert_eq!(a.json()["mode"], "auto");
     assert_eq!(a.json()["knobs"]["pages_to_scan"], 500);
+    assert_eq!(a.json()["settle"], true);
+    let a = send(&app, "PATCH", "/api/v1/dedup", Some(r#"{"settle": false}"#)).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.text);
+    assert_eq!(a.json()["settle"], false);
+    assert_eq!(a.json()["mode"], "auto", "the mode stays");
     // Out of range: 400 naming field and range; nothing changes (the mode
     // in the same request stays too).
     let a = send(
@@ -307,6 +312,7 @@ async fn dedup_patch_validates_like_the_cli() {
         (r#"{"pages_to_scan": -1}"#, "invalid JSON"),
         (r#"{"pages_to_scan": "5"}"#, "invalid type"),
         (r#"{"turbo": true}"#, "unknown field `turbo`"),
+        (r#"{"settle": "off"}"#, "invalid type"),
         (r#"[]"#, "invalid JSON"),
     ] {
         let a = send(&app, "PATCH", "/api/v1/dedup", Some(b)).await;

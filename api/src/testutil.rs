@@ -22,6 +22,8 @@ use pagefold_vmm::vm::VmInfo;
 
 pub struct TestBackend {
     state: Mutex<(Mode, Knobs)>,
+    /// `DedupSettings::settle` as applied (on at first, as the engine's).
+    settle: AtomicBool,
     /// Pretend the scanner's wake-up is overdue (a stalled engine).
     pub overdue: AtomicBool,
 }
@@ -37,6 +39,7 @@ impl TestBackend {
                     max_page_sharing: 256,
                 },
             )),
+            settle: AtomicBool::new(true),
             overdue: AtomicBool::new(false),
         }
     }
@@ -55,6 +58,9 @@ impl DedupBackend for TestBackend {
     fn apply(&self, settings: &CheckedSettings) -> pagefold_dedup::Result<Knobs> {
         if settings.mode == Some(Mode::Unmerge) {
             return Err(Error::Unsupported("the test backend cannot unmerge".into()));
+        }
+        if let Some(on) = settings.settle {
+            self.settle.store(on, Ordering::Relaxed);
         }
         let mut s = self.state.lock().unwrap();
         s.1 = settings.knobs_over(s.1);
@@ -97,6 +103,7 @@ impl DedupBackend for TestBackend {
                 15
             },
             wakeup_overdue: self.overdue.load(Ordering::Relaxed),
+            settle: Some(self.settle.load(Ordering::Relaxed)),
             per_owner,
             ..Stats::default()
         }

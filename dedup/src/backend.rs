@@ -261,6 +261,11 @@ pub struct Stats {
     /// merges the guests undo (pagefold).
     #[serde(default)]
     pub settle_ms: u64,
+    /// Settling on or off (`DedupSettings::settle`): while off,
+    /// `settle_ms` stays 0. `None` from a backend with no settle time
+    /// (kernel KSM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settle: Option<bool>,
     /// Of `cpu_seconds`, the scanner's time executing merges and zero
     /// drops (protect, final compare, remap, unprotect), apart from
     /// finding them (pagefold).
@@ -346,7 +351,10 @@ pub trait DedupBackend: Send + Sync {
     /// Applies checked settings: the knobs given, then the mode, if given
     /// (a bad knob never leaves the mode changed). Returns the knobs now
     /// in force. Auto-mode settings are the auto controller's (see
-    /// `auto::AutoHandle`); backends ignore them here.
+    /// `auto::AutoHandle`); backends ignore them here. A backend takes
+    /// the settings of another backend (kernel KSM: `max_guest_pause_us`,
+    /// `settle`) and ignores them too, so that one config or request
+    /// serves either backend.
     fn apply(&self, settings: &CheckedSettings) -> Result<Knobs>;
 
     /// Changes the mode alone.

@@ -146,7 +146,8 @@ pub struct EngineConfig {
     /// Settle the scan while the guests undo its merges (docs/engine.md,
     /// "Settling"); off, it keeps its full pace whatever they do (the
     /// torture tests, which race writers against as many merges as they
-    /// can).
+    /// can). The start value: `DedupSettings::settle` changes it while
+    /// the engine runs.
     pub settle: bool,
 }
 
@@ -192,6 +193,10 @@ struct Ctl {
     knobs: Knobs,
     /// `DedupSettings::max_guest_pause_us` in force.
     max_guest_pause_us: u64,
+    /// `DedupSettings::settle` in force (from `EngineConfig::settle` until
+    /// a setting changes it): the scanner hands it to the core at each
+    /// wake-up, as the knobs, so that `apply` never waits for a scan.
+    settle: bool,
     policy: Option<Box<dyn RoundPolicy>>,
     stop: bool,
     generation: u64,
@@ -344,6 +349,7 @@ impl Engine {
                 },
                 knobs: cfg.knobs,
                 max_guest_pause_us: DEFAULT_MAX_GUEST_PAUSE_US,
+                settle: cfg.settle,
                 policy: None,
                 stop: false,
                 generation: 0,
@@ -449,7 +455,11 @@ impl Engine {
     #[cfg(any(test, feature = "testing"))]
     pub fn scan_now(&self, passes: u64) {
         let mut core = lock(&self.shared.core);
-        core.set_knobs(lock(&self.shared.ctl).knobs);
+        {
+            let c = lock(&self.shared.ctl);
+            core.set_knobs(c.knobs);
+            core.set_settle(c.settle);
+        }
         core.run_passes(passes);
         self.shared.publish(&core);
     }
@@ -636,6 +646,9 @@ impl DedupBackend for Engine {
         if let Some(us) = settings.max_guest_pause_us {
             c.max_guest_pause_us = us;
         }
+        if let Some(on) = settings.settle {
+            c.settle = on;
+        }
         if let Some(mode) = settings.mode {
             c.mode = mode;
         }
@@ -660,6 +673,7 @@ impl DedupBackend for Engine {
             s.mode = c.mode;
             s.knobs = Some(c.knobs);
             s.max_guest_pause_us = Some(c.max_guest_pause_us);
+            s.settle = Some(c.settle);
             if let Some(t) = c.last_wakeup {
                 let age = t.elapsed();
                 s.last_wakeup_age_ms = age.as_millis() as u64;

@@ -274,6 +274,15 @@ pub struct DedupSettings {
     #[cfg_attr(feature = "clap", arg(long, value_name = "US", help_heading = HEADING))]
     #[cfg_attr(feature = "utoipa", schema(maximum = 1000000))]
     pub max_guest_pause_us: Option<u64>,
+    /// pagefold backend: slow the scan while the guests undo its merges
+    /// (default true); false keeps its full pace whatever they do.
+    // Run-time, unlike the engine's construction options: whether settling
+    // pays depends on the guests of the moment, so an operator may turn it
+    // off (or back on) while they run. The KSM backend takes it and has
+    // nothing to settle, as with `max_guest_pause_us`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "BOOL", help_heading = HEADING))]
+    pub settle: Option<bool>,
 }
 
 impl DedupSettings {
@@ -287,12 +296,14 @@ impl DedupSettings {
         max_scanning_factor: None,
         memory_signal: None,
         max_guest_pause_us: None,
+        settle: None,
     };
 
     /// The one range check of parsed settings: every knob given within its
     /// range, `auto_threshold` a percentage. (`max_scanning_factor` is
     /// bounded by the host's RAM and the knob in force: the auto
-    /// controller checks it when it takes the settings.)
+    /// controller checks it when it takes the settings; `settle` is valid
+    /// either way.)
     pub fn validate(self) -> Result<CheckedSettings, SettingsError> {
         let knobs = [
             self.pages_to_scan,
@@ -351,6 +362,7 @@ impl CheckedSettings {
             max_scanning_factor: a.max_scanning_factor.or(b.max_scanning_factor),
             memory_signal: a.memory_signal.or(b.memory_signal),
             max_guest_pause_us: a.max_guest_pause_us.or(b.max_guest_pause_us),
+            settle: a.settle.or(b.settle),
         })
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::*;
 use pagefold_dedup::testing::Core;
 use pagefold_dedup::RecordedWrites as Recorded;
+use pagefold_dedup::{DedupBackend, DedupSettings, Engine, Mode, Stats};
 
 const N: usize = 1024;
 
@@ -158,4 +159,78 @@ fn a_write_logged_before_its_page_merged_is_no_break() {
     core.run_batch(1, true);
     let s = core.stats();
     assert_eq!((s.cow_breaks, s.settle_ms), (0, 0), "{s:?}");
+}
+
+/// Applies `settle` to the engine, as `PATCH /dedup {"settle": ...}` and
+/// the config file's `[dedup]` do.
+fn apply_settle(e: &Engine, on: bool) {
+    let s = DedupSettings {
+        settle: Some(on),
+        ..DedupSettings::default()
+    };
+    e.apply(&s.validate().unwrap()).unwrap();
+}
+
+/// Waits (up to 30 s) until the engine's statistics satisfy `done`.
+fn wait_for(e: &Engine, what: &str, done: impl Fn(&Stats) -> bool) {
+    let waited = wait_until(Duration::from_secs(30), Duration::from_millis(5), || {
+        done(&e.stats())
+    });
+    assert!(waited.is_some(), "{what}: {:?}", e.stats());
+}
+
+#[test]
+fn settle_off_applied_to_a_running_engine_keeps_its_full_pace() {
+    let (a, b, _) = three_alike();
+    let e = engine(256);
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    e.set_mode(Mode::On).unwrap();
+    wait_for(&e, "a and b merged", |s| s.pages_sharing == N as u64);
+    assert_eq!(e.stats().settle, Some(true), "on by default");
+
+    // The guest undoes every merge: the scanner settles.
+    a.fill_from(1 << 20);
+    wait_for(&e, "settled", |s| s.settle_ms > 0);
+
+    // Off while it runs: the scanner's next wake-up hands it to the core,
+    // whose settle time drops to 0.
+    apply_settle(&e, false);
+    wait_for(&e, "settle off", |s| {
+        s.settle == Some(false) && s.settle_ms == 0
+    });
+
+    // The guest merges and undoes as before; the time stays 0 meanwhile
+    // (the undone merges would settle the scan again).
+    let breaks = e.stats().cow_breaks;
+    let mut seen = Vec::new();
+    a.fill_from(1);
+    wait_until(Duration::from_secs(30), Duration::from_millis(2), || {
+        let s = e.stats();
+        seen.push(s.settle_ms);
+        s.pages_sharing == N as u64
+    })
+    .expect("merged again");
+    a.fill_from(2 << 20);
+    let scans = e.stats().full_scans;
+    wait_until(Duration::from_secs(30), Duration::from_millis(2), || {
+        let s = e.stats();
+        seen.push(s.settle_ms);
+        s.cow_breaks >= breaks + N as u64 && s.full_scans >= scans + 3
+    })
+    .expect("merges undone again, and passes after");
+    assert!(seen.iter().all(|&ms| ms == 0), "settle_ms {seen:?}");
+    assert_eq!(e.stats().settle, Some(false));
+
+    // On again, the merges the guest undid meanwhile settle the scan.
+    apply_settle(&e, true);
+    wait_for(&e, "settled again", |s| {
+        s.settle == Some(true) && s.settle_ms > 0
+    });
+    e.shutdown();
+    for i in 0..N {
+        assert_eq!(a.read(i), pattern((2 << 20) + i as u64), "a page {i}");
+        assert_eq!(b.read(i), pattern(1 + i as u64), "b page {i}");
+    }
+    e.check_consistency().unwrap();
 }

@@ -797,7 +797,7 @@ mod tests {
             "[dedup]\nbackend = \"ksm\"\nmode = \"auto\"\npages_to_scan = 500\n\
              sleep_millisecs = 0\nmax_page_sharing = 64\nauto_threshold = 30\n\
              max_scanning_factor = 4\nmemory_signal = \"free\"\nksm_assist = \"off\"\n\
-             io_hints = false\nwrite_log = false\n",
+             io_hints = false\nwrite_log = false\nsettle = false\n",
         )
         .unwrap();
         let d = &c.dedup;
@@ -813,6 +813,7 @@ mod tests {
             (Some(30), Some(4))
         );
         assert_eq!(s.memory_signal, Some(pagefold_dedup::MemorySignal::Free));
+        assert_eq!(s.settle, Some(false));
         assert_eq!(d.ksm_assist, pagefold_dedup::AssistMode::Off);
         assert!(!d.io_hints);
         assert!(!d.write_log);
@@ -847,6 +848,7 @@ mod tests {
             ),
             ("turbo = true", "unknown field `turbo`"),
             ("pages_to_scan = \"many\"", "invalid type"),
+            ("settle = \"no\"", "invalid type"),
         ] {
             let e = parse(&format!("[dedup]\n{dedup}\n{vm}")).unwrap_err();
             assert!(e.contains(want), "{dedup}: {e}");

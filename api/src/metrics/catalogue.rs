@@ -432,6 +432,15 @@ pub static FAMILIES: &[Family] = &[
         rows: |s| pagefold_only(s, |d| ms_to_s(d.settle_ms as f64)),
     },
     Family {
+        name: "pagefold_dedup_settle_enabled",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "pagefold engine: 1 while settling is on (the default), 0 while the scan keeps its full pace whatever the guests undo (setting settle).",
+        source: &["settle"],
+        ksmd: None,
+        rows: |s| one(s.dedup.as_ref()?.settle?),
+    },
+    Family {
         name: "pagefold_dedup_merge_cpu_seconds",
         kind: Kind::Counter,
         labels: &[],

@@ -314,6 +314,7 @@ mod tests {
             hint_merge_delay_ms: 2.5,
             ksm_assist: "standby".into(),
             max_guest_pause_us: Some(500),
+            settle: Some(false),
             per_owner,
             ..Stats::default()
         }
@@ -448,6 +449,7 @@ mod tests {
             "pagefold_dedup_profit_bytes -4096\n",
             "pagefold_dedup_pages_to_scan 100\n",
             "pagefold_dedup_max_guest_pause_seconds 0.0005\n",
+            "pagefold_dedup_settle_enabled 0\n",
             "pagefold_dedup_sleep_seconds 0.02\n",
             "pagefold_dedup_io_hint_merge_delay_seconds 0.0025\n",
             "pagefold_dedup_last_wakeup_age_seconds 1.234\n",

@@ -62,6 +62,8 @@ struct Wakeup {
     knobs: Knobs,
     /// The pause budget (`DedupSettings::max_guest_pause_us`).
     max_guest_pause_us: u64,
+    /// Settle the scan (`DedupSettings::settle`).
+    settle: bool,
     /// The control generation: a change wakes the scanner from its sleep.
     generation: u64,
 }
@@ -122,6 +124,7 @@ fn next_wakeup(sh: &Shared) -> Option<Wakeup> {
             mode: c.mode,
             knobs: c.knobs,
             max_guest_pause_us: c.max_guest_pause_us,
+            settle: c.settle,
             generation: c.generation,
         };
         (w, reset)
@@ -253,6 +256,7 @@ fn run_wakeup(sh: &Shared, w: &Wakeup, plan: &RoundPlan, queued: &mut Hints) -> 
     core.set_deadline(Some(t0 + WAKEUP_TIME));
     core.set_knobs(w.knobs);
     core.set_max_guest_pause_us(w.max_guest_pause_us);
+    core.set_settle(w.settle);
     if queued.lost {
         // Device writes whose ranges are lost: every logged page gets a
         // full look.

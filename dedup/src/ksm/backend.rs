@@ -351,6 +351,7 @@ impl DedupBackend for KsmBackend {
             huge_pages_split: 0,
             origins: Default::default(),
             settle_ms: 0,
+            settle: None,
             merge_cpu_seconds: 0.0,
             per_owner: self.per_owner(&st, proc),
         }

@@ -123,6 +123,40 @@ fn json_body_form() {
     );
 }
 
+/// `settle` from the config file's `[dedup]` and the `PATCH /dedup`
+/// body: a boolean, nothing else, absent unless given; file settings under
+/// flags like every other setting.
+#[test]
+fn settle_is_a_boolean_from_the_file_and_the_body() {
+    let file: CheckedSettings = toml::from_str("mode = \"on\"\nsettle = false\n").unwrap();
+    assert_eq!((file.mode(), file.settle), (Mode::On, Some(false)));
+    let body: CheckedSettings = serde_json::from_str(r#"{"settle": true}"#).unwrap();
+    assert_eq!(body.settle, Some(true));
+    assert_eq!(
+        serde_json::to_value(*file).unwrap(),
+        serde_json::json!({"mode": "on", "settle": false})
+    );
+    assert_eq!(body.or(file).settle, Some(true));
+    assert_eq!(CheckedSettings::default().or(file).settle, Some(false));
+    assert_eq!(DedupSettings::default().settle, None);
+    assert_eq!(DedupSettings::NONE, DedupSettings::default());
+    // Not a boolean's spelling: refused as the type, in either form.
+    for bad in [r#"{"settle": "false"}"#, r#"{"settle": 0}"#] {
+        let e = serde_json::from_str::<DedupSettings>(bad).unwrap_err();
+        assert!(e.to_string().contains("invalid type"), "{bad}: {e}");
+    }
+    let e = toml::from_str::<DedupSettings>("settle = \"no\"").unwrap_err();
+    assert!(e.to_string().contains("invalid type"), "{e}");
+    // Nor a knob: it touches neither the knobs nor auto mode.
+    let base = Knobs {
+        pages_to_scan: 100,
+        sleep_millisecs: 20,
+        max_page_sharing: 256,
+    };
+    assert_eq!(body.knobs_over(base), base);
+    assert!(!body.touches_auto());
+}
+
 #[test]
 fn checked_form_validates_as_it_parses() {
     let c: CheckedSettings = serde_json::from_str(r#"{"sleep_millisecs": 5}"#).unwrap();
@@ -230,6 +264,19 @@ mod flags {
         assert_eq!(s.max_scanning_factor, Some(4));
         assert_eq!(s.memory_signal, Some(MemorySignal::Free));
         assert_eq!(parse(&[]).unwrap(), DedupSettings::default());
+    }
+
+    /// `--settle` takes the config's and the body's words, true or false,
+    /// and nothing else (the flag alone would be a third spelling).
+    #[test]
+    fn settle_flag_takes_true_or_false() {
+        assert_eq!(parse(&["--settle", "false"]).unwrap().settle, Some(false));
+        assert_eq!(parse(&["--settle=true"]).unwrap().settle, Some(true));
+        assert_eq!(parse(&[]).unwrap().settle, None);
+        let e = parse(&["--settle", "no"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::InvalidValue);
+        assert!(e.to_string().contains("--settle"), "{e}");
+        assert!(parse(&["--settle"]).is_err());
     }
 
     #[test]
