@@ -96,7 +96,7 @@ impl Core {
         let (found, logged) = (&o.cow_breaks, &self.logged_breaks);
         let breaks = (found.total() - found.hinted).max(logged.total() - logged.hinted);
         self.settle
-            .judge(o.merges.total() - o.merges.hinted, breaks);
+            .judge(o.merges.total() - o.merges.hinted, breaks, Instant::now());
     }
 
     /// Runs whole passes synchronously (tests, benchmarks).

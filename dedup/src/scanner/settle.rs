@@ -25,13 +25,18 @@
 //! allows, second looks after one interval, merges at first sight), goes
 //! to [`FIRST_STEP`] and doubles up to [`MAX_SETTLE`] while more than one
 //! merge in [`HIGH_BREAKS`] is undone, and halves back (to 0 below the
-//! first step) once fewer than one in [`LOW_BREAKS`] is. While it is not
+//! first step) once fewer than one in [`LOW_BREAKS`] is and the time has
+//! held for its own length since it last changed (the merges made under
+//! it had that long to be undone: judged sooner, a window of merges that
+//! had waited the settle time lowered it to 0 within seconds, before the
+//! guests wrote any of them, and the scan went from 16 s to full pace and
+//! back in half a minute). While it is not
 //! 0, a pass starts no sooner than the settle time after the previous one
 //! started (`Core::run_batch`), a second look waits as many write-log
 //! intervals, and no page merges at first sight. Guests whose merges last
 //! keep the full pace.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The settle time's first step up from 0.
 pub(super) const FIRST_STEP: Duration = Duration::from_secs(2);
@@ -60,6 +65,8 @@ pub(super) struct Settle {
     /// last judgement.
     merges_at: u64,
     breaks_at: u64,
+    /// When the time last changed.
+    changed_at: Option<Instant>,
 }
 
 impl Settle {
@@ -92,12 +99,14 @@ impl Settle {
         self.time.is_zero()
     }
 
-    /// Judges the scan by its cumulative merges and the breaks of them
-    /// counted so far, once enough of either came since the last
+    /// Judges the scan at `now` by its cumulative merges and the breaks
+    /// of them counted so far, once enough of either came since the last
     /// judgement. A window's breaks include those of merges made before
     /// it, under a shorter settle time: the time may go one step too far
-    /// up, and comes back down once the guests' merges last.
-    pub(super) fn judge(&mut self, merges: u64, breaks: u64) {
+    /// up, and comes back down once the guests' merges last. Few breaks
+    /// lower it only once it has held for its own length; until then the
+    /// window grows.
+    pub(super) fn judge(&mut self, merges: u64, breaks: u64, now: Instant) {
         let dm = merges.saturating_sub(self.merges_at);
         let db = breaks.saturating_sub(self.breaks_at);
         if self.off || (dm < JUDGE_AFTER && db < JUDGE_AFTER) {
@@ -107,6 +116,12 @@ impl Settle {
         if db.saturating_mul(HIGH_BREAKS) > dm {
             self.time = (self.time * 2).clamp(FIRST_STEP, MAX_SETTLE);
         } else if db.saturating_mul(LOW_BREAKS) < dm {
+            let held = self
+                .changed_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.time);
+            if !held {
+                return;
+            }
             self.time /= 2;
             if self.time < FIRST_STEP {
                 self.time = Duration::ZERO;
@@ -117,6 +132,7 @@ impl Settle {
                 "{db} of {dm} merges undone: settle time {before:?} -> {:?}",
                 self.time
             );
+            self.changed_at = Some(now);
         }
         self.merges_at = merges;
         self.breaks_at = breaks;
@@ -129,15 +145,21 @@ mod tests {
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 
+    /// A moment well past every settle time since `t`'s last call.
+    fn later(t: &mut Instant) -> Instant {
+        *t += S(100);
+        *t
+    }
+
     #[test]
     fn undone_merges_lengthen_it_up_to_its_cap() {
-        let mut st = Settle::default();
+        let (mut st, mut t) = (Settle::default(), Instant::now());
         assert!(st.first_sight());
         let (mut m, mut b) = (0, 0);
         for want in [2, 4, 8, 16, 32, 32] {
             m += 1000;
             b += 500;
-            st.judge(m, b);
+            st.judge(m, b, later(&mut t));
             assert_eq!(st.time(), S(want));
             assert!(!st.first_sight());
         }
@@ -145,46 +167,67 @@ mod tests {
 
     #[test]
     fn lasting_merges_shorten_it_to_zero_and_a_middle_share_keeps_it() {
-        let mut st = Settle::default();
-        st.judge(1000, 900);
-        st.judge(2000, 1800);
+        let (mut st, mut t) = (Settle::default(), Instant::now());
+        st.judge(1000, 900, later(&mut t));
+        st.judge(2000, 1800, later(&mut t));
         assert_eq!(st.time(), S(4));
         // One in eight undone: between the two thresholds.
-        st.judge(3000, 1925);
+        st.judge(3000, 1925, later(&mut t));
         assert_eq!(st.time(), S(4));
         for want in [2, 0, 0] {
             let (m, b) = (st.merges_at + 1000, st.breaks_at + 10);
-            st.judge(m, b);
+            st.judge(m, b, later(&mut t));
             assert_eq!(st.time(), S(want));
         }
         assert!(st.first_sight());
     }
 
     #[test]
+    fn it_goes_down_only_after_holding_for_its_own_length() {
+        let (mut st, t0) = (Settle::default(), Instant::now());
+        for (i, want) in [2, 4, 8, 16].into_iter().enumerate() {
+            let n = 1000 * (i as u64 + 1);
+            st.judge(n, n / 2, t0);
+            assert_eq!(st.time(), S(want));
+        }
+        // Lasting merges 10 s after it reached 16 s: too soon to judge
+        // them, the window grows.
+        st.judge(20_000, 2000, t0 + S(10));
+        assert_eq!((st.time(), st.merges_at), (S(16), 4000));
+        // 16 s after: the window since 4,000 merges is judged, 16,000
+        // merges and no more breaks.
+        st.judge(20_000, 2000, t0 + S(16));
+        assert_eq!((st.time(), st.merges_at), (S(8), 20_000));
+        // Breaks raise it at once, however recent the last change.
+        st.judge(21_000, 2600, t0 + S(17));
+        assert_eq!(st.time(), S(16));
+    }
+
+    #[test]
     fn turned_off_it_stays_at_zero() {
-        let mut st = Settle::default();
+        let (mut st, mut t) = (Settle::default(), Instant::now());
         st.set_enabled(false);
-        st.judge(1000, 900);
+        st.judge(1000, 900, later(&mut t));
         assert_eq!(st.time(), Duration::ZERO);
         assert!(st.first_sight());
     }
 
     #[test]
     fn a_few_merges_are_not_judged() {
-        let mut st = Settle::default();
-        st.judge(100, 100);
+        let (mut st, mut t) = (Settle::default(), Instant::now());
+        st.judge(100, 100, later(&mut t));
         assert_eq!(st.time(), Duration::ZERO);
         // Breaks alone, once many: merges made earlier are being undone.
-        st.judge(100, 400);
+        st.judge(100, 400, later(&mut t));
         assert_eq!(st.time(), S(2));
     }
 
     #[test]
     fn second_looks_wait_the_settle_time_in_intervals() {
-        let mut st = Settle::default();
+        let (mut st, mut t) = (Settle::default(), Instant::now());
         assert_eq!(st.intervals(S(1)), 1);
-        st.judge(1000, 900);
-        st.judge(2000, 1800);
+        st.judge(1000, 900, later(&mut t));
+        st.judge(2000, 1800, later(&mut t));
         assert_eq!(st.intervals(S(1)), 4);
         assert_eq!(st.intervals(Duration::from_millis(1500)), 3);
         assert_eq!(st.intervals(Duration::ZERO), 1);
