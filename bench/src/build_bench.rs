@@ -177,6 +177,11 @@ pub struct BuildSample {
     pub cpu_s: f64,
     #[serde(default)]
     pub merge_cpu_s: f64,
+    /// Both guests' vCPU time held by the engine's parks so far (the VMM's
+    /// record, `GuestPauses::total_s`): guest time lost to merging beside
+    /// the engine's CPU (0 for KSM, which parks nothing).
+    #[serde(default)]
+    pub parked_s: f64,
 }
 
 impl BuildSample {
@@ -193,7 +198,14 @@ impl BuildSample {
             settle_ms: st.map_or(0, |s| s.settle_ms),
             cpu_s: st.map_or(0.0, |s| s.cpu_seconds),
             merge_cpu_s: st.map_or(0.0, |s| s.merge_cpu_seconds),
+            parked_s: 0.0,
         }
+    }
+
+    /// The sample with the guests' parked time as the VMM recorded it.
+    pub(crate) fn parked(mut self, r: &Runner) -> Self {
+        self.parked_s = r.vms().iter().map(|v| v.info().guest_pauses.total_s).sum();
+        self
     }
 }
 
@@ -606,7 +618,9 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
         | BuildSystem::PagefoldOnNoPark
         | BuildSystem::PagefoldAuto => {
             // The engine as the VMM runs it (KSM assist auto, I/O hints,
-            // write log).
+            // write log). The run holds the KSM lock (`ksm_exclusive`), so
+            // the assist is told so: otherwise it finds the lock taken and
+            // never engages.
             let engine = Engine::new(EngineConfig {
                 io_hints: s != BuildSystem::PagefoldOnNoHints,
                 write_log: s != BuildSystem::PagefoldOnNoLog,
@@ -615,7 +629,7 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
                 } else {
                     pagefold_vmm::dedup::quiesce_min_ops()
                 },
-                ..EngineConfig::vmm_default()
+                ..crate::system::engine_config_locked()
             })
             .map_err(pagefold_dedup::Error::from)
             .map_err(e)?;

@@ -114,8 +114,9 @@ pub fn run_linux_build_bench(
                     targets = targets.or(t);
                     if opts.progress {
                         eprintln!(
-                            "[linux build] {} run {}: real {:.1} s, user {:.1} s, sys {:.1} s, engine {:.2} s, npages {}",
-                            s.name(), run + 1, r.real_s, r.user_s, r.sys_s, r.engine_cpu_s, r.npages
+                            "[linux build] {} run {}: real {:.1} s, user {:.1} s, sys {:.1} s, engine {:.2} s, npages {}, guests parked {:.1} s",
+                            s.name(), run + 1, r.real_s, r.user_s, r.sys_s, r.engine_cpu_s, r.npages,
+                            r.samples.last().map_or(0.0, |x| x.parked_s)
                         );
                         if let Some(o) = &r.origins {
                             eprintln!(
@@ -316,11 +317,11 @@ fn drive(
         if due || finished {
             tr.last_sample = Some(Instant::now());
             let st = r.dedup().map(|b| b.stats());
-            let x = BuildSample::of(t0.elapsed().as_secs_f64(), st.as_ref());
+            let x = BuildSample::of(t0.elapsed().as_secs_f64(), st.as_ref()).parked(r);
             tr.samples.push(x);
             if opts.progress && tr.samples.len() % 60 == 0 {
                 eprintln!(
-                    "[linux build {}] {:6.0} s: npages {}, full scans {}, merges {}, COW breaks {}, settle {} ms, CPU {:.1} s ({:.1} s merging)",
+                    "[linux build {}] {:6.0} s: npages {}, full scans {}, merges {}, COW breaks {}, settle {} ms, CPU {:.1} s ({:.1} s merging), guests parked {:.1} s",
                     s.name(),
                     x.t_s,
                     x.npages,
@@ -329,7 +330,8 @@ fn drive(
                     x.cow_breaks,
                     x.settle_ms,
                     x.cpu_s,
-                    x.merge_cpu_s
+                    x.merge_cpu_s,
+                    x.parked_s
                 );
             }
         }
