@@ -26,7 +26,10 @@
 //! * **KSM runs at the engine's pace, then idles**: `pages_to_scan` and
 //!   `sleep_millisecs` follow the engine's knobs (times the auto factor);
 //!   each KSM full scan that merges nothing more doubles the sleep, up to
-//!   1 s; `run` goes back to its original value whenever the engine does not
+//!   1 s; while the engine's scan is settled (its guests undo merges),
+//!   KSM runs without the boost and a full scan of the group takes at
+//!   least the settle time, as the engine's passes do;
+//!   `run` goes back to its original value whenever the engine does not
 //!   merge (mode off, auto untriggered). Every knob is restored when the
 //!   assist ends, and every change is journaled first (`ksm::journal`), so
 //!   a `kill -9` is undone by the next pagefold that uses KSM.
@@ -89,6 +92,17 @@ pub fn ksm_pace(pages: u64, sleep_ms: u64) -> (u64, u64) {
         KSM_BATCH_MAX,
         sleep_ms.saturating_mul(KSM_BATCH_MAX) / pages,
     )
+}
+
+/// The least sleep between KSM batches of `pages` for a full scan of
+/// `group_pages` to take `settle` (0 when it is 0): while the engine's scan
+/// is settled (its guests undo its merges), KSM, like the engine's passes,
+/// looks at each page no more often than once per settle time, so its
+/// checksum rule merges only pages unchanged that long.
+pub fn settled_sleep_ms(pages: u64, settle: std::time::Duration, group_pages: u64) -> u64 {
+    let batches = group_pages.div_ceil(pages.max(1)).max(1);
+    let settle_ms = u64::try_from(settle.as_millis()).unwrap_or(u64::MAX);
+    settle_ms.div_ceil(batches)
 }
 
 /// Runs `f`, logging it as `what` when it took `SLOW_KSM_ACCESS` or more.
@@ -372,8 +386,16 @@ impl KsmAssist {
 
     /// Steers KSM for one engine wake-up: `merge` says whether the engine
     /// merges now (mode on, or auto triggered); `pages` and `sleep_ms` are
-    /// the engine's pace for this wake-up.
-    pub fn drive(&mut self, merge: bool, pages: u64, sleep_ms: u64) {
+    /// the engine's pace for this wake-up; `settle` is the engine's settle
+    /// time, and `group_pages` the pages of the regions KSM has.
+    pub fn drive(
+        &mut self,
+        merge: bool,
+        pages: u64,
+        sleep_ms: u64,
+        settle: std::time::Duration,
+        group_pages: u64,
+    ) {
         let Some(e) = self.engaged.as_mut() else {
             return;
         };
@@ -432,11 +454,16 @@ impl KsmAssist {
         // While KSM still finds work (its first two scans of a handed-over
         // group), it scans CONVERGE_BOOST times the engine's pace: its work
         // is the same either way (two scans of the group), only sooner.
-        let pages = if e.idle_scans < 2 {
+        // Not while the engine is settled: the guests undo merges, and
+        // KSM's passes then keep to the settle time as the engine's do
+        // (in a Linux build handed over, KSM at the boosted pace took a
+        // whole CPU for the build's length).
+        let pages = if e.idle_scans < 2 && settle.is_zero() {
             pages.saturating_mul(CONVERGE_BOOST)
         } else {
             pages
         };
+        let sleep = sleep.max(settled_sleep_ms(pages.max(1), settle, group_pages));
         let (pages, sleep) = ksm_pace(pages.clamp(1, u32::MAX as u64), sleep);
         if pages != e.pages && write("pages_to_scan", pages) {
             e.pages = pages;
@@ -595,6 +622,18 @@ impl Census {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_settled_engine_spreads_ksm_full_scans_over_the_settle_time() {
+        use std::time::Duration;
+        let s16 = Duration::from_secs(16);
+        // 262,144 pages at 4,096 a batch: 64 batches in 16 s.
+        assert_eq!(settled_sleep_ms(4096, s16, 262_144), 250);
+        // A group smaller than a batch: one batch per settle time.
+        assert_eq!(settled_sleep_ms(4096, s16, 100), 16_000);
+        assert_eq!(settled_sleep_ms(4096, Duration::ZERO, 262_144), 0);
+        assert_eq!(settled_sleep_ms(0, s16, 0), 16_000);
+    }
 
     #[test]
     fn ksm_batches_stay_short_at_the_same_pace() {

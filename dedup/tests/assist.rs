@@ -356,7 +356,7 @@ fn an_ended_engagement_restores_its_knobs_when_told_or_before_the_next_one() {
         ..AssistConfig::default()
     });
     a.engage(1).unwrap();
-    a.drive(true, 3000, 7);
+    a.drive(true, 3000, 7, Duration::ZERO, 0);
     let ours = ksm::snapshot_tunables(root);
     assert_ne!(pace(&ours), pace(&before), "the drive wrote nothing");
     a.disengage();
@@ -365,7 +365,7 @@ fn an_ended_engagement_restores_its_knobs_when_told_or_before_the_next_one() {
     assert_eq!(ksm::snapshot_tunables(root), before, "not restored");
 
     a.engage(2).unwrap();
-    a.drive(true, 3000, 7);
+    a.drive(true, 3000, 7, Duration::ZERO, 0);
     a.disengage();
     a.engage(3).unwrap();
     assert_eq!(
@@ -373,7 +373,7 @@ fn an_ended_engagement_restores_its_knobs_when_told_or_before_the_next_one() {
         pace(&before),
         "engaged over the last engagement's knobs"
     );
-    a.drive(true, 3000, 7);
+    a.drive(true, 3000, 7, Duration::ZERO, 0);
     drop(a);
     assert_eq!(
         ksm::snapshot_tunables(root),

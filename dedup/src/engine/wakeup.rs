@@ -107,7 +107,7 @@ fn next_wakeup(sh: &Shared) -> Option<Wakeup> {
             drop(c);
             {
                 let mut core = lock(&sh.core);
-                core.assist_mut().drive(false, 0, 0);
+                core.assist_mut().drive(false, 0, 0, Duration::ZERO, 0);
                 sh.publish(&core);
             }
             c = lock(&sh.ctl);
@@ -279,8 +279,7 @@ fn run_wakeup(sh: &Shared, w: &Wakeup, plan: &RoundPlan, queued: &mut Hints) -> 
     // behind them found little and slowed down.
     rep.merges += hinted.merges;
     rep.fresh += hinted.fresh;
-    core.assist_mut()
-        .drive(plan.merge, plan.pages_to_visit, w.knobs.sleep_millisecs);
+    core.drive_assist(plan.merge, plan.pages_to_visit, w.knobs.sleep_millisecs);
     core.set_deadline(None);
     let t3 = Instant::now();
     sh.publish(&core);

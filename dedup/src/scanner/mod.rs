@@ -542,6 +542,20 @@ impl Core {
         &mut self.assist
     }
 
+    /// Steers KSM for this wake-up (`KsmAssist::drive`) at the engine's
+    /// pace, its settle time, and the size of the regions KSM has.
+    pub fn drive_assist(&mut self, merge: bool, pages: u64, sleep_ms: u64) {
+        let group_pages = self
+            .regions
+            .iter()
+            .filter(|r| r.assisted)
+            .map(|r| r.npages as u64)
+            .sum();
+        let settle = self.settle.time();
+        self.assist
+            .drive(merge, pages, sleep_ms, settle, group_pages);
+    }
+
     /// Batches of at least `ops` page-table changes park the VMs' vCPUs
     /// (0: never; see [`DEFAULT_QUIESCE_MIN_OPS`]).
     pub fn set_quiesce_min_ops(&mut self, ops: usize) {
