@@ -86,17 +86,16 @@ impl Core {
 
     /// Judges the settle time (`settle.rs`) by the scan's merges (all but
     /// the hinted ones) and their copy-on-write breaks so far: at each
-    /// collection of the write logs and at each pass end, as a pass can
-    /// take tens of seconds while guests boot. The breaks are those the
-    /// scan found or those the write logs saw, whichever count is ahead:
-    /// the logs see a break within a collection, the scan a pass later
-    /// (and alone in regions without a log).
+    /// collection of the write logs (which takes back the shares the
+    /// guests' writes broke since the previous one) and at each pass end,
+    /// as a pass can take tens of seconds while guests boot.
     pub(super) fn judge_settle(&mut self) {
         let o = &self.counters.origins;
-        let (found, logged) = (&o.cow_breaks, &self.logged_breaks);
-        let breaks = (found.total() - found.hinted).max(logged.total() - logged.hinted);
-        self.settle
-            .judge(o.merges.total() - o.merges.hinted, breaks, Instant::now());
+        self.settle.judge(
+            o.merges.total() - o.merges.hinted,
+            o.cow_breaks.total() - o.cow_breaks.hinted,
+            Instant::now(),
+        );
     }
 
     /// Runs whole passes synchronously (tests, benchmarks).

@@ -72,21 +72,21 @@ impl Core {
     }
 
     /// Adds what each region's write log recorded since the last
-    /// collection, counting the writes to merged and zero-dropped pages
-    /// (`logged_breaks`); a log that fails is dropped (the region is then
-    /// read in full).
+    /// collection, and takes back at once the shares those writes broke
+    /// (`take_back_written_shares`); a log that fails is dropped (the
+    /// region is then read in full).
     fn collect_write_logs(&mut self) {
         let recent: std::collections::HashSet<u32> = self.merged_since_collect.drain(..).collect();
-        let logged = &mut self.logged_breaks;
-        for r in &mut self.regions {
-            let (state, base) = (&r.state, r.gid_base);
+        let mut written_shares = Vec::new();
+        for (ri, r) in self.regions.iter_mut().enumerate() {
+            let (state, base, assisted) = (&r.state, r.gid_base, r.assisted);
             if let Some(w) = r.written.as_mut() {
                 let seen = w.collect_with(|p| {
-                    let st = state[p];
-                    if matches!(region::kind(st), MERGED | ZERO)
+                    if !assisted
+                        && matches!(region::kind(state[p]), MERGED | ZERO)
                         && !recent.contains(&(base + p as u32))
                     {
-                        *logged.at_mut(region::origin(st).index()) += 1;
+                        written_shares.push((ri, p));
                     }
                 });
                 if let Err(e) = seen {
@@ -95,6 +95,34 @@ impl Core {
                 }
             }
         }
+        self.take_back_written_shares(&written_shares);
+    }
+
+    /// Merged and zero-dropped pages (region index, page) that a write log
+    /// saw written since the previous collection, each merged before it:
+    /// each one's pagemap entry says, as at a visit (`check_merged`,
+    /// `check_zero`), whether the write gave it a private copy, and such a
+    /// share is taken back now, not at the scan's next visit, a pass (up to
+    /// the settle time) later. The settle time (`settle.rs`) sees the
+    /// guests undoing merges within a collection, and the statistics count
+    /// the breaks within a second. Pages merged since the previous
+    /// collection are not among them (the write may predate the merge,
+    /// whose compare saw it): their visit tells.
+    fn take_back_written_shares(&mut self, pages: &[(usize, usize)]) {
+        let mut freed = Vec::new();
+        for &(ri, p) in pages {
+            let mut e = [Entry(0)];
+            if let Err(err) = self.pagemap.read(self.regions[ri].page_addr(p), &mut e) {
+                log::debug!("{err}");
+                continue;
+            }
+            match region::kind(self.regions[ri].state[p]) {
+                MERGED if e[0].present() && !e[0].file() => self.break_share(ri, p, &mut freed),
+                ZERO => self.check_zero(ri, p, e[0]),
+                _ => {}
+            }
+        }
+        self.release_slots(&freed);
     }
 
     /// Does region `ri`'s write log say page `p` needs a full look (written

@@ -374,13 +374,10 @@ pub struct Core {
     /// two collections (`LOG_INTERVAL`; tests drive every wake-up).
     last_collect: Option<Instant>,
     log_interval: Duration,
-    /// Writes the logs saw to merged and zero-dropped pages, by the origin
-    /// of the merge: the copy-on-write breaks the scan will find, seen
-    /// within a collection rather than a pass later (`settle.rs`).
-    logged_breaks: crate::backend::ByOrigin,
     /// Ids of pages merged in logged regions since the last collection:
     /// a write it reports may be older than the merge (made after the
-    /// page's visit, which the merge's compare saw), not a break.
+    /// page's visit, which the merge's compare saw), not a break
+    /// (`take_back_written_shares`).
     merged_since_collect: Vec<u32>,
 }
 
@@ -461,7 +458,6 @@ impl Core {
             recheck_due: Vec::new(),
             last_collect: None,
             log_interval: LOG_INTERVAL,
-            logged_breaks: Default::default(),
             merged_since_collect: Vec::new(),
         };
         Ok(c)

@@ -18,9 +18,10 @@
 //! "Settling").
 //!
 //! So the settle time follows the undone share of the scan's merges (all
-//! but the hinted ones), judged once a second and at each pass end, with
-//! the breaks the write logs saw when they are ahead of those the scan
-//! found (`Core::judge_settle`): it
+//! but the hinted ones), judged once a second (each collection of the
+//! write logs takes back the shares the guests' writes broke since the
+//! previous one, `Core::take_back_written_shares`) and at each pass end:
+//! it
 //! starts at 0 (passes as fast as the pace
 //! allows, second looks after one interval, merges at first sight), goes
 //! to [`FIRST_STEP`] and doubles up to [`MAX_SETTLE`] while more than one

@@ -200,18 +200,7 @@ impl Core {
             self.note_run(Some(self.pool.meta(s).hash));
             return Some(s);
         }
-        // Copy-on-write broke the share: hashed at the next visit (level
-        // 0), and not seeded by a run (`REHASH`, see `SEED_RUN`).
-        let r = &mut self.regions[ri];
-        let s = r.word[p];
-        r.set_kind(p, NEW);
-        let origin = region::origin(r.state[p]);
-        r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
-        r.cow_breaks += 1;
-        *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
-        if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
-            freed.push(s);
-        }
+        self.break_share(ri, p, freed);
         self.note_run(None);
         if !v.mode.hinted() || self.regions[ri].assisted {
             return None;
@@ -230,9 +219,26 @@ impl Core {
         )
     }
 
+    /// Merged page `p` of region `ri` has a private copy now (copy-on-write
+    /// broke its share): hashed at its next visit (level 0), not seeded by
+    /// a run (`REHASH`, see `SEED_RUN`), its slot reference dropped (into
+    /// `freed` when it was the last).
+    pub(super) fn break_share(&mut self, ri: usize, p: usize, freed: &mut Vec<u32>) {
+        let r = &mut self.regions[ri];
+        let s = r.word[p];
+        r.set_kind(p, NEW);
+        let origin = region::origin(r.state[p]);
+        r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
+        r.cow_breaks += 1;
+        *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
+        if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
+            freed.push(s);
+        }
+    }
+
     /// A zero-dropped page's visit: present and not the zero page means the
     /// guest wrote it (a copy-on-write break of the zero page).
-    fn check_zero(&mut self, ri: usize, p: usize, e: Entry) {
+    pub(super) fn check_zero(&mut self, ri: usize, p: usize, e: Entry) {
         if e.0 & CLEAN != 0 {
             self.counters.clean_visits += 1;
         } else if e.present() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn) {
