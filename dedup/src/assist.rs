@@ -463,7 +463,7 @@ impl KsmAssist {
         } else {
             pages
         };
-        let sleep = sleep.max(settled_sleep_ms(pages.max(1), settle, group_pages));
+        let sleep = sleep.max(settled_sleep_ms(pages, settle, group_pages));
         let (pages, sleep) = ksm_pace(pages.clamp(1, u32::MAX as u64), sleep);
         if pages != e.pages && write("pages_to_scan", pages) {
             e.pages = pages;

@@ -10,16 +10,28 @@ use std::time::Duration;
 use common::*;
 use pagefold_dedup::testing::Core;
 use pagefold_dedup::RecordedWrites as Recorded;
+use pagefold_dedup::RegionId;
 use pagefold_dedup::{DedupBackend, DedupSettings, Engine, Mode, Stats};
 
 const N: usize = 1024;
 
 /// Registers `m` with `core` as owner `owner` of group "g".
-fn register(core: &mut Core, m: &Mem, owner: &str) {
+fn register(core: &mut Core, m: &Mem, owner: &str) -> RegionId {
     // SAFETY: `m` is a private anonymous mapping that the test keeps
     // mapped for as long as it uses the core (declared before it, so
     // dropped after).
-    unsafe { core.register(m.addr, m.pages * PS, owner.into(), "g".into()) }.unwrap();
+    unsafe { core.register(m.addr, m.pages * PS, owner.into(), "g".into()) }.unwrap()
+}
+
+/// Registers `a` and `b` as owners "a" and "b", each with a write log the
+/// test records its writes in.
+fn register_logged(core: &mut Core, a: &Mem, b: &Mem) -> [Arc<Recorded>; 2] {
+    let logs = [Arc::new(Recorded::default()), Arc::new(Recorded::default())];
+    for ((m, owner), log) in [(a, "a"), (b, "b")].into_iter().zip(&logs) {
+        let id = register(core, m, owner);
+        core.set_write_log(id, Some(log.clone()));
+    }
+    logs
 }
 
 /// Three regions of `N` pages with the same content page by page: a and
@@ -99,12 +111,7 @@ fn without_undone_merges_a_new_region_merges_at_first_sight() {
 fn logged_writes_to_merged_pages_are_taken_back_at_the_next_collection() {
     let (a, b, _) = three_alike();
     let mut core = driven_core();
-    let logs = [Arc::new(Recorded::default()), Arc::new(Recorded::default())];
-    for ((m, owner), log) in [(&a, "a"), (&b, "b")].into_iter().zip(&logs) {
-        // SAFETY: as in `register`.
-        let id = unsafe { core.register(m.addr, m.pages * PS, owner.into(), "g".into()) }.unwrap();
-        core.set_write_log(id, Some(log.clone()));
-    }
+    let logs = register_logged(&mut core, &a, &b);
     core.run_passes(2);
     // A wake-up collects the logs after the merges (as the engine does
     // every second).
@@ -144,12 +151,7 @@ fn a_write_logged_before_its_page_merged_is_no_break() {
     // already saw.
     let (a, b, _) = three_alike();
     let mut core = driven_core();
-    let logs = [Arc::new(Recorded::default()), Arc::new(Recorded::default())];
-    for ((m, owner), log) in [(&a, "a"), (&b, "b")].into_iter().zip(&logs) {
-        // SAFETY: as in `register`.
-        let id = unsafe { core.register(m.addr, m.pages * PS, owner.into(), "g".into()) }.unwrap();
-        core.set_write_log(id, Some(log.clone()));
-    }
+    let logs = register_logged(&mut core, &a, &b);
     core.run_passes(1);
     for p in 0..N {
         logs[0].record(p);

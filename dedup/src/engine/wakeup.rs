@@ -107,7 +107,7 @@ fn next_wakeup(sh: &Shared) -> Option<Wakeup> {
             drop(c);
             {
                 let mut core = lock(&sh.core);
-                core.assist_mut().drive(false, 0, 0, Duration::ZERO, 0);
+                core.drive_assist(false, 0, 0);
                 sh.publish(&core);
             }
             c = lock(&sh.ctl);

@@ -117,7 +117,7 @@ impl Core {
                 continue;
             }
             match region::kind(self.regions[ri].state[p]) {
-                MERGED if e[0].present() && !e[0].file() => self.break_share(ri, p, &mut freed),
+                MERGED if span::copied_on_write(e[0]) => self.break_share(ri, p, &mut freed),
                 ZERO => self.check_zero(ri, p, e[0]),
                 _ => {}
             }

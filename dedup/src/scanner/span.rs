@@ -192,7 +192,7 @@ impl Core {
         // Not written since it was merged or last checked (`log_clean`):
         // still merged, its entry was not read.
         let clean = e.0 & CLEAN != 0;
-        if clean || !e.present() || e.file() {
+        if clean || !copied_on_write(e) {
             self.counters.clean_visits += u64::from(clean);
             let r = &mut self.regions[ri];
             let s = r.word[p];
@@ -399,4 +399,13 @@ impl Core {
         }
         Ok(())
     }
+}
+
+/// Does a merged page's pagemap entry show a private copy (copy-on-write
+/// broke its share)? Present and anonymous: a write fault copied the pool
+/// page. Absent (merged, never touched since the `MAP_FIXED`) or present
+/// and file-backed (the pool page itself) means still merged
+/// (docs/merge-races.md §11).
+pub(super) fn copied_on_write(e: Entry) -> bool {
+    e.present() && !e.file()
 }
