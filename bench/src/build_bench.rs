@@ -177,6 +177,10 @@ pub struct BuildSample {
     pub cpu_s: f64,
     #[serde(default)]
     pub merge_cpu_s: f64,
+    /// Of `cpu_s`, ksmd's while the KSM assist had a group (pagefold), or
+    /// ksmd's in all (KSM).
+    #[serde(default)]
+    pub ksm_cpu_s: f64,
     /// Both guests' vCPU time held by the engine's parks so far (the VMM's
     /// record, `GuestPauses::total_s`): guest time lost to merging beside
     /// the engine's CPU (0 for KSM, which parks nothing).
@@ -198,6 +202,13 @@ impl BuildSample {
             settle_ms: st.map_or(0, |s| s.settle_ms),
             cpu_s: st.map_or(0.0, |s| s.cpu_seconds),
             merge_cpu_s: st.map_or(0.0, |s| s.merge_cpu_seconds),
+            ksm_cpu_s: st.map_or(0.0, |s| {
+                if s.backend == "pagefold" {
+                    s.ksm_cpu_seconds
+                } else {
+                    s.cpu_seconds
+                }
+            }),
             parked_s: 0.0,
         }
     }
@@ -957,6 +968,23 @@ mod tests {
         let (m, s) = mean_stdev(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
         assert_eq!(m, 5.0);
         assert!((s - 2.138_089_935).abs() < 1e-6, "{s}");
+    }
+
+    #[test]
+    fn a_sample_splits_ksmd_cpu_from_the_engine_s() {
+        let st = |backend: &str| pagefold_dedup::Stats {
+            backend: backend.into(),
+            cpu_seconds: 5.0,
+            ksm_cpu_seconds: 3.0,
+            ..pagefold_dedup::Stats::default()
+        };
+        // pagefold: ksmd's part of its CPU is the assist's.
+        let x = BuildSample::of(1.0, Some(&st("pagefold")));
+        assert_eq!((x.cpu_s, x.ksm_cpu_s), (5.0, 3.0));
+        // KSM: all of it is ksmd's.
+        let x = BuildSample::of(1.0, Some(&st("ksm")));
+        assert_eq!((x.cpu_s, x.ksm_cpu_s), (5.0, 5.0));
+        assert_eq!(BuildSample::of(1.0, None).ksm_cpu_s, 0.0);
     }
 
     #[test]

@@ -321,7 +321,7 @@ fn drive(
             tr.samples.push(x);
             if opts.progress && tr.samples.len() % 60 == 0 {
                 eprintln!(
-                    "[linux build {}] {:6.0} s: npages {}, full scans {}, merges {}, COW breaks {}, settle {} ms, CPU {:.1} s ({:.1} s merging), guests parked {:.1} s",
+                    "[linux build {}] {:6.0} s: npages {}, full scans {}, merges {}, COW breaks {}, settle {} ms, CPU {:.1} s ({:.1} s merging, {:.1} s ksmd's), guests parked {:.1} s",
                     s.name(),
                     x.t_s,
                     x.npages,
@@ -331,6 +331,7 @@ fn drive(
                     x.settle_ms,
                     x.cpu_s,
                     x.merge_cpu_s,
+                    x.ksm_cpu_s,
                     x.parked_s
                 );
             }
