@@ -14,9 +14,14 @@
 #                       with pagefold.agent=DEV it runs the guest agent
 #                       (scripts from a mailbox disk, below) instead
 #   OUTDIR/rootfs.ext4  a small ext4 image holding pagefold-test.txt
-#   OUTDIR/data.ext4    96 MiB ext4: random-64m.bin, random-16m.bin (random
+#   OUTDIR/data.ext4    104 MiB ext4: random-64m.bin, random-16m.bin (random
 #                       bytes drawn once) and pagefold-test.txt, for guests
-#                       that read the same files (agent tests, benchmarks)
+#                       that read the same files (agent tests, benchmarks);
+#                       rt/: cyclictest (Debian's rt-tests) with the
+#                       libraries it loads and their loader, for the latency
+#                       probe of `bench linux-read` (the initramfs has no
+#                       C library: run it as rt/ld-linux-x86-64.so.2
+#                       --library-path /data/rt /data/rt/cyclictest)
 #   OUTDIR/kernel-version
 #
 # Downloads (apt-get download) are cached in OUTDIR/.cache; running it again
@@ -44,6 +49,10 @@ KDEB=$(dk_fetch "$PKG" "$CACHE")
 BDEB=$(dk_fetch busybox-static "$CACHE")
 dk_unpack "$KDEB" "$CACHE/kernel"
 dk_unpack "$BDEB" "$CACHE/busybox"
+# cyclictest and what it links against (the guest's latency probe).
+for p in rt-tests libnuma1 libc6; do
+    dk_unpack "$(dk_fetch "$p" "$CACHE")" "$CACHE/$p"
+done
 
 KVER=$(ls "$CACHE/kernel/lib/modules" | head -n1)
 MODDIR=$CACHE/kernel/lib/modules/$KVER
@@ -222,7 +231,8 @@ fi
 
 # --- 6. data disk: files two guests read alike (agent tests, benchmarks) --------
 # 64 MiB of random bytes (one draw, kept: every VM reads the same disk), a
-# second 16 MiB random file, and the test file, on a 96 MiB ext4 disk.
+# second 16 MiB random file, the test file and the latency probe (rt/), on
+# a 104 MiB ext4 disk.
 if [ ! -s "$OUT/data.ext4" ] || [ "$0" -nt "$OUT/data.ext4" ]; then
     log "building data.ext4"
     rm -rf "$CACHE/data-root"
@@ -230,8 +240,18 @@ if [ ! -s "$OUT/data.ext4" ] || [ "$0" -nt "$OUT/data.ext4" ]; then
     head -c 64M /dev/urandom >"$CACHE/data-root/random-64m.bin"
     head -c 16M /dev/urandom >"$CACHE/data-root/random-16m.bin"
     echo "hello from the pagefold test disk" >"$CACHE/data-root/pagefold-test.txt"
+    rt=$CACHE/data-root/rt
+    mkdir -p "$rt"
+    cp "$CACHE/rt-tests/usr/bin/cyclictest" "$rt/"
+    # The loader and every library cyclictest names (readelf: librt,
+    # libpthread, libnuma, libc), resolved through their symlinks.
+    for l in lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 lib/x86_64-linux-gnu/libc.so.6 \
+        lib/x86_64-linux-gnu/librt.so.1 lib/x86_64-linux-gnu/libpthread.so.0; do
+        cp -L "$CACHE/libc6/$l" "$rt/"
+    done
+    cp -L "$CACHE/libnuma1/usr/lib/x86_64-linux-gnu/libnuma.so.1" "$rt/"
     rm -f "$OUT/data.ext4.tmp"
-    mkfs.ext4 -q -F -L pagefold-data -d "$CACHE/data-root" "$OUT/data.ext4.tmp" 96M
+    mkfs.ext4 -q -F -L pagefold-data -d "$CACHE/data-root" "$OUT/data.ext4.tmp" 104M
     mv "$OUT/data.ext4.tmp" "$OUT/data.ext4"
     rm -rf "$CACHE/data-root"
 fi

@@ -38,6 +38,7 @@ mod build_report;
 mod chart;
 mod disk_copy;
 mod error;
+mod guest_latency;
 mod host;
 mod latency;
 mod latency_bench;

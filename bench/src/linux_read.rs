@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::build_bench::BuildSystem;
 use crate::error::BenchError;
+use crate::guest_latency::GuestLatency;
 use crate::system::KSM_DEFAULT_KNOBS;
 
 /// What the refusal message calls this command.
@@ -61,6 +62,12 @@ pub use pagefold_vmm::linux::agent::AGENT_CMDLINE;
 pub const READ_SCRIPT: &str = "cp /data/random-16m.bin /tmp/copy16 && \
      cat /data/random-64m.bin >/dev/null && \
      md5sum /data/random-64m.bin /data/random-16m.bin /tmp/copy16";
+
+/// What the read posts: the latency probe started
+/// ([`crate::guest_latency::PROBE_START`]), then [`READ_SCRIPT`].
+pub fn read_script() -> String {
+    format!("{} && {READ_SCRIPT}", crate::guest_latency::PROBE_START)
+}
 
 /// The files [`READ_SCRIPT`] hashes, in its order.
 pub const HASHED_FILES: [&str; 3] = [
@@ -356,6 +363,20 @@ pub struct LinuxReadRow {
     /// reports from before it was measured.
     #[serde(default)]
     pub census: Option<crate::page_census::PageCensus>,
+    /// Each guest's timer wake-up latency from before the read to the
+    /// end of the idle window (`guest_latency`); None in reports from
+    /// before it was measured.
+    #[serde(default)]
+    pub latency_a: Option<GuestLatency>,
+    #[serde(default)]
+    pub latency_b: Option<GuestLatency>,
+    /// The worse guest's p99, p99.9 and maximum wake-up latency, µs.
+    #[serde(default)]
+    pub p99_us: Option<f64>,
+    #[serde(default)]
+    pub p999_us: Option<f64>,
+    #[serde(default)]
+    pub max_us: Option<f64>,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
     pub samples: Vec<LinuxReadSample>,

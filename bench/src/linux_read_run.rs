@@ -1,8 +1,9 @@
 //! The run loop of the `linux-read` benchmark ([`crate::linux_read`]):
 //! per system a fresh backend and two fresh agent VMs in one `Runner`; VM
 //! `a` boots first and `b` is added from the run loop once `a`'s agent is
-//! ready, then both get the read script, and the backend's counters are
-//! sampled from that post until `idle` after both replied.
+//! ready, then both get the read script (which starts each guest's
+//! latency probe first), and the backend's counters are sampled from that
+//! post until `idle` after both replied; then the probes stop and report.
 
 use std::path::Path;
 use std::time::Instant;
@@ -15,11 +16,12 @@ use pagefold_vmm::runner::Runner;
 
 use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
 use crate::error::{input_err, linux_vm_err, BenchError};
+use crate::guest_latency::{parse_cyclictest, GuestLatency, PROBE_END};
 use crate::host::{HostId, Ipis};
 use crate::linux_read::{
-    agent_files, agent_vm_config, md5s_agree, parse_md5s, t_final_s, vm_cpu, AgentFiles,
-    LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample, Md5s,
-    AGENT_CMDLINE, LINUX_READ_COMMAND, LINUX_READ_VMS, READ_SCRIPT,
+    agent_files, agent_vm_config, md5s_agree, parse_md5s, read_script, t_final_s, vm_cpu,
+    AgentFiles, LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample,
+    Md5s, AGENT_CMDLINE, LINUX_READ_COMMAND, LINUX_READ_VMS,
 };
 use crate::page_census::{self, PageCensus};
 use pagefold_vmm::host_kind::{emulated_host, host_kvm_kind, linux_guest_refusal_with};
@@ -161,7 +163,7 @@ pub fn run_linux_read_bench(
             data_disk: opts.data_disk().display().to_string(),
             memory: opts.memory.clone(),
             cmdline: AGENT_CMDLINE.into(),
-            script: READ_SCRIPT.into(),
+            script: read_script(),
             sample_interval_s: opts.sample_interval.as_secs_f64(),
             idle_s: opts.idle.as_secs_f64(),
             vm_cpus,
@@ -189,6 +191,8 @@ enum Stage {
     BootB,
     Reading,
     Idle,
+    /// The probe stopped, its histograms awaited.
+    Probe,
     Done,
 }
 
@@ -200,6 +204,7 @@ impl Stage {
             Stage::BootB => "b's agent",
             Stage::Reading => "the guests' replies",
             Stage::Idle => "the end of the idle window",
+            Stage::Probe => "the latency probes' histograms",
             Stage::Done => "nothing",
         }
     }
@@ -215,6 +220,7 @@ struct Measured {
     base: Stats,
     end: Stats,
     census: Option<PageCensus>,
+    latency: [GuestLatency; 2],
     samples: Vec<LinuxReadSample>,
 }
 
@@ -230,6 +236,8 @@ impl Measured {
         let (b, e) = (&self.base, &self.end);
         let final_n = npages(e);
         let [md5_a, md5_b] = self.md5;
+        let [lat_a, lat_b] = self.latency;
+        let worse = GuestLatency::worse(&lat_a, &lat_b);
         LinuxReadRow {
             system: system.into(),
             host_kind: host_kind.into(),
@@ -260,6 +268,11 @@ impl Measured {
             md5_b,
             ipis: self.ipis,
             census: self.census,
+            latency_a: Some(lat_a),
+            latency_b: Some(lat_b),
+            p99_us: Some(worse.p99_us),
+            p999_us: Some(worse.p999_us),
+            max_us: Some(worse.max_us),
             load_avg,
             warnings,
             samples: self.samples,
@@ -284,6 +297,9 @@ struct Trace {
     end: Option<Stats>,
     /// The guests' RAM at the end (`page_census`).
     census: Option<PageCensus>,
+    /// The probe-end script's sequence numbers, and each guest's figures.
+    probe_seqs: [u64; 2],
+    latency: [Option<GuestLatency>; 2],
     /// The host's IPI counts before the backend started and at the end.
     ipis: [Option<Ipis>; 2],
     samples: Vec<LinuxReadSample>,
@@ -306,6 +322,8 @@ impl Trace {
             base: None,
             end: None,
             census: None,
+            probe_seqs: [0; 2],
+            latency: [None; 2],
             ipis: [None; 2],
             samples: Vec::new(),
             last_sample: None,
@@ -361,21 +379,24 @@ impl SystemRun<'_> {
 
     /// What a finished trace measured; Err: the stage it stopped in.
     fn measured(tr: Trace) -> Result<Measured, Stage> {
-        match (tr.stage, tr.md5, tr.base, tr.end) {
-            (Stage::Done, Some((md5, md5s_agree)), Some(base), Some(end)) => Ok(Measured {
-                ipis: match tr.ipis {
-                    [Some(a), Some(b)] => Some(b.since(a)),
-                    _ => None,
-                },
-                boot_s: tr.boot_s,
-                read_s: tr.replies.map(|x| x.map_or(0.0, |(t, _)| t)),
-                md5,
-                md5s_agree,
-                base,
-                end,
-                census: tr.census,
-                samples: tr.samples,
-            }),
+        match (tr.stage, tr.md5, tr.base, tr.end, tr.latency) {
+            (Stage::Done, Some((md5, md5s_agree)), Some(base), Some(end), [Some(a), Some(b)]) => {
+                Ok(Measured {
+                    ipis: match tr.ipis {
+                        [Some(a), Some(b)] => Some(b.since(a)),
+                        _ => None,
+                    },
+                    boot_s: tr.boot_s,
+                    read_s: tr.replies.map(|x| x.map_or(0.0, |(t, _)| t)),
+                    md5,
+                    md5s_agree,
+                    base,
+                    end,
+                    census: tr.census,
+                    latency: [a, b],
+                    samples: tr.samples,
+                })
+            }
             (stage, ..) => Err(stage),
         }
     }
@@ -490,6 +511,7 @@ impl SystemRun<'_> {
         match tr.stage {
             Stage::BootA | Stage::BootB => self.boot(r, tr, configs, files, mailboxes)?,
             Stage::Reading => self.read(r, tr, files)?,
+            Stage::Probe => self.probe_end(r, tr, files)?,
             Stage::Idle | Stage::Done => {}
         }
         // A VM that stops before the end (replies read first: it may have
@@ -504,8 +526,9 @@ impl SystemRun<'_> {
         let due = tr
             .last_sample
             .is_none_or(|l| l.elapsed() >= self.opts.sample_interval);
-        let over = tr.replied.is_some_and(|t| t.elapsed() >= self.opts.idle);
-        if due || over {
+        let over =
+            tr.stage == Stage::Idle && tr.replied.is_some_and(|t| t.elapsed() >= self.opts.idle);
+        if tr.stage == Stage::Idle && (due || over) {
             let t = t0.elapsed().as_secs_f64();
             let st = tr.sample(r, t);
             if t - tr.last_progress_s >= PROGRESS_EVERY_S {
@@ -527,15 +550,13 @@ impl SystemRun<'_> {
                 ));
                 tr.end = Some(st);
                 tr.ipis[1] = Ipis::current();
-                tr.census = r.census();
-                if let Some(c) = tr.census {
-                    self.progress(format_args!(
-                        "guest RAM: {} pages present, {} zero; {} non-zero copies, {} of them and {} zero pages left unshared",
-                        c.present, c.zero, c.nonzero_copies, c.nonzero_left, c.zero_left
-                    ));
+                // The probes stop before the census, which pauses the VMs.
+                for (j, m) in mailboxes.iter_mut().enumerate() {
+                    tr.probe_seqs[j] = m
+                        .post(PROBE_END)
+                        .map_err(|e| format!("VM {}: {e}", LINUX_READ_VMS[j]))?;
                 }
-                tr.stage = Stage::Done;
-                r.stop("linux-read done");
+                tr.stage = Stage::Probe;
             }
         }
         Ok(())
@@ -570,7 +591,7 @@ impl SystemRun<'_> {
         }
         for (j, m) in mailboxes.iter_mut().enumerate() {
             tr.seqs[j] = m
-                .post(READ_SCRIPT)
+                .post(&read_script())
                 .map_err(|e| format!("VM {}: {e}", LINUX_READ_VMS[j]))?;
         }
         tr.t0 = Some(Instant::now());
@@ -631,6 +652,50 @@ impl SystemRun<'_> {
             if agree { "yes" } else { "NO" },
             self.opts.idle
         ));
+        Ok(())
+    }
+
+    /// Looks for the probes' histograms; once both are in, takes the
+    /// census and ends the run.
+    fn probe_end(
+        &self,
+        r: &mut impl GuestHost,
+        tr: &mut Trace,
+        files: &[AgentFiles],
+    ) -> Result<(), String> {
+        for (i, vm) in LINUX_READ_VMS.iter().enumerate() {
+            if tr.latency[i].is_some() {
+                continue;
+            }
+            let text = console_text(&files[i].console)?;
+            let Some(reply) = agent::find_reply(&text, tr.probe_seqs[i]) else {
+                continue;
+            };
+            let l = parse_cyclictest(&reply.output).map_err(|e| {
+                let what = format!(
+                    "the latency probe's end (status {}): {e}; its output:\n{}",
+                    reply.status, reply.output
+                );
+                console_error(vm, &files[i], &what)
+            })?;
+            self.progress(format_args!(
+                "{vm}'s wake-up latency: p99 {} µs, p99.9 {} µs, max {} µs ({} wake-ups)",
+                l.p99_us, l.p999_us, l.max_us, l.samples
+            ));
+            tr.latency[i] = Some(l);
+        }
+        if tr.latency.iter().any(Option::is_none) {
+            return Ok(());
+        }
+        tr.census = r.census();
+        if let Some(c) = tr.census {
+            self.progress(format_args!(
+                "guest RAM: {} pages present, {} zero; {} non-zero copies, {} of them and {} zero pages left unshared",
+                c.present, c.zero, c.nonzero_copies, c.nonzero_left, c.zero_left
+            ));
+        }
+        tr.stage = Stage::Done;
+        r.stop("linux-read done");
         Ok(())
     }
 }
@@ -864,6 +929,20 @@ mod tests {
             );
         }
 
+        /// VM `i` answers the probe's end (the agent's second script)
+        /// with a histogram: 99 wake-ups `lat` µs late, one `max` µs.
+        fn probe(&self, i: usize, lat: u64, max: u64) {
+            self.print(
+                i,
+                &format!(
+                    "PAGEFOLD-AGENT-BEGIN 2\nCYCLICTEST-HISTOGRAM\n# Histogram\n\
+                     {lat:06} 000099\n{max:06} 000001\n# Total: 000000100\n\
+                     # Max Latencies: {max:05}\n# Histogram Overflows: 00000\n\
+                     # Histogram Overflow at cycle number:\nPAGEFOLD-AGENT-END 2 0\n"
+                ),
+            );
+        }
+
         /// Boots both agents and posts the read.
         fn boot_and_post(&mut self) {
             self.ready(0);
@@ -900,7 +979,8 @@ mod tests {
         for f in &h.files {
             let mbox = String::from_utf8(std::fs::read(&f.mailbox).unwrap()).unwrap();
             assert!(mbox.starts_with("PFAGENT 1 "), "{mbox:?}");
-            assert!(mbox.contains(READ_SCRIPT), "{mbox:?}");
+            assert!(mbox.contains(&read_script()), "{mbox:?}");
+            assert!(mbox.contains("cyclictest"), "{mbox:?}");
         }
         // The base sample at t = 0.
         assert_eq!(h.tr.samples.len(), 1);
@@ -920,6 +1000,21 @@ mod tests {
         assert_eq!(h.tr.stage, Stage::Idle);
         std::thread::sleep(h.opts.idle);
         h.fake.npages = 2004;
+        h.tick().unwrap();
+        // The idle window is over: the probes are told to stop; no census
+        // (it pauses the VMs) until both reported.
+        assert_eq!(h.tr.stage, Stage::Probe);
+        for f in &h.files {
+            let mbox = String::from_utf8(std::fs::read(&f.mailbox).unwrap()).unwrap();
+            assert!(mbox.starts_with("PFAGENT 2 "), "{mbox:?}");
+            assert!(mbox.contains(PROBE_END), "{mbox:?}");
+        }
+        h.fake.npages = 3000;
+        h.probe(1, 40, 900);
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::Probe);
+        assert!(h.tr.census.is_none() && h.fake.stopped.is_none());
+        h.probe(0, 60, 500);
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Done);
         assert_eq!(h.fake.stopped.as_deref(), Some("linux-read done"));
@@ -941,9 +1036,22 @@ mod tests {
             row.engine_cpu_s
         );
         assert!((row.engine_cpu_total_s - 2.004).abs() < 1e-9);
-        // The census is taken once, at the end (the fake's copies follow
-        // its npages).
-        assert_eq!(row.census.map(|c| c.nonzero_copies), Some(2004));
+        // The census is taken once, after the probes ended (the fake's
+        // copies follow its npages).
+        assert_eq!(row.census.map(|c| c.nonzero_copies), Some(3000));
+        // Each guest's latency, and the worse of the two.
+        assert_eq!(
+            row.latency_a.map(|l| (l.p99_us, l.max_us)),
+            Some((60.0, 500.0))
+        );
+        assert_eq!(
+            row.latency_b.map(|l| (l.p99_us, l.max_us)),
+            Some((40.0, 900.0))
+        );
+        assert_eq!(
+            (row.p99_us, row.p999_us, row.max_us),
+            (Some(60.0), Some(900.0), Some(900.0))
+        );
         // 95 % of 2004 is first reached by the 2000 sample.
         assert_eq!(row.t_final_s, Some(t_2000));
         assert!(row.md5s_agree);
@@ -1029,12 +1137,35 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_that_reports_no_histogram_fails_the_run_naming_its_vm() {
+        let mut h = Harness::new();
+        h.boot_and_post();
+        h.reply(0, 0, H64);
+        h.reply(1, 0, H64);
+        h.tick().unwrap();
+        std::thread::sleep(h.opts.idle);
+        h.tick().unwrap();
+        assert_eq!(h.tr.stage, Stage::Probe);
+        h.print(
+            1,
+            "PAGEFOLD-AGENT-BEGIN 2\nkill: can't kill pid 88\nPAGEFOLD-AGENT-END 2 1\n",
+        );
+        let e = h.tick().unwrap_err();
+        assert!(
+            e.starts_with("VM b: the latency probe's end (status 1): no CYCLICTEST-HISTOGRAM"),
+            "{e}"
+        );
+        assert!(e.contains("can't kill pid 88"), "{e}");
+    }
+
+    #[test]
     fn stages_name_what_they_wait_for() {
         for (s, w) in [
             (Stage::BootA, "a's agent"),
             (Stage::BootB, "b's agent"),
             (Stage::Reading, "the guests' replies"),
             (Stage::Idle, "the end of the idle window"),
+            (Stage::Probe, "the latency probes' histograms"),
         ] {
             assert_eq!(s.waiting_for(), w);
         }
