@@ -184,7 +184,9 @@ pub fn linux_read_markdown(r: &LinuxReadReport) -> String {
         );
     }
     for row in &r.rows {
-        if let Some(c) = row.census {
+        // `off` merges nothing: its census would only repeat the copies
+        // the other rows' census counts.
+        if let Some(c) = row.census.filter(|_| row.system != "off") {
             notes.push(format!(
                 "{}: guest RAM at the end, paused: {} pages present ({} zero); {} non-zero \
                  copies of another page, {} of them left unshared; {} zero pages left on \
@@ -375,7 +377,12 @@ mod tests {
             frames: 50_000,
             ..crate::page_census::PageCensus::default()
         });
-        let r = report(vec![row("off", 0, None), on, ksm, ksm_default]);
+        let mut off = row("off", 0, None);
+        off.census = Some(crate::page_census::PageCensus {
+            present: 77_000,
+            ..crate::page_census::PageCensus::default()
+        });
+        let r = report(vec![off, on, ksm, ksm_default]);
         let md = linux_read_markdown(&r);
         let lines: Vec<&str> = md.lines().collect();
         assert!(lines[0].starts_with("linux-read: two Linux guests (384M each, 1 vCPU)"));
@@ -384,7 +391,7 @@ mod tests {
         assert_eq!(lines[3].matches("---|").count(), HEADERS.len());
         assert_eq!(
             lines[4],
-            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | - | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 120 | 900 | 2500 | 1.50 |"
+            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | 0 | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 120 | 900 | 2500 | 1.50 |"
         );
         assert_eq!(
             lines[5],
@@ -411,6 +418,7 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("- under the emulated host page counts are real"));
+        assert!(!md.contains("- off: guest RAM"), "{md}");
         assert!(md.contains("- ksm-default: GUEST DATA DIFFERS"));
         assert!(!r.md5s_agree());
         // 1.5x KSM's pages, a quarter of its time, wake-ups 1.25x later
