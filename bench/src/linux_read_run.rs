@@ -526,9 +526,11 @@ impl SystemRun<'_> {
         let due = tr
             .last_sample
             .is_none_or(|l| l.elapsed() >= self.opts.sample_interval);
-        let over =
-            tr.stage == Stage::Idle && tr.replied.is_some_and(|t| t.elapsed() >= self.opts.idle);
-        if tr.stage == Stage::Idle && (due || over) {
+        // Sampled while the guests read and through the idle window; not
+        // once the probes are told to stop.
+        let sampling = matches!(tr.stage, Stage::Reading | Stage::Idle);
+        let over = tr.replied.is_some_and(|t| t.elapsed() >= self.opts.idle);
+        if sampling && (due || over) {
             let t = t0.elapsed().as_secs_f64();
             let st = tr.sample(r, t);
             if t - tr.last_progress_s >= PROGRESS_EVERY_S {
@@ -943,6 +945,16 @@ mod tests {
             );
         }
 
+        /// Boots both agents, posts the read and has both reply alike:
+        /// the idle window starts.
+        fn both_replied(&mut self) {
+            self.boot_and_post();
+            self.reply(0, 0, H64);
+            self.reply(1, 0, H64);
+            self.tick().unwrap();
+            assert_eq!(self.tr.stage, Stage::Idle);
+        }
+
         /// Boots both agents and posts the read.
         fn boot_and_post(&mut self) {
             self.ready(0);
@@ -985,10 +997,18 @@ mod tests {
         // The base sample at t = 0.
         assert_eq!(h.tr.samples.len(), 1);
         assert_eq!((h.tr.samples[0].t_s, h.tr.samples[0].npages), (0.0, 100));
+        // Sampled while the guests read, too.
+        std::thread::sleep(Duration::from_millis(10));
+        h.fake.npages = 500;
         h.reply(0, 0, H64);
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Reading);
         assert!(h.tr.replies[0].is_some() && h.tr.replies[1].is_none());
+        assert!(
+            h.tr.samples.iter().any(|s| s.npages == 500),
+            "{:?}",
+            h.tr.samples
+        );
         h.fake.npages = 1000;
         h.reply(1, 0, H64);
         h.tick().unwrap();
@@ -1096,10 +1116,7 @@ mod tests {
         );
         // After both replied, during the idle window.
         let mut h = Harness::new();
-        h.boot_and_post();
-        h.reply(0, 0, H64);
-        h.reply(1, 0, H64);
-        h.tick().unwrap();
+        h.both_replied();
         h.fake.dead.push("a".into());
         let e = h.tick().unwrap_err();
         assert!(
@@ -1139,10 +1156,7 @@ mod tests {
     #[test]
     fn a_probe_that_reports_no_histogram_fails_the_run_naming_its_vm() {
         let mut h = Harness::new();
-        h.boot_and_post();
-        h.reply(0, 0, H64);
-        h.reply(1, 0, H64);
-        h.tick().unwrap();
+        h.both_replied();
         std::thread::sleep(h.opts.idle);
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Probe);
