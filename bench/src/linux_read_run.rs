@@ -553,11 +553,7 @@ impl SystemRun<'_> {
                 tr.end = Some(st);
                 tr.ipis[1] = Ipis::current();
                 // The probes stop before the census, which pauses the VMs.
-                for (j, m) in mailboxes.iter_mut().enumerate() {
-                    tr.probe_seqs[j] = m
-                        .post(PROBE_END)
-                        .map_err(|e| format!("VM {}: {e}", LINUX_READ_VMS[j]))?;
-                }
+                tr.probe_seqs = post_to_both(mailboxes, PROBE_END)?;
                 tr.stage = Stage::Probe;
             }
         }
@@ -591,11 +587,7 @@ impl SystemRun<'_> {
             tr.stage = Stage::BootB;
             return Ok(());
         }
-        for (j, m) in mailboxes.iter_mut().enumerate() {
-            tr.seqs[j] = m
-                .post(&read_script())
-                .map_err(|e| format!("VM {}: {e}", LINUX_READ_VMS[j]))?;
-        }
+        tr.seqs = post_to_both(mailboxes, &read_script())?;
         tr.t0 = Some(Instant::now());
         tr.base = Some(tr.sample(r, 0.0));
         tr.stage = Stage::Reading;
@@ -720,6 +712,15 @@ fn check_vm_configs(
         check.validate().map_err(input_err)?;
     }
     Ok(())
+}
+
+/// Posts `script` to both VMs' mailboxes; their sequence numbers.
+fn post_to_both(mailboxes: &mut [Mailbox], script: &str) -> Result<[u64; 2], String> {
+    let mut seqs = [0; 2];
+    for ((seq, m), vm) in seqs.iter_mut().zip(mailboxes).zip(LINUX_READ_VMS) {
+        *seq = m.post(script).map_err(|e| format!("VM {vm}: {e}"))?;
+    }
+    Ok(seqs)
 }
 
 fn remove_mailboxes(files: &[AgentFiles]) {
