@@ -164,7 +164,8 @@ pub struct AssistConfig {
     pub flip_vmas: u64,
     /// Divisor of the group's pages in the judging threshold (0: not used).
     pub flip_group_den: u64,
-    /// ...scattered: fewer than this many merged pages per new VMA.
+    /// ...scattered: fewer than this many merged pages per new run (a run
+    /// of consecutive pool slots, two VMAs).
     pub flip_run_pages: u64,
     /// Merges with a known partner that the VMA budget refused in one pass
     /// that hand the group over regardless of layout.
@@ -209,10 +210,23 @@ impl Default for AssistConfig {
             // Tens of thousands of VMAs also slow every pagemap walk and
             // maps read of the process, so the hand-over comes earlier than
             // that break-even: at 1/16 of the group's pages in a pass, or
-            // when the VMA budget refuses merges.
+            // when the VMA budget refuses merges. A layout counts as
+            // scattered below 3 pages per new run. A run costs two VMAs, so
+            // the budget (half of `vm.max_map_count`, 32,765 VMAs by
+            // default) holds about 16,000 runs: at 2 pages a run (the
+            // synthetic scattered shape, `bench ksm-seed --shape
+            // scattered`) that is 32,000 pages of a 2 x 512 MiB group whose
+            // duplicates are 131,072, so KSM should take it early; at the
+            // 4-5 pages a run of two Linux guests' page caches (`bench
+            // linux-read`) it is 70,000 pages, more than all their
+            // duplicates. Judged scattered at 8, those guests' group went
+            // to KSM after 19,000 merges, and ksmd, scanning all 196,608
+            // pages at the assist's pace, left 166-978 duplicate pages
+            // unshared at the run's end; kept by the engine, the group
+            // merged within its budget and left 12-40.
             flip_vmas: 4096,
             flip_group_den: 16,
-            flip_run_pages: 8,
+            flip_run_pages: 3,
             flip_deferred: 64,
             lock_held: false,
         }
