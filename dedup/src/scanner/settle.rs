@@ -36,6 +36,17 @@
 //! started (`Core::run_batch`), a second look waits as many write-log
 //! intervals, and no page merges at first sight. Guests whose merges last
 //! keep the full pace.
+//!
+//! Once the guests stop undoing merges, the time comes down to what
+//! kernel KSM at the engine's knobs makes a page wait ([`ksm_wait`]: two
+//! of its passes), not a halving at a time: a window of merges that
+//! lasted, or a whole settle time in which the guests undid almost
+//! nothing while the scan, held back, made few merges. Two Linux guests
+//! that churn while they boot and then read files (`bench linux-read`)
+//! left the time at 32 s, where it could only halve after holding 32 s,
+//! then 16 s, and so on: the pages they wrote after their read waited
+//! 32 s between passes while KSM at the same knobs merged them in
+//! seconds. Guests that keep undoing merges (a build) keep it up.
 
 use std::time::{Duration, Instant};
 
@@ -45,6 +56,15 @@ pub(super) const FIRST_STEP: Duration = Duration::from_secs(2);
 /// The longest settle time: about KSM's pass at 10,000 pages per 20 ms
 /// on a slow host, far shorter than at its defaults.
 pub(super) const MAX_SETTLE: Duration = Duration::from_secs(32);
+
+/// How long kernel KSM at `pages_to_scan` pages every `sleep_ms` makes a
+/// page of `tracked_pages` wait at most before it merges it: two full
+/// passes, the first to record its checksum, the second to find it
+/// unchanged (in whole batches).
+pub(super) fn ksm_wait(tracked_pages: u64, pages_to_scan: u64, sleep_ms: u64) -> Duration {
+    let batches = tracked_pages.div_ceil(pages_to_scan.max(1));
+    Duration::from_millis(batches.saturating_mul(sleep_ms).saturating_mul(2))
+}
 
 /// More than one merge in this many undone: settle longer.
 const HIGH_BREAKS: u64 = 4;
@@ -68,6 +88,9 @@ pub(super) struct Settle {
     breaks_at: u64,
     /// When the time last changed.
     changed_at: Option<Instant>,
+    /// [`ksm_wait`] at the engine's knobs and size (None: not known, the
+    /// time halves).
+    ksm_wait: Option<Duration>,
 }
 
 impl Settle {
@@ -85,6 +108,12 @@ impl Settle {
         }
         let n = self.time.as_nanos().div_ceil(interval.as_nanos());
         u32::try_from(n).unwrap_or(u32::MAX).max(1)
+    }
+
+    /// What KSM at the engine's knobs makes a page wait ([`ksm_wait`]):
+    /// where the time comes down to once merges last.
+    pub(super) fn set_ksm_wait(&mut self, wait: Duration) {
+        self.ksm_wait = Some(wait);
     }
 
     /// Turns the settle time on, or off (back to 0, and stays there).
@@ -106,27 +135,32 @@ impl Settle {
     /// it, under a shorter settle time: the time may go one step too far
     /// up, and comes back down once the guests' merges last. Few breaks
     /// lower it only once it has held for its own length; until then the
-    /// window grows.
+    /// window grows. A window too small to judge lowers it too when it
+    /// has held for its own length and the guests undid almost nothing
+    /// meanwhile (fewer than `JUDGE_AFTER / LOW_BREAKS` merges): a scan
+    /// held back by a long settle time makes few merges, and would wait
+    /// for a judgeable window of them for minutes.
     pub(super) fn judge(&mut self, merges: u64, breaks: u64, now: Instant) {
         let dm = merges.saturating_sub(self.merges_at);
         let db = breaks.saturating_sub(self.breaks_at);
-        if self.off || (dm < JUDGE_AFTER && db < JUDGE_AFTER) {
+        let held = self
+            .changed_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.time);
+        let small = dm < JUDGE_AFTER && db < JUDGE_AFTER;
+        let quiet = small && held && db.saturating_mul(LOW_BREAKS) < JUDGE_AFTER;
+        if self.off || (small && !quiet) || self.time.is_zero() && quiet {
             return;
         }
         let before = self.time;
-        if db.saturating_mul(HIGH_BREAKS) > dm {
+        if quiet {
+            self.lower();
+        } else if db.saturating_mul(HIGH_BREAKS) > dm {
             self.time = (self.time * 2).clamp(FIRST_STEP, MAX_SETTLE);
         } else if db.saturating_mul(LOW_BREAKS) < dm {
-            let held = self
-                .changed_at
-                .is_none_or(|t| now.saturating_duration_since(t) >= self.time);
             if !held {
                 return;
             }
-            self.time /= 2;
-            if self.time < FIRST_STEP {
-                self.time = Duration::ZERO;
-            }
+            self.lower();
         }
         if self.time != before {
             log::debug!(
@@ -137,6 +171,18 @@ impl Settle {
         }
         self.merges_at = merges;
         self.breaks_at = breaks;
+    }
+
+    /// Merges last: halves the time, and at once down to KSM's wait at
+    /// the engine's knobs if that is shorter; 0 below [`FIRST_STEP`].
+    fn lower(&mut self) {
+        self.time /= 2;
+        if let Some(w) = self.ksm_wait {
+            self.time = self.time.min(w);
+        }
+        if self.time < FIRST_STEP {
+            self.time = Duration::ZERO;
+        }
     }
 }
 
@@ -211,6 +257,69 @@ mod tests {
         st.judge(1000, 900, later(&mut t));
         assert_eq!(st.time(), Duration::ZERO);
         assert!(st.first_sight());
+    }
+
+    /// A settle time raised to 32 s from `t`, as a boot's churn does.
+    fn raised(t: &mut Instant) -> Settle {
+        let mut st = Settle::default();
+        let (mut m, mut b) = (0, 0);
+        for _ in 0..5 {
+            m += 1000;
+            b += 500;
+            st.judge(m, b, later(t));
+        }
+        assert_eq!(st.time(), MAX_SETTLE);
+        st
+    }
+
+    #[test]
+    fn once_merges_last_it_comes_down_to_ksms_wait_at_once() {
+        assert_eq!(ksm_wait(196_608, 4096, 20), Duration::from_millis(1920));
+        assert_eq!(ksm_wait(524_288, 4096, 20), Duration::from_millis(5120));
+        assert_eq!(ksm_wait(1, 0, 20), Duration::from_millis(40));
+        // Two 1 GiB guests at 4,096 pages every 20 ms: 32 s to 5.12 s,
+        // then halving.
+        let mut t = Instant::now();
+        let mut st = raised(&mut t);
+        st.set_ksm_wait(ksm_wait(524_288, 4096, 20));
+        let (m, b) = (st.merges_at, st.breaks_at);
+        st.judge(m + 1000, b + 10, later(&mut t));
+        assert_eq!(st.time(), Duration::from_millis(5120));
+        st.judge(m + 2000, b + 20, later(&mut t));
+        assert_eq!(st.time(), Duration::from_millis(2560));
+        st.judge(m + 3000, b + 30, later(&mut t));
+        assert_eq!(st.time(), Duration::ZERO);
+        // Two 384 MiB guests: KSM's wait is below the first step, so
+        // straight to 0.
+        let mut st = raised(&mut t);
+        st.set_ksm_wait(ksm_wait(196_608, 4096, 20));
+        let (m, b) = (st.merges_at, st.breaks_at);
+        st.judge(m + 1000, b + 10, later(&mut t));
+        assert_eq!(st.time(), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_quiet_settle_time_comes_down_without_a_judgeable_window() {
+        let t0 = Instant::now();
+        let mut t = t0;
+        let mut st = raised(&mut t);
+        st.set_ksm_wait(ksm_wait(524_288, 4096, 20));
+        let (m, b) = (st.merges_at, st.breaks_at);
+        // The scan, held back, made 40 merges and the guests undid 15 in
+        // the settle time's length: quiet.
+        st.judge(m + 40, b + 15, t + S(31));
+        assert_eq!(st.time(), MAX_SETTLE, "not held for its length yet");
+        st.judge(m + 40, b + 15, t + S(32));
+        assert_eq!(st.time(), Duration::from_millis(5120));
+        // 16 undone in a small window is not quiet: the window grows.
+        let (m, b) = (st.merges_at, st.breaks_at);
+        st.judge(m + 40, b + 16, t + S(60));
+        assert_eq!(st.time(), Duration::from_millis(5120));
+        assert_eq!((st.merges_at, st.breaks_at), (m, b));
+        // At 0 a quiet window changes nothing and is not consumed.
+        let mut st = Settle::default();
+        st.judge(10, 0, later(&mut t));
+        assert_eq!((st.time(), st.merges_at), (Duration::ZERO, 0));
     }
 
     #[test]
