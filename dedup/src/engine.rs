@@ -391,6 +391,8 @@ impl Engine {
             let t = std::thread::Builder::new()
                 .name("pagefold-scan".into())
                 .spawn(move || {
+                    // Before the hook, which may install a seccomp filter.
+                    crate::thread_init::renice_self(crate::thread_init::SCANNER_NICE);
                     ThreadInit::run(init.as_ref(), DedupThread::Scanner);
                     scanner_loop(&sh)
                 });

@@ -58,7 +58,7 @@ pub use settings::{
     BackendKind, CheckedSettings, DedupSettings, Knobs, MemorySignal, Mode, SettingsError,
     DEFAULT_MAX_GUEST_PAUSE_US,
 };
-pub use thread_init::{DedupThread, ThreadInit};
+pub use thread_init::{DedupThread, ThreadInit, SCANNER_NICE};
 pub use writelog::{RecordedWrites, WriteLog, WriteLogError};
 pub mod auto;
 pub mod ksm;

@@ -584,6 +584,22 @@ fn ioctl_requests(reqs: &[u64]) -> Vec<SeccompRule> {
         .collect()
 }
 
+/// `setpriority(PRIO_PROCESS, _, SCANNER_NICE)` only: the engine's
+/// scanner lowers its own priority to ksmd's as it starts
+/// (`pagefold_dedup::SCANNER_NICE`), before its start hook installs its
+/// filter, so under the filter of the thread that started it.
+fn renice_scanner() -> Vec<SeccompRule> {
+    let arg = |i, v: i32| {
+        SeccompCondition::new(i, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, v as u64)
+            .expect("valid condition")
+    };
+    let rule = vec![
+        arg(0, libc::PRIO_PROCESS as i32),
+        arg(2, pagefold_dedup::SCANNER_NICE),
+    ];
+    vec![SeccompRule::new(rule).expect("non-empty rule")]
+}
+
 /// The main thread's ioctls after set-up: userfaultfd (regions leave the
 /// engine as their VM ends), the terminal (raw mode for stdin forwarding is
 /// undone at exit), non-blocking and close-on-exec flags.
@@ -649,6 +665,7 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
             m.insert(libc::SYS_ioctl, ioctl_type(KVMIO));
         }
         ThreadKind::Engine => {
+            m.insert(libc::SYS_setpriority, renice_scanner());
             // The write log: KVM's dirty log of guest RAM (`crate::dirty_log`).
             let mut r = ioctl_type(UFFDIO);
             r.extend(ioctl_requests(&[KVM_GET_DIRTY_LOG]));
@@ -668,6 +685,8 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
             m.insert(libc::SYS_ioctl, main_ioctls());
         }
         ThreadKind::MainCreatesVms => {
+            // The engine's scanner, started here, renices itself.
+            m.insert(libc::SYS_setpriority, renice_scanner());
             let mut r = main_ioctls();
             r.extend(ioctl_type(KVMIO));
             // Covered by the KVM type above; listed as the engine's
