@@ -88,13 +88,21 @@ impl Core {
     /// the hinted ones) and their copy-on-write breaks so far: at each
     /// collection of the write logs (which takes back the shares the
     /// guests' writes broke since the previous one) and at each pass end,
-    /// as a pass can take tens of seconds while guests boot.
+    /// as a pass can take tens of seconds while guests boot. Once merges
+    /// last, the time comes down to what KSM at the engine's knobs makes
+    /// a page of the tracked regions wait.
     pub(super) fn judge_settle(&mut self) {
+        let ksm_wait = settle::ksm_wait(
+            self.tracked_pages(),
+            self.knobs.pages_to_scan,
+            self.knobs.sleep_millisecs,
+        );
         let o = &self.counters.origins;
         self.settle.judge(
             o.merges.total() - o.merges.hinted,
             o.cow_breaks.total() - o.cow_breaks.hinted,
             Instant::now(),
+            ksm_wait,
         );
     }
 

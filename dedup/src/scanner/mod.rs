@@ -518,16 +518,9 @@ impl Core {
     }
 
     /// Sets the knobs for the next wake-ups (the engine copies its
-    /// control state's knobs in before each one), and with them what KSM
-    /// at these knobs makes a page wait, where the settle time comes down
-    /// to once merges last (`settle.rs`).
+    /// control state's knobs in before each one).
     pub fn set_knobs(&mut self, knobs: Knobs) {
         self.knobs = knobs;
-        self.settle.set_ksm_wait(settle::ksm_wait(
-            self.tracked_pages(),
-            knobs.pages_to_scan,
-            knobs.sleep_millisecs,
-        ));
     }
 
     /// Passes in a row that made no progress (drives the adaptive sleep).

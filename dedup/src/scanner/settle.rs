@@ -88,9 +88,6 @@ pub(super) struct Settle {
     breaks_at: u64,
     /// When the time last changed.
     changed_at: Option<Instant>,
-    /// [`ksm_wait`] at the engine's knobs and size (None: not known, the
-    /// time halves).
-    ksm_wait: Option<Duration>,
 }
 
 impl Settle {
@@ -108,12 +105,6 @@ impl Settle {
         }
         let n = self.time.as_nanos().div_ceil(interval.as_nanos());
         u32::try_from(n).unwrap_or(u32::MAX).max(1)
-    }
-
-    /// What KSM at the engine's knobs makes a page wait ([`ksm_wait`]):
-    /// where the time comes down to once merges last.
-    pub(super) fn set_ksm_wait(&mut self, wait: Duration) {
-        self.ksm_wait = Some(wait);
     }
 
     /// Turns the settle time on, or off (back to 0, and stays there).
@@ -139,8 +130,10 @@ impl Settle {
     /// has held for its own length and the guests undid almost nothing
     /// meanwhile (fewer than `JUDGE_AFTER / LOW_BREAKS` merges): a scan
     /// held back by a long settle time makes few merges, and would wait
-    /// for a judgeable window of them for minutes.
-    pub(super) fn judge(&mut self, merges: u64, breaks: u64, now: Instant) {
+    /// for a judgeable window of them for minutes. Lowering goes at once
+    /// down to `ksm_wait` ([`ksm_wait`] at the engine's knobs) if that is
+    /// below half the time.
+    pub(super) fn judge(&mut self, merges: u64, breaks: u64, now: Instant, ksm_wait: Duration) {
         let dm = merges.saturating_sub(self.merges_at);
         let db = breaks.saturating_sub(self.breaks_at);
         let held = self
@@ -148,19 +141,19 @@ impl Settle {
             .is_none_or(|t| now.saturating_duration_since(t) >= self.time);
         let small = dm < JUDGE_AFTER && db < JUDGE_AFTER;
         let quiet = small && held && db.saturating_mul(LOW_BREAKS) < JUDGE_AFTER;
-        if self.off || (small && !quiet) || self.time.is_zero() && quiet {
+        if self.off || (small && !quiet) || (quiet && self.time.is_zero()) {
             return;
         }
         let before = self.time;
         if quiet {
-            self.lower();
+            self.lower(ksm_wait);
         } else if db.saturating_mul(HIGH_BREAKS) > dm {
             self.time = (self.time * 2).clamp(FIRST_STEP, MAX_SETTLE);
         } else if db.saturating_mul(LOW_BREAKS) < dm {
             if !held {
                 return;
             }
-            self.lower();
+            self.lower(ksm_wait);
         }
         if self.time != before {
             log::debug!(
@@ -173,13 +166,10 @@ impl Settle {
         self.breaks_at = breaks;
     }
 
-    /// Merges last: halves the time, and at once down to KSM's wait at
-    /// the engine's knobs if that is shorter; 0 below [`FIRST_STEP`].
-    fn lower(&mut self) {
-        self.time /= 2;
-        if let Some(w) = self.ksm_wait {
-            self.time = self.time.min(w);
-        }
+    /// Merges last: halves the time, and at once down to `ksm_wait` if
+    /// that is shorter; 0 below [`FIRST_STEP`].
+    fn lower(&mut self, ksm_wait: Duration) {
+        self.time = (self.time / 2).min(ksm_wait);
         if self.time < FIRST_STEP {
             self.time = Duration::ZERO;
         }
@@ -191,6 +181,9 @@ mod tests {
     use super::*;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// A KSM wait no shorter than any settle time: lowering only halves.
+    const HALVING: Duration = MAX_SETTLE;
 
     /// A moment well past every settle time since `t`'s last call.
     fn later(t: &mut Instant) -> Instant {
@@ -206,7 +199,7 @@ mod tests {
         for want in [2, 4, 8, 16, 32, 32] {
             m += 1000;
             b += 500;
-            st.judge(m, b, later(&mut t));
+            st.judge(m, b, later(&mut t), HALVING);
             assert_eq!(st.time(), S(want));
             assert!(!st.first_sight());
         }
@@ -215,15 +208,15 @@ mod tests {
     #[test]
     fn lasting_merges_shorten_it_to_zero_and_a_middle_share_keeps_it() {
         let (mut st, mut t) = (Settle::default(), Instant::now());
-        st.judge(1000, 900, later(&mut t));
-        st.judge(2000, 1800, later(&mut t));
+        st.judge(1000, 900, later(&mut t), HALVING);
+        st.judge(2000, 1800, later(&mut t), HALVING);
         assert_eq!(st.time(), S(4));
         // One in eight undone: between the two thresholds.
-        st.judge(3000, 1925, later(&mut t));
+        st.judge(3000, 1925, later(&mut t), HALVING);
         assert_eq!(st.time(), S(4));
         for want in [2, 0, 0] {
             let (m, b) = (st.merges_at + 1000, st.breaks_at + 10);
-            st.judge(m, b, later(&mut t));
+            st.judge(m, b, later(&mut t), HALVING);
             assert_eq!(st.time(), S(want));
         }
         assert!(st.first_sight());
@@ -234,19 +227,19 @@ mod tests {
         let (mut st, t0) = (Settle::default(), Instant::now());
         for (i, want) in [2, 4, 8, 16].into_iter().enumerate() {
             let n = 1000 * (i as u64 + 1);
-            st.judge(n, n / 2, t0);
+            st.judge(n, n / 2, t0, HALVING);
             assert_eq!(st.time(), S(want));
         }
         // Lasting merges 10 s after it reached 16 s: too soon to judge
         // them, the window grows.
-        st.judge(20_000, 2000, t0 + S(10));
+        st.judge(20_000, 2000, t0 + S(10), HALVING);
         assert_eq!((st.time(), st.merges_at), (S(16), 4000));
         // 16 s after: the window since 4,000 merges is judged, 16,000
         // merges and no more breaks.
-        st.judge(20_000, 2000, t0 + S(16));
+        st.judge(20_000, 2000, t0 + S(16), HALVING);
         assert_eq!((st.time(), st.merges_at), (S(8), 20_000));
         // Breaks raise it at once, however recent the last change.
-        st.judge(21_000, 2600, t0 + S(17));
+        st.judge(21_000, 2600, t0 + S(17), HALVING);
         assert_eq!(st.time(), S(16));
     }
 
@@ -254,7 +247,7 @@ mod tests {
     fn turned_off_it_stays_at_zero() {
         let (mut st, mut t) = (Settle::default(), Instant::now());
         st.set_enabled(false);
-        st.judge(1000, 900, later(&mut t));
+        st.judge(1000, 900, later(&mut t), HALVING);
         assert_eq!(st.time(), Duration::ZERO);
         assert!(st.first_sight());
     }
@@ -266,7 +259,7 @@ mod tests {
         for _ in 0..5 {
             m += 1000;
             b += 500;
-            st.judge(m, b, later(t));
+            st.judge(m, b, later(t), HALVING);
         }
         assert_eq!(st.time(), MAX_SETTLE);
         st
@@ -281,20 +274,19 @@ mod tests {
         // then halving.
         let mut t = Instant::now();
         let mut st = raised(&mut t);
-        st.set_ksm_wait(ksm_wait(524_288, 4096, 20));
+        let wait = ksm_wait(524_288, 4096, 20);
         let (m, b) = (st.merges_at, st.breaks_at);
-        st.judge(m + 1000, b + 10, later(&mut t));
+        st.judge(m + 1000, b + 10, later(&mut t), wait);
         assert_eq!(st.time(), Duration::from_millis(5120));
-        st.judge(m + 2000, b + 20, later(&mut t));
+        st.judge(m + 2000, b + 20, later(&mut t), wait);
         assert_eq!(st.time(), Duration::from_millis(2560));
-        st.judge(m + 3000, b + 30, later(&mut t));
+        st.judge(m + 3000, b + 30, later(&mut t), wait);
         assert_eq!(st.time(), Duration::ZERO);
         // Two 384 MiB guests: KSM's wait is below the first step, so
         // straight to 0.
         let mut st = raised(&mut t);
-        st.set_ksm_wait(ksm_wait(196_608, 4096, 20));
         let (m, b) = (st.merges_at, st.breaks_at);
-        st.judge(m + 1000, b + 10, later(&mut t));
+        st.judge(m + 1000, b + 10, later(&mut t), ksm_wait(196_608, 4096, 20));
         assert_eq!(st.time(), Duration::ZERO);
     }
 
@@ -303,32 +295,32 @@ mod tests {
         let t0 = Instant::now();
         let mut t = t0;
         let mut st = raised(&mut t);
-        st.set_ksm_wait(ksm_wait(524_288, 4096, 20));
+        let wait = ksm_wait(524_288, 4096, 20);
         let (m, b) = (st.merges_at, st.breaks_at);
         // The scan, held back, made 40 merges and the guests undid 15 in
         // the settle time's length: quiet.
-        st.judge(m + 40, b + 15, t + S(31));
+        st.judge(m + 40, b + 15, t + S(31), wait);
         assert_eq!(st.time(), MAX_SETTLE, "not held for its length yet");
-        st.judge(m + 40, b + 15, t + S(32));
+        st.judge(m + 40, b + 15, t + S(32), wait);
         assert_eq!(st.time(), Duration::from_millis(5120));
         // 16 undone in a small window is not quiet: the window grows.
         let (m, b) = (st.merges_at, st.breaks_at);
-        st.judge(m + 40, b + 16, t + S(60));
+        st.judge(m + 40, b + 16, t + S(60), wait);
         assert_eq!(st.time(), Duration::from_millis(5120));
         assert_eq!((st.merges_at, st.breaks_at), (m, b));
         // At 0 a quiet window changes nothing and is not consumed.
         let mut st = Settle::default();
-        st.judge(10, 0, later(&mut t));
+        st.judge(10, 0, later(&mut t), HALVING);
         assert_eq!((st.time(), st.merges_at), (Duration::ZERO, 0));
     }
 
     #[test]
     fn a_few_merges_are_not_judged() {
         let (mut st, mut t) = (Settle::default(), Instant::now());
-        st.judge(100, 100, later(&mut t));
+        st.judge(100, 100, later(&mut t), HALVING);
         assert_eq!(st.time(), Duration::ZERO);
         // Breaks alone, once many: merges made earlier are being undone.
-        st.judge(100, 400, later(&mut t));
+        st.judge(100, 400, later(&mut t), HALVING);
         assert_eq!(st.time(), S(2));
     }
 
@@ -336,8 +328,8 @@ mod tests {
     fn second_looks_wait_the_settle_time_in_intervals() {
         let (mut st, mut t) = (Settle::default(), Instant::now());
         assert_eq!(st.intervals(S(1)), 1);
-        st.judge(1000, 900, later(&mut t));
-        st.judge(2000, 1800, later(&mut t));
+        st.judge(1000, 900, later(&mut t), HALVING);
+        st.judge(2000, 1800, later(&mut t), HALVING);
         assert_eq!(st.intervals(S(1)), 4);
         assert_eq!(st.intervals(Duration::from_millis(1500)), 3);
         assert_eq!(st.intervals(Duration::ZERO), 1);
