@@ -665,7 +665,6 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
             m.insert(libc::SYS_ioctl, ioctl_type(KVMIO));
         }
         ThreadKind::Engine => {
-            m.insert(libc::SYS_setpriority, renice_scanner());
             // The write log: KVM's dirty log of guest RAM (`crate::dirty_log`).
             let mut r = ioctl_type(UFFDIO);
             r.extend(ioctl_requests(&[KVM_GET_DIRTY_LOG]));
@@ -765,6 +764,12 @@ mod tests {
         ] {
             allows_all(parent, child).unwrap();
         }
+        // The engine's scanner renices itself before its own filter is
+        // installed: under its parent's, which allows that and only that
+        // of setpriority; its own filter does not need it.
+        let host = rules(ThreadKind::MainCreatesVms);
+        assert_eq!(host.get(&libc::SYS_setpriority), Some(&renice_scanner()));
+        assert!(!rules(ThreadKind::Engine).contains_key(&libc::SYS_setpriority));
         // The check itself sees a missing syscall and a narrower ioctl.
         assert!(allows_all(ThreadKind::Vcpu, ThreadKind::Api).is_err());
         assert!(allows_all(ThreadKind::Main, ThreadKind::Vcpu).is_err());
