@@ -317,6 +317,9 @@ pub struct BuildRow {
     /// The host kernel's release.
     #[serde(default)]
     pub host_kernel: String,
+    /// `vm.max_map_count` during the run (0: not recorded).
+    #[serde(default)]
+    pub max_map_count: u64,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
     pub per_run: Vec<BuildRun>,
@@ -609,6 +612,7 @@ pub(crate) fn row(
         checksums_agree,
         host_kind: host.kind.clone(),
         host_kernel: host.kernel.clone(),
+        max_map_count: host.max_map_count,
         load_avg,
         warnings,
         per_run: runs,

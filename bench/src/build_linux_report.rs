@@ -15,8 +15,17 @@ use crate::ratio::{ratio, Goal};
 
 fn header(r: &LinuxBuildReport) -> String {
     let g = &r.guest;
+    // The engine's VMA budget decides whether the guests' scattered
+    // duplicates stay with it or go to kernel KSM (rows before it was
+    // recorded say 0).
+    let maps = r
+        .rows
+        .iter()
+        .map(|x| x.max_map_count)
+        .find(|&m| m > 0)
+        .map_or_else(String::new, |m| format!("; vm.max_map_count {m}"));
     format!(
-        "build (Linux guests, make -j{} {}): kernel {}, disk {} ({:.0} MiB), 2 x {} RAM; reference objects sha256 {}",
+        "build (Linux guests, make -j{} {}): kernel {}, disk {} ({:.0} MiB), 2 x {} RAM; reference objects sha256 {}{maps}",
         g.vcpus,
         g.targets.as_deref().unwrap_or("(targets not reported)"),
         g.kernel,
@@ -194,6 +203,7 @@ mod tests {
         let host = crate::host::HostId {
             kind: "hardware".into(),
             kernel: "6.1.0-28-amd64".into(),
+            max_map_count: 65530,
         };
         let row = crate::build_bench::row(
             "ksm-10000",
@@ -255,6 +265,7 @@ mod tests {
         let host = crate::host::HostId {
             kind: "emulated-svm".into(),
             kernel: "6.1.0-57-cloud-amd64".into(),
+            max_map_count: 1_048_576,
         };
         let row = |system: &str, npages: u64, cow_breaks: u64| {
             let run = run_of(npages, cow_breaks);

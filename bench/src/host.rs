@@ -46,6 +46,9 @@ pub struct HostId {
     pub kind: String,
     /// [`kernel_release`].
     pub kernel: String,
+    /// `vm.max_map_count` (0 if unreadable): the engine's VMA budget, so
+    /// whether scattered merges stay with it or go to kernel KSM.
+    pub max_map_count: u64,
 }
 
 impl HostId {
@@ -54,6 +57,7 @@ impl HostId {
         Self {
             kind: pagefold_vmm::host_kind::host_kind().name().to_string(),
             kernel: kernel_release(),
+            max_map_count: pagefold_dedup::mm::max_map_count(),
         }
     }
 }

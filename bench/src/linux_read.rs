@@ -403,6 +403,9 @@ pub struct LinuxReadGuest {
 pub struct LinuxReadReport {
     pub host_kind: String,
     pub host_kernel: String,
+    /// `vm.max_map_count` during the run (0: not recorded).
+    #[serde(default)]
+    pub max_map_count: u64,
     pub guest: LinuxReadGuest,
     pub rows: Vec<LinuxReadRow>,
     pub unrestored: Vec<String>,

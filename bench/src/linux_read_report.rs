@@ -91,12 +91,17 @@ fn cells(row: &LinuxReadRow, base: Option<&LinuxReadRow>) -> Vec<String> {
 fn header(r: &LinuxReadReport) -> String {
     let g = &r.guest;
     format!(
-        "linux-read: two Linux guests ({} each, 1 vCPU) read the same files; host {} (Linux {}); \
+        "linux-read: two Linux guests ({} each, 1 vCPU) read the same files; host {} (Linux {}{}); \
          npages = pages_sharing + zero_pages sampled every {} s from the read (t = 0) to {} s \
          after both replies; t final = first sample at {:.0} % of the final npages",
         g.memory,
         r.host_kind,
         r.host_kernel,
+        if r.max_map_count > 0 {
+            format!(", vm.max_map_count {}", r.max_map_count)
+        } else {
+            String::new()
+        },
         g.sample_interval_s,
         g.idle_s,
         T_FINAL_SHARE * 100.0
@@ -339,6 +344,7 @@ mod tests {
         LinuxReadReport {
             host_kind: "emulated-svm".into(),
             host_kernel: "6.1.0-28-cloud-amd64".into(),
+            max_map_count: 65530,
             guest: LinuxReadGuest {
                 kernel: "/guest/vmlinux".into(),
                 initrd: "/guest/initrd.img".into(),
@@ -386,7 +392,8 @@ mod tests {
         let md = linux_read_markdown(&r);
         let lines: Vec<&str> = md.lines().collect();
         assert!(lines[0].starts_with("linux-read: two Linux guests (384M each, 1 vCPU)"));
-        assert!(lines[0].contains("host emulated-svm (Linux 6.1.0-28-cloud-amd64)"));
+        assert!(lines[0]
+            .contains("host emulated-svm (Linux 6.1.0-28-cloud-amd64, vm.max_map_count 65530)"));
         assert_eq!(lines[2], format!("| {} |", HEADERS.join(" | ")));
         assert_eq!(lines[3].matches("---|").count(), HEADERS.len());
         assert_eq!(

@@ -122,7 +122,11 @@ pub fn run_linux_read_bench(
         path: dir.display().to_string(),
         source,
     })?;
-    let HostId { kind, kernel } = HostId::current();
+    let HostId {
+        kind,
+        kernel,
+        max_map_count,
+    } = HostId::current();
     let _lock = ksm_exclusive()?;
     let root = Path::new(KSM_SYSFS);
     let before = snapshot_tunables(root);
@@ -157,6 +161,7 @@ pub fn run_linux_read_bench(
     Ok(LinuxReadReport {
         host_kind: kind,
         host_kernel: kernel,
+        max_map_count,
         guest: LinuxReadGuest {
             kernel: opts.kernel().display().to_string(),
             initrd: opts.initrd().display().to_string(),
