@@ -376,18 +376,9 @@ fn dedup_figures_and_knobs_over_the_api() {
     // /metrics the histogram.
     let o = cli(&["dedup", "set", "mode=unmerge"], &sock);
     assert!(o.status.success(), "{}", text(&o));
-    let start = Instant::now();
-    loop {
-        let d = curl_json(&sock, "GET", "/dedup", None, 200);
-        if d["pages_sharing"].as_u64().unwrap() == 0 {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "unmerge did not finish: {d}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_dedup(&sock, "unmerge did not finish", |d| {
+        d["pages_sharing"].as_u64().unwrap() == 0
+    });
     let (_, metrics) = curl(&sock, "GET", "/metrics", None);
     for vm in ["vm0", "vm1"] {
         let v = curl_json(&sock, "GET", &format!("/vms/{vm}"), None, 200);
@@ -711,17 +702,22 @@ fn run_with_a_closed_stdout_still_runs_its_vms() {
 /// Waits (up to 60 s) until the engine shares over 1000 pages and has
 /// merged pages of both `vm0` and `vm1`.
 fn wait_merged_vm0_vm1(sock: &Path) {
+    wait_dedup(sock, "no merging seen", |d| {
+        let merged = |vm: &str| d["per_owner"][vm]["pages_merged"].as_u64().unwrap_or(0);
+        d["pages_sharing"].as_u64().unwrap() > 1000 && merged("vm0") > 0 && merged("vm1") > 0
+    });
+}
+
+/// Polls `GET /dedup` every 200 ms until `done` holds of it; fails with
+/// `what` and the last view after 60 s.
+fn wait_dedup(sock: &Path, what: &str, done: impl Fn(&Value) -> bool) {
     let start = Instant::now();
     loop {
         let d = curl_json(sock, "GET", "/dedup", None, 200);
-        let merged = |vm: &str| d["per_owner"][vm]["pages_merged"].as_u64().unwrap_or(0);
-        if d["pages_sharing"].as_u64().unwrap() > 1000 && merged("vm0") > 0 && merged("vm1") > 0 {
+        if done(&d) {
             return;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no merging seen: {d}"
-        );
+        assert!(start.elapsed() < Duration::from_secs(60), "{what}: {d}");
         std::thread::sleep(Duration::from_millis(200));
     }
 }

@@ -46,8 +46,9 @@ pub struct HostId {
     pub kind: String,
     /// [`kernel_release`].
     pub kernel: String,
-    /// `vm.max_map_count` (0 if unreadable): the engine's VMA budget, so
-    /// whether scattered merges stay with it or go to kernel KSM.
+    /// `vm.max_map_count` ([`pagefold_dedup::mm::max_map_count`]: the
+    /// kernel's default, 65530, if unreadable): the engine's VMA budget,
+    /// so whether scattered merges stay with it or go to kernel KSM.
     pub max_map_count: u64,
 }
 
