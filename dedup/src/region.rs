@@ -43,8 +43,10 @@ const KIND_MASK: u8 = 0b11;
 const LEVEL_SHIFT: u8 = 2;
 const LEVEL_MASK: u8 = 0b11 << LEVEL_SHIFT;
 const VOLATILE: u8 = 1 << 7;
-/// A HASHED page whose last join-without-hashing (see `Core::visit`) failed:
-/// its stored hash may be stale, so its next visit hashes it. On a NEW
+/// A HASHED page whose last join-without-hashing (see `Core::visit`) failed,
+/// or whose 32-bit hash names a stable slot of other content (a collision
+/// the 64-bit hash tells apart): its stored hash may be stale or
+/// ambiguous, so its next visit hashes it. On a NEW
 /// page: a guess without a hash failed, or its share copy-on-write broke;
 /// its next visit hashes it and does not seed a run (`SEED_RUN`).
 pub const REHASH: u8 = 1 << 4;

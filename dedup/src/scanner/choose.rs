@@ -85,12 +85,37 @@ impl Core {
 
     /// Can a page with hash `h` of `group` join slot `s` by its stored
     /// hash: room, the hash, and a written slot's content (unless hashes
-    /// are strong)?
-    fn joinable(&self, s: u32, h: u32, group: u32, page: &GuestPage) -> bool {
+    /// are strong)? A 32-bit fold alone collides (twice, on average, in
+    /// a pair of 64 Ki-page guests), so a strong hash checks the 64-bit
+    /// hash's upper half `hi` when the page was just hashed, as `usable`
+    /// does, and a few sampled lines of a written slot when it was not: a
+    /// join onto another content's slot would only fail its final compare.
+    fn joinable(&self, s: u32, h: u32, hi: Option<u32>, group: u32, page: &GuestPage) -> bool {
         let st = self.pool.state(s);
+        let m = self.pool.meta(s);
         self.has_room(s, group)
-            && self.pool.meta(s).hash == h
-            && (self.strong_hash || st == SlotState::Reserved || page.equals(self.pool.page(s)))
+            && m.hash == h
+            && match (self.strong_hash, hi) {
+                (true, Some(x)) => m.hash_hi == x,
+                (true, None) => {
+                    st == SlotState::Reserved || page.sampled_lines_agree(self.pool.page(s))
+                }
+                (false, _) => st == SlotState::Reserved || page.equals(self.pool.page(s)),
+            }
+    }
+
+    /// Does the stable index hold a slot of `group` under the fold `h` of
+    /// other content than the page just hashed (its 64-bit hash differs)?
+    /// A join by the stored hash alone (`join_unhashed`) would pick that
+    /// slot and fail its final compare on every visit.
+    pub(super) fn fold_collides(&self, group: u32, h: u32) -> bool {
+        self.strong_hash
+            && self
+                .stable
+                .get(group, h)
+                .iter()
+                .take(512)
+                .any(|&s| self.pool.meta(s).hash_hi != self.cur_hi)
     }
 
     /// The first choice of `choose` and `existing_target`: the slot after
@@ -119,16 +144,18 @@ impl Core {
         }
     }
 
-    /// `choose`'s answer when it is a plain join of an existing slot, by the
-    /// stored hash only (no 64-bit check: the final compare decides).
+    /// `choose`'s answer when it is a plain join of an existing slot, by
+    /// the hash (`hi`: see `joinable`; without it the final compare
+    /// decides).
     pub(super) fn existing_target(
         &mut self,
         v: PageVisit,
         h: u32,
+        hi: Option<u32>,
         group: u32,
         page: &GuestPage,
     ) -> Option<u32> {
-        match self.left_step(v, h, group, |c, s| c.joinable(s, h, group, page)) {
+        match self.left_step(v, h, group, |c, s| c.joinable(s, h, hi, group, page)) {
             LeftStep::Join(s) => return Some(s),
             // `choose` grows the stripe: a new slot needs a fresh hash.
             LeftStep::GrowStripe(_) => return None,
@@ -138,7 +165,7 @@ impl Core {
             return None;
         }
         self.skip_full_slots(group, h);
-        let joinable = |s: u32| self.joinable(s, h, group, page);
+        let joinable = |s: u32| self.joinable(s, h, hi, group, page);
         let mut fallback = None;
         for &s in self.stable.with_room(group, h).iter().take(512) {
             if !joinable(s) {

@@ -411,6 +411,14 @@ impl Core {
             }
             None => {
                 let gid = self.file_unique(ri, p, st, h);
+                if self.fold_collides(group, h) {
+                    // Hashed on its next visits too (`REHASH`): a join by
+                    // its stored hash would take the colliding slot, fail
+                    // its compare, and keep the page from ever meeting its
+                    // twin in the unstable index (each would try that slot
+                    // on the pass the other is filed).
+                    self.regions[ri].state[p] |= region::REHASH;
+                }
                 if v.mode.hinted() {
                     self.remember_hinted(group, h, gid);
                 }
@@ -519,7 +527,7 @@ impl Core {
         let group = self.regions[ri].group;
         let run = self.run;
         self.note_run(Some(h));
-        let Some(s) = self.existing_target(v, h, group, page) else {
+        let Some(s) = self.existing_target(v, h, None, group, page) else {
             self.run = run;
             return None;
         };
@@ -553,7 +561,7 @@ impl Core {
     ) -> Option<u32> {
         let (ri, p, prev) = (v.ri, v.p, v.prev);
         let group = self.regions[ri].group;
-        let s = self.existing_target(v, h, group, page)?;
+        let s = self.existing_target(v, h, Some(self.cur_hi), group, page)?;
         let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
         if !extends && self.scattered_now(group) {
             // As in `choose`: a page with a known partner that KSM can take.
