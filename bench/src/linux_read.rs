@@ -377,6 +377,16 @@ pub struct LinuxReadRow {
     pub p999_us: Option<f64>,
     #[serde(default)]
     pub max_us: Option<f64>,
+    /// The stops the engine's parks caused (`vmm::pause`: one per vCPU
+    /// kept waiting, as long as it waited), both guests together: how
+    /// many, their total length and the longest. None in reports from
+    /// before they were recorded.
+    #[serde(default)]
+    pub parks: Option<u64>,
+    #[serde(default)]
+    pub parked_s: Option<f64>,
+    #[serde(default)]
+    pub park_max_us: Option<f64>,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
     pub samples: Vec<LinuxReadSample>,

@@ -9,7 +9,7 @@ use crate::error::BenchError;
 use crate::linux_read::{LinuxReadReport, LinuxReadRow, RATIO_BASE, T_FINAL_SHARE};
 use crate::ratio::{fmt_ratio, ratio, Goal};
 
-const HEADERS: [&str; 22] = [
+const HEADERS: [&str; 24] = [
     "system",
     "npages",
     "pages_sharing",
@@ -31,6 +31,8 @@ const HEADERS: [&str; 22] = [
     "wake-up p99 (µs)",
     "p99.9 (µs)",
     "max (µs)",
+    "parked (ms)",
+    "longest park (µs)",
     "load 1m",
 ];
 
@@ -83,6 +85,8 @@ fn cells(row: &LinuxReadRow, base: Option<&LinuxReadRow>) -> Vec<String> {
         fmt_opt(row.p99_us, 0),
         fmt_opt(row.p999_us, 0),
         fmt_opt(row.max_us, 0),
+        fmt_opt(row.parked_s.map(|s| s * 1e3), 1),
+        fmt_opt(row.park_max_us, 0),
         format!("{:.2}", row.load_avg[0]),
     ]
 }
@@ -334,6 +338,9 @@ mod tests {
             p99_us: Some(120.0),
             p999_us: Some(900.0),
             max_us: Some(2500.0),
+            parks: Some(12),
+            parked_s: Some(0.0042),
+            park_max_us: Some(800.0),
             load_avg: [1.5, 1.0, 0.5],
             warnings: vec![],
             samples,
@@ -398,11 +405,11 @@ mod tests {
         assert_eq!(lines[3].matches("---|").count(), HEADERS.len());
         assert_eq!(
             lines[4],
-            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | 0 | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 120 | 900 | 2500 | 1.50 |"
+            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | 0 | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 120 | 900 | 2500 | 4.2 | 800 | 1.50 |"
         );
         assert_eq!(
             lines[5],
-            "| pagefold-on | 30000 | 27000 | 3000 | 30000 | 1.50x | 2.0 | 0.25x | 12 | 1.25 | 3 | 29000 | standby | 1234 | 15.0 | 16.0 | 4.5 | yes | 150 | 900 | 2500 | 1.50 |"
+            "| pagefold-on | 30000 | 27000 | 3000 | 30000 | 1.50x | 2.0 | 0.25x | 12 | 1.25 | 3 | 29000 | standby | 1234 | 15.0 | 16.0 | 4.5 | yes | 150 | 900 | 2500 | 4.2 | 800 | 1.50 |"
         );
         assert!(lines[6]
             .starts_with("| ksm-4096 | 20000 | 18000 | 2000 | 20000 | 1.00x | 8.0 | 1.00x |"));

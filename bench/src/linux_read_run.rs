@@ -12,6 +12,7 @@ use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
 use pagefold_dedup::Stats;
 use pagefold_vmm::config::{SerialOutput, VmConfig};
 use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
+use pagefold_vmm::pause::GuestPauses;
 use pagefold_vmm::runner::Runner;
 
 use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
@@ -37,6 +38,9 @@ trait GuestHost {
     /// What the VMs' RAM holds (`page_census`), with the VMs paused for
     /// it; None where pagemap hides frames.
     fn census(&self) -> Option<PageCensus>;
+    /// The stops the engine's parks caused the VMs' vCPUs so far, all VMs
+    /// together.
+    fn guest_pauses(&self) -> GuestPauses;
     fn stop(&mut self, reason: &str);
 }
 
@@ -53,6 +57,12 @@ impl GuestHost for Runner {
 
     fn stats(&self) -> Stats {
         self.dedup().map(|b| b.stats()).unwrap_or_default()
+    }
+
+    fn guest_pauses(&self) -> GuestPauses {
+        self.vms().iter().fold(GuestPauses::default(), |acc, v| {
+            acc.merged(&v.info().guest_pauses)
+        })
     }
 
     fn census(&self) -> Option<PageCensus> {
@@ -226,6 +236,7 @@ struct Measured {
     end: Stats,
     census: Option<PageCensus>,
     latency: [GuestLatency; 2],
+    pauses: GuestPauses,
     samples: Vec<LinuxReadSample>,
 }
 
@@ -278,6 +289,9 @@ impl Measured {
             p99_us: Some(worse.p99_us),
             p999_us: Some(worse.p999_us),
             max_us: Some(worse.max_us),
+            parks: Some(self.pauses.count),
+            parked_s: Some(self.pauses.total_s),
+            park_max_us: Some(self.pauses.max_s * 1e6),
             load_avg,
             warnings,
             samples: self.samples,
@@ -305,6 +319,8 @@ struct Trace {
     /// The probe-end script's sequence numbers, and each guest's figures.
     probe_seqs: [u64; 2],
     latency: [Option<GuestLatency>; 2],
+    /// The guests' parks when the probes ended.
+    pauses: GuestPauses,
     /// The host's IPI counts before the backend started and at the end.
     ipis: [Option<Ipis>; 2],
     samples: Vec<LinuxReadSample>,
@@ -327,6 +343,7 @@ impl Trace {
             base: None,
             end: None,
             census: None,
+            pauses: GuestPauses::default(),
             probe_seqs: [0; 2],
             latency: [None; 2],
             ipis: [None; 2],
@@ -399,6 +416,7 @@ impl SystemRun<'_> {
                     end,
                     census: tr.census,
                     latency: [a, b],
+                    pauses: tr.pauses,
                     samples: tr.samples,
                 })
             }
@@ -686,6 +704,13 @@ impl SystemRun<'_> {
         if tr.latency.iter().any(Option::is_none) {
             return Ok(());
         }
+        tr.pauses = r.guest_pauses();
+        self.progress(format_args!(
+            "guests' parks: {} stops, {:.1} ms in all, the longest {:.0} µs",
+            tr.pauses.count,
+            tr.pauses.total_s * 1e3,
+            tr.pauses.max_s * 1e6
+        ));
         tr.census = r.census();
         if let Some(c) = tr.census {
             self.progress(format_args!(
@@ -812,6 +837,15 @@ mod tests {
                 merges: self.npages,
                 cpu_seconds: self.npages as f64 / 1000.0,
                 ..Stats::default()
+            }
+        }
+
+        fn guest_pauses(&self) -> GuestPauses {
+            GuestPauses {
+                count: 3,
+                total_s: 0.002,
+                max_s: 0.001,
+                ..GuestPauses::default()
             }
         }
 
@@ -1065,6 +1099,10 @@ mod tests {
         // The census is taken once, after the probes ended (the fake's
         // copies follow its npages).
         assert_eq!(row.census.map(|c| c.nonzero_copies), Some(3000));
+        // The guests' parks, from the VMM's record at the probes' end.
+        assert_eq!(row.parks, Some(3));
+        assert_eq!(row.parked_s, Some(0.002));
+        assert_eq!(row.park_max_us, Some(1000.0));
         // Each guest's latency, and the worse of the two.
         assert_eq!(
             row.latency_a.map(|l| (l.p99_us, l.max_us)),
