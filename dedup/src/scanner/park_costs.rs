@@ -16,6 +16,10 @@ use std::time::Duration;
 /// One batch in this many goes the other way, to keep measuring it.
 const PROBE_EVERY: u32 = 32;
 
+/// The fewest pages a parked step is cut to: below it a step's fixed costs
+/// (a write-protect call, a `mmap`) would outweigh its pages.
+pub(super) const MIN_STEP_PAGES: usize = 8;
+
 /// Most pages run the other way as a probe: a probe on a host where the
 /// other way is much dearer must stay cheap. A larger batch that probes
 /// the running cost runs this many pages unparked, then parks.
@@ -89,7 +93,7 @@ impl ParkCosts {
     /// One small batch in [`PROBE_EVERY`] goes the way not taken.
     pub(super) fn way(&mut self, pages: usize, budget: Option<Duration>) -> Way {
         if pages >= PROBE_MAX_PAGES {
-            return self.large_way(pages);
+            return self.large_way(pages, budget);
         }
         if self.fixed_ns <= 0.0 || self.parked_page_ns <= 0.0 {
             return Way::Park;
@@ -98,7 +102,7 @@ impl ParkCosts {
             return Way::Run;
         }
         let n = pages as f64;
-        let park = self.parked_ns(n, budget) <= n * self.running_page_ns;
+        let park = self.park_fits(budget) && self.parked_ns(n, budget) <= n * self.running_page_ns;
         self.since_probe = self.since_probe.saturating_add(1);
         if self.since_probe < PROBE_EVERY {
             return if park { Way::Park } else { Way::Run };
@@ -121,7 +125,20 @@ impl ParkCosts {
     /// batches. Where running is cheaper, a whole batch parks as a probe
     /// only once in [`PROBE_EVERY`] times the ratio of the costs, so that
     /// probing costs about the same share of the time whatever the ratio.
-    fn large_way(&mut self, pages: usize) -> Way {
+    fn large_way(&mut self, pages: usize, budget: Option<Duration>) -> Way {
+        if !self.park_fits(budget) {
+            // No park keeps within the budget here. One batch in
+            // PROBE_EVERY parks for its first step (it then goes on
+            // unparked, `BoundedPark::checkpoint`), so that the parked cost
+            // stays current: a host that got faster parks again.
+            self.since_large_probe = self.since_large_probe.saturating_add(1);
+            if self.since_large_probe < PROBE_EVERY {
+                return Way::Run;
+            }
+            self.since_large_probe = 0;
+            self.log_probe(pages, Way::Park);
+            return Way::Park;
+        }
         // A probe measures running on its first pages and parking on the
         // rest, when the rest is large enough to count; a batch too small
         // for both runs whole as the running probe.
@@ -138,7 +155,7 @@ impl ParkCosts {
             (true, false) => return probe,
             (true, true) => {}
         }
-        let park = self.parked_batch_ns <= self.running_batch_ns;
+        let park = self.park_fits(budget) && self.parked_batch_ns <= self.running_batch_ns;
         self.since_large_probe = self.since_large_probe.saturating_add(1);
         let every = if park {
             PROBE_EVERY
@@ -212,6 +229,23 @@ impl ParkCosts {
     /// The engine waited `ns` between two parks of one batch.
     pub(super) fn gap_took(&mut self, ns: f64) {
         self.gap_ns = follow(self.gap_ns, ns);
+    }
+
+    /// Can a park keep within `budget` on this host: does the least step
+    /// ([`MIN_STEP_PAGES`] pages, the finest a park can be split) take
+    /// at most the budget, at the measured cost of a parked page? Where
+    /// it cannot (an emulated CPU, where a merged page costs hundreds of
+    /// microseconds), every park outlasts the budget whatever the cut,
+    /// and the guests pay for the engine's saving in stops: batches run
+    /// unparked, and a park under way ends (`BoundedPark::checkpoint`).
+    /// True while the cost is unknown or nothing bounds a park.
+    pub(super) fn park_fits(&self, budget: Option<Duration>) -> bool {
+        match budget {
+            Some(b) if self.parked_page_ns > 0.0 => {
+                MIN_STEP_PAGES as f64 * self.parked_page_ns <= b.as_nanos() as f64
+            }
+            _ => true,
+        }
     }
 
     /// A page of a parked merge window, ns (0: not measured yet).
@@ -316,12 +350,43 @@ mod tests {
         let probes: Vec<usize> = (0..64).filter(|&i| ways[i] != Way::Park).collect();
         assert_eq!(probes, [31, 63], "{ways:?}");
         assert_eq!(ways[31], Way::ProbeThenPark(PROBE_MAX_PAGES));
-        // Running 10 times cheaper: a whole batch parks once in 320.
-        let mut c = batches(450_000.0, 45_000.0);
+        // Running 10 times cheaper: a whole batch parks once in 320 (a
+        // parked window's page within the budget: 25 µs).
+        let mut c = measured(50_000.0, 25_000.0, 45_000.0);
+        c.batch_took(true, 1000, 1000.0 * 450_000.0);
+        c.batch_took(false, 64, 64.0 * 45_000.0);
         let ways: Vec<Way> = (0..640).map(|_| c.way(4096, BUDGET)).collect();
         let probes: Vec<usize> = (0..640).filter(|&i| ways[i] != Way::Run).collect();
         assert_eq!(probes, [319, 639]);
         assert_eq!(ways[319], Way::Park);
+    }
+
+    #[test]
+    fn where_the_least_step_outlasts_the_budget_batches_run() {
+        // 100 µs a parked page: 8 pages take 800 µs, over a 500 µs budget,
+        // though parking is cheaper for the engine (running 200 µs).
+        let mut c = measured(50_000.0, 100_000.0, 200_000.0);
+        assert!(!c.park_fits(BUDGET));
+        assert!(c.park_fits(None), "nothing bounds a park");
+        assert!(c.park_fits(Some(Duration::from_micros(800))));
+        for pages in [1, 8, 63] {
+            assert_eq!(c.way(pages, BUDGET), Way::Run, "{pages}");
+        }
+        let mut c = batches(100_000.0, 200_000.0);
+        assert_eq!(c.way(4096, BUDGET), Way::Run);
+        // Without a budget the cheaper way wins as before.
+        assert_eq!(c.way(4096, None), Way::Park);
+        // Whole parked batches never measured (each park ends after its
+        // first step): large batches still run, and one in 32 parks to
+        // measure the parked page again.
+        let mut c = measured(50_000.0, 100_000.0, 200_000.0);
+        let ways: Vec<Way> = (0..64).map(|_| c.way(4096, BUDGET)).collect();
+        let parks: Vec<usize> = (0..64).filter(|&i| ways[i] != Way::Run).collect();
+        assert_eq!(parks, [31, 63], "{ways:?}");
+        assert_eq!(ways[31], Way::Park);
+        // 25 µs a parked page: 200 µs a least step, within the budget.
+        assert!(measured(50_000.0, 25_000.0, 100_000.0).park_fits(BUDGET));
+        assert!(ParkCosts::default().park_fits(BUDGET), "unknown: parks");
     }
 
     #[test]

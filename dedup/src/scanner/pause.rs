@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::park_costs::{ParkCosts, Way};
+use super::park_costs::{ParkCosts, Way, MIN_STEP_PAGES};
 use crate::quiesce::{Parked, Quiesce};
 
 /// The park of one batch (merges, an unmerge, a take-back from KSM). Held
@@ -40,6 +40,8 @@ pub(super) struct BoundedPark {
     measured: bool,
     /// Pages of the batch's windows so far.
     pages: usize,
+    /// `pages` when the current park began.
+    parked_from: usize,
     /// When the batch's current way began (its start, or the end of its
     /// probe), and its pages then.
     way_since: (Instant, usize),
@@ -48,10 +50,6 @@ pub(super) struct BoundedPark {
 /// Longest wait for released threads to leave their wait before the
 /// guests' run time starts counting anyway.
 const RELEASE_WAIT: Duration = Duration::from_millis(10);
-
-/// The fewest pages a step is cut to: below it a step's fixed costs (a
-/// write-protect call, a `mmap`) would outweigh its pages.
-const MIN_STEP_PAGES: usize = 8;
 
 impl BoundedPark {
     /// Parks `quiescers` (none: a batch that does not park). `costs`:
@@ -82,6 +80,7 @@ impl BoundedPark {
         let mut p = BoundedPark {
             measured,
             pages: 0,
+            parked_from: 0,
             way_since: (Instant::now(), 0),
             park_after_probe: probe_left > 0 && !quiescers.is_empty(),
             quiescers,
@@ -106,6 +105,7 @@ impl BoundedPark {
     /// Parks the quiescers, if any: the window starts now.
     fn park(&mut self) {
         self.since = Instant::now();
+        self.parked_from = self.pages;
         if !self.quiescers.is_empty() {
             self.parked = Some(Parked::park(&self.quiescers));
             self.park_ns = self.since.elapsed().as_nanos() as f64;
@@ -143,15 +143,18 @@ impl BoundedPark {
     }
 
     /// Most pages the next step may span: as many as half the budget pays
-    /// for at the measured cost, at least [`MIN_STEP_PAGES`]; unbounded
-    /// (`usize::MAX`) while unparked or before a cost is known.
+    /// for at the measured cost, at least [`MIN_STEP_PAGES`], and that
+    /// least step before a cost is known (the first parked step measures
+    /// it: unbounded, it held the guests for a whole batch, seconds on an
+    /// emulated CPU); unbounded (`usize::MAX`) while unparked.
     pub(super) fn window_pages(&self) -> usize {
         if self.park_after_probe {
             return self.probe_left.max(1);
         }
         let per = self.costs.parked_page_ns();
         match self.budget {
-            Some(b) if self.parked.is_some() && per > 0.0 => {
+            Some(_) if self.parked.is_some() && per <= 0.0 => MIN_STEP_PAGES,
+            Some(b) if self.parked.is_some() => {
                 let pages = b.as_nanos() as f64 / 2.0 / per;
                 (pages as usize).max(MIN_STEP_PAGES)
             }
@@ -187,6 +190,25 @@ impl BoundedPark {
         let Some(budget) = self.budget else {
             return;
         };
+        if self.parked.is_some()
+            && self.pages > self.parked_from
+            && !self.costs.park_fits(Some(budget))
+        {
+            // Even the least step outlasts the budget here: the rest of
+            // the batch runs unparked (`ParkCosts::park_fits`). Not before
+            // a step ran parked: a park that ended before any step would
+            // have stopped the guests for nothing, and measured nothing.
+            log::debug!(
+                "a parked step of {MIN_STEP_PAGES} pages takes {:.0} us, over the pause \
+                 budget of {} us: the batch goes on unparked",
+                MIN_STEP_PAGES as f64 * self.costs.parked_page_ns() / 1e3,
+                budget.as_micros()
+            );
+            self.release();
+            self.way_took(true);
+            self.quiescers.clear();
+            return;
+        }
         if self.parked.is_none() || self.since.elapsed() < budget {
             return;
         }
@@ -337,10 +359,55 @@ mod tests {
     }
 
     #[test]
+    fn a_park_whose_least_step_outlasts_the_budget_ends_and_the_batch_runs() {
+        let (l, q) = log();
+        let budget = Duration::from_micros(500);
+        let mut p = BoundedPark::start(q, Some(budget), ParkCosts::default());
+        assert!(p.is_parked());
+        assert_eq!(p.window_pages(), MIN_STEP_PAGES, "the first step measures");
+        p.checkpoint();
+        assert!(p.is_parked(), "no step ran yet");
+        // 8 pages in 4 ms: 500 µs a page, a least step of 4 ms.
+        p.timed(MIN_STEP_PAGES, Duration::from_millis(4));
+        p.checkpoint();
+        assert!(!p.is_parked(), "released at the first checkpoint");
+        assert_eq!(l.held.load(Ordering::SeqCst), 0);
+        assert_eq!(p.window_pages(), usize::MAX, "unparked: no cap");
+        p.timed(1000, Duration::from_millis(10));
+        p.checkpoint();
+        assert!(!p.is_parked(), "and not parked again in this batch");
+        let costs = p.finish();
+        assert_eq!(l.windows.lock().unwrap().len(), 1, "one park, one step");
+        assert!(!costs.park_fits(Some(budget)), "{costs:?}");
+        // A probe park with those costs known runs its first step parked
+        // (measuring it again), then ends.
+        let (l, q) = log();
+        let mut p = BoundedPark::start(q, Some(budget), costs);
+        p.checkpoint();
+        assert!(p.is_parked(), "the probe's step runs parked");
+        // 50 µs a page: a quarter of the way from 500 µs, still over.
+        p.timed(MIN_STEP_PAGES, Duration::from_micros(400));
+        p.checkpoint();
+        assert!(!p.is_parked());
+        let costs = p.finish();
+        assert!(
+            (costs.parked_page_ns() - 387_500.0).abs() < 1.0,
+            "{costs:?}"
+        );
+        assert_eq!(l.windows.lock().unwrap().len(), 1);
+        // Within the budget the park goes on.
+        let (_l, q) = log();
+        let mut p = BoundedPark::start(q, Some(budget), ParkCosts::default());
+        p.timed(MIN_STEP_PAGES, Duration::from_micros(80));
+        p.checkpoint();
+        assert!(p.is_parked());
+    }
+
+    #[test]
     fn steps_are_sized_to_half_the_budget_at_the_measured_cost() {
         let (_l, q) = log();
         let mut p = BoundedPark::start(q, Some(Duration::from_micros(500)), ParkCosts::default());
-        assert_eq!(p.window_pages(), usize::MAX, "no cost known yet");
+        assert_eq!(p.window_pages(), MIN_STEP_PAGES, "no cost known yet");
         // 128 pages in 3.2 ms: 25 µs a page, 250 µs pays for 10 pages.
         p.timed(128, Duration::from_micros(3200));
         assert_eq!(p.window_pages(), 10);
