@@ -32,8 +32,8 @@ pub const RUNS_FILE: &str = "runs.toml";
 /// The page, in the results directory.
 pub const PAGE_FILE: &str = "results.md";
 /// The most lines the page may have: a page a reader reads whole (five
-/// benchmarks, about 60 lines each at most).
-pub const MAX_PAGE_LINES: usize = 330;
+/// benchmarks, about 60 lines each at most, and the goals' table).
+pub const MAX_PAGE_LINES: usize = 340;
 /// The most files the results directory may hold: the current runs only;
 /// earlier runs stay in git's history.
 pub const MAX_RESULT_FILES: usize = 20;
@@ -400,15 +400,15 @@ mod tests {
         );
         let cpu = goal(&page, "build", "pagefold-on engine CPU");
         assert!(cpu.contains("| 0.370 (<= 0.5) | met |"), "{cpu}");
-        // linux-read: 49,058 pages against KSM's 49,980 (0.982x), 40.1 s
-        // against 32.4 s (1.238x), wake-ups' p99 16.7 ms against 20.0 ms
-        // (0.831x).
+        // linux-read: 49,418 pages against KSM's 50,002 (0.988x), 41.7 s
+        // against 19.8 s (2.103x), wake-ups' p99 9.2 ms against 12.2 ms
+        // (0.755x).
         let saved = goal(&page, "linux-read", "pagefold-on saves");
-        assert!(saved.contains("| 0.982 (>= 1) | **not met** |"), "{saved}");
+        assert!(saved.contains("| 0.988 (>= 1) | **not met** |"), "{saved}");
         let later = goal(&page, "linux-read", "pagefold-on reaches");
-        assert!(later.contains("| 1.238 (<= 1) | **not met** |"), "{later}");
+        assert!(later.contains("| 2.103 (<= 1) | **not met** |"), "{later}");
         let p99 = goal(&page, "linux-read", "pagefold-on guests' cyclictest p99");
-        assert!(p99.contains("| 0.831 (<= 1) | met |"), "{p99}");
+        assert!(p99.contains("| 0.755 (<= 1) | met |"), "{p99}");
     }
 
     #[test]
