@@ -83,25 +83,21 @@ impl Core {
             && (m.mappers as u64) < self.knobs.max_page_sharing
     }
 
-    /// Can a page with hash `h` of `group` join slot `s` by its stored
-    /// hash: room, the hash, and a written slot's content (unless hashes
-    /// are strong)? A 32-bit fold alone collides (twice, on average, in
-    /// a pair of 64 Ki-page guests), so a strong hash checks the 64-bit
-    /// hash's upper half `hi` when the page was just hashed, as `usable`
-    /// does, and a few sampled lines of a written slot when it was not: a
-    /// join onto another content's slot would only fail its final compare.
-    fn joinable(&self, s: u32, h: u32, hi: Option<u32>, group: u32, page: &GuestPage) -> bool {
-        let st = self.pool.state(s);
-        let m = self.pool.meta(s);
+    /// Can a page with hash `h` of `group` join slot `s`? Just hashed
+    /// (`fresh`), exactly when `usable` says so (the 64-bit hash under a
+    /// strong hash). Joined by its stored hash instead, a strong hash has
+    /// only the 32-bit fold, which collides (twice, on average, in a pair
+    /// of 64 Ki-page guests): a written slot must then also agree with
+    /// the page on a few sampled lines, since a join onto another
+    /// content's slot would only fail its final compare.
+    fn joinable(&self, s: u32, h: u32, fresh: bool, group: u32, page: &GuestPage) -> bool {
+        if fresh || !self.strong_hash {
+            return self.usable(s, h, group, page);
+        }
         self.has_room(s, group)
-            && m.hash == h
-            && match (self.strong_hash, hi) {
-                (true, Some(x)) => m.hash_hi == x,
-                (true, None) => {
-                    st == SlotState::Reserved || page.sampled_lines_agree(self.pool.page(s))
-                }
-                (false, _) => st == SlotState::Reserved || page.equals(self.pool.page(s)),
-            }
+            && self.pool.meta(s).hash == h
+            && (self.pool.state(s) == SlotState::Reserved
+                || page.sampled_lines_agree(self.pool.page(s)))
     }
 
     /// Does the stable index hold a slot of `group` under the fold `h` of
@@ -145,17 +141,16 @@ impl Core {
     }
 
     /// `choose`'s answer when it is a plain join of an existing slot, by
-    /// the hash (`hi`: see `joinable`; without it the final compare
-    /// decides).
+    /// the hash (`fresh`: just hashed, see `joinable`).
     pub(super) fn existing_target(
         &mut self,
         v: PageVisit,
         h: u32,
-        hi: Option<u32>,
+        fresh: bool,
         group: u32,
         page: &GuestPage,
     ) -> Option<u32> {
-        match self.left_step(v, h, group, |c, s| c.joinable(s, h, hi, group, page)) {
+        match self.left_step(v, h, group, |c, s| c.joinable(s, h, fresh, group, page)) {
             LeftStep::Join(s) => return Some(s),
             // `choose` grows the stripe: a new slot needs a fresh hash.
             LeftStep::GrowStripe(_) => return None,
@@ -165,7 +160,7 @@ impl Core {
             return None;
         }
         self.skip_full_slots(group, h);
-        let joinable = |s: u32| self.joinable(s, h, hi, group, page);
+        let joinable = |s: u32| self.joinable(s, h, fresh, group, page);
         let mut fallback = None;
         for &s in self.stable.with_room(group, h).iter().take(512) {
             if !joinable(s) {

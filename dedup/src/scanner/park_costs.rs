@@ -155,7 +155,7 @@ impl ParkCosts {
             (true, false) => return probe,
             (true, true) => {}
         }
-        let park = self.park_fits(budget) && self.parked_batch_ns <= self.running_batch_ns;
+        let park = self.parked_batch_ns <= self.running_batch_ns;
         self.since_large_probe = self.since_large_probe.saturating_add(1);
         let every = if park {
             PROBE_EVERY

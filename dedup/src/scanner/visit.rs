@@ -527,7 +527,7 @@ impl Core {
         let group = self.regions[ri].group;
         let run = self.run;
         self.note_run(Some(h));
-        let Some(s) = self.existing_target(v, h, None, group, page) else {
+        let Some(s) = self.existing_target(v, h, false, group, page) else {
             self.run = run;
             return None;
         };
@@ -561,7 +561,7 @@ impl Core {
     ) -> Option<u32> {
         let (ri, p, prev) = (v.ri, v.p, v.prev);
         let group = self.regions[ri].group;
-        let s = self.existing_target(v, h, Some(self.cur_hi), group, page)?;
+        let s = self.existing_target(v, h, true, group, page)?;
         let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
         if !extends && self.scattered_now(group) {
             // As in `choose`: a page with a known partner that KSM can take.
