@@ -122,6 +122,26 @@ impl Core {
     pub(super) fn end_pass(&mut self) {
         self.counters.passes += 1;
         self.judge_settle();
+        if log::log_enabled!(log::Level::Debug) {
+            let (o, c) = (&self.counters.origins, &self.counters);
+            log::debug!(
+                "pass {} in {:.2?}: {} hashed, merges {}/{}/{}/{} ({} zero drops) \
+                 (steady/second look/first sight/hinted), {} undone, settle {:?}; \
+                 thread CPU {:.2} s, {:.2} s of it merging",
+                c.passes,
+                self.pass_started.map(|t| t.elapsed()).unwrap_or_default(),
+                c.pages_hashed,
+                o.merges.steady,
+                o.merges.second_look,
+                o.merges.first_sight,
+                o.merges.hinted,
+                o.zero_merges,
+                o.cow_breaks.total(),
+                self.settle.time(),
+                crate::mm::clock_seconds(libc::CLOCK_THREAD_CPUTIME_ID),
+                c.merge_cpu_s,
+            );
+        }
         // While KSM assists, a pass counts when it took a census after KSM
         // finished a full scan (so the figure it reports includes that scan).
         if self.assist.group().is_none()
