@@ -16,7 +16,9 @@ use super::VNET_HDR_LEN;
 /// Errors opening or configuring a tap.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("tap name {0:?} is invalid: 1-15 bytes, no '/', ':', NUL or whitespace")]
+    #[error(
+        "tap name {0:?} is invalid: 1-15 bytes, not '.' or '..', no '/', ':', NUL or whitespace"
+    )]
     BadName(String),
     #[error("cannot open /dev/net/tun for tap {name:?}: {source}")]
     OpenTun { name: String, source: io::Error },
@@ -40,6 +42,23 @@ pub enum Error {
 pub const TAP_OFFLOADS: u32 =
     libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN;
 
+/// Checks that `name` can name a network interface (what the kernel's
+/// `dev_valid_name` accepts), so a config is refused before any tap is
+/// opened.
+pub fn check_name(name: &str) -> Result<(), Error> {
+    let bad = name.is_empty()
+        || name.len() >= libc::IFNAMSIZ
+        || name == "."
+        || name == ".."
+        || name
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace());
+    if bad {
+        return Err(Error::BadName(name.to_string()));
+    }
+    Ok(())
+}
+
 /// An open tap (or test socket) in non-blocking mode: one `read` is one
 /// frame with its vnet header, one `write` sends one.
 #[derive(Debug)]
@@ -56,14 +75,7 @@ impl Tap {
     /// and put on a bridge). Needs CAP_NET_ADMIN, or a tap owned by the
     /// caller's user.
     pub fn open(name: &str) -> Result<Self, Error> {
-        let bad = name.is_empty()
-            || name.len() >= libc::IFNAMSIZ
-            || name
-                .bytes()
-                .any(|b| b == b'/' || b == b':' || b == 0 || b.is_ascii_whitespace());
-        if bad {
-            return Err(Error::BadName(name.to_string()));
-        }
+        check_name(name)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
