@@ -55,7 +55,9 @@ impl Default for Rx {
 impl Rx {
     pub fn new() -> Self {
         Self {
-            buf: vec![0; MAX_FRAME_LEN],
+            // One byte more than a frame may be: a read that fills it was
+            // cut short by the tap and is dropped, never delivered cut.
+            buf: vec![0; MAX_FRAME_LEN + 1],
             pending: 0,
             mergeable: false,
         }
@@ -89,6 +91,10 @@ impl Rx {
                     Ok(0) => break,
                     Ok(n) if n < VNET_HDR_LEN => {
                         counters.rx_errors += 1;
+                        continue;
+                    }
+                    Ok(n) if n > MAX_FRAME_LEN => {
+                        counters.rx_oversize += 1;
                         continue;
                     }
                     Ok(n) => self.pending = n,
