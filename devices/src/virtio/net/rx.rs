@@ -101,8 +101,14 @@ impl Rx {
                     Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                     Err(e) => {
+                        // A tap that fails once (deleted under the VM)
+                        // fails at every wake-up: warn once.
+                        if counters.rx_errors == 0 {
+                            warn!("virtio-net: read from {}: {e}", tap.name());
+                        } else {
+                            debug!("virtio-net: read from {}: {e}", tap.name());
+                        }
                         counters.rx_errors += 1;
-                        warn!("virtio-net: read from {}: {e}", tap.name());
                         break;
                     }
                 }
