@@ -190,7 +190,8 @@ fn tap_of(vm: &str) -> String {
 
 /// What the NICs must do, with the guests still running: each guest
 /// brings its interface up with busybox's `ip` and pings the host's
-/// bridge, the first pings the second across the bridge, and the first
+/// bridge, and its driver shows pagefold's default MAC and the
+/// negotiated offloads in sysfs; the first pings the second across the bridge, and the first
 /// moves 64 MiB each way over TCP with busybox's `nc`, the bytes' md5 the
 /// same on both ends (the guest's `md5sum` and the host's).
 fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
@@ -198,15 +199,53 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
     let start = Instant::now();
     for &(vm, n) in vms {
         bridge.attach(&tap_of(vm));
-        s.run_on(
+        let r = s.run_on(
             &[vm],
             &format!(
                 "ip link set eth0 up && ip addr add {}/{PREFIX} dev eth0 && \
-                 ping -c 2 -w 60 {HOST_ADDR} >/dev/null && echo host=reached",
+                 ping -c 2 -w 60 {HOST_ADDR} >/dev/null && echo host=reached && \
+                 echo \"mac=$(cat /sys/class/net/eth0/address)\" && \
+                 echo \"features=$(cat /sys/class/net/eth0/device/features)\"",
                 guest_addr(n)
             ),
             step,
         );
+        // The address from the device's config space: pagefold's default
+        // for this VM's first NIC.
+        let mac = pagefold_vmm::config::NetConfig {
+            tap: String::new(),
+            mac: None,
+        }
+        .mac_for(vm, 0);
+        assert_eq!(
+            r[0].value("mac"),
+            Some(mac.to_string().as_str()),
+            "{}",
+            r[0].output
+        );
+        // What the guest's driver negotiated, one character per feature
+        // bit: the offloads the tap took, merged buffers, EVENT_IDX.
+        let features = r[0].value("features").unwrap_or_default().as_bytes();
+        for (bit, what) in [
+            (0, "CSUM"),
+            (1, "GUEST_CSUM"),
+            (5, "MAC"),
+            (7, "GUEST_TSO4"),
+            (8, "GUEST_TSO6"),
+            (11, "HOST_TSO4"),
+            (12, "HOST_TSO6"),
+            (15, "MRG_RXBUF"),
+            (16, "STATUS"),
+            (29, "EVENT_IDX"),
+            (32, "VERSION_1"),
+        ] {
+            assert_eq!(
+                features.get(bit),
+                Some(&b'1'),
+                "{vm}: {what} (bit {bit}) not negotiated: {}",
+                r[0].output
+            );
+        }
     }
     let (first, second) = (vms[0].0, guest_addr(vms[1].1));
     s.run_on(
