@@ -6,8 +6,8 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use pagefold_dedup::flag;
 use pagefold_dedup::{BackendKind, CheckedSettings, DedupSettings, Mode};
 use pagefold_vmm::config::{
-    self, Config, DedupConfig, DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig,
-    VmDedup, WorkloadConfig,
+    self, Config, DedupConfig, DiskConfig, KernelConfig, NetConfig, SerialOutput, SizeValue,
+    VmConfig, VmDedup, WorkloadConfig,
 };
 use pagefold_vmm::runner::Runner;
 
@@ -253,6 +253,17 @@ pub struct KernelArgs {
     /// disk 0).
     #[arg(long, help_heading = "Linux guest")]
     pub disk: Vec<String>,
+    /// Network interface: tap=NAME[,mac=52:54:00:XX:XX:XX]; repeatable. A
+    /// virtio-net device of a Linux guest on the host tap NAME (made
+    /// beforehand, e.g. `ip tuntap add NAME mode tap`); the MAC defaults
+    /// to one derived from the VM name.
+    #[arg(
+        long,
+        help_heading = "Linux guest",
+        requires = "kernel",
+        value_name = "tap=NAME[,mac=MAC]"
+    )]
+    pub net: Vec<String>,
 }
 
 /// The process's dedup flags, one definition flattened into `run` and
@@ -304,6 +315,27 @@ fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
         path: PathBuf::from(path),
         readonly: ro,
     })
+}
+
+fn parse_net(s: &str) -> Result<NetConfig, Error> {
+    let usage = |m: String| Error::Usage(format!("--net {s}: {m}"));
+    let (mut tap, mut mac) = (None, None);
+    for part in s.split(',') {
+        match part.split_once('=') {
+            Some(("tap", v)) if tap.is_none() => tap = Some(v.to_string()),
+            Some(("mac", v)) if mac.is_none() => {
+                mac = Some(config::Mac::try_from(v.to_string()).map_err(usage)?)
+            }
+            Some((k @ ("tap" | "mac"), _)) => return Err(usage(format!("{k} is given twice"))),
+            _ => {
+                return Err(usage(format!(
+                    "unknown option {part:?} (expected tap=NAME or mac=MAC)"
+                )))
+            }
+        }
+    }
+    let tap = tap.ok_or_else(|| usage("tap=NAME is missing".into()))?;
+    Ok(NetConfig { tap, mac })
 }
 
 fn serial_output(s: &str) -> SerialOutput {
@@ -395,6 +427,12 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
                         .disk
                         .iter()
                         .map(|d| parse_disk(d))
+                        .collect::<Result<_, _>>()?,
+                    net: a
+                        .kernel
+                        .net
+                        .iter()
+                        .map(|n| parse_net(n))
                         .collect::<Result<_, _>>()?,
                 }),
                 None => None,
@@ -561,6 +599,25 @@ mod tests {
             }
         );
         assert!(parse_disk("a.img,x").is_err());
+    }
+
+    #[test]
+    fn nets_parse() {
+        let n = parse_net("tap=tap0,mac=52:54:00:00:00:01").unwrap();
+        assert_eq!(n.tap, "tap0");
+        assert_eq!(n.mac.unwrap().0.to_string(), "52:54:00:00:00:01");
+        let n = parse_net("tap=tap1").unwrap();
+        assert_eq!((n.tap.as_str(), n.mac), ("tap1", None));
+        for bad in [
+            "tap0",
+            "mac=52:54:00:00:00:01",
+            "tap=a,tap=b",
+            "tap=a,mac=52:54:00:00:00",
+            "tap=a,mac=01:00:5e:00:00:01",
+            "tap=a,speed=10",
+        ] {
+            assert!(parse_net(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -101,6 +101,40 @@ put("virtio_blk", "write", blk(0, [write], hdr(1, 2)))
 put("virtio_blk", "get-id-device", blk(2 | 4, [getid], hdr(8, 0)))
 put("virtio_blk", "flush-ro", blk(1, [flush], hdr(4, 0)))
 
+# virtio_net: receive queue of 16 at 0/0x1000/0x2000, transmit queue at
+# 0x400/0x1400/0x2400; receive buffers at 0x3000 and 0x4000, a frame to
+# transmit at 0x5000 (12-byte header, 60-byte frame).
+def net_mem(rx_chains, tx_chains):
+    mem = bytearray(0x5000 + 72)
+    for (desc, avail, chains) in ((0, 0x1000, rx_chains), (0x400, 0x1400, tx_chains)):
+        i = 0
+        heads = []
+        for bufs in chains:
+            heads.append(i)
+            for k, (addr, ln, w) in enumerate(bufs):
+                last = k == len(bufs) - 1
+                flags = (0 if last else NEXT) | (WRITE if w else 0)
+                mem[desc + 16 * i:desc + 16 * i + 16] = u64(addr) + u32(ln) + u16(flags) + u16(i + 1)
+                i += 1
+        mem[avail:avail + 4] = u16(0) + u16(len(heads))
+        for n, h in enumerate(heads):
+            mem[avail + 4 + 2 * n:avail + 6 + 2 * n] = u16(h)
+    mem[0x5000 + 12:0x5000 + 72] = bytes(range(60))
+    return bytes(mem)
+
+def net(flags, frames, rx_chains, tx_chains):
+    head = bytes([flags, 4, len(frames)])
+    for f in frames:
+        head += u16(len(f)) + f
+    return head + net_mem(rx_chains, tx_chains)
+
+frame = lambda n: bytes(12) + bytes(i & 0xff for i in range(n))
+rxbuf = [[(0x3000, 2048, True)], [(0x4000, 2048, True)]]
+txbuf = [[(0x5000, 12, False), (0x5000 + 12, 60, False)]]
+put("virtio_net", "rx-tx", net(0, [frame(100)], rxbuf, txbuf))
+put("virtio_net", "rx-merged", net(1 | 2 | 4, [frame(3000), frame(60)], rxbuf, []))
+put("virtio_net", "rx-oversize", net(0, [frame(4000)], [[(0x3000, 100, True)]], []))
+
 # virtio_mmio: a driver's initialization then a notify.
 def w(off, v):  # register-indexed 4-byte write
     return bytes([0x80 | 0x40 | 2, off // 4]) + u32(v)

@@ -39,8 +39,9 @@
 #                          pagefold (scripts/lib/stall-watch.sh)
 #
 # Inside the host the command runs as root under busybox sh, in /work (a
-# tmpfs), with /dev/kvm, /dev/userfaultfd, KSM's sysfs and everything a
-# stock kernel has. Its stdout and stderr go to the console, which this
+# tmpfs), with /dev/kvm, /dev/userfaultfd, KSM's sysfs, /dev/net/tun and
+# the bridge module (busybox's ip and brctl make taps and bridges; the
+# host has no other network) and everything a stock kernel has. Its stdout and stderr go to the console, which this
 # script prints; its exit status becomes this script's. /out is an empty
 # directory whose contents come back to --out (tar on a second disk).
 # Exit status: the command's, or 124 on timeout, or 125 when the host
@@ -135,8 +136,9 @@ build_host_initrd() {
     mkdir -p "$root"/{bin,dev,proc,sys,in,guest,out,work,tmp,run,etc,lib64,lib/x86_64-linux-gnu}
     cp "$CACHE/busybox/bin/busybox" "$root/bin/busybox"
     dk_modules_init "$CACHE/$PKG/lib/modules/$KVER"
-    # Disks (virtio-pci), ext4 for them, and KVM for AMD.
-    for m in virtio_pci virtio_blk ext4 kvm_amd; do dk_add_mod "$m"; done
+    # Disks (virtio-pci), ext4 for them, KVM for AMD, and taps and a
+    # bridge for the guests' virtio-net devices.
+    for m in virtio_pci virtio_blk ext4 kvm_amd tun bridge; do dk_add_mod "$m"; done
     dk_install_modules "$root"
     echo "root:x:0:0:root:/work:/bin/sh" >"$root/etc/passwd"
     cat >"$root/init" <<'EOF'

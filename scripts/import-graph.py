@@ -40,12 +40,15 @@ LEAVES = {"pagefold-dedup", "pagefold-guest-abi"}
 # Module arrows that must not exist: (crate, from, to); a module path
 # covers its descendants ("" is the crate root).
 FORBIDDEN = [
-    # vmm: the two guest kinds stay apart; disks are neutral.
+    # vmm: the two guest kinds stay apart; disks and NICs are neutral.
     ("pagefold-vmm", "workload", "linux"),
     ("pagefold-vmm", "linux", "workload"),
     ("pagefold-vmm", "disk", "workload"),
     ("pagefold-vmm", "disk", "linux"),
     ("pagefold-vmm", "disk", "vm"),
+    ("pagefold-vmm", "net", "workload"),
+    ("pagefold-vmm", "net", "linux"),
+    ("pagefold-vmm", "net", "vm"),
     ("pagefold-vmm", "workload", "vm"),
     ("pagefold-vmm", "linux", "vm"),
     # api: router -> handlers -> state; nothing imports the router back.

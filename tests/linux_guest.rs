@@ -20,6 +20,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::linux_host::{self, hardware_virtualization, image, Emulation};
+use common::linux_net::{self, guest_addr, Bridge, HOST_ADDR, PREFIX};
 use common::linux_vms::{assert_no_warnings, longest_wakeup, Served, Spec};
 use common::*;
 use pagefold_api::dedup_view::{AutoView, DedupView};
@@ -149,7 +150,9 @@ fn same_hashes(
 /// of one; their file hashes stay what they first read after merging,
 /// after writes that break copy-on-write and after `mode=unmerge`; then a
 /// third guest joins through the API and the second is deleted while its
-/// pages are shared.
+/// pages are shared. Every guest has a virtio-net NIC on a tap, and at the
+/// end the two left talk over them ([`network_check`]): this test's
+/// emulated host serves both, as each boot of one costs minutes.
 #[test]
 fn linux_guests_keep_their_files_through_merge_cow_and_unmerge() {
     // PAGEFOLD_TEST_DEDUP replaces the [dedup] table (the same checks
@@ -161,6 +164,7 @@ fn linux_guests_keep_their_files_through_merge_cow_and_unmerge() {
         "linux_guests_keep_their_files_through_merge_cow_and_unmerge",
         &dedup,
         3,
+        true,
     );
 }
 
@@ -174,12 +178,120 @@ fn linux_guests_keep_their_files_with_the_kernel_ksm_backend() {
         "linux_guests_keep_their_files_with_the_kernel_ksm_backend",
         "backend = \"ksm\"\nmode = \"on\"\npages_to_scan = 4096\nsleep_millisecs = 20",
         4,
+        false,
+    );
+}
+
+/// The tap of VM `vm` in this test process: unique per process, as the
+/// test runs on the host itself where that has VMX/SVM.
+fn tap_of(vm: &str) -> String {
+    format!("pf{}{vm}", std::process::id() % 100_000)
+}
+
+/// What the NICs must do, with the guests still running: each guest
+/// brings its interface up with busybox's `ip` and pings the host's
+/// bridge, and its driver shows pagefold's default MAC and the
+/// negotiated offloads in sysfs; the first pings the second across the bridge, and the first
+/// moves 64 MiB each way over TCP with busybox's `nc`, the bytes' md5 the
+/// same on both ends (the guest's `md5sum` and the host's).
+fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
+    let step = Duration::from_secs(180);
+    let start = Instant::now();
+    for &(vm, n) in vms {
+        bridge.attach(&tap_of(vm));
+        let r = s.run_on(
+            &[vm],
+            &format!(
+                "ip link set eth0 up && ip addr add {}/{PREFIX} dev eth0 && \
+                 ping -c 2 -w 60 {HOST_ADDR} >/dev/null && echo host=reached && \
+                 echo \"mac=$(cat /sys/class/net/eth0/address)\" && \
+                 echo \"features=$(cat /sys/class/net/eth0/device/features)\"",
+                guest_addr(n)
+            ),
+            step,
+        );
+        // The address from the device's config space: pagefold's default
+        // for this VM's first NIC.
+        let mac = pagefold_vmm::config::NetConfig {
+            tap: String::new(),
+            mac: None,
+        }
+        .mac_for(vm, 0);
+        assert_eq!(
+            r[0].value("mac"),
+            Some(mac.to_string().as_str()),
+            "{}",
+            r[0].output
+        );
+        // What the guest's driver negotiated, one character per feature
+        // bit: the offloads the tap took, merged buffers, EVENT_IDX.
+        let features = r[0].value("features").unwrap_or_default().as_bytes();
+        for (bit, what) in [
+            (0, "CSUM"),
+            (1, "GUEST_CSUM"),
+            (5, "MAC"),
+            (7, "GUEST_TSO4"),
+            (8, "GUEST_TSO6"),
+            (11, "HOST_TSO4"),
+            (12, "HOST_TSO6"),
+            (15, "MRG_RXBUF"),
+            (16, "STATUS"),
+            (29, "EVENT_IDX"),
+            (32, "VERSION_1"),
+        ] {
+            assert_eq!(
+                features.get(bit),
+                Some(&b'1'),
+                "{vm}: {what} (bit {bit}) not negotiated: {}",
+                r[0].output
+            );
+        }
+    }
+    let (first, second) = (vms[0].0, guest_addr(vms[1].1));
+    s.run_on(
+        &[first],
+        &format!("ping -c 2 -w 60 {second} >/dev/null && echo peer=reached"),
+        step,
+    );
+    const LEN: u64 = 64 << 20;
+    let to_host = linux_net::receive(5001, LEN);
+    let to_guest = linux_net::send(5002, LEN, 0x5eed);
+    let moved = Instant::now();
+    let r = s.run_on(
+        &[first],
+        &format!(
+            "nc {HOST_ADDR} 5001 </data/random-64m.bin && \
+             echo \"sent=$(md5sum </data/random-64m.bin | cut -d' ' -f1)\" && \
+             echo \"got=$(nc {HOST_ADDR} 5002 </dev/null | md5sum | cut -d' ' -f1)\""
+        ),
+        step,
+    );
+    let moved = moved.elapsed();
+    let host_got = to_host.join().expect("the host's receiver");
+    let host_sent = to_guest.join().expect("the host's sender");
+    assert_eq!(
+        r[0].value("sent"),
+        Some(host_got.as_str()),
+        "guest to host: {}",
+        r[0].output
+    );
+    assert_eq!(
+        r[0].value("got"),
+        Some(host_sent.as_str()),
+        "host to guest: {}",
+        r[0].output
+    );
+    eprintln!(
+        "network: 64 MiB each way in {moved:.1?} ({:.1} MiB/s); the check took {:.1?}",
+        128.0 / moved.as_secs_f64(),
+        start.elapsed()
     );
 }
 
 /// `cpus`: the emulated host's (the three guests at the end get their
 /// own with four; with three the third shares one with the first).
-fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32) {
+/// `net`: give the guests NICs and run [`network_check`] at the end.
+fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32, net: bool) {
     if !linux_host::run_here(
         test,
         &Emulation {
@@ -190,9 +302,17 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32) 
         return;
     }
     let step = Duration::from_secs(180);
+    let nic = |spec: Spec| {
+        if net {
+            let tap = tap_of(spec.name);
+            spec.with_tap(&tap)
+        } else {
+            spec
+        }
+    };
     let specs = [
-        Spec::new("one", "384M", "pair"),
-        Spec::new("two", "384M", "pair"),
+        nic(Spec::new("one", "384M", "pair")),
+        nic(Spec::new("two", "384M", "pair")),
     ];
     let mut s = Served::start("linux-hashes", dedup, &specs);
     // The engine counts its copy-on-write breaks, pool pages and owners;
@@ -265,7 +385,7 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32) 
     // guest joins the group and merges with the two, then the second is
     // deleted while its pages are shared; the others' files stay theirs.
     s.set(serde_json::json!({"mode": "on"}));
-    s.create(&Spec::new("three", "384M", "pair"));
+    s.create(&nic(Spec::new("three", "384M", "pair")));
     same_hashes(
         "the third guest's first read",
         &s.run_on(&["three"], &read, step),
@@ -290,6 +410,18 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32) 
         &s.run_all(HASHES, step),
         Some(&reference),
     );
+    if net {
+        // The deleted VM's tap went with it (pagefold created it, and
+        // closed its last fd).
+        let gone = std::path::Path::new("/sys/class/net").join(tap_of("two"));
+        let start = Instant::now();
+        while gone.exists() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!gone.exists(), "{} outlived its VM", gone.display());
+        let bridge = Bridge::create(&format!("pfbr{}", std::process::id() % 100_000));
+        network_check(&mut s, &bridge, &[("one", 1), ("three", 3)]);
+    }
     let err = s.shutdown();
     if let Some((secs, line)) = longest_wakeup(&err) {
         eprintln!("longest wake-up: {secs:.2} s: {line}");

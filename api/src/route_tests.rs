@@ -152,6 +152,14 @@ async fn put_creates_vm_and_checks_input() {
         (r#"{"memory": 64, "vcpus": 0}"#, "vcpus"),
         (r#"{"memory": "12X"}"#, "invalid size"),
         (r#""#, "needs a JSON body"),
+        (
+            r#"{"memory": 64, "kernel": {"path": "/k", "net": [{"tap": "t", "mac": "01:00:5e:00:00:01"}]}}"#,
+            "invalid MAC address 01:00:5e:00:00:01",
+        ),
+        (
+            r#"{"memory": 64, "kernel": {"path": "/k", "net": [{"mac": "52:54:00:00:00:01"}]}}"#,
+            "missing field `tap`",
+        ),
     ] {
         let a = send(&app, "PUT", "/api/v1/vms/x1", Some(b)).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "{b}: {}", a.text);

@@ -201,6 +201,21 @@ pub struct WorkloadSchema {
     placement_seed: Option<u64>,
 }
 
+/// A network interface of a Linux guest: a virtio-net device on the host
+/// tap `tap`, which must exist or be creatable by pagefold (docs/devices.md).
+#[derive(ToSchema)]
+#[schema(as = NetConfig)]
+#[serde(deny_unknown_fields)]
+pub struct NetSchema {
+    /// The host tap interface's name.
+    #[schema(min_length = 1, max_length = 15)]
+    tap: String,
+    /// A unicast MAC address, e.g. 52:54:00:12:34:56 (default: 52:54:00
+    /// and three bytes derived from the VM's name and the NIC's index).
+    #[schema(nullable = false, pattern = "^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")]
+    mac: Option<String>,
+}
+
 #[derive(ToSchema)]
 #[schema(as = KernelConfig)]
 #[serde(deny_unknown_fields)]
@@ -211,6 +226,9 @@ pub struct KernelSchema {
     cmdline: Option<String>,
     #[schema(nullable = false)]
     disks: Option<Vec<DiskSchema>>,
+    /// Network interfaces, after the disks in the virtio-mmio slots.
+    #[schema(nullable = false)]
+    net: Option<Vec<NetSchema>>,
 }
 
 /// A VM, as a `[[vm]]` table of the TOML config. `name` may be left out

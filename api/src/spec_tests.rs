@@ -302,7 +302,8 @@ fn documented_vm_config_is_the_vmms() {
             "churn_ms": 100, "phases": ["fill", "wait"], "disks": [{"path": "/d", "readonly": true}],
             "disk_seed": 9, "placement": "scattered", "extent_pages": 8, "placement_seed": 5},
         "kernel": {"path": "/k", "initrd": "/i", "cmdline": "quiet",
-            "disks": [{"path": "/d", "readonly": false}]}
+            "disks": [{"path": "/d", "readonly": false}],
+            "net": [{"tap": "tap0", "mac": "52:54:00:12:34:56"}, {"tap": "tap1"}]}
     }))
     .unwrap();
     let written = serde_json::to_value(&full).unwrap();

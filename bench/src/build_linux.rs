@@ -161,6 +161,7 @@ pub fn linux_build_configs(
                     path: f.disk.clone(),
                     readonly: false,
                 }],
+                net: Vec::new(),
             }),
             vcpu_affinity: cpu.map(|c| vec![c]),
         })

@@ -221,6 +221,7 @@ pub fn agent_vm_config(
                     readonly: false,
                 },
             ],
+            net: Vec::new(),
         }),
         vcpu_affinity: cpu.map(|c| vec![c]),
     }

@@ -1,5 +1,5 @@
 //! Device models of pagefold: serial console, i8042 reset, the workload
-//! control device, and virtio-mmio with virtio-blk.
+//! control device, and virtio-mmio with virtio-blk and virtio-net.
 
 pub mod bus;
 pub mod i8042;

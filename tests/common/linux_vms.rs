@@ -35,6 +35,8 @@ pub struct Spec {
     pub name: &'static str,
     pub memory: &'static str,
     pub group: &'static str,
+    /// A NIC on this host tap (pagefold creates it; see `linux_net`).
+    pub tap: Option<String>,
 }
 
 impl Spec {
@@ -43,7 +45,14 @@ impl Spec {
             name,
             memory,
             group,
+            tap: None,
         }
+    }
+
+    /// The same VM with a NIC on tap `tap`.
+    pub fn with_tap(mut self, tap: &str) -> Self {
+        self.tap = Some(tap.to_string());
+        self
     }
 }
 
@@ -97,6 +106,7 @@ pub fn agent_vm_config(dir: &Path, spec: &Spec, cpu: Option<usize>) -> (VmConfig
         initrd = {initrd:?}
         cmdline = "{cmdline}"
         disks = [{{ path = {data:?}, readonly = true }}, {{ path = {mbox:?} }}]
+        {net}
         "#,
         name = spec.name,
         memory = spec.memory,
@@ -105,6 +115,10 @@ pub fn agent_vm_config(dir: &Path, spec: &Spec, cpu: Option<usize>) -> (VmConfig
         initrd = image("initrd.img"),
         data = image("data.ext4"),
         mbox = mbox_path,
+        net = match &spec.tap {
+            Some(t) => format!("net = [{{ tap = {t:?} }}]"),
+            None => String::new(),
+        },
     );
     let mut cfg: VmConfig = toml::from_str(&toml).expect("agent VM config");
     cfg.vcpu_affinity = cpu.map(|c| vec![c]);

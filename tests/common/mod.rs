@@ -3,6 +3,7 @@
 
 pub mod dedup;
 pub mod linux_host;
+pub mod linux_net;
 pub mod linux_vms;
 pub mod pagemap_audit;
 

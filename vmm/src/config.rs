@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use pagefold_dedup::{BackendKind, CheckedSettings, Mode};
+use pagefold_devices::virtio::net::{mac, tap::check_name as check_tap_name, MacAddr};
 use serde::{Deserialize, Serialize};
 
 mod size;
@@ -271,6 +272,48 @@ pub struct DiskConfig {
     pub readonly: bool,
 }
 
+/// A MAC address in a config (`"52:54:00:12:34:56"`), checked as the
+/// file, the API body or the flag is parsed: a malformed or multicast
+/// address is a parse error naming it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Mac(pub MacAddr);
+
+impl TryFrom<String> for Mac {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse().map(Mac).map_err(|e: mac::Error| e.to_string())
+    }
+}
+
+impl From<Mac> for String {
+    fn from(m: Mac) -> String {
+        m.0.to_string()
+    }
+}
+
+/// A network interface of a Linux guest: a virtio-net device on the host
+/// tap `tap` (made beforehand, e.g. `ip tuntap add NAME mode tap`, and
+/// put on a bridge), with address `mac` (default: 52:54:00 and three
+/// bytes derived from the VM's name and the NIC's index).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetConfig {
+    pub tap: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<Mac>,
+}
+
+impl NetConfig {
+    /// The address the guest gets: the configured one, else the default
+    /// of NIC `index` of VM `vm`.
+    pub fn mac_for(&self, vm: &str, index: usize) -> MacAddr {
+        self.mac
+            .map_or_else(|| MacAddr::default_for(vm, index), |m| m.0)
+    }
+}
+
 /// A Linux kernel to boot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -282,7 +325,15 @@ pub struct KernelConfig {
     pub cmdline: String,
     #[serde(default)]
     pub disks: Vec<DiskConfig>,
+    /// Network interfaces (virtio-net on host taps), after the disks in
+    /// the virtio-mmio slots.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub net: Vec<NetConfig>,
 }
+
+/// How many virtio-mmio devices (disks and NICs together) a Linux guest
+/// may have: one GSI each, from 5 to the IOAPIC's last pin, 23.
+pub const MAX_VIRTIO_DEVICES: usize = 19;
 
 pub fn default_cmdline() -> String {
     "console=ttyS0 reboot=k panic=-1".to_string()
@@ -428,6 +479,16 @@ impl Config {
             }
             total = total.saturating_add(vm.memory_bytes());
         }
+        let mut taps = BTreeSet::new();
+        for vm in &self.vms {
+            for t in vm.taps() {
+                if !taps.insert(t) {
+                    return Err(Error::Invalid(format!(
+                        "tap {t:?} is given to two VMs; each NIC needs its own tap (put them on one bridge)"
+                    )));
+                }
+            }
+        }
         if let Some(s) = &self.stdin {
             if !names.contains(s) {
                 return Err(Error::Invalid(format!("stdin: no VM named {s:?}")));
@@ -495,6 +556,7 @@ impl VmConfig {
                 for d in &k.disks {
                     check_file("disk image", &d.path, true).map_err(|m| self.err(m))?;
                 }
+                self.validate_net(k)?;
             }
             (w, None) => {
                 let w = w.clone().unwrap_or_default();
@@ -512,6 +574,39 @@ impl VmConfig {
             }
         }
         Ok(())
+    }
+
+    /// NICs: valid tap names, no tap or address twice, room in the
+    /// virtio-mmio slots.
+    fn validate_net(&self, k: &KernelConfig) -> Result<(), Error> {
+        let devices = k.disks.len() + k.net.len();
+        if devices > MAX_VIRTIO_DEVICES {
+            return Err(self.err(format!(
+                "{} disks and {} network interfaces: at most {MAX_VIRTIO_DEVICES} devices in all",
+                k.disks.len(),
+                k.net.len()
+            )));
+        }
+        let mut taps = BTreeSet::new();
+        let mut macs = BTreeSet::new();
+        for (i, n) in k.net.iter().enumerate() {
+            check_tap_name(&n.tap).map_err(|e| self.err(format!("net[{i}]: {e}")))?;
+            if !taps.insert(n.tap.as_str()) {
+                return Err(self.err(format!("net[{i}]: tap {:?} is listed twice", n.tap)));
+            }
+            let mac = n.mac_for(&self.name, i);
+            if !macs.insert(mac.bytes()) {
+                return Err(self.err(format!("net[{i}]: MAC address {mac} is listed twice")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The taps this VM's NICs use.
+    pub fn taps(&self) -> impl Iterator<Item = &str> {
+        self.kernel
+            .iter()
+            .flat_map(|k| k.net.iter().map(|n| n.tap.as_str()))
     }
 
     /// Guest RAM size in bytes (validated): the size asked for, rounded up
@@ -1032,6 +1127,73 @@ mod tests {
         let e = disk(Path::new("/dev/null")).unwrap_err();
         assert!(e.contains("is not a regular file"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn linux_nics_parse_and_bad_ones_are_refused() {
+        let elf = std::env::temp_dir().join(format!("pagefold-cfg-net-{}", std::process::id()));
+        std::fs::write(&elf, b"\x7fELF\x02\x01\x01").unwrap();
+        let vm = |name: &str, nets: &str| {
+            format!(
+                "[[vm]]\nname = {name:?}\nmemory = 64\n[vm.kernel]\npath = {:?}\n{nets}",
+                elf.display().to_string()
+            )
+        };
+        let c = parse(&vm(
+            "a",
+            "[[vm.kernel.net]]\ntap = \"tap0\"\nmac = \"52:54:00:AA:00:01\"\n[[vm.kernel.net]]\ntap = \"tap1\"\n",
+        ))
+        .unwrap();
+        c.validate(None).unwrap();
+        let k = c.vms[0].kernel.as_ref().unwrap();
+        assert_eq!(k.net.len(), 2);
+        assert_eq!(k.net[0].mac_for("a", 0).to_string(), "52:54:00:aa:00:01");
+        assert_eq!(k.net[1].mac_for("a", 1), MacAddr::default_for("a", 1));
+        // Written back, the MAC keeps its colon form.
+        let text = toml::to_string(&c).unwrap();
+        assert!(text.contains("mac = \"52:54:00:aa:00:01\""), "{text}");
+        assert_eq!(Config::from_toml(&text, Path::new("t")).unwrap(), c);
+
+        // A bad MAC fails the parse, naming it.
+        for bad in ["52:54:00:aa:00", "01:00:5e:00:00:01", "zz:54:00:aa:00:01"] {
+            let e = parse(&vm(
+                "a",
+                &format!("[[vm.kernel.net]]\ntap = \"t\"\nmac = {bad:?}\n"),
+            ))
+            .unwrap_err();
+            assert!(e.contains(bad) && e.contains("MAC"), "{e}");
+        }
+        let invalid = |text: String| {
+            parse(&text)
+                .unwrap()
+                .validate(None)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = invalid(vm("a", "[[vm.kernel.net]]\ntap = \"a/b\"\n"));
+        assert!(e.contains("net[0]") && e.contains("tap name"), "{e}");
+        let e = invalid(vm(
+            "a",
+            "[[vm.kernel.net]]\ntap = \"t\"\n[[vm.kernel.net]]\ntap = \"t\"\n",
+        ));
+        assert!(e.contains("listed twice"), "{e}");
+        let e = invalid(vm(
+            "a",
+            "[[vm.kernel.net]]\ntap = \"t\"\nmac = \"52:54:00:00:00:01\"\n[[vm.kernel.net]]\ntap = \"u\"\nmac = \"52:54:00:00:00:01\"\n",
+        ));
+        assert!(e.contains("52:54:00:00:00:01 is listed twice"), "{e}");
+        let e = invalid(format!(
+            "{}{}",
+            vm("a", "[[vm.kernel.net]]\ntap = \"t\"\n"),
+            vm("b", "[[vm.kernel.net]]\ntap = \"t\"\n")
+        ));
+        assert!(e.contains("two VMs"), "{e}");
+        let many: String = (0..20)
+            .map(|i| format!("[[vm.kernel.net]]\ntap = \"t{i}\"\n"))
+            .collect();
+        let e = invalid(vm("a", &many));
+        assert!(e.contains("at most 19 devices"), "{e}");
+        std::fs::remove_file(&elf).unwrap();
     }
 
     #[test]

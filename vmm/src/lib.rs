@@ -10,6 +10,7 @@ pub mod disk;
 pub mod host_kind;
 pub mod linux;
 pub mod memory;
+pub mod net;
 pub mod pause;
 pub mod quiesce;
 pub mod runner;

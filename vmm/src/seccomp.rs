@@ -616,6 +616,16 @@ fn main_ioctls() -> Vec<SeccompRule> {
     r
 }
 
+/// The tap ioctls a vCPU makes: a virtio-net device sets the tap's
+/// receive offloads when the driver activates or resets it, which it
+/// does by MMIO writes on a vCPU thread.
+const TAP_VCPU_IOCTLS: &[u64] = &[libc::TUNSETOFFLOAD];
+
+/// The tap ioctls of VM creation: attaching to the tap and setting its
+/// vnet header size (`pagefold_devices::virtio::net::Tap::open`), and
+/// probing its offloads.
+const TAP_CREATE_IOCTLS: &[u64] = &[libc::TUNSETIFF, libc::TUNSETVNETHDRSZ, libc::TUNSETOFFLOAD];
+
 /// `KVM_GET_DIRTY_LOG`: `_IOW(KVMIO, 0x42, struct kvm_dirty_log)` (16 bytes).
 const KVM_GET_DIRTY_LOG: u64 = 0x4010_ae42;
 
@@ -662,7 +672,9 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
     }
     match kind {
         ThreadKind::Vcpu => {
-            m.insert(libc::SYS_ioctl, ioctl_type(KVMIO));
+            let mut r = ioctl_type(KVMIO);
+            r.extend(ioctl_requests(TAP_VCPU_IOCTLS));
+            m.insert(libc::SYS_ioctl, r);
         }
         ThreadKind::Engine => {
             // The write log: KVM's dirty log of guest RAM (`crate::dirty_log`).
@@ -692,6 +704,8 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
             // filter lists it, so that the engine's threads started here
             // are seen to keep working (the unit test compares rules).
             r.extend(ioctl_requests(&[KVM_GET_DIRTY_LOG]));
+            // NICs: the vCPU's offload ioctl is among these.
+            r.extend(ioctl_requests(TAP_CREATE_IOCTLS));
             m.insert(libc::SYS_ioctl, r);
         }
     }
@@ -800,6 +814,21 @@ mod tests {
             }
         }
         assert!(!rules(ThreadKind::Vcpu).contains_key(&libc::SYS_openat));
+    }
+
+    #[test]
+    fn taps_are_attached_only_where_vms_are_created() {
+        let has = |k: ThreadKind, req: u64| {
+            rules(k)[&libc::SYS_ioctl].contains(&ioctl_requests(&[req])[0])
+        };
+        let offload = libc::TUNSETOFFLOAD;
+        let attach = libc::TUNSETIFF;
+        assert!(has(ThreadKind::Vcpu, offload));
+        assert!(!has(ThreadKind::Vcpu, attach));
+        assert!(has(ThreadKind::MainCreatesVms, attach));
+        assert!(has(ThreadKind::MainCreatesVms, libc::TUNSETVNETHDRSZ));
+        assert!(!has(ThreadKind::Main, attach));
+        assert!(!has(ThreadKind::Main, offload));
     }
 
     #[test]

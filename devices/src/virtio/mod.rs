@@ -1,4 +1,4 @@
-//! virtio-mmio transport and virtio-blk.
+//! virtio-mmio transport, virtio-blk and virtio-net.
 //!
 //! The transport ([`mmio::MmioTransport`]) owns the register state and the
 //! virtqueues (`virtio_queue::Queue`); a device model implements
@@ -10,6 +10,7 @@
 
 pub mod block;
 pub mod mmio;
+pub mod net;
 pub mod notifier;
 #[cfg(test)]
 pub(crate) mod testutil;
@@ -19,6 +20,7 @@ use vm_memory::GuestMemoryMmap;
 
 pub use block::Block;
 pub use mmio::MmioTransport;
+pub use net::Net;
 pub use notifier::MmioNotifier;
 
 /// Size of one virtio-mmio device window (register block + config space).
@@ -48,7 +50,7 @@ pub enum Error {
 /// or from the event-manager thread (ioeventfd); implementations do their
 /// work synchronously.
 pub trait VirtioDevice: Send {
-    /// The virtio device ID (2 for block).
+    /// The virtio device ID (1 for net, 2 for block).
     fn device_type(&self) -> u32;
 
     /// Maximum size of each queue; the length is the number of queues.

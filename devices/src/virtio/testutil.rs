@@ -66,15 +66,57 @@ pub struct DriverQueue {
     pub size: u16,
     next_desc: u16,
     avail_idx: u16,
+    desc: u64,
+    avail: u64,
+    used: u64,
 }
 
 impl DriverQueue {
+    /// A queue at the default test addresses (DESC_ADDR, AVAIL_ADDR, USED_ADDR).
     pub fn new(size: u16) -> Self {
+        Self::at(size, DESC_ADDR, AVAIL_ADDR, USED_ADDR)
+    }
+
+    /// A queue with its rings at the given addresses (devices with
+    /// several queues).
+    pub fn at(size: u16, desc: u64, avail: u64, used: u64) -> Self {
         Self {
             size,
             next_desc: 0,
             avail_idx: 0,
+            desc,
+            avail,
+            used,
         }
+    }
+
+    /// A device-side queue over this driver queue's rings, ready.
+    pub fn device_queue(&self, max_size: u16) -> virtio_queue::Queue {
+        use virtio_queue::QueueT;
+        let mut q = virtio_queue::Queue::new(max_size).unwrap();
+        q.set_size(self.size);
+        q.try_set_desc_table_address(GuestAddress(self.desc))
+            .unwrap();
+        q.try_set_avail_ring_address(GuestAddress(self.avail))
+            .unwrap();
+        q.try_set_used_ring_address(GuestAddress(self.used))
+            .unwrap();
+        q.set_ready(true);
+        q
+    }
+
+    /// The used ring's index, as the driver reads it.
+    pub fn used_index(&self, mem: &GuestMemoryMmap) -> u16 {
+        mem.read_obj(GuestAddress(self.used + 2)).unwrap()
+    }
+
+    /// The avail ring's `used_event` and the used ring's `avail_event`
+    /// (EVENT_IDX), as (address of used_event, address of avail_event).
+    pub fn event_addrs(&self) -> (u64, u64) {
+        (
+            self.avail + 4 + 2 * u64::from(self.size),
+            self.used + 4 + 8 * u64::from(self.size),
+        )
     }
 
     /// Writes one raw descriptor at table index `i`.
@@ -87,7 +129,7 @@ impl DriverQueue {
         flags: u16,
         next: u16,
     ) {
-        let base = GuestAddress(DESC_ADDR + 16 * u64::from(i));
+        let base = GuestAddress(self.desc + 16 * u64::from(i));
         mem.write_obj(addr, base).unwrap();
         mem.write_obj(len, GuestAddress(base.0 + 8)).unwrap();
         mem.write_obj(flags, GuestAddress(base.0 + 12)).unwrap();
@@ -97,10 +139,10 @@ impl DriverQueue {
     /// Makes descriptor `head` available.
     pub fn publish(&mut self, mem: &GuestMemoryMmap, head: u16) {
         let slot = u64::from(self.avail_idx % self.size);
-        mem.write_obj(head, GuestAddress(AVAIL_ADDR + 4 + 2 * slot))
+        mem.write_obj(head, GuestAddress(self.avail + 4 + 2 * slot))
             .unwrap();
         self.avail_idx = self.avail_idx.wrapping_add(1);
-        mem.write_obj(self.avail_idx, GuestAddress(AVAIL_ADDR + 2))
+        mem.write_obj(self.avail_idx, GuestAddress(self.avail + 2))
             .unwrap();
     }
 
@@ -130,7 +172,7 @@ impl DriverQueue {
 
     /// The used-ring element `i`: (descriptor head, length).
     pub fn used_elem(&self, mem: &GuestMemoryMmap, i: u16) -> (u32, u32) {
-        let base = USED_ADDR + 4 + 8 * u64::from(i % self.size);
+        let base = self.used + 4 + 8 * u64::from(i % self.size);
         (
             mem.read_obj(GuestAddress(base)).unwrap(),
             mem.read_obj(GuestAddress(base + 4)).unwrap(),

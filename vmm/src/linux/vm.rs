@@ -1,5 +1,6 @@
 //! The Linux side of VM creation: the guest's disks (attached by
-//! [`crate::disk`], as for workload guests), the ACPI power-management port,
+//! [`crate::disk`], as for workload guests) and network interfaces
+//! ([`crate::net`]), the ACPI power-management port,
 //! the kernel and its boot data, and the 64-bit kernel-mode entry state of
 //! every vCPU.
 
@@ -19,6 +20,7 @@ use crate::disk::{self, attach_disks, Subscriber};
 use crate::linux::{
     self, layout::ACPI_PM_PORT, pm::AcpiPmDevice, DeviceDiscovery, LinuxBootConfig,
 };
+use crate::net::{self, attach_nets};
 use crate::state::{Outcome, VmShared};
 
 /// Errors of Linux VM set-up.
@@ -26,6 +28,8 @@ use crate::state::{Outcome, VmShared};
 pub enum Error {
     #[error(transparent)]
     Disk(#[from] disk::Error),
+    #[error(transparent)]
+    Net(#[from] net::Error),
     #[error(transparent)]
     Boot(#[from] linux::Error),
     #[error("{0}")]
@@ -98,7 +102,10 @@ pub fn setup(
 ) -> Result<Vec<Subscriber>, Error> {
     let disks = attach_disks(name, &kernel.disks, vm_fd, mem, mmio, filled)?;
     let mut subs = disks.subscribers;
-    let devices = disks.slots;
+    let mut devices = disks.slots;
+    let nets = attach_nets(name, &kernel.net, devices.len(), vm_fd, mem, mmio)?;
+    subs.extend(nets.subscribers);
+    devices.extend(nets.slots);
 
     let (reset, shutdown) = (evt()?, evt()?);
     let pm = AcpiPmDevice::new(

@@ -1,0 +1,64 @@
+//! Watching a tap for received frames on the VMM's event loop.
+//!
+//! The tap's fd is registered edge-triggered: the kernel reports each
+//! frame that arrives, and the device reads until the tap is empty or the
+//! guest's receive buffers run out. In the latter case the frames stay in
+//! the tap (whose queue drops beyond its length, as a full NIC does)
+//! until the driver adds buffers and notifies the receive queue, which
+//! reads them then; a level-triggered watch would instead wake the loop
+//! over and over while the guest has no buffers.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use log::error;
+
+use super::RX_QUEUE;
+use crate::virtio::MmioTransport;
+
+/// Event-manager subscriber that runs a net device's receive path when
+/// its tap becomes readable.
+pub struct TapWatcher {
+    transport: Arc<Mutex<MmioTransport>>,
+    tap: File,
+    name: String,
+}
+
+impl TapWatcher {
+    /// `tap` is a duplicate of the device's tap fd ([`super::Tap::try_clone`]).
+    pub fn new(transport: Arc<Mutex<MmioTransport>>, tap: File, name: &str) -> Self {
+        Self {
+            transport,
+            tap,
+            name: name.to_string(),
+        }
+    }
+}
+
+impl MutEventSubscriber for TapWatcher {
+    fn init(&mut self, ops: &mut EventOps) {
+        let set = EventSet::IN | EventSet::EDGE_TRIGGERED;
+        if let Err(e) = ops.add(Events::new_raw(self.tap.as_raw_fd(), set)) {
+            error!("virtio-net: cannot watch tap {}: {e}", self.name);
+        }
+    }
+
+    fn process(&mut self, events: Events, ops: &mut EventOps) {
+        if events
+            .event_set()
+            .intersects(EventSet::ERROR | EventSet::HANG_UP)
+        {
+            error!("virtio-net: tap {} failed; no longer watched", self.name);
+            let _ = ops.remove(events);
+            return;
+        }
+        // Before DRIVER_OK this is a no-op: the frames wait in the tap
+        // until the driver's first receive-queue notification.
+        self.transport
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .notify_queue(RX_QUEUE);
+    }
+}
