@@ -298,6 +298,11 @@ pub struct DedupArgs {
     /// Dedup group of the VM (pages are shared only within a group).
     #[arg(long, help_heading = "Deduplication")]
     pub dedup_group: Option<String>,
+    /// The group's security: default, or hardened (the guest cannot tell
+    /// merged pages by timing its writes; pagefold backend only;
+    /// docs/security.md).
+    #[arg(long, value_name = "default|hardened", help_heading = "Deduplication")]
+    pub dedup_security: Option<pagefold_dedup::Security>,
 }
 
 fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
@@ -449,6 +454,7 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
                     dedup: VmDedup {
                         enabled: true,
                         group: a.dedup.dedup_group.clone(),
+                        security: a.dedup.dedup_security.unwrap_or_default(),
                     },
                     workload,
                     kernel,

@@ -411,6 +411,56 @@ fn dedup_figures_and_knobs_over_the_api() {
 
 /// A pipe whose reading end is already closed: every write to it fails
 /// with EPIPE, as when `| head -0` went away before pagefold wrote.
+#[test]
+fn a_groups_security_is_kept_over_the_api() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-security");
+    let sock = dir.path("api.sock");
+    let cfg = config(&dir, "\"fill\", \"wait\"", "on");
+    let mut child = spawn(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--api-sock",
+        sock.to_str().unwrap(),
+    ]);
+    wait_for_api(&mut child, &sock);
+    let vm = |group: &str, security: &str| {
+        format!(
+            r#"{{"memory": "32M", "serial": "null", "dedup": {{"group": "{group}", "security": "{security}"}},
+                "workload": {{"shared": "8M", "private": "4M", "phases": ["fill", "wait"]}}}}"#
+        )
+    };
+    // A hardened group of its own, and a second member.
+    curl_json(&sock, "PUT", "/vms/h0", Some(&vm("h", "hardened")), 201);
+    curl_json(&sock, "PUT", "/vms/h1", Some(&vm("h", "hardened")), 201);
+    // A default VM may not join it, nor may a hardened one join the
+    // config's default group g: clear errors, nothing created.
+    for (name, group, security) in [("d0", "h", "default"), ("d1", "g", "hardened")] {
+        let (code, body) = curl(
+            &sock,
+            "PUT",
+            &format!("/vms/{name}"),
+            Some(&vm(group, security)),
+        );
+        assert_eq!(code, 409, "{name}: {body}");
+        assert!(body.contains("hardened") && body.contains(group), "{body}");
+        curl_json(&sock, "GET", &format!("/vms/{name}"), None, 404);
+    }
+    // An unknown security is a bad request naming it.
+    let (code, body) = curl(&sock, "PUT", "/vms/x", Some(&vm("h", "paranoid")));
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("paranoid"), "{body}");
+    assert_eq!(
+        names(&curl_json(&sock, "GET", "/vms", None, 200)),
+        ["h0", "h1", "vm0", "vm1"]
+    );
+    curl_json(&sock, "PUT", "/shutdown", None, 202);
+    let o = wait_bounded(child.into_child(), Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
 fn closed_pipe() -> Stdio {
     use std::os::fd::{FromRawFd, OwnedFd};
     let mut fds = [0; 2];

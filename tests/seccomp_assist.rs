@@ -52,6 +52,7 @@ impl Mem {
             len: N * PAGE_SIZE,
             owner: owner.into(),
             group: "g".into(),
+            security: Default::default(),
         }
     }
 }

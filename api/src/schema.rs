@@ -142,6 +142,18 @@ pub struct VmDedupSchema {
     enabled: Option<bool>,
     #[schema(min_length = 1)]
     group: Option<String>,
+    /// The group's security; every VM of a group gives the same
+    /// (docs/security.md). `hardened` needs the pagefold backend.
+    #[schema(nullable = false, default = "default")]
+    security: Option<DedupSecuritySchema>,
+}
+
+#[derive(ToSchema)]
+#[schema(as = DedupSecurity)]
+#[serde(rename_all = "lowercase")]
+pub enum DedupSecuritySchema {
+    Default,
+    Hardened,
 }
 
 #[derive(ToSchema)]

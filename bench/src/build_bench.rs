@@ -392,6 +392,7 @@ pub fn build_configs(image: &Path, tree: &TreeSpec) -> Vec<VmConfig> {
             dedup: VmDedup {
                 enabled: true,
                 group: Some("build".into()),
+                security: Default::default(),
             },
             workload: Some(WorkloadConfig {
                 seed: 7,

@@ -151,6 +151,7 @@ pub fn linux_build_configs(
             dedup: VmDedup {
                 enabled: true,
                 group: Some(LINUX_BUILD_GROUP.into()),
+                security: Default::default(),
             },
             workload: None,
             kernel: Some(KernelConfig {

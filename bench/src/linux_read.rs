@@ -205,6 +205,7 @@ pub fn agent_vm_config(
         dedup: VmDedup {
             enabled: true,
             group: Some(LINUX_READ_GROUP.into()),
+            security: Default::default(),
         },
         workload: None,
         kernel: Some(KernelConfig {

@@ -113,6 +113,7 @@ impl Attached {
                             "ksm-seed".into()
                         },
                         group: "ksm-seed".into(),
+                        security: Default::default(),
                     };
                     // SAFETY: region is a private anonymous mapping that
                     // outlives the registration: `detach` (or the error path

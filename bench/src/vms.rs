@@ -171,6 +171,7 @@ impl VmOptions {
                 dedup: VmDedup {
                     enabled: true,
                     group: Some("bench".into()),
+                    security: Default::default(),
                 },
                 workload: Some(WorkloadConfig {
                     seed: 7,

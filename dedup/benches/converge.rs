@@ -100,6 +100,7 @@ fn teardown(n: usize) {
                     len: n * PS,
                     owner: format!("r{k}"),
                     group: "g".into(),
+                    security: Default::default(),
                 })
                 .unwrap()
             }
@@ -214,6 +215,7 @@ fn main() {
                 len,
                 owner: "b".into(),
                 group: "g".into(),
+                security: Default::default(),
             })
             .unwrap()
         };
@@ -231,6 +233,7 @@ fn main() {
                 len: PAGES * PS,
                 owner: "bench".into(),
                 group: "g".into(),
+                security: Default::default(),
             })
             .unwrap()
         };
@@ -266,6 +269,7 @@ fn main() {
             len,
             owner: "bench".into(),
             group: "g".into(),
+            security: Default::default(),
         })
         .unwrap()
     };
@@ -398,6 +402,7 @@ fn unmerge_side_by_side(shape: &str, knobs: Knobs) {
                 len: PAGES * PS,
                 owner: "bench".into(),
                 group: "g".into(),
+                security: Default::default(),
             })
             .unwrap()
         };

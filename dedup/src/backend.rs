@@ -33,6 +33,19 @@ pub enum Error {
         /// Its length in bytes.
         len: usize,
     },
+    /// A region asks for a group's security other than the one the
+    /// group's regions already have.
+    #[error(
+        "dedup group {group:?} is {has}, not {asked}: a group's VMs share one security setting"
+    )]
+    SecurityMismatch {
+        /// The group.
+        group: String,
+        /// Its security.
+        has: Security,
+        /// What the new region asked for.
+        asked: Security,
+    },
     /// The backend cannot do this here (a kernel feature is missing, KSM
     /// is in use by another process, ...); the text says what.
     #[error("{0}")]
@@ -58,6 +71,55 @@ pub struct RegionId(
     pub u64,
 );
 
+/// What a dedup group promises its guests about telling merged pages from
+/// others (docs/security.md). Every region of a group has the same.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Security {
+    /// Merge whatever stays unchanged, as soon as the knobs allow. A guest
+    /// can tell a merged page from an unmerged one by timing its first
+    /// write to it (a copy-on-write fault), as under kernel KSM.
+    #[default]
+    Default,
+    /// A merged page and an unmerged one that could have merged take the
+    /// same path on their first write: only pages unchanged over two of
+    /// the scan's visits are candidates, and every candidate is moved onto
+    /// a pool page, shared or its own, so its first write is the same
+    /// copy-on-write fault either way; zero pages are no exception (no
+    /// `MADV_DONTNEED` fast path). pagefold's engine only: kernel KSM
+    /// cannot do this, and the KSM assist never takes such a group.
+    Hardened,
+}
+
+impl Security {
+    /// The name in config files, the API and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Security::Default => "default",
+            Security::Hardened => "hardened",
+        }
+    }
+}
+
+impl std::fmt::Display for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Security {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "default" => Ok(Security::Default),
+            "hardened" => Ok(Security::Hardened),
+            _ => Err(format!(
+                "unknown dedup security {s:?} (expected default or hardened)"
+            )),
+        }
+    }
+}
+
 /// A host memory region offered for deduplication.
 #[derive(Debug, Clone)]
 pub struct RegionSpec {
@@ -69,6 +131,9 @@ pub struct RegionSpec {
     pub owner: String,
     /// Dedup group: pages are only ever shared between regions of one group.
     pub group: String,
+    /// The group's security ([`Security`]); every region of a group gives
+    /// the same.
+    pub security: Security,
 }
 
 /// Per-owner (per-VM) figures.

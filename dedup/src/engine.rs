@@ -61,6 +61,9 @@ impl From<ScanError> for backend::Error {
                 backend::Error::BadRegion { addr, len }
             }
             ScanError::Unknown(id) => backend::Error::UnknownRegion(id),
+            ScanError::SecurityMismatch { group, has, asked } => {
+                backend::Error::SecurityMismatch { group, has, asked }
+            }
             other => backend::Error::Os {
                 context: "pagefold".into(),
                 source: std::io::Error::other(other.to_string()),
@@ -559,7 +562,15 @@ impl DedupBackend for Engine {
         // SAFETY: forwarded from this function's contract: the range is a
         // private anonymous mapping that stays mapped until the region's
         // unregister (or unregister_unmapping) has returned.
-        let id = unsafe { core.register(spec.host_addr, spec.len, spec.owner, spec.group) }?;
+        let id = unsafe {
+            core.register_in(
+                spec.host_addr,
+                spec.len,
+                spec.owner,
+                spec.group,
+                spec.security,
+            )
+        }?;
         self.shared.publish(&core);
         drop(core);
         self.shared.kick();

@@ -44,7 +44,8 @@ mod writelog;
 
 pub use assist::{AssistConfig, AssistMode};
 pub use backend::{
-    ByOrigin, DedupBackend, Error, MergeOrigins, OwnerStats, RegionId, RegionSpec, Result, Stats,
+    ByOrigin, DedupBackend, Error, MergeOrigins, OwnerStats, RegionId, RegionSpec, Result,
+    Security, Stats,
 };
 pub use engine::{Engine, EngineConfig, EngineError, DEFAULT_KNOBS};
 pub use hash::xxh3;

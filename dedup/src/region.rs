@@ -211,6 +211,11 @@ pub struct Region {
     /// First pool slot of this region's window (`crate::slots`): page `p`'s
     /// own slot is `slot_base + p`. None if the pool had no room.
     pub slot_base: Option<u32>,
+    /// Its group is hardened (`backend::Security::Hardened`): only pages
+    /// unchanged over two visits merge, every such page moves onto a pool
+    /// page (its own when it has no twin), zero pages included, and KSM
+    /// never takes the region.
+    pub hardened: bool,
     /// The kernel may back the region with transparent huge pages
     /// (`mm::thp_possible` at registration): merges first split the huge
     /// page under a page they replace (`mm::split_huge_page_at`), so that
@@ -411,6 +416,7 @@ impl Region {
             cow_breaks: 0,
             slot_base: None,
             huge: false,
+            hardened: false,
             written: None,
         })
     }

@@ -77,6 +77,10 @@ struct Cfg {
     /// the park ends and starts again between them, as on a host where a
     /// window's pages are dear.
     pause_budget_us: Option<u64>,
+    /// The groups are hardened (`Security::Hardened`): every idle page,
+    /// unique ones and zero pages too, is moved onto a pool page under
+    /// the writers.
+    hardened: bool,
 }
 
 impl Cfg {
@@ -101,6 +105,7 @@ impl Cfg {
             thp: false,
             hints: false,
             pause_budget_us: None,
+            hardened: false,
         }
     }
 }
@@ -157,6 +162,7 @@ fn run(cfg: Cfg) {
         thp,
         hints,
         pause_budget_us,
+        hardened,
     } = cfg;
     let e = Arc::new(
         Engine::new(EngineConfig {
@@ -221,7 +227,17 @@ fn run(cfg: Cfg) {
         Arc::new((0..3).map(|_| Arc::new(UserWrites::default())).collect());
     let quiescer = Arc::new(CountingQuiescer::default());
     for (k, m) in world.mems.iter().enumerate() {
-        let id = m.register(&e, &format!("vm{k}"), if k < 2 { "g1" } else { "g2" });
+        let security = if hardened {
+            pagefold_dedup::Security::Hardened
+        } else {
+            pagefold_dedup::Security::Default
+        };
+        let id = m.register_as(
+            &e,
+            &format!("vm{k}"),
+            if k < 2 { "g1" } else { "g2" },
+            security,
+        );
         if write_log {
             e.set_write_log(id, Some(logs[k].clone()));
         }
@@ -587,6 +603,19 @@ fn torture_vm_churn() {
         pages_per: 4096,
         churn: true,
         ..Cfg::base(0x00C4_0A11)
+    });
+}
+
+#[test]
+fn torture_hardened() {
+    // Hardened groups: pages that stay unwritten over two visits move
+    // onto pool pages, shared or their own, zero pages as well, while
+    // the writers (with gaps, so that pages stay idle long enough) write.
+    run(Cfg {
+        hardened: true,
+        write_gap_us: 100,
+        write_log: true,
+        ..Cfg::base(0x4a2d_e0ed)
     });
 }
 

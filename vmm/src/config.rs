@@ -137,6 +137,11 @@ pub struct VmDedup {
     /// Pages are shared only within a group; default: the VM's own name.
     #[serde(default)]
     pub group: Option<String>,
+    /// The group's security: `default`, or `hardened` (a guest cannot tell
+    /// merged pages by timing its writes; docs/security.md). Every VM of a
+    /// group must give the same; the pagefold backend only.
+    #[serde(default)]
+    pub security: pagefold_dedup::Security,
 }
 
 fn yes() -> bool {
@@ -148,6 +153,7 @@ impl Default for VmDedup {
         Self {
             enabled: true,
             group: None,
+            security: Default::default(),
         }
     }
 }
@@ -478,6 +484,29 @@ impl Config {
                 return Err(Error::Invalid(format!("two VMs are named {:?}", vm.name)));
             }
             total = total.saturating_add(vm.memory_bytes());
+        }
+        // A group's VMs share one security; kernel KSM cannot keep a
+        // hardened group (the engine refuses it too, at registration).
+        let mut security = std::collections::BTreeMap::new();
+        for vm in self.vms.iter().filter(|v| v.dedup.enabled) {
+            let want = vm.dedup.security;
+            if want == pagefold_dedup::Security::Hardened && self.dedup.backend == BackendKind::Ksm
+            {
+                return Err(vm.err(
+                    "dedup.security = \"hardened\" needs the pagefold backend; kernel KSM cannot keep it",
+                ));
+            }
+            let group = vm.dedup_group();
+            if let Some(&(other, has)) = security.get(&group) {
+                if has != want {
+                    return Err(Error::Invalid(format!(
+                        "dedup group {group:?}: VM {other:?} is {has} and VM {:?} {want}; a group's VMs share one security",
+                        vm.name
+                    )));
+                }
+            } else {
+                security.insert(group, (&vm.name, want));
+            }
         }
         let mut taps = BTreeSet::new();
         for vm in &self.vms {
@@ -847,6 +876,37 @@ mod tests {
 
     fn parse(s: &str) -> Result<Config, String> {
         toml::from_str::<Config>(s).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_groups_vms_share_one_security_and_hardened_needs_pagefold() {
+        let two = |sa: &str, sb: &str, backend: &str| {
+            parse(&format!(
+                "[dedup]\nbackend = \"{backend}\"\n\
+                 [[vm]]\nname = \"a\"\nmemory = 64\ndedup = {{ group = \"g\"{sa} }}\n\
+                 [[vm]]\nname = \"b\"\nmemory = 64\ndedup = {{ group = \"g\"{sb} }}\n"
+            ))
+            .unwrap()
+        };
+        let h = ", security = \"hardened\"";
+        let c = two(h, h, "pagefold");
+        c.validate(None).unwrap();
+        assert_eq!(c.vms[1].dedup.security, pagefold_dedup::Security::Hardened);
+        let c = two("", "", "pagefold");
+        c.validate(None).unwrap();
+        assert_eq!(c.vms[0].dedup.security, pagefold_dedup::Security::Default);
+        let e = two(h, "", "pagefold")
+            .validate(None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("share one security") && e.contains("hardened"),
+            "{e}"
+        );
+        let e = two(h, h, "ksm").validate(None).unwrap_err().to_string();
+        assert!(e.contains("needs the pagefold backend"), "{e}");
+        let bad = parse("[[vm]]\nname = \"a\"\nmemory = 64\ndedup = { security = \"paranoid\" }\n");
+        assert!(bad.unwrap_err().to_string().contains("paranoid"));
     }
 
     #[test]

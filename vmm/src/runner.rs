@@ -504,6 +504,9 @@ impl Runner {
                     Err(Error::Vm { source: e, .. }) if e.is_bad_input() => {
                         Err(RequestError::BadRequest(e.to_string()))
                     }
+                    Err(e) if matches!(&e, Error::Vm { source, .. } if source.is_conflict()) => {
+                        Err(RequestError::Conflict(e.to_string()))
+                    }
                     Err(e) => Err(RequestError::Internal(e.to_string())),
                 }
             }

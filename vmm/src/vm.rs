@@ -88,6 +88,19 @@ impl Error {
                 )))
         )
     }
+
+    /// The VM asks for something the process's state refuses (its dedup
+    /// group has the other security, or the backend cannot keep it): a
+    /// conflict, not bad input and not a fault.
+    pub fn is_conflict(&self) -> bool {
+        matches!(
+            self,
+            Error::Dedup(
+                pagefold_dedup::Error::SecurityMismatch { .. }
+                    | pagefold_dedup::Error::Unsupported(_)
+            )
+        )
+    }
 }
 
 /// Process-wide things every VM needs.
@@ -388,6 +401,7 @@ impl Vm {
                 len: region.len() as usize,
                 owner: self.config.name.clone(),
                 group: self.config.dedup_group(),
+                security: self.config.dedup.security,
             };
             let t = Instant::now();
             // SAFETY: the region is a private anonymous mapping owned by

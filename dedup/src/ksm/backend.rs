@@ -205,6 +205,12 @@ impl DedupBackend for KsmBackend {
         if spec.len == 0 || spec.host_addr % page != 0 || spec.len % page != 0 {
             return Err(bad());
         }
+        if spec.security == crate::backend::Security::Hardened {
+            return Err(Error::Unsupported(format!(
+                "dedup group {:?} is hardened, which kernel KSM cannot keep: use the pagefold backend",
+                spec.group
+            )));
+        }
         let end = spec.host_addr.checked_add(spec.len).ok_or_else(bad)?;
         let mut st = self.inner.state();
         if st

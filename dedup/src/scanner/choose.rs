@@ -306,7 +306,10 @@ impl Core {
             }
             LeftStep::Elsewhere => {}
         }
-        if self.vmas.short() || self.scattered_now(group) {
+        // A hardened group is never KSM's (`maybe_assist`): only the VMA
+        // budget holds its merges back.
+        let scattered = !self.regions[ri].hardened && self.scattered_now(group);
+        if self.vmas.short() || scattered {
             // Out of map-count headroom, or the group's merges look
             // scattered and KSM is about to take them: only run-extending
             // merges. A page with a known partner (a candidate under its

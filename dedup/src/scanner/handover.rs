@@ -192,7 +192,9 @@ impl Core {
     /// Hands `group` to KSM if its merges this pass look scattered (many new
     /// VMAs for few pages) or the VMA budget refused merges with partners.
     pub(super) fn maybe_assist(&mut self, group: u32) {
-        if !self.assist.can_try() {
+        // Kernel KSM knows nothing of a hardened group's rules.
+        let hardened = self.regions.iter().any(|r| r.group == group && r.hardened);
+        if hardened || !self.assist.can_try() {
             return;
         }
         let g = self.pass_groups.get(&group).copied().unwrap_or_default();

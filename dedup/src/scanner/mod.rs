@@ -161,6 +161,16 @@ pub enum ScanError {
     /// The KSM assist could not give a region back.
     #[error("KSM assist: {0}")]
     Assist(String),
+    /// The region's group already has regions of the other security.
+    #[error("dedup group {group:?} is {has}, not {asked}")]
+    SecurityMismatch {
+        /// The group.
+        group: String,
+        /// Its regions' security.
+        has: crate::backend::Security,
+        /// The new region's.
+        asked: crate::backend::Security,
+    },
 }
 
 /// Cumulative counters.

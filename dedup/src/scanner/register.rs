@@ -12,12 +12,30 @@ impl Core {
     /// is dropped. Until then the engine reads it, write-protects it,
     /// and replaces its pages with mappings that hold the same bytes
     /// (`mm::map_pool_fixed` and the other primitives of the merge path).
+    #[cfg(any(test, feature = "testing"))]
     pub unsafe fn register(
         &mut self,
         addr: usize,
         len: usize,
         owner: String,
         group: String,
+    ) -> Result<RegionId, ScanError> {
+        // SAFETY: this function's contract, passed on.
+        unsafe { self.register_in(addr, len, owner, group, Default::default()) }
+    }
+
+    /// [`Core::register`] into a group of the given security; the group's
+    /// other regions, if any, must have the same.
+    ///
+    /// # Safety
+    /// As [`Core::register`].
+    pub unsafe fn register_in(
+        &mut self,
+        addr: usize,
+        len: usize,
+        owner: String,
+        group: String,
+        security: crate::backend::Security,
     ) -> Result<RegionId, ScanError> {
         // Before the overlap check, which needs `addr + len`.
         region::check_bounds(addr, len)?;
@@ -30,8 +48,26 @@ impl Core {
             return Err(ScanError::Overlap { addr, len });
         }
         let gid = self.ids.group(&group);
+        let hardened = security == crate::backend::Security::Hardened;
+        if let Some(other) = self.regions.iter().find(|r| r.group == gid) {
+            if other.hardened != hardened {
+                let of = |h: bool| {
+                    if h {
+                        crate::backend::Security::Hardened
+                    } else {
+                        crate::backend::Security::Default
+                    }
+                };
+                return Err(ScanError::SecurityMismatch {
+                    group,
+                    has: of(other.hardened),
+                    asked: security,
+                });
+            }
+        }
         let (id, base) = self.ids.peek()?;
         let mut r = Region::new(id, addr, len, owner, group, gid, base)?;
+        r.hardened = hardened;
         r.huge = mm::thp_possible();
         self.uffd.register_wp(addr, len)?;
         r.slot_base = self.pool.open_window(r.npages);

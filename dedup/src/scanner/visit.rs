@@ -94,6 +94,7 @@ impl Core {
         visit_units: &mut u64,
         ops: &mut Vec<Op>,
     ) -> Option<u32> {
+        let v = self.hardened_visit(v);
         if let Look::Done(planned) = self.look(v, e, visit_units, ops) {
             return planned;
         }
@@ -123,7 +124,10 @@ impl Core {
             return None;
         }
         let st = self.regions[ri].state[p];
-        if hv.h == self.zero_hash && page.is_zero() {
+        // A hardened region's zero pages go to the pool like any content:
+        // a page dropped to the zero page would take a different path on
+        // its first write (a fresh page, no copy) than a merged one.
+        if hv.h == self.zero_hash && !self.regions[ri].hardened && page.is_zero() {
             let in_pool = self.regions[ri].in_pool(p);
             ops.push(Op {
                 region: ri,
@@ -150,6 +154,34 @@ impl Core {
             v.mode.origin()
         };
         self.place(PageVisit { st, prev, ..v }, hv.h, group, &page, origin, ops)
+    }
+
+    /// The visit a hardened region's page gets (`Region::hardened`): only
+    /// a page unchanged over two visits (hashed, its hash unchanged at its
+    /// previous visit, and now, which `hash_page` checks) may merge, by
+    /// the scan's own rule; any other visit only keeps its checksum. So no
+    /// merge at first sight, of a run's pattern, on a second look or of a
+    /// device-filled page: each of those merges pages a guest may write
+    /// next, and every candidate, merged or not, costs its guest the same
+    /// copy-on-write fault on its first write (`place`), so candidates
+    /// must be pages the guest leaves alone.
+    fn hardened_visit(&self, v: PageVisit) -> PageVisit {
+        if !self.regions[v.ri].hardened || !v.mode.merges() {
+            return v;
+        }
+        let st = v.st;
+        let idle = v.mode == VisitMode::Merge
+            && region::kind(st) == HASHED
+            && !region::is_volatile(st)
+            && !region::needs_rehash(st);
+        PageVisit {
+            mode: if idle {
+                VisitMode::Merge
+            } else {
+                VisitMode::Checksum
+            },
+            ..v
+        }
     }
 
     /// A visit's checks before the page is read: not due on this pass
@@ -183,8 +215,12 @@ impl Core {
             self.counters.clean_visits += 1;
         }
         if clean && kind == HASHED {
-            if let Some(planned) = self.visit_clean(v, visit_units, ops) {
-                return Look::Done(planned);
+            // A hardened region's candidate is hashed and placed in full:
+            // `place` moves it onto a pool page even without a twin.
+            if !self.regions[ri].hardened {
+                if let Some(planned) = self.visit_clean(v, visit_units, ops) {
+                    return Look::Done(planned);
+                }
             }
             // A pair or a new slot needs a fresh hash: read the entry the
             // span skipped, and visit in full.
@@ -291,6 +327,33 @@ impl Core {
             return self.join_first_seen(v, hv.h, page, ops);
         }
         None
+    }
+
+    /// A pool slot for a hardened region's page with no twin (`place`):
+    /// the slot after the left neighbour's (the run's VMA grows), else the
+    /// page's own slot in its region's window (`crate::slots`: a region's
+    /// idle pages then map consecutive offsets, and their VMAs merge),
+    /// else any. None outside hardened regions, and when the pool is full
+    /// or the VMA budget is short and the slot would not extend a run: the
+    /// page then waits in the unstable index as any unique page does.
+    fn own_slot(&mut self, v: PageVisit, h: u32, group: u32) -> Option<u32> {
+        if !self.regions[v.ri].hardened {
+            return None;
+        }
+        let after_left = v
+            .prev
+            .map(|x| x.wrapping_add(1))
+            .filter(|&x| self.pool.is_free(x));
+        if after_left.is_none() && self.vmas.short() {
+            return None;
+        }
+        let hint = after_left.or_else(|| {
+            self.regions[v.ri]
+                .slot_base
+                .map(|b| b + v.p as u32)
+                .filter(|&x| self.pool.is_free(x))
+        });
+        self.pool.reserve(hint, h, self.cur_hi, group).ok()
     }
 
     /// The head of a run of one pattern: the pages of the run visited
@@ -410,6 +473,16 @@ impl Core {
                 Some(s)
             }
             None => {
+                if let Some(s) = self.own_slot(v, h, group) {
+                    // A hardened region's candidate with no twin: onto a
+                    // pool page of its own, so that its first write is the
+                    // copy-on-write fault a merged page's is. A twin that
+                    // comes later joins it (stable index).
+                    self.note_planned(group, 1, u64::from(!extends(s)));
+                    self.stable.insert(group, h, s);
+                    plan(self, ri, p, s, OpKind::New, h, origin);
+                    return Some(s);
+                }
                 let gid = self.file_unique(ri, p, st, h);
                 if self.fold_collides(group, h) {
                     // Hashed on its next visits too (`REHASH`): a join by

@@ -4,7 +4,7 @@
 
 use pagefold_dedup::mm;
 use pagefold_dedup::pagemap::Pagemap;
-use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, RegionId, RegionSpec};
+use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Knobs, RegionId, RegionSpec, Security};
 
 pub const PS: usize = 4096;
 
@@ -142,14 +142,30 @@ impl Mem {
             len: self.pages * PS,
             owner: owner.into(),
             group: group.into(),
+            security: Default::default(),
         }
     }
 
     /// Registers with the engine.
     pub fn register(&self, e: &Engine, owner: &str, group: &str) -> RegionId {
+        self.register_as(e, owner, group, Security::Default)
+    }
+
+    /// Registers with the engine into a group of the given security.
+    pub fn register_as(
+        &self,
+        e: &Engine,
+        owner: &str,
+        group: &str,
+        security: Security,
+    ) -> RegionId {
+        let spec = RegionSpec {
+            security,
+            ..self.spec(owner, group)
+        };
         // SAFETY: the mapping outlives the registration in every test (tests
         // unregister before dropping Mem, or drop the engine first).
-        unsafe { e.register(self.spec(owner, group)).unwrap() }
+        unsafe { e.register(spec).unwrap() }
     }
 
     /// PFN of page i after touching it (read), 0 if hidden.

@@ -36,6 +36,7 @@ impl Anon {
             len: self.len,
             owner: owner.into(),
             group: "g".into(),
+            security: Default::default(),
         }
     }
 
