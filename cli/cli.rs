@@ -218,7 +218,7 @@ pub struct WorkloadArgs {
         help_heading = "Workload guest"
     )]
     pub churn_ms: Option<u64>,
-    /// Phases, comma-separated: fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], latency:MS, latency-write:MS.
+    /// Phases, comma-separated: fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], latency:MS, latency-write:MS, probe-merge[:MS].
     #[arg(long, help_heading = "Workload guest")]
     pub phases: Option<String>,
     /// Disk 0 is a test image made with this seed: disk-read checks every byte.

@@ -1,0 +1,300 @@
+//! The write-timing side channel (PROBE_MERGE): a guest that knows which
+//! of its pages some other VM also holds (or which are all zero) writes
+//! each of them once and tells merged pages from unmerged ones by how long
+//! the write took. A copy-on-write fault on a merged page costs tens of
+//! microseconds; a write to a private page a fraction of one.
+//!
+//! The arithmetic lives here, shared by the guest (which times the writes
+//! and classifies them) and the host (which reads the summary and tests
+//! the classifier): the attacker's "training" is the threshold that best
+//! separates the classes on a random half of its own pages, whose labels
+//! it knows; its accuracy is that threshold's on the other half.
+
+/// Most probe pages one PROBE_MERGE phase writes (each class at most half).
+pub const MAX_PROBES: usize = 4096;
+
+/// Quantiles (per mille) of each class's write time in [`MergeProbe`]:
+/// minimum, p10, p25, median, p75, p90, maximum.
+pub const QUANTILES_PERMILLE: [u64; 7] = [0, 100, 250, 500, 750, 900, 1000];
+
+/// Index of the median in [`QUANTILES_PERMILLE`].
+pub const MEDIAN: usize = 3;
+
+/// One timed write.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// TSC cycles the write took.
+    pub cycles: u64,
+    /// The attacker's label: the page holds content another VM holds too
+    /// (or is all zero), so a merger may have merged it.
+    pub shared: bool,
+}
+
+/// What a PROBE_MERGE phase measured (in `PhaseReport::probe`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeProbe {
+    /// Probe pages written, both classes.
+    pub pages: u64,
+    /// Of them, pages labelled shared (the other half unique).
+    pub shared_pages: u64,
+    /// Pages whose labels chose the threshold.
+    pub train_pages: u64,
+    /// Pages classified with it (the rest).
+    pub tested: u64,
+    /// Of the tested pages, those classified as their label says.
+    pub correct: u64,
+    /// The learned threshold: a write slower than this many cycles is
+    /// classified "merged".
+    pub threshold_cycles: u64,
+    /// The guest's TSC rate (cycles to time on the host).
+    pub tsc_khz: u64,
+    /// Write cycles of the shared pages at [`QUANTILES_PERMILLE`].
+    pub shared_cycles: [u64; 7],
+    /// Write cycles of the unique pages at [`QUANTILES_PERMILLE`].
+    pub unique_cycles: [u64; 7],
+}
+
+impl MergeProbe {
+    /// Share of the tested pages classified right (0 with none tested).
+    pub fn accuracy(&self) -> f64 {
+        if self.tested == 0 {
+            0.0
+        } else {
+            self.correct as f64 / self.tested as f64
+        }
+    }
+
+    /// Microseconds of `cycles` at the guest's TSC rate (0 without one).
+    pub fn us(&self, cycles: u64) -> f64 {
+        if self.tsc_khz == 0 {
+            0.0
+        } else {
+            cycles as f64 * 1e3 / self.tsc_khz as f64
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift64*), for the write order and
+/// the training split: no_std, no state beyond a word.
+#[derive(Clone, Copy, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed` (any value; 0 is remapped).
+    pub const fn new(seed: u64) -> Self {
+        Self(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `[0, n)` (`n > 0`; the bias of a modulo of 64 bits is
+    /// far below what the probe can see).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Fisher-Yates shuffle.
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            let j = self.below(i as u64 + 1) as usize;
+            v.swap(i, j);
+        }
+    }
+}
+
+/// The threshold `t` that classifies most of `train` right, calling a
+/// sample shared when `cycles > t`: over every cut between two distinct
+/// times (and below all of them), the first cut with the most right.
+/// Sorts `train` by cycles. An empty set gives 0.
+pub fn learn_threshold(train: &mut [Sample]) -> u64 {
+    train.sort_unstable_by_key(|s| s.cycles);
+    let shared_total = train.iter().filter(|s| s.shared).count();
+    // Cut below everything: every sample called shared.
+    let mut best = (shared_total, 0u64);
+    let (mut unique_le, mut shared_le) = (0usize, 0usize);
+    for i in 0..train.len() {
+        if train[i].shared {
+            shared_le += 1;
+        } else {
+            unique_le += 1;
+        }
+        if i + 1 < train.len() && train[i + 1].cycles == train[i].cycles {
+            continue;
+        }
+        let right = unique_le + (shared_total - shared_le);
+        if right > best.0 {
+            // Halfway to the next time, so that unseen times between the
+            // two fall on the nearer side.
+            let cut = match train.get(i + 1) {
+                Some(n) => train[i].cycles + (n.cycles - train[i].cycles) / 2,
+                None => train[i].cycles,
+            };
+            best = (right, cut);
+        }
+    }
+    best.1
+}
+
+/// Test samples classified as their label says with threshold `t`.
+pub fn correct(test: &[Sample], t: u64) -> u64 {
+    test.iter().filter(|s| (s.cycles > t) == s.shared).count() as u64
+}
+
+/// [`QUANTILES_PERMILLE`] of `sorted` (ascending; all 0 when empty).
+pub fn quantiles(sorted: &[u64]) -> [u64; 7] {
+    let mut out = [0; 7];
+    if sorted.is_empty() {
+        return out;
+    }
+    let last = sorted.len() as u64 - 1;
+    for (o, &q) in out.iter_mut().zip(QUANTILES_PERMILLE.iter()) {
+        *o = sorted[((q * last + 500) / 1000) as usize];
+    }
+    out
+}
+
+/// Splits `samples` (in write order, already random) into a training half
+/// and a test half, learns the threshold on the first and classifies the
+/// second, and fills the summary. `scratch` (at least `samples.len()`
+/// long) holds each class's sorted times in turn.
+pub fn evaluate(samples: &mut [Sample], scratch: &mut [u64], tsc_khz: u64) -> MergeProbe {
+    let n = samples.len();
+    let train_n = n / 2;
+    let (train, test) = samples.split_at_mut(train_n);
+    let t = learn_threshold(train);
+    let right = correct(test, t);
+    let mut class_quantiles = |shared: bool| -> (u64, [u64; 7]) {
+        let mut k = 0;
+        for s in samples.iter().filter(|s| s.shared == shared) {
+            scratch[k] = s.cycles;
+            k += 1;
+        }
+        scratch[..k].sort_unstable();
+        (k as u64, quantiles(&scratch[..k]))
+    };
+    let (shared_pages, shared_cycles) = class_quantiles(true);
+    let (_, unique_cycles) = class_quantiles(false);
+    MergeProbe {
+        pages: n as u64,
+        shared_pages,
+        train_pages: train_n as u64,
+        tested: (n - train_n) as u64,
+        correct: right,
+        threshold_cycles: t,
+        tsc_khz,
+        shared_cycles,
+        unique_cycles,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(cycles: u64, shared: bool) -> Sample {
+        Sample { cycles, shared }
+    }
+
+    #[test]
+    fn threshold_separates_two_clean_classes_halfway() {
+        let mut v = [
+            s(100, false),
+            s(40_000, true),
+            s(120, false),
+            s(50_000, true),
+        ];
+        let t = learn_threshold(&mut v);
+        assert_eq!(t, 120 + (40_000 - 120) / 2);
+        assert_eq!(correct(&v, t), 4);
+    }
+
+    #[test]
+    fn threshold_maximises_right_answers_with_overlap() {
+        // One slow unique write (a host interrupt) and one fast shared one.
+        let mut v = [
+            s(10, false),
+            s(11, false),
+            s(12, false),
+            s(900, false),
+            s(13, true),
+            s(800, true),
+            s(850, true),
+            s(1000, true),
+        ];
+        // Best cut: between 12 and 13 (only the slow unique write wrong).
+        let t = learn_threshold(&mut v);
+        assert_eq!(t, 12);
+        assert_eq!(correct(&v, t), 7);
+    }
+
+    #[test]
+    fn equal_times_are_never_split() {
+        // Same time, both labels: no cut between them can help.
+        let mut v = [s(5, false), s(5, true), s(5, false), s(5, true)];
+        let t = learn_threshold(&mut v);
+        assert_eq!(correct(&v, t), 2);
+        assert_eq!(learn_threshold(&mut []), 0);
+    }
+
+    #[test]
+    fn indistinguishable_classes_give_chance_on_the_test_half() {
+        // The same distribution for both labels: whatever the training half
+        // suggests, the test half comes out near 0.5.
+        let mut rng = Rng::new(42);
+        let mut v = [Sample::default(); 2048];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = s(100 + rng.below(50), i % 2 == 0);
+        }
+        rng.shuffle(&mut v);
+        let mut scratch = [0u64; 2048];
+        let p = evaluate(&mut v, &mut scratch, 1_000_000);
+        assert_eq!((p.pages, p.train_pages, p.tested), (2048, 1024, 1024));
+        assert_eq!(p.shared_pages, 1024);
+        assert!((0.42..=0.58).contains(&p.accuracy()), "{p:?}");
+    }
+
+    #[test]
+    fn separable_classes_give_full_accuracy_and_class_quantiles() {
+        let mut rng = Rng::new(7);
+        let mut v = [Sample::default(); 1000];
+        for (i, x) in v.iter_mut().enumerate() {
+            let shared = i % 2 == 1;
+            let base = if shared { 40_000 } else { 300 };
+            *x = s(base + rng.below(100), shared);
+        }
+        rng.shuffle(&mut v);
+        let mut scratch = [0u64; 1000];
+        let p = evaluate(&mut v, &mut scratch, 2_000_000);
+        assert_eq!(p.accuracy(), 1.0);
+        assert!(p.unique_cycles[6] < p.threshold_cycles);
+        assert!(p.threshold_cycles < p.shared_cycles[0]);
+        assert!((40_000..40_100).contains(&p.shared_cycles[MEDIAN]));
+        assert!(p.shared_cycles.windows(2).all(|w| w[0] <= w[1]));
+        // 40,000 cycles at 2 GHz are 20 us.
+        assert!((p.us(p.shared_cycles[MEDIAN]) - 20.0).abs() < 0.1);
+    }
+
+    #[test]
+    fn quantiles_pick_ranks_and_rng_shuffles_a_permutation() {
+        let v: [u64; 11] = core::array::from_fn(|i| i as u64 * 10);
+        assert_eq!(quantiles(&v), [0, 10, 30, 50, 80, 90, 100]);
+        assert_eq!(quantiles(&[]), [0; 7]);
+        let mut p: [u32; 64] = core::array::from_fn(|i| i as u32);
+        Rng::new(0).shuffle(&mut p);
+        assert_ne!(p, core::array::from_fn(|i| i as u32));
+        p.sort_unstable();
+        assert_eq!(p, core::array::from_fn(|i| i as u32));
+    }
+}
