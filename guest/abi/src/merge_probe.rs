@@ -165,30 +165,45 @@ pub fn quantiles(sorted: &[u64]) -> [u64; 7] {
     out
 }
 
-/// Splits `samples` (in write order, already random) into a training half
-/// and a test half, learns the threshold on the first and classifies the
-/// second, and fills the summary. `scratch` (at least `samples.len()`
-/// long) holds each class's sorted times in turn.
+/// Splits `samples` (in write order, already random) into a training set
+/// and a test set, half of each label in each (the first half of that
+/// label's writes trains), so that a classifier that cannot tell the
+/// labels apart scores 0.5 on the test set whatever the split; learns the
+/// threshold on the first and classifies the second, and fills the
+/// summary. Reorders `samples`. `scratch` (at least `samples.len()` long)
+/// holds each class's sorted times in turn.
 pub fn evaluate(samples: &mut [Sample], scratch: &mut [u64], tsc_khz: u64) -> MergeProbe {
     let n = samples.len();
-    let train_n = n / 2;
+    let shared_pages = samples.iter().filter(|s| s.shared).count();
+    let quota = [(n - shared_pages) / 2, shared_pages / 2];
+    // Move each label's first `quota` samples to the front, in order.
+    let mut taken = [0usize; 2];
+    let mut train_n = 0;
+    for i in 0..n {
+        let label = usize::from(samples[i].shared);
+        if taken[label] < quota[label] {
+            taken[label] += 1;
+            samples.swap(i, train_n);
+            train_n += 1;
+        }
+    }
     let (train, test) = samples.split_at_mut(train_n);
     let t = learn_threshold(train);
     let right = correct(test, t);
-    let mut class_quantiles = |shared: bool| -> (u64, [u64; 7]) {
+    let mut class_quantiles = |shared: bool| -> [u64; 7] {
         let mut k = 0;
         for s in samples.iter().filter(|s| s.shared == shared) {
             scratch[k] = s.cycles;
             k += 1;
         }
         scratch[..k].sort_unstable();
-        (k as u64, quantiles(&scratch[..k]))
+        quantiles(&scratch[..k])
     };
-    let (shared_pages, shared_cycles) = class_quantiles(true);
-    let (_, unique_cycles) = class_quantiles(false);
+    let shared_cycles = class_quantiles(true);
+    let unique_cycles = class_quantiles(false);
     MergeProbe {
         pages: n as u64,
-        shared_pages,
+        shared_pages: shared_pages as u64,
         train_pages: train_n as u64,
         tested: (n - train_n) as u64,
         correct: right,
@@ -263,6 +278,34 @@ mod tests {
         assert_eq!((p.pages, p.train_pages, p.tested), (2048, 1024, 1024));
         assert_eq!(p.shared_pages, 1024);
         assert!((0.42..=0.58).contains(&p.accuracy()), "{p:?}");
+    }
+
+    #[test]
+    fn the_split_gives_each_set_half_of_each_label() {
+        // The labels in runs (as written in a poor order): the first half of
+        // the writes holds most shared pages.
+        let label = |i: usize| i < 40 || (60..70).contains(&i);
+        let mut v = [Sample::default(); 100];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = s(500, label(i));
+        }
+        let mut scratch = [0u64; 100];
+        let p = evaluate(&mut v, &mut scratch, 1_000_000);
+        assert_eq!((p.shared_pages, p.train_pages, p.tested), (50, 50, 50));
+        let test = &v[p.train_pages as usize..];
+        assert_eq!(test.iter().filter(|x| x.shared).count(), 25);
+        // Every write equally fast: whatever the threshold, it calls every
+        // test page one label, right for exactly half of them.
+        assert_eq!(p.accuracy(), 0.5);
+        // Unbalanced labels: each set still gets half of each.
+        let mut v = [Sample::default(); 100];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = s(500 + i as u64, i < 30 || i % 3 == 0);
+        }
+        let p = evaluate(&mut v, &mut scratch, 1_000_000);
+        assert_eq!((p.shared_pages, p.train_pages), (54, 27 + 23));
+        let test = &v[p.train_pages as usize..];
+        assert_eq!(test.iter().filter(|x| x.shared).count(), 27);
     }
 
     #[test]
