@@ -112,7 +112,7 @@ pub fn side_channel_table(r: &SideChannelReport) -> String {
 pub fn side_channel_markdown(r: &SideChannelReport) -> String {
     let mut out = host(r).map_or_else(String::new, |h| format!("{h}\n\n"));
     out.push_str(
-        "| system | variant | accuracy | right / tested | median write, shared (µs) | median write, unique (µs) | threshold (µs) | pages saved / target | engine CPU (s) | merge wait (s) | load avg 1m |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | variant | accuracy | right / tested | median write, shared (µs) | median write, unique (µs) | threshold over baseline (µs) | pages saved / target | engine CPU (s) | merge wait (s) | load avg 1m |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for x in &r.rows {
         let _ = writeln!(

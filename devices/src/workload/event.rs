@@ -86,7 +86,7 @@ pub(crate) fn fmt_phase_end(
         let m = pagefold_guest_abi::merge_probe::MEDIAN;
         return write!(
             f,
-            "{name}: {} pages ({} shared), accuracy {:.3} ({} of {} tested), threshold {:.2} us, median write shared {:.2} us, unique {:.2} us",
+            "{name}: {} pages ({} shared), accuracy {:.3} ({} of {} tested), threshold +{:.2} us, median write shared {:.2} us, unique {:.2} us",
             p.pages,
             p.shared_pages,
             p.accuracy(),
@@ -265,7 +265,7 @@ mod tests {
         .to_string();
         assert_eq!(
             s,
-            "probe-merge: 1024 pages (512 shared), accuracy 0.977 (500 of 512 tested), threshold 5.00 us, median write shared 20.00 us, unique 0.20 us"
+            "probe-merge: 1024 pages (512 shared), accuracy 0.977 (500 of 512 tested), threshold +5.00 us, median write shared 20.00 us, unique 0.20 us"
         );
     }
 

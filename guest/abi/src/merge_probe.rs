@@ -8,7 +8,10 @@
 //! and classifies them) and the host (which reads the summary and tests
 //! the classifier): the attacker's "training" is the threshold that best
 //! separates the classes on a random half of its own pages, whose labels
-//! it knows; its accuracy is that threshold's on the other half.
+//! it knows; its accuracy is that threshold's on the other half. Each
+//! write is timed against a local baseline, the median of the latest
+//! writes to its own unique pages, so that the host slowing down or
+//! speeding up during the probe does not blur the classes.
 
 /// Most probe pages one PROBE_MERGE phase writes (each class at most half).
 pub const MAX_PROBES: usize = 4096;
@@ -44,8 +47,10 @@ pub struct MergeProbe {
     pub tested: u64,
     /// Of the tested pages, those classified as their label says.
     pub correct: u64,
-    /// The learned threshold: a write slower than this many cycles is
-    /// classified "merged".
+    /// The learned threshold: a write slower than this many cycles above
+    /// its local baseline (the median of the latest training writes of
+    /// unique pages; see [`relative_to_baseline`]) is classified "merged"
+    /// (0 where the threshold lies below the baseline).
     pub threshold_cycles: u64,
     /// The guest's TSC rate (cycles to time on the host).
     pub tsc_khz: u64,
@@ -165,32 +170,73 @@ pub fn quantiles(sorted: &[u64]) -> [u64; 7] {
     out
 }
 
+/// Reference writes the local baseline is the median of.
+pub const BASELINE_WRITES: usize = 16;
+
+/// Offset of a write's time relative to its baseline, so that a write
+/// faster than its baseline stays a positive number.
+pub const RELATIVE_ZERO: u64 = 1 << 62;
+
+/// Whether the `rank`-th write of a label (0-based, in write order)
+/// trains: every other one, so that the training and the test writes
+/// interleave in time and take half of each label.
+pub const fn trains(rank: usize) -> bool {
+    rank % 2 == 0
+}
+
+/// Replaces each sample's time by its distance to a local baseline (plus
+/// [`RELATIVE_ZERO`]): the median of the last [`BASELINE_WRITES`]
+/// training writes of unique pages before it, in write order (pages the
+/// attacker knows are its own; the first ones stand in for the start).
+/// Slow changes of the host's speed during the probe then move a write
+/// and its baseline alike.
+pub fn relative_to_baseline(samples: &mut [Sample]) {
+    let reference = |s: &Sample, unique_rank: usize| !s.shared && trains(unique_rank);
+    let mut ring = [0u64; BASELINE_WRITES];
+    let (mut filled, mut rank) = (0, 0);
+    for s in samples.iter() {
+        if filled < BASELINE_WRITES && reference(s, rank) {
+            ring[filled] = s.cycles;
+            filled += 1;
+        }
+        rank += usize::from(!s.shared);
+    }
+    if filled == 0 {
+        return;
+    }
+    let (mut next, mut rank) = (0, 0);
+    for s in samples.iter_mut() {
+        let mut sorted = ring;
+        sorted[..filled].sort_unstable();
+        let base = sorted[filled / 2];
+        let c = s.cycles;
+        s.cycles = (RELATIVE_ZERO + c).saturating_sub(base);
+        if reference(s, rank) {
+            ring[next] = c;
+            next = (next + 1) % filled;
+        }
+        rank += usize::from(!s.shared);
+    }
+}
+
 /// Splits `samples` (in write order, already random) into a training set
-/// and a test set, half of each label in each (the first half of that
-/// label's writes trains), so that a classifier that cannot tell the
-/// labels apart scores 0.5 on the test set whatever the split; learns the
-/// threshold on the first and classifies the second, and fills the
-/// summary. Reorders `samples`. `scratch` (at least `samples.len()` long)
-/// holds each class's sorted times in turn.
-pub fn evaluate(samples: &mut [Sample], scratch: &mut [u64], tsc_khz: u64) -> MergeProbe {
+/// and a test set: every other write of each label trains ([`trains`]), so
+/// both take half of each label and a classifier that cannot tell the
+/// labels apart scores 0.5 on the test set. With `relative`, each time is
+/// first taken relative to its local baseline ([`relative_to_baseline`]).
+/// Learns the threshold on the training set, classifies the test set, and
+/// fills the summary (the quantiles are of the raw times; the threshold is
+/// relative with `relative`). Reorders `samples`. `scratch` (at least
+/// `samples.len()` long) holds each class's sorted times in turn.
+pub fn evaluate(
+    samples: &mut [Sample],
+    scratch: &mut [u64],
+    tsc_khz: u64,
+    relative: bool,
+) -> MergeProbe {
     let n = samples.len();
     let shared_pages = samples.iter().filter(|s| s.shared).count();
-    let quota = [(n - shared_pages) / 2, shared_pages / 2];
-    // Move each label's first `quota` samples to the front, in order.
-    let mut taken = [0usize; 2];
-    let mut train_n = 0;
-    for i in 0..n {
-        let label = usize::from(samples[i].shared);
-        if taken[label] < quota[label] {
-            taken[label] += 1;
-            samples.swap(i, train_n);
-            train_n += 1;
-        }
-    }
-    let (train, test) = samples.split_at_mut(train_n);
-    let t = learn_threshold(train);
-    let right = correct(test, t);
-    let mut class_quantiles = |shared: bool| -> [u64; 7] {
+    let mut class_quantiles = |samples: &[Sample], shared: bool| -> [u64; 7] {
         let mut k = 0;
         for s in samples.iter().filter(|s| s.shared == shared) {
             scratch[k] = s.cycles;
@@ -199,15 +245,37 @@ pub fn evaluate(samples: &mut [Sample], scratch: &mut [u64], tsc_khz: u64) -> Me
         scratch[..k].sort_unstable();
         quantiles(&scratch[..k])
     };
-    let shared_cycles = class_quantiles(true);
-    let unique_cycles = class_quantiles(false);
+    let shared_cycles = class_quantiles(samples, true);
+    let unique_cycles = class_quantiles(samples, false);
+    if relative {
+        relative_to_baseline(samples);
+    }
+    // Move the training writes to the front (each write is visited once,
+    // in write order, before any swap moves it).
+    let mut rank = [0usize; 2];
+    let mut train_n = 0;
+    for i in 0..n {
+        let label = usize::from(samples[i].shared);
+        if trains(rank[label]) {
+            samples.swap(i, train_n);
+            train_n += 1;
+        }
+        rank[label] += 1;
+    }
+    let (train, test) = samples.split_at_mut(train_n);
+    let t = learn_threshold(train);
+    let right = correct(test, t);
     MergeProbe {
         pages: n as u64,
         shared_pages: shared_pages as u64,
         train_pages: train_n as u64,
         tested: (n - train_n) as u64,
         correct: right,
-        threshold_cycles: t,
+        threshold_cycles: if relative {
+            t.saturating_sub(RELATIVE_ZERO)
+        } else {
+            t
+        },
         tsc_khz,
         shared_cycles,
         unique_cycles,
@@ -274,7 +342,7 @@ mod tests {
         }
         rng.shuffle(&mut v);
         let mut scratch = [0u64; 2048];
-        let p = evaluate(&mut v, &mut scratch, 1_000_000);
+        let p = evaluate(&mut v, &mut scratch, 1_000_000, false);
         assert_eq!((p.pages, p.train_pages, p.tested), (2048, 1024, 1024));
         assert_eq!(p.shared_pages, 1024);
         assert!((0.42..=0.58).contains(&p.accuracy()), "{p:?}");
@@ -290,7 +358,7 @@ mod tests {
             *x = s(500, label(i));
         }
         let mut scratch = [0u64; 100];
-        let p = evaluate(&mut v, &mut scratch, 1_000_000);
+        let p = evaluate(&mut v, &mut scratch, 1_000_000, false);
         assert_eq!((p.shared_pages, p.train_pages, p.tested), (50, 50, 50));
         let test = &v[p.train_pages as usize..];
         assert_eq!(test.iter().filter(|x| x.shared).count(), 25);
@@ -302,7 +370,7 @@ mod tests {
         for (i, x) in v.iter_mut().enumerate() {
             *x = s(500 + i as u64, i < 30 || i % 3 == 0);
         }
-        let p = evaluate(&mut v, &mut scratch, 1_000_000);
+        let p = evaluate(&mut v, &mut scratch, 1_000_000, false);
         assert_eq!((p.shared_pages, p.train_pages), (54, 27 + 23));
         let test = &v[p.train_pages as usize..];
         assert_eq!(test.iter().filter(|x| x.shared).count(), 27);
@@ -319,7 +387,7 @@ mod tests {
         }
         rng.shuffle(&mut v);
         let mut scratch = [0u64; 1000];
-        let p = evaluate(&mut v, &mut scratch, 2_000_000);
+        let p = evaluate(&mut v, &mut scratch, 2_000_000, false);
         assert_eq!(p.accuracy(), 1.0);
         assert!(p.unique_cycles[6] < p.threshold_cycles);
         assert!(p.threshold_cycles < p.shared_cycles[0]);
@@ -327,6 +395,32 @@ mod tests {
         assert!(p.shared_cycles.windows(2).all(|w| w[0] <= w[1]));
         // 40,000 cycles at 2 GHz are 20 us.
         assert!((p.us(p.shared_cycles[MEDIAN]) - 20.0).abs() < 0.1);
+    }
+
+    #[test]
+    fn a_local_baseline_follows_a_drifting_host() {
+        // Shared writes are 100 cycles slower than unique ones, but the
+        // host slows down by 1000 cycles over the probe: raw times overlap,
+        // times relative to the recent unique writes do not.
+        let mut rng = Rng::new(3);
+        let mut v = [Sample::default(); 2000];
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = s(i as u64 / 2, i % 2 == 0);
+        }
+        rng.shuffle(&mut v);
+        for (i, x) in v.iter_mut().enumerate() {
+            x.cycles = 5000 + i as u64 / 2 + if x.shared { 100 } else { 0 } + rng.below(20);
+        }
+        let mut scratch = [0u64; 2000];
+        let mut raw = v;
+        let p_raw = evaluate(&mut raw, &mut scratch, 1_000_000, false);
+        let p_rel = evaluate(&mut v, &mut scratch, 1_000_000, true);
+        assert!(p_raw.accuracy() < 0.8, "{p_raw:?}");
+        assert!(p_rel.accuracy() > 0.97, "{p_rel:?}");
+        // The threshold is relative: between the two labels' offsets.
+        assert!((20..100).contains(&p_rel.threshold_cycles), "{p_rel:?}");
+        // The quantiles stay raw times.
+        assert!(p_rel.unique_cycles[0] >= 5000, "{p_rel:?}");
     }
 
     #[test]

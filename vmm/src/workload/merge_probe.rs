@@ -18,7 +18,8 @@ pub struct ProbeRow {
     /// Test pages, and those classified right.
     pub tested: u64,
     pub correct: u64,
-    /// The learned threshold: slower writes are called merged.
+    /// The learned threshold, above the local baseline of each write:
+    /// slower writes are called merged.
     pub threshold_us: f64,
     /// Median write time of each label.
     pub shared_median_us: f64,
