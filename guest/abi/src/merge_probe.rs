@@ -9,8 +9,8 @@
 //! the classifier): the attacker's "training" is the threshold that best
 //! separates the classes on a random half of its own pages, whose labels
 //! it knows; its accuracy is that threshold's on the other half. Each
-//! write is timed against a local baseline, the median of the latest
-//! writes to its own unique pages, so that the host slowing down or
+//! write is timed against a local baseline, the median of the nearest
+//! writes (in time) to its own unique pages, so that the host slowing down or
 //! speeding up during the probe does not blur the classes.
 
 /// Most probe pages one PROBE_MERGE phase writes (each class at most half).
@@ -48,7 +48,7 @@ pub struct MergeProbe {
     /// Of the tested pages, those classified as their label says.
     pub correct: u64,
     /// The learned threshold: a write slower than this many cycles above
-    /// its local baseline (the median of the latest training writes of
+    /// its local baseline (the median of the nearest training writes of
     /// unique pages; see [`relative_to_baseline`]) is classified "merged"
     /// (0 where the threshold lies below the baseline).
     pub threshold_cycles: u64,
@@ -185,37 +185,48 @@ pub const fn trains(rank: usize) -> bool {
 }
 
 /// Replaces each sample's time by its distance to a local baseline (plus
-/// [`RELATIVE_ZERO`]): the median of the last [`BASELINE_WRITES`]
-/// training writes of unique pages before it, in write order (pages the
-/// attacker knows are its own; the first ones stand in for the start).
-/// Slow changes of the host's speed during the probe then move a write
-/// and its baseline alike.
-pub fn relative_to_baseline(samples: &mut [Sample]) {
+/// [`RELATIVE_ZERO`]): the median of the [`BASELINE_WRITES`] reference
+/// writes nearest to it in write order, half before and half after it
+/// (fewer at the ends; never the write itself). The references are the
+/// training writes of unique pages, pages the attacker knows are its own.
+/// A change of the host's speed during the probe then moves a write and
+/// its baseline alike, on both sides of the change. `refs` holds the
+/// reference times (at least as long as `samples`).
+pub fn relative_to_baseline(samples: &mut [Sample], refs: &mut [u64]) {
+    const HALF: usize = BASELINE_WRITES / 2;
     let reference = |s: &Sample, unique_rank: usize| !s.shared && trains(unique_rank);
-    let mut ring = [0u64; BASELINE_WRITES];
-    let (mut filled, mut rank) = (0, 0);
+    let (mut m, mut rank) = (0, 0);
     for s in samples.iter() {
-        if filled < BASELINE_WRITES && reference(s, rank) {
-            ring[filled] = s.cycles;
-            filled += 1;
+        if reference(s, rank) {
+            refs[m] = s.cycles;
+            m += 1;
         }
         rank += usize::from(!s.shared);
     }
-    if filled == 0 {
+    if m < 2 {
         return;
     }
-    let (mut next, mut rank) = (0, 0);
+    let (mut before, mut rank) = (0, 0);
     for s in samples.iter_mut() {
-        let mut sorted = ring;
-        sorted[..filled].sort_unstable();
-        let base = sorted[filled / 2];
-        let c = s.cycles;
-        s.cycles = (RELATIVE_ZERO + c).saturating_sub(base);
-        if reference(s, rank) {
-            ring[next] = c;
-            next = (next + 1) % filled;
-        }
+        let is_ref = reference(s, rank);
         rank += usize::from(!s.shared);
+        // References before this write: [lo, before); after it:
+        // [after, hi).
+        let after = before + usize::from(is_ref);
+        let lo = before.saturating_sub(HALF);
+        let hi = (after + HALF).min(m);
+        let mut window = [0u64; BASELINE_WRITES];
+        let mut k = 0;
+        for &c in refs[lo..before].iter().chain(refs[after..hi].iter()) {
+            window[k] = c;
+            k += 1;
+        }
+        before = after;
+        if k == 0 {
+            continue;
+        }
+        window[..k].sort_unstable();
+        s.cycles = (RELATIVE_ZERO + s.cycles).saturating_sub(window[k / 2]);
     }
 }
 
@@ -248,7 +259,7 @@ pub fn evaluate(
     let shared_cycles = class_quantiles(samples, true);
     let unique_cycles = class_quantiles(samples, false);
     if relative {
-        relative_to_baseline(samples);
+        relative_to_baseline(samples, scratch);
     }
     // Move the training writes to the front (each write is visited once,
     // in write order, before any swap moves it).
@@ -421,6 +432,27 @@ mod tests {
         assert!((20..100).contains(&p_rel.threshold_cycles), "{p_rel:?}");
         // The quantiles stay raw times.
         assert!(p_rel.unique_cycles[0] >= 5000, "{p_rel:?}");
+    }
+
+    #[test]
+    fn a_burst_of_slow_writes_costs_little_more_than_its_own_writes() {
+        // 40 writes in the middle (2 % of them) 3000 cycles slower, as when
+        // the host runs something else for a moment: the baseline on both
+        // sides of them follows, the rest classifies as before.
+        let mut rng = Rng::new(11);
+        let mut v = [Sample::default(); 2000];
+        for (i, x) in v.iter_mut().enumerate() {
+            let burst = if (1000..1040).contains(&i) { 3000 } else { 0 };
+            let shared = rng.below(2) == 0;
+            *x = s(
+                5000 + burst + if shared { 300 } else { 0 } + rng.below(20),
+                shared,
+            );
+        }
+        let mut scratch = [0u64; 2000];
+        let p = evaluate(&mut v, &mut scratch, 1_000_000, true);
+        assert!(p.accuracy() >= 0.97, "{p:?}");
+        assert!((20..300).contains(&p.threshold_cycles), "{p:?}");
     }
 
     #[test]
