@@ -583,6 +583,17 @@ mod tests {
     }
 
     #[test]
+    fn side_channel_example_puts_attacker_and_victim_in_one_group() {
+        let c: Config = toml::from_str(include_str!("../examples/side-channel.toml")).unwrap();
+        c.validate(None).unwrap();
+        let groups: Vec<_> = c.vms.iter().map(|v| v.dedup_group()).collect();
+        assert_eq!(groups, ["shared", "shared"]);
+        let a = c.vms[1].workload.as_ref().unwrap();
+        assert!(a.phases.iter().any(|p| p.starts_with("probe-merge")));
+        assert_eq!(a.seed, c.vms[0].workload.as_ref().unwrap().seed);
+    }
+
+    #[test]
     fn placement_flags_reach_the_config() {
         let config_of = |placement: &str| {
             let cli = Cli::try_parse_from([
