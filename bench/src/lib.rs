@@ -133,7 +133,7 @@ pub use seed::{
 };
 pub use settle::{Sample, Settled, Settler};
 pub use side_channel::{
-    attack_configs, run_side_channel_bench, select_side_channel_systems, AttackSystem,
+    attack_configs, run_side_channel_bench, select_side_channel_systems, AttackSystem, Grouping,
     SideChannelOptions, SideChannelReport, SideChannelRow, Variant, ATTACKER,
     SIDE_CHANNEL_SYSTEM_NAMES, VICTIM,
 };

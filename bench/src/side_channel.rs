@@ -45,13 +45,36 @@ impl Variant {
     }
 }
 
-/// A system the attack runs against: `off` has no backend; `one_group`
-/// puts the victim and the attacker in one dedup group (otherwise each VM
-/// is its own group, the VMM's default).
+/// Where a system puts the victim and the attacker: the dedup settings of
+/// both VMs. A hardened group would be one more case here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grouping {
+    /// Both in one dedup group (the attack's own setting).
+    OneGroup,
+    /// Each VM its own group (the VMM's default).
+    PerVm,
+}
+
+impl Grouping {
+    /// The `[vm] dedup` table of either VM.
+    pub fn dedup(self) -> VmDedup {
+        VmDedup {
+            group: (self == Grouping::OneGroup).then(|| "side-channel".into()),
+            ..VmDedup::default()
+        }
+    }
+
+    /// Whether the victim's pages may merge with the attacker's.
+    pub fn shares(self) -> bool {
+        self == Grouping::OneGroup
+    }
+}
+
+/// A system the attack runs against: `off` has no backend.
 pub struct AttackSystem {
     pub name: String,
     pub system: Option<System>,
-    pub one_group: bool,
+    pub grouping: Grouping,
 }
 
 /// Names accepted by [`select_side_channel_systems`], in run order.
@@ -84,20 +107,20 @@ pub fn select_side_channel_systems(names: &[String]) -> Result<Vec<AttackSystem>
         Some(s)
     };
     let all = [
-        (None, true),
-        (pagefold("pagefold-on"), true),
-        (pagefold("pagefold-groups"), false),
-        (Some(System::ksm_default()), true),
-        (Some(System::ksm_max()), true),
+        (None, Grouping::OneGroup),
+        (pagefold("pagefold-on"), Grouping::OneGroup),
+        (pagefold("pagefold-groups"), Grouping::PerVm),
+        (Some(System::ksm_default()), Grouping::OneGroup),
+        (Some(System::ksm_max()), Grouping::OneGroup),
     ];
     Ok(SIDE_CHANNEL_SYSTEM_NAMES
         .iter()
         .zip(all)
         .filter(|(n, _)| names.is_empty() || names.iter().any(|m| m == *n))
-        .map(|(n, (system, one_group))| AttackSystem {
+        .map(|(n, (system, grouping))| AttackSystem {
             name: (*n).to_string(),
             system,
-            one_group,
+            grouping,
         })
         .collect())
 }
@@ -147,7 +170,7 @@ pub fn attack_configs(
     variant: Variant,
     probe_pages: u64,
     memory: &str,
-    one_group: bool,
+    grouping: Grouping,
 ) -> Vec<VmConfig> {
     let kib = |pages: u64| SizeValue::Text(format!("{}K", pages * 4));
     let vm = |name: &str, w: WorkloadConfig| VmConfig {
@@ -155,10 +178,7 @@ pub fn attack_configs(
         vcpus: 1,
         memory: SizeValue::Text(memory.into()),
         serial: SerialOutput::Null,
-        dedup: VmDedup {
-            enabled: true,
-            group: one_group.then(|| "side-channel".into()),
-        },
+        dedup: grouping.dedup(),
         workload: Some(w),
         kernel: None,
         vcpu_affinity: None,
@@ -204,9 +224,9 @@ pub fn attack_configs(
 
 /// Pages the system should save on the attacker's probe pages: its
 /// shared pages where the victim is in its group, its zero pages always.
-fn target_pages(variant: Variant, probe_pages: u64, one_group: bool) -> u64 {
+fn target_pages(variant: Variant, probe_pages: u64, grouping: Grouping) -> u64 {
     match variant {
-        Variant::Shared if one_group => probe_pages,
+        Variant::Shared if grouping.shares() => probe_pages,
         Variant::Shared => 0,
         Variant::Zero => probe_pages,
     }
@@ -307,11 +327,11 @@ fn run_once(
     let load = load_avg();
     let warnings = ksm_warnings(kernel_ksm);
     let target = if sys.system.is_some() {
-        target_pages(variant, opts.probe_pages, sys.one_group)
+        target_pages(variant, opts.probe_pages, sys.grouping)
     } else {
         0
     };
-    let configs = attack_configs(variant, opts.probe_pages, &opts.memory, sys.one_group);
+    let configs = attack_configs(variant, opts.probe_pages, &opts.memory, sys.grouping);
     let backend = sys.system.as_ref().map(build_backend).transpose()?;
     let mut vms = match ProbePair::start_configs(backend.as_ref(), configs, FILL_TIMEOUT) {
         Ok(p) => p,
@@ -468,10 +488,10 @@ mod tests {
         assert!(all[0].system.is_none());
         let on = all[1].system.as_ref().unwrap();
         assert_eq!(
-            (on.name.as_str(), on.knobs, all[1].one_group),
-            ("pagefold-on", None, true)
+            (on.name.as_str(), on.knobs, all[1].grouping),
+            ("pagefold-on", None, Grouping::OneGroup)
         );
-        assert!(!all[2].one_group);
+        assert_eq!(all[2].grouping, Grouping::PerVm);
         assert!(all[4].system.as_ref().unwrap().kernel_ksm);
         let two = ["ksm-max".to_string(), "off".to_string()];
         let s = select_side_channel_systems(&two).unwrap();
@@ -484,12 +504,13 @@ mod tests {
     #[test]
     fn configs_give_the_attacker_half_shared_or_zero_probe_pages() {
         for variant in Variant::ALL {
-            for one_group in [true, false] {
-                let c = attack_configs(variant, 1000, "32M", one_group);
+            for grouping in [Grouping::OneGroup, Grouping::PerVm] {
+                let c = attack_configs(variant, 1000, "32M", grouping);
                 assert_eq!(c.len(), 2);
                 for vm in &c {
                     vm.validate().unwrap();
-                    assert_eq!(vm.dedup_group() == "side-channel", one_group);
+                    assert_eq!(vm.dedup_group() == "side-channel", grouping.shares());
+                    assert!(vm.dedup.enabled);
                 }
                 let a = c[1].workload.as_ref().unwrap();
                 assert_eq!(a.phases, ["fill", "wait", "probe-merge", "wait"]);
@@ -502,14 +523,14 @@ mod tests {
                 assert_eq!(v.phases, ["fill", "wait", "wait"]);
             }
         }
-        let z = attack_configs(Variant::Zero, 1000, "32M", true);
+        let z = attack_configs(Variant::Zero, 1000, "32M", Grouping::OneGroup);
         assert_eq!(
             z[1].workload.as_ref().unwrap().placement,
             PlacementKind::Scattered
         );
         assert_eq!(z[1].workload.as_ref().unwrap().zero_permille, 500);
-        assert_eq!(target_pages(Variant::Shared, 1000, false), 0);
-        assert_eq!(target_pages(Variant::Zero, 1000, false), 1000);
+        assert_eq!(target_pages(Variant::Shared, 1000, Grouping::PerVm), 0);
+        assert_eq!(target_pages(Variant::Zero, 1000, Grouping::PerVm), 1000);
     }
 
     /// The attack end to end, on real workload VMs: against pagefold's
