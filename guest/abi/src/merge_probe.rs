@@ -226,7 +226,9 @@ pub fn relative_to_baseline(samples: &mut [Sample], refs: &mut [u64]) {
             continue;
         }
         window[..k].sort_unstable();
-        s.cycles = (RELATIVE_ZERO + s.cycles).saturating_sub(window[k / 2]);
+        s.cycles = RELATIVE_ZERO
+            .saturating_add(s.cycles)
+            .saturating_sub(window[k / 2]);
     }
 }
 
