@@ -52,8 +52,13 @@ pub fn render(r: &RunReport) -> String {
             if let Some(q) = &p.probe {
                 let _ = write!(
                     s,
-                    "  accuracy {:.3} ({} of {}), median write shared {:.2} us, unique {:.2} us",
-                    q.accuracy, q.correct, q.tested, q.shared_median_us, q.unique_median_us
+                    "  accuracy {:.3} ({} of {}), median write shared {:.2} us, unique {:.2} us; read after write {:.3}",
+                    q.accuracy,
+                    q.correct,
+                    q.tested,
+                    q.shared_median_us,
+                    q.unique_median_us,
+                    q.read_accuracy
                 );
             }
             s.push('\n');

@@ -30,25 +30,30 @@ fn variants(r: &SideChannelReport) -> Vec<Variant> {
     out
 }
 
-/// Issue 34's goals for the attack: accuracy at least 0.9 against kernel
-/// KSM and pagefold's default (one-group) merging, on both variants; and
-/// the sanity check that with dedup off it is at chance (at most 0.6).
+/// Issue 34's goals for the attack, by write time and by the read after
+/// the write: accuracy at least 0.9 against kernel KSM and pagefold's
+/// default (one-group) merging, on both variants; and the sanity check
+/// that with dedup off it is at chance (at most 0.6).
 pub fn side_channel_goals(r: &SideChannelReport) -> Vec<Goal> {
     let mut out = Vec::new();
     for x in &r.rows {
-        let name = format!("{} {}: attack accuracy", x.variant.name(), x.system);
-        let acc = Some(x.accuracy);
-        match x.system.as_str() {
-            "off" => out.push(Goal::at_most(
-                name,
-                acc,
-                0.6,
-                "dedup off: chance is 0.5".into(),
-            )),
-            "pagefold-on" | "ksm-default" | "ksm-max" => {
-                out.push(Goal::at_least(name, acc, 0.9, String::new()))
+        for (what, acc) in [
+            ("attack accuracy", x.accuracy),
+            ("read-after-write accuracy", x.read_accuracy),
+        ] {
+            let name = format!("{} {}: {what}", x.variant.name(), x.system);
+            match x.system.as_str() {
+                "off" => out.push(Goal::at_most(
+                    name,
+                    Some(acc),
+                    0.6,
+                    "dedup off: chance is 0.5".into(),
+                )),
+                "pagefold-on" | "ksm-default" | "ksm-max" => {
+                    out.push(Goal::at_least(name, Some(acc), 0.9, String::new()))
+                }
+                _ => {}
             }
-            _ => {}
         }
     }
     out
@@ -59,11 +64,12 @@ pub fn side_channel_table(r: &SideChannelReport) -> String {
     let mut out = host(r).map_or_else(String::new, |h| format!("{h}\n"));
     let _ = writeln!(
         out,
-        "{:<16} {:<7} {:>8} {:>9} {:>10} {:>10} {:>9} {:>7} {:>7} {:>8} {:>6}",
+        "{:<16} {:<7} {:>8} {:>9} {:>8} {:>10} {:>10} {:>9} {:>7} {:>7} {:>8} {:>6}",
         "system",
         "variant",
         "accuracy",
         "tested",
+        "read_acc",
         "shared_us",
         "unique_us",
         "thresh_us",
@@ -75,11 +81,12 @@ pub fn side_channel_table(r: &SideChannelReport) -> String {
     for x in &r.rows {
         let _ = writeln!(
             out,
-            "{:<16} {:<7} {:>8.3} {:>9} {:>10.2} {:>10.2} {:>9.2} {:>7} {:>7} {:>8.3} {:>6.1}{}",
+            "{:<16} {:<7} {:>8.3} {:>9} {:>8.3} {:>10.2} {:>10.2} {:>9.2} {:>7} {:>7} {:>8.3} {:>6.1}{}",
             x.system,
             x.variant.name(),
             x.accuracy,
             format!("{}/{}", x.probe.correct, x.probe.tested),
+            x.read_accuracy,
             x.shared_median_us,
             x.unique_median_us,
             x.threshold_us,
@@ -112,17 +119,18 @@ pub fn side_channel_table(r: &SideChannelReport) -> String {
 pub fn side_channel_markdown(r: &SideChannelReport) -> String {
     let mut out = host(r).map_or_else(String::new, |h| format!("{h}\n\n"));
     out.push_str(
-        "| system | variant | accuracy | right / tested | median write, shared (µs) | median write, unique (µs) | threshold over baseline (µs) | pages saved / target | engine CPU (s) | merge wait (s) | load avg 1m |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | variant | accuracy | right / tested | read after write: accuracy | median write, shared (µs) | median write, unique (µs) | threshold over baseline (µs) | pages saved / target | engine CPU (s) | merge wait (s) | load avg 1m |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for x in &r.rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {:.3} | {} / {} | {:.2} | {:.2} | {:.2} | {} / {} | {:.3} | {:.1}{} | {:.2} |",
+            "| {} | {} | {:.3} | {} / {} | {:.3} | {:.2} | {:.2} | {:.2} | {} / {} | {:.3} | {:.1}{} | {:.2} |",
             x.system,
             x.variant.name(),
             x.accuracy,
             x.probe.correct,
             x.probe.tested,
+            x.read_accuracy,
             x.shared_median_us,
             x.unique_median_us,
             x.threshold_us,
@@ -211,11 +219,15 @@ mod tests {
             unique_median_us: 4.6,
             shared_us: [5.0, 5.5, 5.7, 5.8, 5.9, 6.1, 40.0],
             unique_us: [4.4, 4.5, 4.6, 4.6, 4.7, 4.8, 9.0],
+            read_accuracy: if system == "off" { 0.5 } else { 0.999 },
+            shared_read_median_us: 0.02,
+            unique_read_median_us: 0.1,
         };
         SideChannelRow {
             system: system.into(),
             variant,
             accuracy,
+            read_accuracy: probe.read_accuracy,
             pages_saved: if system == "off" { 0 } else { 1060 },
             target_pages: 1000,
             engine_cpu_s: 0.02,
@@ -256,7 +268,11 @@ mod tests {
         assert_eq!(by("zero off: attack accuracy").met, Some(false));
         // Separate groups promise nothing about the attack: no goal.
         assert!(!g.iter().any(|g| g.name.contains("pagefold-groups")));
-        assert_eq!(g.len(), 5);
+        assert_eq!(
+            by("zero pagefold-on: read-after-write accuracy").met,
+            Some(true)
+        );
+        assert_eq!(g.len(), 10);
     }
 
     #[test]
@@ -268,10 +284,11 @@ mod tests {
         let ksm = t.lines().find(|l| l.starts_with("ksm-default")).unwrap();
         assert!(ksm.ends_with("(not converged)"), "{ksm}");
         assert!(ksm.contains(" 0.850 ") && ksm.contains("850/1000"), "{ksm}");
+        assert!(ksm.contains(" 0.999 "), "{ksm}");
         let md = side_channel_markdown(&r);
         assert_eq!(md.lines().filter(|l| l.starts_with("| off |")).count(), 2);
         assert!(
-            md.contains("| 990 / 1000 | 5.80 | 4.60 | 5.30 | 1060 / 1000 |"),
+            md.contains("| 990 / 1000 | 0.999 | 5.80 | 4.60 | 5.30 | 1060 / 1000 |"),
             "{md}"
         );
         let j: serde_json::Value = serde_json::from_str(&side_channel_json(&r).unwrap()).unwrap();
@@ -286,6 +303,7 @@ mod tests {
             "shared_median_us",
             "unique_median_us",
             "threshold_us",
+            "read_accuracy",
             "probe",
         ] {
             assert!(rows.iter().all(|x| x.get(k).is_some()), "{k}");

@@ -86,7 +86,7 @@ pub(crate) fn fmt_phase_end(
         let m = pagefold_guest_abi::merge_probe::MEDIAN;
         return write!(
             f,
-            "{name}: {} pages ({} shared), accuracy {:.3} ({} of {} tested), threshold +{:.2} us, median write shared {:.2} us, unique {:.2} us",
+            "{name}: {} pages ({} shared), accuracy {:.3} ({} of {} tested), threshold +{:.2} us, median write shared {:.2} us, unique {:.2} us; read after write: accuracy {:.3}, median shared {:.3} us, unique {:.3} us",
             p.pages,
             p.shared_pages,
             p.accuracy(),
@@ -94,7 +94,10 @@ pub(crate) fn fmt_phase_end(
             p.tested,
             p.us(p.threshold_cycles),
             p.us(p.shared_cycles[m]),
-            p.us(p.unique_cycles[m])
+            p.us(p.unique_cycles[m]),
+            p.read_accuracy(),
+            p.us(p.shared_read_cycles),
+            p.us(p.unique_read_cycles)
         );
     }
     let mib = r.bytes as f64 / (1 << 20) as f64;
@@ -258,6 +261,9 @@ mod tests {
         r.probe.threshold_cycles = 10_000;
         r.probe.shared_cycles[3] = 40_000;
         r.probe.unique_cycles[3] = 400;
+        r.probe.read_correct = 512;
+        r.probe.shared_read_cycles = 100;
+        r.probe.unique_read_cycles = 500;
         let s = EventKind::PhaseEnd {
             report: Box::new(r),
             elapsed: Duration::from_millis(30),
@@ -265,7 +271,7 @@ mod tests {
         .to_string();
         assert_eq!(
             s,
-            "probe-merge: 1024 pages (512 shared), accuracy 0.977 (500 of 512 tested), threshold +5.00 us, median write shared 20.00 us, unique 0.20 us"
+            "probe-merge: 1024 pages (512 shared), accuracy 0.977 (500 of 512 tested), threshold +5.00 us, median write shared 20.00 us, unique 0.20 us; read after write: accuracy 1.000, median shared 0.050 us, unique 0.250 us"
         );
     }
 

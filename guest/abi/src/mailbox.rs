@@ -195,6 +195,9 @@ impl Mailbox {
                 tsc_khz: 0,
                 shared_cycles: [0; 7],
                 unique_cycles: [0; 7],
+                read_correct: 0,
+                shared_read_cycles: 0,
+                unique_read_cycles: 0,
             },
         },
         params: WorkloadParams::ZERO,
@@ -225,7 +228,7 @@ mod tests {
         // The host and the guest are separate builds: pin the layout.
         assert_eq!(
             size_of::<PhaseReport>(),
-            8 + 15 * 8 + 4 * 8 + 7 * 8 + 14 * 8
+            8 + 15 * 8 + 4 * 8 + 7 * 8 + 14 * 8 + 3 * 8
         );
         assert_eq!(
             size_of::<WorkloadParams>(),

@@ -16,6 +16,16 @@
 /// Most probe pages one PROBE_MERGE phase writes (each class at most half).
 pub const MAX_PROBES: usize = 4096;
 
+/// The word of a probe page the guest reads right after its write: 2 KiB
+/// in, far from the written first word and its neighbours the hardware
+/// prefetches along.
+pub const READ_WORD: usize = 256;
+
+/// A read time `c` as a sample time that is larger the faster the read
+/// (`READ_FLIP - c`): a merged page is the one read *fast* after the
+/// write, and [`learn_threshold`] calls the slower side shared.
+pub const READ_FLIP: u64 = 1 << 40;
+
 /// Quantiles (per mille) of each class's write time in [`MergeProbe`]:
 /// minimum, p10, p25, median, p75, p90, maximum.
 pub const QUANTILES_PERMILLE: [u64; 7] = [0, 100, 250, 500, 750, 900, 1000];
@@ -58,6 +68,15 @@ pub struct MergeProbe {
     pub shared_cycles: [u64; 7],
     /// Write cycles of the unique pages at [`QUANTILES_PERMILLE`].
     pub unique_cycles: [u64; 7],
+    /// The read after each write (of another cache line of the same page,
+    /// [`READ_WORD`]), classified the same way: of the tested pages, those
+    /// classified as their label says. A copy-on-write copy or a zero
+    /// page's clearing leaves the page in the cache; a page the write only
+    /// unprotected stays in memory.
+    pub read_correct: u64,
+    /// Median cycles of that read, shared and unique pages.
+    pub shared_read_cycles: u64,
+    pub unique_read_cycles: u64,
 }
 
 impl MergeProbe {
@@ -67,6 +86,16 @@ impl MergeProbe {
             0.0
         } else {
             self.correct as f64 / self.tested as f64
+        }
+    }
+
+    /// Share of the tested pages the read after the write classified
+    /// right (0 with none tested).
+    pub fn read_accuracy(&self) -> f64 {
+        if self.tested == 0 {
+            0.0
+        } else {
+            self.read_correct as f64 / self.tested as f64
         }
     }
 
@@ -292,7 +321,23 @@ pub fn evaluate(
         tsc_khz,
         shared_cycles,
         unique_cycles,
+        ..MergeProbe::default()
     }
+}
+
+/// Classifies the reads after the writes (`reads[i]` the read after
+/// `writes[i]`'s write, same labels, in write order) with the same split
+/// as [`evaluate`], each read time taken as [`READ_FLIP`] minus it, and
+/// adds the result to `probe`. Reorders `reads`; `scratch` as for
+/// [`evaluate`].
+pub fn evaluate_reads(reads: &mut [Sample], scratch: &mut [u64], probe: &mut MergeProbe) {
+    for r in reads.iter_mut() {
+        r.cycles = READ_FLIP.saturating_sub(r.cycles);
+    }
+    let p = evaluate(reads, scratch, probe.tsc_khz, false);
+    probe.read_correct = p.correct;
+    probe.shared_read_cycles = READ_FLIP.saturating_sub(p.shared_cycles[MEDIAN]);
+    probe.unique_read_cycles = READ_FLIP.saturating_sub(p.unique_cycles[MEDIAN]);
 }
 
 #[cfg(test)]
@@ -455,6 +500,29 @@ mod tests {
         let p = evaluate(&mut v, &mut scratch, 1_000_000, true);
         assert!(p.accuracy() >= 0.97, "{p:?}");
         assert!((20..300).contains(&p.threshold_cycles), "{p:?}");
+    }
+
+    #[test]
+    fn reads_that_hit_the_cache_are_called_merged() {
+        // Merged pages come back cache-hot after the write (about 50
+        // cycles to read), unmerged ones from memory (about 260).
+        let mut rng = Rng::new(5);
+        let mut reads = [Sample::default(); 1000];
+        for (i, x) in reads.iter_mut().enumerate() {
+            let shared = i % 2 == 0;
+            *x = s(if shared { 50 } else { 260 } + rng.below(30), shared);
+        }
+        rng.shuffle(&mut reads);
+        let mut scratch = [0u64; 1000];
+        let mut p = MergeProbe {
+            tested: 500,
+            ..MergeProbe::default()
+        };
+        evaluate_reads(&mut reads, &mut scratch, &mut p);
+        assert_eq!(p.read_correct, 500);
+        assert_eq!(p.read_accuracy(), 1.0);
+        assert!((50..80).contains(&p.shared_read_cycles), "{p:?}");
+        assert!((260..290).contains(&p.unique_read_cycles), "{p:?}");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! with the TSC; a write that takes a copy-on-write fault (a merged page,
 //! or a dropped zero page that must be backed again) is far slower than a
 //! write to a page the guest owns. The classification is
-//! `pagefold_guest_abi::merge_probe`'s.
+//! `pagefold_guest_abi::merge_probe`'s. Right after each write the guest
+//! also times a read of another cache line of the page: a copy-on-write
+//! copy or a zero page's clearing leaves the page in the cache.
 
 use core::arch::x86_64::{_mm_lfence, _mm_mfence, _rdtsc};
 
@@ -12,11 +14,27 @@ use crate::phases::{report, Stopped, Workload};
 use pagefold_guest_abi::classes::{page_class, page_content, Content, PageClass, Region};
 use pagefold_guest_abi::generator::page_word;
 use pagefold_guest_abi::mailbox::PhaseReport;
-use pagefold_guest_abi::merge_probe::{evaluate, Rng, Sample, MAX_PROBES};
+use pagefold_guest_abi::merge_probe::{
+    evaluate, evaluate_reads, Rng, Sample, MAX_PROBES, READ_WORD,
+};
 use pagefold_guest_abi::phase;
 
 /// Label bit of an entry of the write order (the rest is the page index).
 const SHARED_BIT: u32 = 1 << 31;
+
+/// Times a read of `*word`, in TSC cycles (fenced like `timed_write`).
+fn timed_read(word: *const u64) -> u64 {
+    // SAFETY: `word` is inside a logical page of the data area (see
+    // `timed_write`); the read has no side effect.
+    unsafe {
+        _mm_lfence();
+        let t0 = _rdtsc();
+        _mm_lfence();
+        let _ = word.read_volatile();
+        _mm_lfence();
+        _rdtsc().wrapping_sub(t0)
+    }
+}
 
 /// Times one write of `value` to `*word`, in TSC cycles: the fences keep
 /// the write (and a fault it takes) between the two TSC reads, and drain it
@@ -85,17 +103,25 @@ impl Workload {
         );
         rng.shuffle(&mut order[..n]);
         let mut samples = [Sample::default(); MAX_PROBES];
-        for (s, &o) in samples.iter_mut().zip(order[..n].iter()) {
+        let mut reads = [Sample::default(); MAX_PROBES];
+        for ((s, rd), &o) in samples.iter_mut().zip(reads.iter_mut()).zip(&order[..n]) {
             let i = u64::from(o & !SHARED_BIT);
             // The page's own first word: its content stays as it is.
             let value = match page_content(&self.params, i, self.store.version(i)) {
                 Content::Zero => 0,
                 Content::Pattern(base) => page_word(base, 0),
             };
-            let word = self.store.page(i).as_mut_ptr();
+            let page = self.store.page(i);
+            let shared = o & SHARED_BIT != 0;
             *s = Sample {
-                cycles: timed_write(word, value),
-                shared: o & SHARED_BIT != 0,
+                cycles: timed_write(page.as_mut_ptr(), value),
+                shared,
+            };
+            // Then another cache line of the page: in the cache if the
+            // kernel just copied or cleared the page for the write.
+            *rd = Sample {
+                cycles: timed_read(&page[READ_WORD]),
+                shared,
             };
         }
         let mut scratch = [0u64; MAX_PROBES];
@@ -103,6 +129,7 @@ impl Workload {
         // probe (other work on its CPUs) by as much as the gap between the
         // labels, where a COW fault and a dirty-log fault differ by 1 us.
         r.probe = evaluate(&mut samples[..n], &mut scratch[..n], self.params.tsc_khz, true);
+        evaluate_reads(&mut reads[..n], &mut scratch[..n], &mut r.probe);
         r.pages = n as u64;
         Ok(r)
     }

@@ -28,6 +28,12 @@ pub struct ProbeRow {
     /// (`merge_probe::QUANTILES_PERMILLE`).
     pub shared_us: [f64; 7],
     pub unique_us: [f64; 7],
+    /// The read right after each write (another cache line of the page),
+    /// classified the same way: share of the test half right, and each
+    /// label's median read time.
+    pub read_accuracy: f64,
+    pub shared_read_median_us: f64,
+    pub unique_read_median_us: f64,
 }
 
 impl From<&MergeProbe> for ProbeRow {
@@ -44,6 +50,9 @@ impl From<&MergeProbe> for ProbeRow {
             unique_median_us: p.us(p.unique_cycles[MEDIAN]),
             shared_us: us(&p.shared_cycles),
             unique_us: us(&p.unique_cycles),
+            read_accuracy: p.read_accuracy(),
+            shared_read_median_us: p.us(p.shared_read_cycles),
+            unique_read_median_us: p.us(p.unique_read_cycles),
         }
     }
 }
@@ -75,6 +84,9 @@ mod tests {
             tsc_khz: 1_000_000,
             shared_cycles: [10_000, 11_000, 12_000, 20_000, 21_000, 22_000, 30_000],
             unique_cycles: [100, 110, 120, 200, 210, 220, 300],
+            read_correct: 4,
+            shared_read_cycles: 50,
+            unique_read_cycles: 250,
         };
         let rec = PhaseRecord {
             report,
@@ -85,6 +97,11 @@ mod tests {
         assert_eq!(row.threshold_us, 3.0);
         assert_eq!((row.shared_median_us, row.unique_median_us), (20.0, 0.2));
         assert_eq!(row.shared_us[6], 30.0);
+        assert_eq!(row.read_accuracy, 1.0);
+        assert_eq!(
+            (row.shared_read_median_us, row.unique_read_median_us),
+            (0.05, 0.25)
+        );
         let other = PhaseRecord {
             report: PhaseReport {
                 phase: phase::FILL,
