@@ -60,10 +60,11 @@ pub enum BenchCommand {
     /// pages; pause percentiles, stopped time, COW breaks.
     Latency(LatencyArgs),
     /// The write-timing side channel: a workload guest times one write to
-    /// each of its probe pages, half of them content another VM holds (or
-    /// zero pages), and tells merged from unmerged pages; its accuracy
-    /// against each system (off, pagefold-on, pagefold-groups, ksm-default,
-    /// ksm-max), the saving and the engine CPU.
+    /// each of its probe pages (and a read right after it), half of them
+    /// content another VM holds (or zero pages), and tells merged from
+    /// unmerged pages; its accuracy against each system (off, pagefold-on,
+    /// pagefold-groups, ksm-default, ksm-max), the saving and the engine
+    /// CPU.
     SideChannel(SideChannelArgs),
 }
 

@@ -23,9 +23,9 @@
 //!   rewrite merged pages; pause percentiles, stopped time, COW breaks.
 //!
 //! - `side-channel` ([`run_side_channel_bench`]): a workload guest times
-//!   its writes to tell which of its pages each system merged with another
-//!   VM's (or as zero pages); the attack's accuracy, the saving, the
-//!   engine's CPU.
+//!   its writes (and a read right after each) to tell which of its pages
+//!   each system merged with another VM's (or as zero pages); the attack's
+//!   accuracy, the saving, the engine's CPU.
 //!
 //! docs/results/results.md is rendered from the runs' JSON by
 //! [`results_page`] (the `results-page` binary, scripts/results-page.sh).

@@ -6,7 +6,9 @@
 //! and half content no one else holds. Once the system has merged what it
 //! will, the attacker writes every probe page once, times each write, and
 //! classifies the pages by a threshold learned from half of them; its
-//! accuracy on the other half is the row's figure (chance: 0.5).
+//! accuracy on the other half is the row's figure (chance: 0.5). The read
+//! the attacker times right after each write (a page the kernel just
+//! copied or cleared is in the cache) gives a second accuracy.
 
 use std::time::{Duration, Instant};
 

@@ -114,7 +114,8 @@ pub mod phase {
     /// unique otherwise (private unique pages); at most
     /// `merge_probe::MAX_PROBES / 2` of each label, as many of each.
     /// Writes each page's first word with the value it holds: contents and
-    /// versions stay as they were. Reports `PhaseReport::probe`.
+    /// versions stay as they were; right after each write, times a read of
+    /// another cache line of the page. Reports `PhaseReport::probe`.
     pub const PROBE_MERGE: u32 = 13;
     /// Highest valid opcode.
     pub const LAST: u32 = PROBE_MERGE;
