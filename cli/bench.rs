@@ -22,6 +22,10 @@ use pagefold_bench::{
     linux_read_chart, linux_read_json, linux_read_markdown, run_linux_read_bench,
     select_linux_read_systems, LinuxReadOptions,
 };
+use pagefold_bench::{
+    run_side_channel_bench, select_side_channel_systems, side_channel_chart, side_channel_json,
+    side_channel_markdown, side_channel_table, SideChannelOptions, Variant,
+};
 
 use crate::error::Error;
 
@@ -55,6 +59,46 @@ pub enum BenchCommand {
     /// ksm-default, ksm-max) merges them, then while rewriting merged
     /// pages; pause percentiles, stopped time, COW breaks.
     Latency(LatencyArgs),
+    /// The write-timing side channel: a workload guest times one write to
+    /// each of its probe pages (and a read right after it), half of them
+    /// content another VM holds (or zero pages), and tells merged from
+    /// unmerged pages; its accuracy against each system (off, pagefold-on,
+    /// pagefold-groups, ksm-default, ksm-max), the saving and the engine
+    /// CPU.
+    SideChannel(SideChannelArgs),
+}
+
+/// `bench side-channel --variant`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum VariantArg {
+    /// The attacker's shared probe pages hold content the victim VM holds.
+    Shared,
+    /// They are all-zero pages.
+    Zero,
+    /// shared, then zero (the default).
+    Both,
+}
+
+#[derive(Args, Debug)]
+pub struct SideChannelArgs {
+    #[command(flatten)]
+    pub out: Outputs,
+    /// Comma-separated subset of off, pagefold-on, pagefold-groups,
+    /// ksm-default, ksm-max (default: all).
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<String>,
+    /// Which probe pages the attacker expects merged.
+    #[arg(long, value_enum, default_value = "both")]
+    pub variant: VariantArg,
+    /// Probe pages of each label (the attacker writes twice as many).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=2048))]
+    pub probe_pages: u64,
+    /// RAM per VM.
+    #[arg(long, default_value = "32M")]
+    pub memory: String,
+    /// Wait at most this long for the system to merge the probe pages.
+    #[arg(long, default_value_t = 120)]
+    pub merge_timeout_secs: u64,
 }
 
 /// `bench latency --shape`.
@@ -464,7 +508,39 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         BenchCommand::Build(a) => build(a),
         BenchCommand::LinuxRead(a) => linux_read(a),
         BenchCommand::Latency(a) => latency(a),
+        BenchCommand::SideChannel(a) => side_channel(a),
     }
+}
+
+/// The options `bench side-channel`'s flags ask for.
+fn side_channel_options(a: &SideChannelArgs) -> SideChannelOptions {
+    SideChannelOptions {
+        variants: match a.variant {
+            VariantArg::Shared => vec![Variant::Shared],
+            VariantArg::Zero => vec![Variant::Zero],
+            VariantArg::Both => Variant::ALL.to_vec(),
+        },
+        probe_pages: a.probe_pages,
+        memory: a.memory.clone(),
+        merge_timeout: Duration::from_secs(a.merge_timeout_secs),
+        ..SideChannelOptions::default()
+    }
+}
+
+/// `pagefold bench side-channel` (docs/benchmarks.md). Exit code 1 when a
+/// KSM tunable was not restored.
+fn side_channel(a: SideChannelArgs) -> Result<i32, Error> {
+    let systems = select_side_channel_systems(&a.systems).map_err(bench_err)?;
+    let report = run_side_channel_bench(&systems, &side_channel_options(&a)).map_err(bench_err)?;
+    crate::output::write_out_or_drop(&side_channel_table(&report))?;
+    let json = side_channel_json(&report).map_err(bench_err)?;
+    write_outputs(
+        &a.out,
+        json,
+        side_channel_chart(&report),
+        side_channel_markdown(&report),
+    )?;
+    Ok(if report.unrestored.is_empty() { 0 } else { 1 })
 }
 
 /// The options `bench latency`'s flags ask for.
@@ -667,6 +743,51 @@ mod tests {
         assert_eq!(select_latency_systems(&a.systems).unwrap().len(), 2);
         for bad in [&["--probe-millisecs", "0"][..], &["--shape", "sparse"]] {
             let argv = ["bench", "latency"].iter().chain(bad);
+            assert!(Bench::try_parse_from(argv).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn side_channel_flags() {
+        let parse = |args: &[&str]| {
+            let argv = ["bench", "side-channel"].iter().chain(args);
+            match Bench::try_parse_from(argv).unwrap().args.cmd {
+                BenchCommand::SideChannel(a) => a,
+                other => panic!("{other:?}"),
+            }
+        };
+        let a = parse(&[]);
+        let o = side_channel_options(&a);
+        assert_eq!(o.variants, Variant::ALL);
+        assert_eq!((o.probe_pages, o.memory.as_str()), (1000, "32M"));
+        assert_eq!(o.merge_timeout, Duration::from_secs(120));
+        assert_eq!(select_side_channel_systems(&a.systems).unwrap().len(), 5);
+        let a = parse(&[
+            "--variant",
+            "zero",
+            "--probe-pages",
+            "512",
+            "--memory",
+            "64M",
+            "--merge-timeout-secs",
+            "9",
+            "--systems",
+            "off,ksm-max",
+            "--plot",
+            "/out/s.svg",
+        ]);
+        let o = side_channel_options(&a);
+        assert_eq!(o.variants, [Variant::Zero]);
+        assert_eq!((o.probe_pages, o.memory.as_str()), (512, "64M"));
+        assert_eq!(o.merge_timeout, Duration::from_secs(9));
+        assert_eq!(a.out.plot.as_deref(), Some("/out/s.svg"));
+        assert_eq!(select_side_channel_systems(&a.systems).unwrap().len(), 2);
+        for bad in [
+            &["--probe-pages", "0"][..],
+            &["--probe-pages", "2049"],
+            &["--variant", "dup"],
+        ] {
+            let argv = ["bench", "side-channel"].iter().chain(bad);
             assert!(Bench::try_parse_from(argv).is_err(), "{bad:?}");
         }
     }

@@ -218,7 +218,7 @@ pub struct WorkloadArgs {
         help_heading = "Workload guest"
     )]
     pub churn_ms: Option<u64>,
-    /// Phases, comma-separated: fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], latency:MS, latency-write:MS.
+    /// Phases, comma-separated: fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], latency:MS, latency-write:MS, probe-merge[:MS].
     #[arg(long, help_heading = "Workload guest")]
     pub phases: Option<String>,
     /// Disk 0 is a test image made with this seed: disk-read checks every byte.
@@ -643,6 +643,17 @@ mod tests {
             }
         ));
         assert_ne!(w[0], w[1]);
+    }
+
+    #[test]
+    fn side_channel_example_puts_attacker_and_victim_in_one_group() {
+        let c: Config = toml::from_str(include_str!("../examples/side-channel.toml")).unwrap();
+        c.validate(None).unwrap();
+        let groups: Vec<_> = c.vms.iter().map(|v| v.dedup_group()).collect();
+        assert_eq!(groups, ["shared", "shared"]);
+        let a = c.vms[1].workload.as_ref().unwrap();
+        assert!(a.phases.iter().any(|p| p.starts_with("probe-merge")));
+        assert_eq!(a.seed, c.vms[0].workload.as_ref().unwrap().seed);
     }
 
     #[test]

@@ -48,6 +48,19 @@ pub fn render(r: &RunReport) -> String {
                     q.gaps, q.p50_us, q.p99_us, q.p999_us, q.max_us, q.stopped_ms_per_s
                 );
             }
+            // The write-timing probe's classification, where it was one.
+            if let Some(q) = &p.probe {
+                let _ = write!(
+                    s,
+                    "  accuracy {:.3} ({} of {}), median write shared {:.2} us, unique {:.2} us; read after write {:.3}",
+                    q.accuracy,
+                    q.correct,
+                    q.tested,
+                    q.shared_median_us,
+                    q.unique_median_us,
+                    q.read_accuracy
+                );
+            }
             s.push('\n');
         }
     }

@@ -615,3 +615,75 @@ fn the_latency_probe_reports_consistent_pauses() {
     assert_eq!(lines.len(), 2, "{out}");
     assert!(lines.iter().all(|l| l.contains("p99.9")), "{out}");
 }
+
+/// The write-timing probe through the CLI, one VM whose probe pages are
+/// half zero, half unique: with dedup off the attack is at chance; with
+/// pagefold's engine dropping the zero pages during the probe's own wait,
+/// it tells them apart. The probe writes each page's own value: verify
+/// still matches.
+#[test]
+fn the_merge_probe_reads_zero_page_drops_and_nothing_with_dedup_off() {
+    require_kvm();
+    let dir = TempDir::new("merge-probe");
+    for (mode, wait) in [("off", "probe-merge"), ("on", "probe-merge:2000")] {
+        let json = dir.path(&format!("{mode}.json"));
+        let program = format!("fill,{wait},verify");
+        let o = run(
+            &[
+                "run",
+                "--name",
+                "attacker",
+                "--memory",
+                "32M",
+                "--shared",
+                "0M",
+                "--private",
+                "8000K",
+                "--zero-permille",
+                "500",
+                "--dedup",
+                mode,
+                "--phases",
+                &program,
+                "--json-file",
+                json.to_str().unwrap(),
+            ],
+            LIMIT,
+        );
+        assert!(o.status.success(), "{mode}: {}", text(&o));
+        let r = read_json(&json);
+        let v = vm(&r, "attacker");
+        assert_eq!(v["exit_status"], 0, "{v}");
+        assert_eq!(v["mismatches"], 0, "{v}");
+        let ph = phases(v, "probe-merge");
+        assert_eq!(ph.len(), 1, "{v}");
+        let p = &ph[0]["probe"];
+        // 2000 pages, 1000 zero: all of them probed, half tested.
+        assert_eq!(ph[0]["pages"], 2000, "{p}");
+        assert_eq!(
+            (p["pages"].as_u64(), p["shared_pages"].as_u64()),
+            (Some(2000), Some(1000)),
+            "{p}"
+        );
+        assert_eq!(p["tested"], 1000, "{p}");
+        let acc = p["accuracy"].as_f64().unwrap();
+        let read_acc = p["read_accuracy"].as_f64().unwrap();
+        if mode == "off" {
+            assert!(acc <= 0.65 && read_acc <= 0.65, "{mode}: {p}");
+        } else {
+            assert!(acc >= 0.9 && read_acc >= 0.9, "{mode}: {p}");
+            let (z, u) = (
+                p["shared_median_us"].as_f64().unwrap(),
+                p["unique_median_us"].as_f64().unwrap(),
+            );
+            assert!(z > u, "{mode}: {p}");
+        }
+        // The end-of-run report shows it.
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.lines()
+                .any(|l| l.contains("probe-merge") && l.contains("accuracy")),
+            "{out}"
+        );
+    }
+}

@@ -122,7 +122,7 @@ impl RunInfo {
 }
 
 /// Warnings about the host, taken before the run.
-fn ksm_warnings(kernel_ksm: bool) -> Vec<String> {
+pub(crate) fn ksm_warnings(kernel_ksm: bool) -> Vec<String> {
     let others = other_ksm_users();
     if !kernel_ksm || others.is_empty() {
         return Vec::new();
@@ -192,7 +192,7 @@ pub(crate) fn run_once(
 }
 
 /// A fresh backend with the system's knobs, mode still off.
-fn build_backend(s: &System) -> Result<Arc<dyn DedupBackend>, BenchError> {
+pub(crate) fn build_backend(s: &System) -> Result<Arc<dyn DedupBackend>, BenchError> {
     let backend: Arc<dyn DedupBackend> = Arc::from(s.build()?);
     if let Some(k) = s.knobs {
         let applied = k
@@ -314,7 +314,7 @@ fn spectrum(p: &ProbeResult) -> Vec<(f64, f64)> {
 /// Stops merging and shuts the backend down; for kernel KSM, first waits
 /// until ksmd released this process's pages (as `ksm-seed` does), so the
 /// next run starts from clean counters. The VMs are already stopped.
-fn teardown(
+pub(crate) fn teardown(
     backend: Option<&dyn DedupBackend>,
     kernel_ksm: bool,
     name: &str,

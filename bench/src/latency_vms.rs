@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use kvm_ioctls::Kvm;
 use pagefold_dedup::DedupBackend;
-use pagefold_devices::workload::{EventKind, WorkloadSummary};
+use pagefold_devices::workload::{EventKind, PhaseRecord, WorkloadSummary};
 use pagefold_guest_abi::pause::{PauseHistogram, PauseStats, PauseSummary};
 use pagefold_guest_abi::phase;
+use pagefold_vmm::config::VmConfig;
 use pagefold_vmm::state::Outcome;
 use pagefold_vmm::vm::{Vm, VmResources};
 use pagefold_vmm::workload::Event;
@@ -68,6 +69,23 @@ impl ProbePair {
         opts: &VmOptions,
         probe: Duration,
     ) -> Result<ProbePair, BenchError> {
+        let mut configs = opts.configs()?;
+        for c in &mut configs {
+            if let Some(w) = c.workload.as_mut() {
+                w.phases = program(probe);
+            }
+        }
+        Self::start_configs(backend, configs, opts.fill_timeout)
+    }
+
+    /// Creates the workload VMs of `configs` (each program starting with
+    /// `fill`), registered with `backend` if there is one, starts them and
+    /// waits until every guest filled, at most `fill_timeout`.
+    pub fn start_configs(
+        backend: Option<&Arc<dyn DedupBackend>>,
+        configs: Vec<VmConfig>,
+        fill_timeout: Duration,
+    ) -> Result<ProbePair, BenchError> {
         let kvm = Kvm::new().map_err(|e| vm_err(format!("/dev/kvm: {e}")))?;
         let cpuid = pagefold_vmm::x86::cpuid::supported(&kvm).map_err(vm_err)?;
         let (tx, rx) = crossbeam_channel::unbounded::<Event>();
@@ -84,17 +102,14 @@ impl ProbePair {
             events: rx,
             summaries: BTreeMap::new(),
         };
-        for (i, mut c) in opts.configs()?.into_iter().enumerate() {
-            if let Some(w) = c.workload.as_mut() {
-                w.phases = program(probe);
-            }
+        for (i, c) in configs.iter().enumerate() {
             pair.summaries
                 .insert(c.name.clone(), WorkloadSummary::new(&c.name));
-            let mut vm = Vm::create(&res, &c, i).map_err(vm_err)?;
+            let mut vm = Vm::create(&res, c, i).map_err(vm_err)?;
             vm.start().map_err(vm_err)?;
             pair.vms.push(vm);
         }
-        pair.wait_phase(phase::FILL, opts.fill_timeout)?;
+        pair.wait_phase(phase::FILL, fill_timeout)?;
         Ok(pair)
     }
 
@@ -110,8 +125,22 @@ impl ProbePair {
     /// Folds events in until every guest has ended one more phase `op`
     /// than before, or `limit` passes.
     pub fn wait_phase(&mut self, op: u32, limit: Duration) -> Result<(), BenchError> {
+        let names: Vec<String> = self.summaries.keys().cloned().collect();
+        self.wait_phase_of(&names, op, limit)
+    }
+
+    /// Folds events in until each guest of `vms` has ended one more phase
+    /// `op` than before, or `limit` passes.
+    pub fn wait_phase_of(
+        &mut self,
+        vms: &[String],
+        op: u32,
+        limit: Duration,
+    ) -> Result<(), BenchError> {
         let count = |s: &BTreeMap<String, WorkloadSummary>| -> Vec<usize> {
-            s.values().map(|w| w.phases_of(op).count()).collect()
+            vms.iter()
+                .map(|v| s.get(v).map_or(0, |w| w.phases_of(op).count()))
+                .collect()
         };
         let want: Vec<usize> = count(&self.summaries).iter().map(|n| n + 1).collect();
         let t0 = Instant::now();
@@ -131,6 +160,11 @@ impl ProbePair {
             }
         }
         Ok(())
+    }
+
+    /// The last phase `op` guest `vm` ended, if any.
+    pub fn last_phase(&self, vm: &str, op: u32) -> Option<PhaseRecord> {
+        self.summaries.get(vm)?.phases_of(op).last().copied()
     }
 
     /// The guests' last phase `op` taken together. `None` if a guest has

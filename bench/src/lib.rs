@@ -22,6 +22,11 @@
 //!   guest-side pause probe while each system merges them and while they
 //!   rewrite merged pages; pause percentiles, stopped time, COW breaks.
 //!
+//! - `side-channel` ([`run_side_channel_bench`]): a workload guest times
+//!   its writes (and a read right after each) to tell which of its pages
+//!   each system merged with another VM's (or as zero pages); the attack's
+//!   accuracy, the saving, the engine's CPU.
+//!
 //! docs/results/results.md is rendered from the runs' JSON by
 //! [`results_page`] (the `results-page` binary, scripts/results-page.sh).
 //!
@@ -57,6 +62,8 @@ mod report;
 mod results_page;
 mod seed;
 mod settle;
+mod side_channel;
+mod side_channel_report;
 mod system;
 mod target;
 mod vms;
@@ -125,6 +132,15 @@ pub use seed::{
     fill_pct_of_ksm, run_ksm_seed, run_seed_once, SeedOptions, SeedReport, SeedRow, Series,
 };
 pub use settle::{Sample, Settled, Settler};
+pub use side_channel::{
+    attack_configs, run_side_channel_bench, select_side_channel_systems, AttackSystem, Grouping,
+    SideChannelOptions, SideChannelReport, SideChannelRow, Variant, ATTACKER,
+    SIDE_CHANNEL_SYSTEM_NAMES, VICTIM,
+};
+pub use side_channel_report::{
+    side_channel_chart, side_channel_goals, side_channel_json, side_channel_markdown,
+    side_channel_table,
+};
 pub use system::{
     all_systems, engine_factory, ksm_systems, select_systems, BackendFactory, System,
     KSM_DEFAULT_KNOBS, MAX_KNOBS, SYSTEM_NAMES,

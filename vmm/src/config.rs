@@ -698,6 +698,10 @@ pub enum Phase {
     /// The pause probe that also rewrites a shared page every
     /// `pause::WRITE_INTERVAL_US` (COW breaks of merged pages).
     LatencyWrite(u64),
+    /// The write-timing side channel
+    /// (`pagefold_guest_abi::merge_probe`), after sleeping this many
+    /// milliseconds.
+    ProbeMerge(u64),
 }
 
 impl Phase {
@@ -730,6 +734,7 @@ impl Phase {
             "wait" => Ok(Phase::WaitHost(ms(arg, Some(600_000))?)),
             "latency" => Ok(Phase::Latency(ms(arg, None)?)),
             "latency-write" => Ok(Phase::LatencyWrite(ms(arg, None)?)),
+            "probe-merge" => Ok(Phase::ProbeMerge(ms(arg, Some(0))?)),
             "disk-read" => match arg {
                 None => Ok(Phase::DiskRead(0)),
                 Some(a) => match a.parse::<u64>() {
@@ -747,7 +752,7 @@ impl Phase {
                 )),
             },
             _ => Err(format!(
-                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], build[:scattered|linear], latency:MS, latency-write:MS, or the fault injections fault and badport)"
+                "unknown phase {op:?} (expected fill, churn[:MS], verify, rewrite, sleep:MS, wait[:MS], disk-read[:PAGES], build[:scattered|linear], latency:MS, latency-write:MS, probe-merge[:MS], or the fault injections fault and badport)"
             )),
         }
     }
@@ -1264,6 +1269,14 @@ mod tests {
             Phase::LatencyWrite(50)
         );
         assert!(Phase::parse("latency").unwrap_err().contains("duration"));
+        assert_eq!(Phase::parse("probe-merge").unwrap(), Phase::ProbeMerge(0));
+        assert_eq!(
+            Phase::parse("probe-merge:3000").unwrap(),
+            Phase::ProbeMerge(3000)
+        );
+        assert!(Phase::parse("probe-merge:soon")
+            .unwrap_err()
+            .contains("milliseconds"));
         assert!(Phase::parse("latency-write:x")
             .unwrap_err()
             .contains("milliseconds"));

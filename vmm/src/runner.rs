@@ -108,6 +108,9 @@ pub struct PhaseRow {
     /// LATENCY phases: the probe's pauses (absent for other phases).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pauses: Option<crate::workload::pauses::PauseRow>,
+    /// PROBE_MERGE phases: the write-timing probe's classification.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<crate::workload::merge_probe::ProbeRow>,
 }
 
 /// Final report of one VM.
@@ -147,6 +150,7 @@ impl VmReport {
                 ms: p.elapsed.as_secs_f64() * 1e3,
                 gbps: p.gbps(),
                 pauses: crate::workload::pauses::pause_row(&summary, p),
+                probe: crate::workload::merge_probe::probe_row(p),
             })
             .collect();
         VmReport {

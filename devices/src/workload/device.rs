@@ -224,7 +224,7 @@ impl<M: GuestMemory> WorkloadDevice<M> {
                     });
                 }
                 self.emit(EventKind::PhaseEnd {
-                    report,
+                    report: Box::new(report),
                     elapsed: start.elapsed(),
                 });
             }
@@ -426,7 +426,7 @@ mod tests {
             }
         );
         match r.event() {
-            EventKind::PhaseEnd { report: got, .. } => assert_eq!(got, report),
+            EventKind::PhaseEnd { report: got, .. } => assert_eq!(*got, report),
             e => panic!("unexpected {e:?}"),
         }
         // Other phases send no histogram.
@@ -488,7 +488,7 @@ mod tests {
                 report: got,
                 elapsed,
             } => {
-                assert_eq!(got, report);
+                assert_eq!(*got, report);
                 assert!(elapsed >= Duration::from_millis(5));
             }
             e => panic!("unexpected {e:?}"),

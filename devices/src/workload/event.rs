@@ -23,8 +23,9 @@ pub enum EventKind {
     PhaseBegin { phase: u32, slot: u32, arg: u64 },
     /// A phase ended. `elapsed` is measured by the host from PHASE_BEGIN to
     /// PHASE_END (authoritative: the guest's TSC may be virtualized).
+    /// Boxed: the report is a few hundred bytes.
     PhaseEnd {
-        report: PhaseReport,
+        report: Box<PhaseReport>,
         elapsed: Duration,
     },
     /// The histogram of a LATENCY phase's gaps, sent just before that
@@ -78,6 +79,25 @@ pub(crate) fn fmt_phase_end(
             p.stopped_ns as f64 / 1e6,
             p.max_gap_ns as f64 / 1e3,
             r.pages
+        );
+    }
+    if r.phase == phase::PROBE_MERGE {
+        let p = &r.probe;
+        let m = pagefold_guest_abi::merge_probe::MEDIAN;
+        return write!(
+            f,
+            "{name}: {} pages ({} shared), accuracy {:.3} ({} of {} tested), threshold +{:.2} us, median write shared {:.2} us, unique {:.2} us; read after write: accuracy {:.3}, median shared {:.3} us, unique {:.3} us",
+            p.pages,
+            p.shared_pages,
+            p.accuracy(),
+            p.correct,
+            p.tested,
+            p.us(p.threshold_cycles),
+            p.us(p.shared_cycles[m]),
+            p.us(p.unique_cycles[m]),
+            p.read_accuracy(),
+            p.us(p.shared_read_cycles),
+            p.us(p.unique_read_cycles)
         );
     }
     let mib = r.bytes as f64 / (1 << 20) as f64;
@@ -183,7 +203,7 @@ mod tests {
         let ev = WorkloadEvent {
             vm: "vm0".into(),
             kind: EventKind::PhaseEnd {
-                report,
+                report: Box::new(report),
                 elapsed: Duration::from_micros(612_300),
             },
         };
@@ -207,7 +227,7 @@ mod tests {
             ..PhaseReport::default()
         };
         let s = EventKind::PhaseEnd {
-            report,
+            report: Box::new(report),
             elapsed: Duration::from_millis(1),
         }
         .to_string();
@@ -219,11 +239,40 @@ mod tests {
             ..PhaseReport::default()
         };
         let s = EventKind::PhaseEnd {
-            report: r,
+            report: Box::new(r),
             elapsed: Duration::from_millis(1500),
         }
         .to_string();
         assert_eq!(s, "wait-host: 1500.0 ms");
+    }
+
+    #[test]
+    fn probe_merge_line_gives_accuracy_and_class_medians() {
+        let mut r = PhaseReport {
+            phase: phase::PROBE_MERGE,
+            pages: 1024,
+            ..PhaseReport::default()
+        };
+        r.probe.pages = 1024;
+        r.probe.shared_pages = 512;
+        r.probe.tested = 512;
+        r.probe.correct = 500;
+        r.probe.tsc_khz = 2_000_000;
+        r.probe.threshold_cycles = 10_000;
+        r.probe.shared_cycles[3] = 40_000;
+        r.probe.unique_cycles[3] = 400;
+        r.probe.read_correct = 512;
+        r.probe.shared_read_cycles = 100;
+        r.probe.unique_read_cycles = 500;
+        let s = EventKind::PhaseEnd {
+            report: Box::new(r),
+            elapsed: Duration::from_millis(30),
+        }
+        .to_string();
+        assert_eq!(
+            s,
+            "probe-merge: 1024 pages (512 shared), accuracy 0.977 (500 of 512 tested), threshold +5.00 us, median write shared 20.00 us, unique 0.20 us; read after write: accuracy 1.000, median shared 0.050 us, unique 0.250 us"
+        );
     }
 
     #[test]

@@ -54,7 +54,7 @@ impl WorkloadSummary {
             EventKind::Hello => self.started = true,
             EventKind::PhaseBegin { .. } => {}
             EventKind::PhaseEnd { report, elapsed } => self.phases.push(PhaseRecord {
-                report: *report,
+                report: **report,
                 elapsed: *elapsed,
             }),
             EventKind::Progress { phase, done, total } => {
@@ -143,7 +143,7 @@ mod tests {
             ..Default::default()
         };
         EventKind::PhaseEnd {
-            report,
+            report: Box::new(report),
             elapsed: Duration::from_millis(ms),
         }
     }
@@ -170,7 +170,7 @@ mod tests {
             histogram: Box::new(h),
         });
         s.record(&EventKind::PhaseEnd {
-            report,
+            report: Box::new(report),
             elapsed: Duration::from_millis(100),
         });
         let st = s.pause_stats(phase::LATENCY);
@@ -219,7 +219,7 @@ mod tests {
             ..Default::default()
         };
         s.record(&EventKind::PhaseEnd {
-            report,
+            report: Box::new(report),
             elapsed: Duration::from_millis(1),
         });
         s.record(&EventKind::Exit { status: 1 });

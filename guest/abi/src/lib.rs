@@ -11,6 +11,7 @@ pub mod disk;
 pub mod expect;
 pub mod generator;
 pub mod mailbox;
+pub mod merge_probe;
 pub mod pause;
 pub mod placement;
 pub mod virtio;
@@ -103,8 +104,21 @@ pub mod phase {
     /// the shared set with its current content (a COW break where it is
     /// merged), the write's time inside the measured gap.
     pub const LATENCY_WRITE: u32 = 12;
+    /// The write-timing side channel ([`crate::merge_probe`]): sleep
+    /// `program_args[i]` ms (0: none; a host gate before it may wait
+    /// instead), then write each probe page once in random order, time
+    /// each write with the TSC, learn a threshold from half of the pages'
+    /// known labels and classify the other half. Probe pages: the logical
+    /// pages, labelled shared when another VM of the same seed holds them
+    /// (the shared region), when all zero, or when an in-VM duplicate;
+    /// unique otherwise (private unique pages); at most
+    /// `merge_probe::MAX_PROBES / 2` of each label, as many of each.
+    /// Writes each page's first word with the value it holds: contents and
+    /// versions stay as they were; right after each write, times a read of
+    /// another cache line of the page. Reports `PhaseReport::probe`.
+    pub const PROBE_MERGE: u32 = 13;
     /// Highest valid opcode.
-    pub const LAST: u32 = LATENCY_WRITE;
+    pub const LAST: u32 = PROBE_MERGE;
     /// The port BAD_PORT_WRITE pokes.
     pub const BAD_PORT: u16 = 0x1234;
 
@@ -124,6 +138,7 @@ pub mod phase {
             BUILD => "build",
             LATENCY => "latency",
             LATENCY_WRITE => "latency-write",
+            PROBE_MERGE => "probe-merge",
             _ => "unknown",
         }
     }
@@ -167,7 +182,8 @@ pub struct WorkloadParams {
     pub program: [u32; 16],
     /// One argument per program slot: SLEEP: ms; WAIT_HOST: max ms (0: no
     /// limit); CHURN: duration ms (0: `churn_ms`); DISK_READ: pages (0:
-    /// `disk_pages`); LATENCY, LATENCY_WRITE: duration ms; others: unused.
+    /// `disk_pages`); LATENCY, LATENCY_WRITE: duration ms; PROBE_MERGE:
+    /// ms to sleep before writing; others: unused.
     pub program_args: [u64; 16],
     // Layout version 2 (the fields below are new; older fields keep their
     // offsets).

@@ -10,6 +10,7 @@
 //! A fixed layout (no per-op variants) keeps both sides trivial: the host
 //! touches only the fields of the operation at hand.
 
+use crate::merge_probe::MergeProbe;
 use crate::pause::{PauseHistogram, PauseSummary};
 use crate::WorkloadParams;
 
@@ -72,8 +73,9 @@ pub mod exit_code {
 /// Mailbox protocol version, sent with HELLO (2: `PhaseReport::checksum`,
 /// the disk fields of `WorkloadParams`; 3: its placement fields; 4: the
 /// BUILD fields at the end of `PhaseReport`; 5: `PhaseReport::pauses` and
-/// `Mailbox::pauses`, the LATENCY phases).
-pub const ABI_VERSION: u64 = 5;
+/// `Mailbox::pauses`, the LATENCY phases; 6: `PhaseReport::probe`, the
+/// PROBE_MERGE phase).
+pub const ABI_VERSION: u64 = 6;
 
 /// The guest sends PROGRESS every this many pages of a long phase (256 MiB);
 /// its status is also how a host stop reaches a running phase.
@@ -129,6 +131,9 @@ pub struct PhaseReport {
     /// LATENCY, LATENCY_WRITE: gaps, stopped time, run time and the longest
     /// gap; the histogram of the gaps is `Mailbox::pauses`.
     pub pauses: PauseSummary,
+    // ABI version 6.
+    /// PROBE_MERGE: the timed writes' classification and class quantiles.
+    pub probe: MergeProbe,
 }
 
 /// Value of [`PhaseReport::first_mismatch`] when nothing mismatched.
@@ -180,6 +185,20 @@ impl Mailbox {
                 run_ns: 0,
                 max_gap_ns: 0,
             },
+            probe: MergeProbe {
+                pages: 0,
+                shared_pages: 0,
+                train_pages: 0,
+                tested: 0,
+                correct: 0,
+                threshold_cycles: 0,
+                tsc_khz: 0,
+                shared_cycles: [0; 7],
+                unique_cycles: [0; 7],
+                read_correct: 0,
+                shared_read_cycles: 0,
+                unique_read_cycles: 0,
+            },
         },
         params: WorkloadParams::ZERO,
         log_len: 0,
@@ -207,7 +226,10 @@ mod tests {
     #[test]
     fn layout_is_fixed_and_padding_free() {
         // The host and the guest are separate builds: pin the layout.
-        assert_eq!(size_of::<PhaseReport>(), 8 + 15 * 8 + 4 * 8);
+        assert_eq!(
+            size_of::<PhaseReport>(),
+            8 + 15 * 8 + 4 * 8 + 7 * 8 + 14 * 8 + 3 * 8
+        );
         assert_eq!(
             size_of::<WorkloadParams>(),
             14 * 8 + 16 * 4 + 16 * 8 + (3 + crate::disk::MAX_DISKS) * 8 + 4 + 4 + 8

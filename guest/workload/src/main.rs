@@ -8,6 +8,7 @@
 mod build;
 mod clock;
 mod host;
+mod merge_probe;
 mod phases;
 mod probe;
 mod program;

@@ -54,7 +54,7 @@ pub struct Workload {
     churn_writes: u64,
 }
 
-fn report(phase: u32, slot: usize) -> PhaseReport {
+pub(crate) fn report(phase: u32, slot: usize) -> PhaseReport {
     PhaseReport {
         phase,
         slot: slot as u32,

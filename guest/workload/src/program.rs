@@ -64,6 +64,7 @@ pub fn run() -> u32 {
                 }
                 r
             }
+            phase::PROBE_MERGE => w.probe_merge(slot, arg),
             phase::BUILD => match w.build(slot, arg) {
                 Ok(r) => Ok(r),
                 Err(BuildFailure::Stopped) => Err(Stopped),

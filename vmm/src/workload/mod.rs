@@ -5,6 +5,7 @@
 
 pub mod boot;
 pub mod image;
+pub mod merge_probe;
 pub mod pauses;
 
 use std::sync::{Arc, Mutex};
@@ -219,6 +220,7 @@ pub fn params_with_disks(
             Phase::Build(placement) => (phase::BUILD, placement),
             Phase::Latency(ms) => (phase::LATENCY, ms),
             Phase::LatencyWrite(ms) => (phase::LATENCY_WRITE, ms),
+            Phase::ProbeMerge(ms) => (phase::PROBE_MERGE, ms),
         };
         p.program[i] = op;
         p.program_args[i] = arg;

@@ -73,7 +73,7 @@ mod tests {
         r.pauses.run_ns = 1_000_000_000;
         r.pauses.max_gap_ns = 40_000;
         let end = |report| EventKind::PhaseEnd {
-            report,
+            report: Box::new(report),
             elapsed: Duration::from_secs(1),
         };
         s.record(&end(PhaseReport {
