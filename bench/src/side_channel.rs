@@ -48,27 +48,34 @@ impl Variant {
 }
 
 /// Where a system puts the victim and the attacker: the dedup settings of
-/// both VMs. A hardened group would be one more case here.
+/// both VMs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grouping {
     /// Both in one dedup group (the attack's own setting).
     OneGroup,
     /// Each VM its own group (the VMM's default).
     PerVm,
+    /// Both in one hardened group (`Security::Hardened`, docs/security.md).
+    Hardened,
 }
 
 impl Grouping {
     /// The `[vm] dedup` table of either VM.
     pub fn dedup(self) -> VmDedup {
         VmDedup {
-            group: (self == Grouping::OneGroup).then(|| "side-channel".into()),
+            group: self.shares().then(|| "side-channel".into()),
+            security: if self == Grouping::Hardened {
+                pagefold_dedup::Security::Hardened
+            } else {
+                pagefold_dedup::Security::Default
+            },
             ..VmDedup::default()
         }
     }
 
     /// Whether the victim's pages may merge with the attacker's.
     pub fn shares(self) -> bool {
-        self == Grouping::OneGroup
+        self != Grouping::PerVm
     }
 }
 
@@ -80,10 +87,11 @@ pub struct AttackSystem {
 }
 
 /// Names accepted by [`select_side_channel_systems`], in run order.
-pub const SIDE_CHANNEL_SYSTEM_NAMES: [&str; 5] = [
+pub const SIDE_CHANNEL_SYSTEM_NAMES: [&str; 6] = [
     "off",
     "pagefold-on",
     "pagefold-groups",
+    "pagefold-hardened",
     "ksm-default",
     "ksm-max",
 ];
@@ -91,8 +99,9 @@ pub const SIDE_CHANNEL_SYSTEM_NAMES: [&str; 5] = [
 /// The systems named in `names` (all if empty), in run order: `off`
 /// (dedup off: the attack must fall to chance), pagefold's engine at its
 /// defaults with attacker and victim in one group (`pagefold-on`) and in
-/// a group each (`pagefold-groups`), kernel KSM at its defaults and at
-/// max effort (KSM has no groups).
+/// a group each (`pagefold-groups`), and in one hardened group
+/// (`pagefold-hardened`), kernel KSM at its defaults and at max effort
+/// (KSM has no groups).
 pub fn select_side_channel_systems(names: &[String]) -> Result<Vec<AttackSystem>, BenchError> {
     if let Some(bad) = names
         .iter()
@@ -112,6 +121,7 @@ pub fn select_side_channel_systems(names: &[String]) -> Result<Vec<AttackSystem>
         (None, Grouping::OneGroup),
         (pagefold("pagefold-on"), Grouping::OneGroup),
         (pagefold("pagefold-groups"), Grouping::PerVm),
+        (pagefold("pagefold-hardened"), Grouping::Hardened),
         (Some(System::ksm_default()), Grouping::OneGroup),
         (Some(System::ksm_max()), Grouping::OneGroup),
     ];
@@ -500,19 +510,20 @@ mod tests {
             ("pagefold-on", None, Grouping::OneGroup)
         );
         assert_eq!(all[2].grouping, Grouping::PerVm);
-        assert!(all[4].system.as_ref().unwrap().kernel_ksm);
+        assert_eq!(all[3].grouping, Grouping::Hardened);
+        assert!(all[5].system.as_ref().unwrap().kernel_ksm);
         let two = ["ksm-max".to_string(), "off".to_string()];
         let s = select_side_channel_systems(&two).unwrap();
         let names: Vec<_> = s.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["off", "ksm-max"]);
-        let e = select_side_channel_systems(&["pagefold-hardened".to_string()]).err();
-        assert!(e.unwrap().to_string().contains("pagefold-hardened"));
+        let e = select_side_channel_systems(&["pagefold-paranoid".to_string()]).err();
+        assert!(e.unwrap().to_string().contains("pagefold-paranoid"));
     }
 
     #[test]
     fn configs_give_the_attacker_half_shared_or_zero_probe_pages() {
         for variant in Variant::ALL {
-            for grouping in [Grouping::OneGroup, Grouping::PerVm] {
+            for grouping in [Grouping::OneGroup, Grouping::PerVm, Grouping::Hardened] {
                 let c = attack_configs(variant, 1000, "32M", grouping);
                 assert_eq!(c.len(), 2);
                 for vm in &c {
@@ -548,8 +559,8 @@ mod tests {
     /// 0.9; 0.8 on pagefold's zero pages) and by the read after each write
     /// (at least 0.9); with dedup off it is at chance. Holds the KSM lock; the KSM tunables must come back as found.
     #[test]
-    fn the_attack_reads_merging_in_one_group_and_nothing_with_dedup_off() {
-        let names = ["off", "pagefold-on", "ksm-max"].map(String::from);
+    fn the_attack_reads_merging_in_one_group_and_nothing_with_dedup_off_or_hardened() {
+        let names = ["off", "pagefold-on", "pagefold-hardened", "ksm-max"].map(String::from);
         let systems = select_side_channel_systems(&names).unwrap();
         let opts = SideChannelOptions {
             merge_timeout: Duration::from_secs(60),
@@ -558,7 +569,7 @@ mod tests {
         };
         let r = run_side_channel_bench(&systems, &opts).unwrap();
         assert!(r.unrestored.is_empty(), "{:?}", r.unrestored);
-        assert_eq!(r.rows.len(), 6);
+        assert_eq!(r.rows.len(), 8);
         for x in &r.rows {
             let what = format!("{} {}: {x:?}", x.system, x.variant.name());
             // As many pages of each label; half of them tested.
@@ -575,6 +586,13 @@ mod tests {
                 assert!(x.accuracy <= 0.65, "{what}");
                 assert!(x.read_accuracy <= 0.65, "{what}");
                 assert_eq!(x.pages_saved, 0, "{what}");
+            } else if x.system == "pagefold-hardened" {
+                // Every probe page moved onto the pool, shared or not: the
+                // attack falls to chance by either timer, and the saving
+                // is what the default group's is.
+                assert!(x.converged && x.pages_saved >= x.target_pages, "{what}");
+                assert!(x.accuracy <= 0.65, "{what}");
+                assert!(x.read_accuracy <= 0.65, "{what}");
             } else {
                 assert!(x.converged && x.pages_saved >= x.target_pages, "{what}");
                 // Issue 34's goal, 0.9, for the cross-VM attack and for

@@ -32,10 +32,46 @@ fn variants(r: &SideChannelReport) -> Vec<Variant> {
 
 /// Issue 34's goals for the attack, by write time and by the read after
 /// the write: accuracy at least 0.9 against kernel KSM and pagefold's
-/// default (one-group) merging, on both variants; and the sanity check
-/// that with dedup off it is at chance (at most 0.6).
+/// default (one-group) merging, on both variants; the sanity check that
+/// with dedup off it is at chance (at most 0.6); and against a hardened
+/// group at most 0.6, with at least 0.8 of the default group's saving, at
+/// most twice its engine CPU, and a first write to a page with no twin at
+/// most 1.25 times the same write in the default group (each measured by
+/// the attacker's own timer, the median of its unique pages).
 pub fn side_channel_goals(r: &SideChannelReport) -> Vec<Goal> {
     let mut out = Vec::new();
+    for x in r.rows.iter().filter(|x| x.system == "pagefold-hardened") {
+        let Some(d) = r
+            .rows
+            .iter()
+            .find(|d| d.system == "pagefold-on" && d.variant == x.variant)
+        else {
+            continue;
+        };
+        let v = x.variant.name();
+        let ratio = |a: f64, b: f64| (b > 0.0).then(|| a / b);
+        out.push(Goal::at_least(
+            format!("{v} pagefold-hardened: saving vs pagefold-on"),
+            ratio(x.pages_saved as f64, d.pages_saved as f64),
+            0.8,
+            format!("{} against {} pages", x.pages_saved, d.pages_saved),
+        ));
+        out.push(Goal::at_most(
+            format!("{v} pagefold-hardened: engine CPU vs pagefold-on"),
+            ratio(x.engine_cpu_s, d.engine_cpu_s),
+            2.0,
+            format!("{:.3} s against {:.3} s", x.engine_cpu_s, d.engine_cpu_s),
+        ));
+        out.push(Goal::at_most(
+            format!("{v} pagefold-hardened: first write to a page with no twin vs pagefold-on"),
+            ratio(x.unique_median_us, d.unique_median_us),
+            1.25,
+            format!(
+                "median {:.2} us against {:.2} us",
+                x.unique_median_us, d.unique_median_us
+            ),
+        ));
+    }
     for x in &r.rows {
         for (what, acc) in [
             ("attack accuracy", x.accuracy),
@@ -52,6 +88,12 @@ pub fn side_channel_goals(r: &SideChannelReport) -> Vec<Goal> {
                 "pagefold-on" | "ksm-default" | "ksm-max" => {
                     out.push(Goal::at_least(name, Some(acc), 0.9, String::new()))
                 }
+                "pagefold-hardened" => out.push(Goal::at_most(
+                    name,
+                    Some(acc),
+                    0.6,
+                    "a hardened group: chance is 0.5".into(),
+                )),
                 _ => {}
             }
         }
@@ -253,6 +295,7 @@ mod tests {
                 row("ksm-default", Variant::Shared, 0.85),
                 row("off", Variant::Zero, 0.7),
                 row("pagefold-on", Variant::Zero, 1.0),
+                row("pagefold-hardened", Variant::Zero, 0.55),
             ],
             unrestored: Vec::new(),
         }
@@ -272,7 +315,22 @@ mod tests {
             by("zero pagefold-on: read-after-write accuracy").met,
             Some(true)
         );
-        assert_eq!(g.len(), 10);
+        // A hardened group: the attack at chance, and its costs against
+        // the default group's (the test rows: the same saving, CPU and
+        // write times).
+        assert_eq!(
+            by("zero pagefold-hardened: attack accuracy").met,
+            Some(true)
+        );
+        assert_eq!(
+            by("zero pagefold-hardened: saving vs pagefold-on").value,
+            Some(1.0)
+        );
+        assert_eq!(
+            by("zero pagefold-hardened: first write to a page with no twin vs pagefold-on").met,
+            Some(true)
+        );
+        assert_eq!(g.len(), 15);
     }
 
     #[test]
@@ -293,7 +351,7 @@ mod tests {
         );
         let j: serde_json::Value = serde_json::from_str(&side_channel_json(&r).unwrap()).unwrap();
         let rows = j.as_array().unwrap();
-        assert_eq!(rows.len(), 6);
+        assert_eq!(rows.len(), 7);
         for k in [
             "system",
             "variant",
@@ -313,7 +371,7 @@ mod tests {
         let c = side_channel_chart(&r);
         assert_eq!(c.panels.len(), 2);
         assert_eq!(c.panels[0].lines.len(), 8);
-        assert_eq!(c.panels[1].lines.len(), 4);
+        assert_eq!(c.panels[1].lines.len(), 6);
         assert_eq!(c.panels[0].lines[0].points.len(), 6);
         assert_eq!(c.panels[0].lines[0].name, "off shared");
         assert_eq!(c.panels[1].lines[1].name, "off unique");
