@@ -63,8 +63,8 @@ pub enum BenchCommand {
     /// each of its probe pages (and a read right after it), half of them
     /// content another VM holds (or zero pages), and tells merged from
     /// unmerged pages; its accuracy against each system (off, pagefold-on,
-    /// pagefold-groups, ksm-default, ksm-max), the saving and the engine
-    /// CPU.
+    /// pagefold-groups, pagefold-hardened, ksm-default, ksm-max), the
+    /// saving and the engine CPU.
     SideChannel(SideChannelArgs),
 }
 
@@ -84,7 +84,7 @@ pub struct SideChannelArgs {
     #[command(flatten)]
     pub out: Outputs,
     /// Comma-separated subset of off, pagefold-on, pagefold-groups,
-    /// ksm-default, ksm-max (default: all).
+    /// pagefold-hardened, ksm-default, ksm-max (default: all).
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
     /// Which probe pages the attacker expects merged.
@@ -761,7 +761,7 @@ mod tests {
         assert_eq!(o.variants, Variant::ALL);
         assert_eq!((o.probe_pages, o.memory.as_str()), (1000, "32M"));
         assert_eq!(o.merge_timeout, Duration::from_secs(120));
-        assert_eq!(select_side_channel_systems(&a.systems).unwrap().len(), 5);
+        assert_eq!(select_side_channel_systems(&a.systems).unwrap().len(), 6);
         let a = parse(&[
             "--variant",
             "zero",
