@@ -1,4 +1,4 @@
-//! A registered region and its per-page metadata: 5 bytes per page.
+//! A registered region and its per-page metadata: 6 bytes per page.
 //!
 //! * `word[i]`: the page's last folded hash while it is unmerged, its pool
 //!   slot while merged (a merged page is never re-hashed: pool pages are
@@ -7,6 +7,9 @@
 //!   (1 bit), merge origin (2 bits, [`Origin`]), volatile flag (1 bit).
 //!   Which passes a page at level L is hashed on is not stored per page:
 //!   see [`due`].
+//! * `epoch[i]`: for a MERGED or ZERO page, the number of the settle time
+//!   it merged under (`scanner::settle`), which its break is counted
+//!   against.
 
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
@@ -173,6 +176,9 @@ pub struct Region {
     pub word: Vec<u32>,
     /// Per page: kind, smart-scan level, volatile and rehash bits.
     pub state: Vec<u8>,
+    /// Per MERGED or ZERO page: the settle time's number when it merged
+    /// (wrapping; a page merged 256 changes ago may be miscounted once).
+    pub epoch: Vec<u8>,
     /// Bit per page: the page lies in a VMA mapping the pool (merged, or
     /// merged once and copied-on-write since). `MADV_DONTNEED` there would
     /// reveal pool content, not zeros, so such pages are handled apart.
@@ -402,6 +408,7 @@ impl Region {
             gid_base,
             word: vec![0; npages],
             state: vec![0; npages],
+            epoch: vec![0; npages],
             in_pool: vec![0; npages.div_ceil(64)],
             merged: 0,
             zero: 0,

@@ -196,6 +196,7 @@ impl Core {
                 }
             }
             r.state[op.page] = region::with_origin(r.state[op.page], op.origin);
+            r.epoch[op.page] = self.settle.epoch();
             if r.written.is_some() {
                 self.merged_since_collect.push(r.gid_base + op.page as u32);
             }

@@ -231,6 +231,9 @@ impl Core {
         r.state[p] = region::with_level(r.state[p], 0) | region::REHASH;
         r.cow_breaks += 1;
         *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
+        if origin != region::Origin::Hinted {
+            self.settle.note_break(r.epoch[p]);
+        }
         if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
             freed.push(s);
         }
@@ -248,6 +251,9 @@ impl Core {
             r.state[p] = region::with_level(r.state[p], 0);
             r.cow_breaks += 1;
             *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
+            if origin != region::Origin::Hinted {
+                self.settle.note_break(r.epoch[p]);
+            }
             self.counters.origins.zero_refills += 1;
         }
     }
