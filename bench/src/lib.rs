@@ -65,6 +65,7 @@ mod settle;
 mod side_channel;
 mod side_channel_report;
 mod system;
+mod table;
 mod target;
 mod vms;
 
