@@ -85,8 +85,8 @@ impl Core {
     }
 
     /// Judges the settle time (`settle.rs`) by the scan's merges (all but
-    /// the hinted ones) and the copy-on-write breaks of those made under
-    /// the current time (`Settle::note_break`) so far: at each
+    /// the hinted ones; second looks' also apart) and the copy-on-write
+    /// breaks of them noted so far (`Settle::note_break`): at each
     /// collection of the write logs (which takes back the shares the
     /// guests' writes broke since the previous one) and at each pass end,
     /// as a pass can take tens of seconds while guests boot. Once merges
@@ -99,10 +99,9 @@ impl Core {
             self.knobs.sleep_millisecs,
         );
         let o = &self.counters.origins;
-        let undone = self.settle.undone();
         self.settle.judge(
             o.merges.total() - o.merges.hinted,
-            undone,
+            o.merges.second_look,
             Instant::now(),
             ksm_wait,
         );

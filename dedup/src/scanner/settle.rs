@@ -18,8 +18,9 @@
 //! "Settling").
 //!
 //! So the settle time follows the undone share of the scan's merges (all
-//! but the hinted ones; a break counts against the time its merge was
-//! made under, [`Settle::note_break`]), judged once a second (each collection of the
+//! but the hinted ones; a break raises only the time its merge was made
+//! under, and any break holds the time up, [`Settle::note_break`]),
+//! judged once a second (each collection of the
 //! write logs takes back the shares the guests' writes broke since the
 //! previous one, `Core::take_back_written_shares`) and at each pass end:
 //! it
@@ -67,6 +68,13 @@ pub(super) fn ksm_wait(tracked_pages: u64, pages_to_scan: u64, sleep_ms: u64) ->
     Duration::from_millis(batches.saturating_mul(sleep_ms).saturating_mul(2))
 }
 
+/// How long a time the guests relapsed from holds at least before it is
+/// lowered again ([`Settle::judge`]).
+const RELAPSE_MIN: Duration = Duration::from_secs(16);
+
+/// The longest such hold.
+const RELAPSE_MAX: Duration = Duration::from_secs(256);
+
 /// More than one merge in this many undone: settle longer.
 const HIGH_BREAKS: u64 = 4;
 
@@ -93,9 +101,30 @@ pub(super) struct Settle {
     /// the scan tags each merge with it (`Region::epoch`), so that a break
     /// counts against the time only if its merge was made under it.
     epoch: u8,
-    /// Breaks of merges made under the current time, since the start:
-    /// what `judge` is given as `breaks` (`Core::judge_settle`).
+    /// Breaks of merges made under the current time, since the start.
     undone: u64,
+    /// Breaks of the scan's merges whatever time they were made under,
+    /// since the start, and as counted at the last judgement.
+    all_undone: u64,
+    all_at: u64,
+    /// The last change lowered the time.
+    lowered: bool,
+    /// When the lowered time last earned a halving of `relapse`.
+    calm_since: Option<Instant>,
+    /// How long the time must hold before it is lowered, beyond its own
+    /// length: 0 until the guests relapse (undo the merges of a time the
+    /// scan had just lowered to), then [`RELAPSE_MIN`] doubling at each
+    /// relapse up to [`RELAPSE_MAX`], halving each time a lowered time
+    /// holds that long again.
+    relapse: Duration,
+    /// Second looks are off until the time is 0 again.
+    second_looks_off: bool,
+    /// Breaks of second looks' merges (any time), cumulative; second
+    /// looks' merges and their breaks as counted at the last judgement
+    /// of them.
+    sl_undone: u64,
+    sl_merges_at: u64,
+    sl_undone_at: u64,
 }
 
 impl Settle {
@@ -127,13 +156,27 @@ impl Settle {
     /// first seconds, took the time from 0 to 32 s in 8 s while the scan
     /// made no merge at all ("628 of 0 merges undone"), and the pages the
     /// guests wrote and then kept waited 32 s, against KSM's 2 s.
-    pub(super) fn note_break(&mut self, merged_in: u8) {
+    ///
+    /// Lowering the time is another matter: while the guests still undo
+    /// merges made under a shorter time, going back to it would have them
+    /// undo the new ones alike. Two Linux guests building a tree, their
+    /// breaks counted only by epoch, went from 2 s back to 0 each time the
+    /// merges made under 2 s had had 2 s to be undone (few were, so soon),
+    /// and undid 33,000 merges against KSM's 7,500 at 10,000 pages per
+    /// 20 ms. So every break counts against lowering ([`Settle::judge`]).
+    ///
+    /// `second_look`: the merge was a second look's (`Origin::SecondLook`),
+    /// which [`Settle::second_looks`] answers to.
+    pub(super) fn note_break(&mut self, merged_in: u8, second_look: bool) {
+        self.all_undone += 1;
+        self.sl_undone += u64::from(second_look);
         if merged_in == self.epoch {
             self.undone += 1;
         }
     }
 
     /// Breaks of merges made under the current time, cumulative.
+    #[cfg(test)]
     pub(super) fn undone(&self) -> u64 {
         self.undone
     }
@@ -146,16 +189,29 @@ impl Settle {
         }
     }
 
+    /// May a page changed at its visit get a second look (merge once the
+    /// write log says it stayed unwritten for the settle time)? Not while
+    /// the guests undo more than one in [`HIGH_BREAKS`] of those merges
+    /// and the time is not 0: a page just written is likelier to be
+    /// written again than one unchanged over a pass. Two Linux guests
+    /// building a tree undid 8,153 of 8,358 second looks' merges (97 %)
+    /// while settled at 2-8 s, against half of the merges of pages
+    /// unchanged over a pass; such a page waits for its next visit.
+    pub(super) fn second_looks(&self) -> bool {
+        !self.second_looks_off
+    }
+
     /// May a page merge at first sight?
     pub(super) fn first_sight(&self) -> bool {
         self.time.is_zero()
     }
 
     /// Judges the scan at `now` by its cumulative merges and the breaks
-    /// counted so far of those made under the current time (`undone`),
-    /// once enough of either came since the last judgement. A window's
-    /// breaks include those of merges made before it under the same time,
-    /// not those of merges made under an earlier one. Few breaks
+    /// noted so far ([`Settle::note_break`]), once enough of either came
+    /// since the last judgement. A window's breaks, for raising the time,
+    /// include those of merges made before it under the same time, not
+    /// those of merges made under an earlier one; for lowering it, they
+    /// include every break. Few breaks
     /// lower it only once it has held for its own length; until then the
     /// window grows. A window too small to judge lowers it too when it
     /// has held for its own length and the guests undid almost nothing
@@ -164,14 +220,34 @@ impl Settle {
     /// for a judgeable window of them for minutes. Lowering goes at once
     /// down to `ksm_wait` ([`ksm_wait`] at the engine's knobs) if that is
     /// below half the time.
-    pub(super) fn judge(&mut self, merges: u64, breaks: u64, now: Instant, ksm_wait: Duration) {
+    pub(super) fn judge(
+        &mut self,
+        merges: u64,
+        second_look_merges: u64,
+        now: Instant,
+        ksm_wait: Duration,
+    ) {
+        self.judge_second_looks(second_look_merges);
         let dm = merges.saturating_sub(self.merges_at);
-        let db = breaks.saturating_sub(self.breaks_at);
-        let held = self
-            .changed_at
-            .is_none_or(|t| now.saturating_duration_since(t) >= self.time);
+        let db = self.undone.saturating_sub(self.breaks_at);
+        // Every break since the last judgement: what lowering answers to.
+        let da = self.all_undone.saturating_sub(self.all_at).max(db);
+        let since = self.changed_at.map(|t| now.saturating_duration_since(t));
+        // A lowered time that held as long as the hold was right: the
+        // guests may have calmed down.
+        let calm = self
+            .calm_since
+            .is_some_and(|c| now.saturating_duration_since(c) >= self.relapse);
+        if self.lowered && !self.relapse.is_zero() && calm {
+            self.relapse /= 2;
+            if self.relapse < RELAPSE_MIN {
+                self.relapse = Duration::ZERO;
+            }
+            self.calm_since = Some(now);
+        }
+        let held = since.is_none_or(|d| d >= self.time.max(self.relapse));
         let small = dm < JUDGE_AFTER && db < JUDGE_AFTER;
-        let quiet = small && held && db.saturating_mul(LOW_BREAKS) < JUDGE_AFTER;
+        let quiet = small && held && da.saturating_mul(LOW_BREAKS) < JUDGE_AFTER;
         if self.off || (small && !quiet) || (quiet && self.time.is_zero()) {
             return;
         }
@@ -180,22 +256,52 @@ impl Settle {
             self.lower(ksm_wait);
         } else if db.saturating_mul(HIGH_BREAKS) > dm {
             self.time = (self.time * 2).clamp(FIRST_STEP, MAX_SETTLE);
-        } else if db.saturating_mul(LOW_BREAKS) < dm {
+        } else if da.saturating_mul(LOW_BREAKS) < dm {
             if !held {
                 return;
             }
             self.lower(ksm_wait);
         }
         if self.time != before {
+            if self.time > before && self.lowered {
+                self.relapse = (self.relapse * 2).clamp(RELAPSE_MIN, RELAPSE_MAX);
+            }
+            self.lowered = self.time < before;
+            self.calm_since = Some(now);
             log::debug!(
-                "{db} of {dm} merges undone: settle time {before:?} -> {:?}",
-                self.time
+                "{db} of {dm} merges undone ({da} of any time): settle time {before:?} -> {:?}, \
+                 hold before lowering {:?}",
+                self.time,
+                self.relapse
             );
             self.changed_at = Some(now);
             self.epoch = self.epoch.wrapping_add(1);
         }
         self.merges_at = merges;
-        self.breaks_at = breaks;
+        self.breaks_at = self.undone;
+        self.all_at = self.all_undone;
+    }
+
+    /// Second looks, on their own ([`Settle::second_looks`]): judged
+    /// while the time is up once enough of their merges or breaks came;
+    /// back on whenever the time is 0.
+    fn judge_second_looks(&mut self, merges: u64) {
+        let dm = merges.saturating_sub(self.sl_merges_at);
+        let db = self.sl_undone.saturating_sub(self.sl_undone_at);
+        if !self.time.is_zero() && dm < JUDGE_AFTER && db < JUDGE_AFTER {
+            return;
+        }
+        let off =
+            !self.time.is_zero() && (self.second_looks_off || db.saturating_mul(HIGH_BREAKS) > dm);
+        if off != self.second_looks_off {
+            log::debug!(
+                "{db} of {dm} second looks undone: second looks {}",
+                if off { "off" } else { "on" }
+            );
+        }
+        self.second_looks_off = off;
+        self.sl_merges_at = merges;
+        self.sl_undone_at = self.sl_undone;
     }
 
     /// Merges last: halves the time, and at once down to `ksm_wait` if
@@ -214,6 +320,16 @@ mod tests {
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 
+    /// Judges `st` once `breaks` merges made under its current time were
+    /// undone in all (notes the missing ones).
+    fn judge(st: &mut Settle, merges: u64, breaks: u64, now: Instant, wait: Duration) {
+        let e = st.epoch();
+        while st.undone() < breaks {
+            st.note_break(e, false);
+        }
+        st.judge(merges, 0, now, wait);
+    }
+
     /// A KSM wait no shorter than any settle time: lowering only halves.
     const HALVING: Duration = MAX_SETTLE;
 
@@ -231,7 +347,7 @@ mod tests {
         for want in [2, 4, 8, 16, 32, 32] {
             m += 1000;
             b += 500;
-            st.judge(m, b, later(&mut t), HALVING);
+            judge(&mut st, m, b, later(&mut t), HALVING);
             assert_eq!(st.time(), S(want));
             assert!(!st.first_sight());
         }
@@ -240,15 +356,15 @@ mod tests {
     #[test]
     fn lasting_merges_shorten_it_to_zero_and_a_middle_share_keeps_it() {
         let (mut st, mut t) = (Settle::default(), Instant::now());
-        st.judge(1000, 900, later(&mut t), HALVING);
-        st.judge(2000, 1800, later(&mut t), HALVING);
+        judge(&mut st, 1000, 900, later(&mut t), HALVING);
+        judge(&mut st, 2000, 1800, later(&mut t), HALVING);
         assert_eq!(st.time(), S(4));
         // One in eight undone: between the two thresholds.
-        st.judge(3000, 1925, later(&mut t), HALVING);
+        judge(&mut st, 3000, 1925, later(&mut t), HALVING);
         assert_eq!(st.time(), S(4));
         for want in [2, 0, 0] {
             let (m, b) = (st.merges_at + 1000, st.breaks_at + 10);
-            st.judge(m, b, later(&mut t), HALVING);
+            judge(&mut st, m, b, later(&mut t), HALVING);
             assert_eq!(st.time(), S(want));
         }
         assert!(st.first_sight());
@@ -259,19 +375,19 @@ mod tests {
         let (mut st, t0) = (Settle::default(), Instant::now());
         for (i, want) in [2, 4, 8, 16].into_iter().enumerate() {
             let n = 1000 * (i as u64 + 1);
-            st.judge(n, n / 2, t0, HALVING);
+            judge(&mut st, n, n / 2, t0, HALVING);
             assert_eq!(st.time(), S(want));
         }
         // Lasting merges 10 s after it reached 16 s: too soon to judge
         // them, the window grows.
-        st.judge(20_000, 2000, t0 + S(10), HALVING);
+        judge(&mut st, 20_000, 2000, t0 + S(10), HALVING);
         assert_eq!((st.time(), st.merges_at), (S(16), 4000));
         // 16 s after: the window since 4,000 merges is judged, 16,000
         // merges and no more breaks.
-        st.judge(20_000, 2000, t0 + S(16), HALVING);
+        judge(&mut st, 20_000, 2000, t0 + S(16), HALVING);
         assert_eq!((st.time(), st.merges_at), (S(8), 20_000));
         // Breaks raise it at once, however recent the last change.
-        st.judge(21_000, 2600, t0 + S(17), HALVING);
+        judge(&mut st, 21_000, 2600, t0 + S(17), HALVING);
         assert_eq!(st.time(), S(16));
     }
 
@@ -280,9 +396,9 @@ mod tests {
         let (mut st, mut t) = (Settle::default(), Instant::now());
         let boot = st.epoch();
         for _ in 0..1000 {
-            st.note_break(boot);
+            st.note_break(boot, false);
         }
-        st.judge(2000, st.undone(), later(&mut t), HALVING);
+        st.judge(2000, 0, later(&mut t), HALVING);
         assert_eq!(st.time(), S(2));
         let raised = st.epoch();
         assert_ne!(raised, boot);
@@ -290,29 +406,124 @@ mod tests {
         // scan, held back, makes none: no news, the time stays.
         for s in 1..=5 {
             for _ in 0..1000 {
-                st.note_break(boot);
+                st.note_break(boot, false);
             }
-            st.judge(
-                2000,
-                st.undone(),
-                t + Duration::from_millis(300 * s),
-                HALVING,
-            );
+            st.judge(2000, 0, t + Duration::from_millis(300 * s), HALVING);
         }
         assert_eq!((st.time(), st.undone()), (S(2), 1000));
         // Merges made under 2 s, half of them undone: up again.
         for _ in 0..500 {
-            st.note_break(raised);
+            st.note_break(raised, false);
         }
-        st.judge(3000, st.undone(), t + S(3), HALVING);
+        st.judge(3000, 0, t + S(3), HALVING);
         assert_eq!(st.time(), S(4));
+    }
+
+    #[test]
+    fn it_stays_up_while_the_guests_undo_merges_made_under_a_shorter_time() {
+        let (mut st, mut t) = (Settle::default(), Instant::now());
+        let zero = st.epoch();
+        judge(&mut st, 1000, 500, later(&mut t), HALVING);
+        assert_eq!(st.time(), S(2));
+        // Held for 2 s, none of the merges made under it undone yet, but
+        // the guests keep undoing those made at 0: it stays.
+        for _ in 0..300 {
+            st.note_break(zero, false);
+        }
+        st.judge(2000, 0, later(&mut t), HALVING);
+        assert_eq!(st.time(), S(2));
+        // A window too small to judge is not quiet either.
+        for _ in 0..100 {
+            st.note_break(zero, false);
+        }
+        st.judge(2100, 0, later(&mut t), HALVING);
+        assert_eq!(st.time(), S(2));
+        // Once they stop, it comes down.
+        st.judge(5000, 0, later(&mut t), HALVING);
+        assert_eq!(st.time(), S(0));
+    }
+
+    #[test]
+    fn a_time_the_guests_relapsed_from_holds_longer_each_time() {
+        let (mut st, t0) = (Settle::default(), Instant::now());
+        let mut t = t0;
+        let (mut m, mut b) = (0, 0);
+        // 0 is undone, 2 s lasts, again and again (two guests building).
+        let mut holds = Vec::new();
+        for _ in 0..7 {
+            t += S(1);
+            m += 1000;
+            b += 500;
+            judge(&mut st, m, b, t, HALVING);
+            assert_eq!(st.time(), S(2));
+            let raised = t;
+            // Merges made under 2 s last: judged each second until the
+            // time comes down.
+            while st.time() == S(2) {
+                t += S(1);
+                m += 1000;
+                judge(&mut st, m, b, t, HALVING);
+            }
+            holds.push((t - raised).as_secs());
+        }
+        assert_eq!(holds, [2, 16, 32, 64, 128, 256, 256]);
+        // At 0 the merges now last: each hold's length at 0 halves it.
+        assert_eq!(st.relapse, RELAPSE_MAX);
+        for (hold, want) in [(256, 128), (128, 64), (64, 32), (32, 16), (16, 0)] {
+            t += S(hold - 1);
+            judge(&mut st, m, b, t, HALVING);
+            assert_eq!(st.relapse, S(hold), "not held long enough yet");
+            t += S(1);
+            judge(&mut st, m, b, t, HALVING);
+            assert_eq!((st.time(), st.relapse), (S(0), S(want)));
+        }
+        // Churn after a long calm holds the least.
+        judge(&mut st, m + 1000, b + 500, t, HALVING);
+        assert_eq!((st.time(), st.relapse), (S(2), RELAPSE_MIN));
+    }
+
+    #[test]
+    fn second_looks_stop_while_settled_if_the_guests_undo_them() {
+        let (mut st, mut t) = (Settle::default(), Instant::now());
+        let e = st.epoch();
+        // At 0 second looks stay on, however many are undone.
+        for _ in 0..900 {
+            st.note_break(e, true);
+        }
+        st.judge(1000, 1000, later(&mut t), HALVING);
+        assert_eq!(st.time(), S(2));
+        assert!(st.second_looks(), "judged on the window up to the raise");
+        // Settled: one in five undone keeps them.
+        let e = st.epoch();
+        for _ in 0..60 {
+            st.note_break(e, true);
+        }
+        st.judge(1300, 1300, t, HALVING);
+        assert!(st.second_looks());
+        // Half undone: off, and they stay off while the time is up.
+        for _ in 0..150 {
+            st.note_break(e, true);
+        }
+        st.judge(1600, 1600, t, HALVING);
+        assert!(!st.second_looks());
+        st.judge(1900, 1600, t, HALVING);
+        assert!(!st.second_looks());
+        // Back at 0: on again.
+        let mut m = 1900;
+        while !st.time().is_zero() {
+            m += 1000;
+            st.judge(m, 1600, later(&mut t), HALVING);
+            assert!(!st.second_looks());
+        }
+        st.judge(m, 1600, later(&mut t), HALVING);
+        assert!(st.second_looks());
     }
 
     #[test]
     fn turned_off_it_stays_at_zero() {
         let (mut st, mut t) = (Settle::default(), Instant::now());
         st.set_enabled(false);
-        st.judge(1000, 900, later(&mut t), HALVING);
+        judge(&mut st, 1000, 900, later(&mut t), HALVING);
         assert_eq!(st.time(), Duration::ZERO);
         assert!(st.first_sight());
     }
@@ -324,7 +535,7 @@ mod tests {
         for _ in 0..5 {
             m += 1000;
             b += 500;
-            st.judge(m, b, later(t), HALVING);
+            judge(&mut st, m, b, later(t), HALVING);
         }
         assert_eq!(st.time(), MAX_SETTLE);
         st
@@ -341,17 +552,23 @@ mod tests {
         let mut st = raised(&mut t);
         let wait = ksm_wait(524_288, 4096, 20);
         let (m, b) = (st.merges_at, st.breaks_at);
-        st.judge(m + 1000, b + 10, later(&mut t), wait);
+        judge(&mut st, m + 1000, b + 10, later(&mut t), wait);
         assert_eq!(st.time(), Duration::from_millis(5120));
-        st.judge(m + 2000, b + 20, later(&mut t), wait);
+        judge(&mut st, m + 2000, b + 20, later(&mut t), wait);
         assert_eq!(st.time(), Duration::from_millis(2560));
-        st.judge(m + 3000, b + 30, later(&mut t), wait);
+        judge(&mut st, m + 3000, b + 30, later(&mut t), wait);
         assert_eq!(st.time(), Duration::ZERO);
         // Two 384 MiB guests: KSM's wait is below the first step, so
         // straight to 0.
         let mut st = raised(&mut t);
         let (m, b) = (st.merges_at, st.breaks_at);
-        st.judge(m + 1000, b + 10, later(&mut t), ksm_wait(196_608, 4096, 20));
+        judge(
+            &mut st,
+            m + 1000,
+            b + 10,
+            later(&mut t),
+            ksm_wait(196_608, 4096, 20),
+        );
         assert_eq!(st.time(), Duration::ZERO);
     }
 
@@ -364,28 +581,28 @@ mod tests {
         let (m, b) = (st.merges_at, st.breaks_at);
         // The scan, held back, made 40 merges and the guests undid 15 in
         // the settle time's length: quiet.
-        st.judge(m + 40, b + 15, t + S(31), wait);
+        judge(&mut st, m + 40, b + 15, t + S(31), wait);
         assert_eq!(st.time(), MAX_SETTLE, "not held for its length yet");
-        st.judge(m + 40, b + 15, t + S(32), wait);
+        judge(&mut st, m + 40, b + 15, t + S(32), wait);
         assert_eq!(st.time(), Duration::from_millis(5120));
         // 16 undone in a small window is not quiet: the window grows.
         let (m, b) = (st.merges_at, st.breaks_at);
-        st.judge(m + 40, b + 16, t + S(60), wait);
+        judge(&mut st, m + 40, b + 16, t + S(60), wait);
         assert_eq!(st.time(), Duration::from_millis(5120));
         assert_eq!((st.merges_at, st.breaks_at), (m, b));
         // At 0 a quiet window changes nothing and is not consumed.
         let mut st = Settle::default();
-        st.judge(10, 0, later(&mut t), HALVING);
+        judge(&mut st, 10, 0, later(&mut t), HALVING);
         assert_eq!((st.time(), st.merges_at), (Duration::ZERO, 0));
     }
 
     #[test]
     fn a_few_merges_are_not_judged() {
         let (mut st, mut t) = (Settle::default(), Instant::now());
-        st.judge(100, 100, later(&mut t), HALVING);
+        judge(&mut st, 100, 100, later(&mut t), HALVING);
         assert_eq!(st.time(), Duration::ZERO);
         // Breaks alone, once many: merges made earlier are being undone.
-        st.judge(100, 400, later(&mut t), HALVING);
+        judge(&mut st, 100, 400, later(&mut t), HALVING);
         assert_eq!(st.time(), S(2));
     }
 
@@ -393,8 +610,8 @@ mod tests {
     fn second_looks_wait_the_settle_time_in_intervals() {
         let (mut st, mut t) = (Settle::default(), Instant::now());
         assert_eq!(st.intervals(S(1)), 1);
-        st.judge(1000, 900, later(&mut t), HALVING);
-        st.judge(2000, 1800, later(&mut t), HALVING);
+        judge(&mut st, 1000, 900, later(&mut t), HALVING);
+        judge(&mut st, 2000, 1800, later(&mut t), HALVING);
         assert_eq!(st.intervals(S(1)), 4);
         assert_eq!(st.intervals(Duration::from_millis(1500)), 3);
         assert_eq!(st.intervals(Duration::ZERO), 1);

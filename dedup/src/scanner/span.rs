@@ -232,7 +232,8 @@ impl Core {
         r.cow_breaks += 1;
         *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
         if origin != region::Origin::Hinted {
-            self.settle.note_break(r.epoch[p]);
+            self.settle
+                .note_break(r.epoch[p], origin == region::Origin::SecondLook);
         }
         if drop_mapper(&mut self.pool, &mut self.stable, s) == 0 {
             freed.push(s);
@@ -252,7 +253,8 @@ impl Core {
             r.cow_breaks += 1;
             *self.counters.origins.cow_breaks.at_mut(origin.index()) += 1;
             if origin != region::Origin::Hinted {
-                self.settle.note_break(r.epoch[p]);
+                self.settle
+                    .note_break(r.epoch[p], origin == region::Origin::SecondLook);
             }
             self.counters.origins.zero_refills += 1;
         }

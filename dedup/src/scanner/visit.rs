@@ -307,6 +307,7 @@ impl Core {
         if v.mode.scans()
             && (!hv.first_sight || self.merges_scattered(self.regions[ri].group))
             && self.regions[ri].written.is_some()
+            && self.settle.second_looks()
             && self.recheck.len() < RECHECK_CAP
         {
             // Its second look (KSM's rule) can come after the next
