@@ -14,7 +14,7 @@
 use std::cell::{Cell, UnsafeCell};
 use std::mem::MaybeUninit;
 
-use crate::backend::RegionId;
+use crate::backend::{RegionId, Security};
 use crate::PAGE_SIZE;
 
 /// Errors about regions.
@@ -217,11 +217,11 @@ pub struct Region {
     /// First pool slot of this region's window (`crate::slots`): page `p`'s
     /// own slot is `slot_base + p`. None if the pool had no room.
     pub slot_base: Option<u32>,
-    /// Its group is hardened (`backend::Security::Hardened`): only pages
-    /// unchanged over two visits merge, every such page moves onto a pool
-    /// page (its own when it has no twin), zero pages included, and KSM
-    /// never takes the region.
-    pub hardened: bool,
+    /// Its group's security. A hardened group's pages
+    /// ([`Region::hardened`]) merge only when unchanged over two visits,
+    /// every such page moves onto a pool page (its own when it has no
+    /// twin), zero pages included, and KSM never takes the region.
+    pub security: Security,
     /// The kernel may back the region with transparent huge pages
     /// (`mm::thp_possible` at registration): merges first split the huge
     /// page under a page they replace (`mm::split_huge_page_at`), so that
@@ -383,6 +383,11 @@ pub fn check_bounds(addr: usize, len: usize) -> Result<(), RegionError> {
 }
 
 impl Region {
+    /// Its group is hardened (`Security::Hardened`).
+    pub fn hardened(&self) -> bool {
+        self.security == Security::Hardened
+    }
+
     /// A region of `len` bytes at `addr`, all pages NEW.
     pub fn new(
         id: RegionId,
@@ -423,7 +428,7 @@ impl Region {
             cow_breaks: 0,
             slot_base: None,
             huge: false,
-            hardened: false,
+            security: Security::Default,
             written: None,
         })
     }

@@ -193,7 +193,10 @@ impl Core {
     /// VMAs for few pages) or the VMA budget refused merges with partners.
     pub(super) fn maybe_assist(&mut self, group: u32) {
         // Kernel KSM knows nothing of a hardened group's rules.
-        let hardened = self.regions.iter().any(|r| r.group == group && r.hardened);
+        let hardened = self
+            .regions
+            .iter()
+            .any(|r| r.group == group && r.hardened());
         if hardened || !self.assist.can_try() {
             return;
         }

@@ -48,26 +48,18 @@ impl Core {
             return Err(ScanError::Overlap { addr, len });
         }
         let gid = self.ids.group(&group);
-        let hardened = security == crate::backend::Security::Hardened;
         if let Some(other) = self.regions.iter().find(|r| r.group == gid) {
-            if other.hardened != hardened {
-                let of = |h: bool| {
-                    if h {
-                        crate::backend::Security::Hardened
-                    } else {
-                        crate::backend::Security::Default
-                    }
-                };
+            if other.security != security {
                 return Err(ScanError::SecurityMismatch {
                     group,
-                    has: of(other.hardened),
+                    has: other.security,
                     asked: security,
                 });
             }
         }
         let (id, base) = self.ids.peek()?;
         let mut r = Region::new(id, addr, len, owner, group, gid, base)?;
-        r.hardened = hardened;
+        r.security = security;
         r.huge = mm::thp_possible();
         self.uffd.register_wp(addr, len)?;
         r.slot_base = self.pool.open_window(r.npages);

@@ -127,7 +127,7 @@ impl Core {
         // A hardened region's zero pages go to the pool like any content:
         // a page dropped to the zero page would take a different path on
         // its first write (a fresh page, no copy) than a merged one.
-        if hv.h == self.zero_hash && !self.regions[ri].hardened && page.is_zero() {
+        if hv.h == self.zero_hash && !self.regions[ri].hardened() && page.is_zero() {
             let in_pool = self.regions[ri].in_pool(p);
             ops.push(Op {
                 region: ri,
@@ -166,7 +166,7 @@ impl Core {
     /// copy-on-write fault on its first write (`place`), so candidates
     /// must be pages the guest leaves alone.
     fn hardened_visit(&self, v: PageVisit) -> PageVisit {
-        if !self.regions[v.ri].hardened || !v.mode.merges() {
+        if !self.regions[v.ri].hardened() || !v.mode.merges() {
             return v;
         }
         let st = v.st;
@@ -217,7 +217,7 @@ impl Core {
         if clean && kind == HASHED {
             // A hardened region's candidate is hashed and placed in full:
             // `place` moves it onto a pool page even without a twin.
-            if !self.regions[ri].hardened {
+            if !self.regions[ri].hardened() {
                 if let Some(planned) = self.visit_clean(v, visit_units, ops) {
                     return Look::Done(planned);
                 }
@@ -338,7 +338,7 @@ impl Core {
     /// or the VMA budget is short and the slot would not extend a run: the
     /// page then waits in the unstable index as any unique page does.
     fn own_slot(&mut self, v: PageVisit, h: u32, group: u32) -> Option<u32> {
-        if !self.regions[v.ri].hardened {
+        if !self.regions[v.ri].hardened() {
             return None;
         }
         let after_left = v
