@@ -324,10 +324,11 @@ pub struct LinuxReadArgs {
     #[command(flatten)]
     pub out: Outputs,
     /// Comma-separated subset of off, pagefold-on, pagefold-on-nohints,
-    /// pagefold-on-nolog, pagefold-on-nopark, ksm-4096, ksm-default, run
-    /// in that order (default: off, pagefold-on, ksm-4096, ksm-default).
-    /// The engine without its I/O hints, its write log or its parks tells
-    /// what each costs the guests.
+    /// pagefold-on-nolog, pagefold-on-nopark, pagefold-hardened, ksm-4096,
+    /// ksm-default, run in that order (default: off, pagefold-on,
+    /// ksm-4096, ksm-default). The engine without its I/O hints, its write
+    /// log or its parks tells what each costs the guests;
+    /// pagefold-hardened puts the guests in a hardened group.
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,
     /// The guest image directory of scripts/guest-image.sh (vmlinux,

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use pagefold_dedup::auto::{AutoController, ScriptHandle, ScriptedSource};
 use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KsmBackend, KSM_SYSFS};
-use pagefold_dedup::{DedupBackend, DedupSettings, Engine, EngineConfig, Mode, DEFAULT_KNOBS};
+use pagefold_dedup::{
+    DedupBackend, DedupSettings, Engine, EngineConfig, Mode, Security, DEFAULT_KNOBS,
+};
 use pagefold_guest_abi::build::{
     area_pages, area_sharing, expected, image_bytes, tree_pages, TreeSpec,
 };
@@ -64,6 +66,11 @@ pub enum BuildSystem {
     /// flush is an IPI to the CPUs running them): what parking costs or
     /// saves on this host (`bench linux-read` only).
     PagefoldOnNoPark,
+    /// pagefold's engine at its defaults with the guests in a hardened
+    /// group (`Security::Hardened`, docs/security.md): what the
+    /// side-channel defence keeps of the saving on real guests (`bench
+    /// linux-read` only).
+    PagefoldHardened,
     /// pagefold's engine with the auto controller on a scripted memory
     /// source, which crosses the threshold during the build.
     PagefoldAuto,
@@ -79,6 +86,7 @@ impl BuildSystem {
             Self::PagefoldOnNoHints => "pagefold-on-nohints",
             Self::PagefoldOnNoLog => "pagefold-on-nolog",
             Self::PagefoldOnNoPark => "pagefold-on-nopark",
+            Self::PagefoldHardened => "pagefold-hardened",
             Self::PagefoldAuto => "pagefold-auto",
             Self::Ksm(n, _) => n,
         }
@@ -86,6 +94,14 @@ impl BuildSystem {
 
     pub(crate) fn kernel_ksm(&self) -> bool {
         matches!(self, Self::Ksm(..))
+    }
+
+    /// The security of the guests' dedup group under this system.
+    pub(crate) fn security(&self) -> Security {
+        match self {
+            Self::PagefoldHardened => Security::Hardened,
+            _ => Security::Default,
+        }
     }
 }
 
@@ -632,6 +648,7 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
         | BuildSystem::PagefoldOnNoHints
         | BuildSystem::PagefoldOnNoLog
         | BuildSystem::PagefoldOnNoPark
+        | BuildSystem::PagefoldHardened
         | BuildSystem::PagefoldAuto => {
             // The engine as the VMM runs it (KSM assist auto, I/O hints,
             // write log). The run holds the KSM lock (`ksm_exclusive`), so

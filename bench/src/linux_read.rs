@@ -37,12 +37,13 @@ pub const LINUX_READ_VMS: [&str; 2] = ["a", "b"];
 /// Their dedup group.
 pub const LINUX_READ_GROUP: &str = "linux-read";
 /// Names accepted by [`select_linux_read_systems`], in run order.
-pub const LINUX_READ_SYSTEM_NAMES: [&str; 7] = [
+pub const LINUX_READ_SYSTEM_NAMES: [&str; 8] = [
     "off",
     "pagefold-on",
     "pagefold-on-nohints",
     "pagefold-on-nolog",
     "pagefold-on-nopark",
+    "pagefold-hardened",
     "ksm-4096",
     "ksm-default",
 ];
@@ -103,6 +104,7 @@ pub fn select_linux_read_systems(names: &[String]) -> Result<Vec<BuildSystem>, B
         BuildSystem::PagefoldOnNoHints,
         BuildSystem::PagefoldOnNoLog,
         BuildSystem::PagefoldOnNoPark,
+        BuildSystem::PagefoldHardened,
         BuildSystem::Ksm("ksm-4096", KSM_4096_KNOBS),
         BuildSystem::Ksm("ksm-default", KSM_DEFAULT_KNOBS),
     ]
@@ -190,12 +192,14 @@ pub fn agent_files(dir: &Path, system: &str, vm: &str) -> AgentFiles {
 pub use pagefold_vmm::host_kind::linux_vm_cpu as vm_cpu;
 
 /// One agent VM: 1 vCPU, the data disk read-only then its mailbox
-/// writable, its console to a file, in the benchmark's dedup group.
+/// writable, its console to a file, in the benchmark's dedup group (of
+/// `security`).
 pub fn agent_vm_config(
     opts: &LinuxReadOptions,
     name: &str,
     files: &AgentFiles,
     cpu: Option<usize>,
+    security: pagefold_dedup::Security,
 ) -> VmConfig {
     VmConfig {
         name: name.into(),
@@ -205,7 +209,7 @@ pub fn agent_vm_config(
         dedup: VmDedup {
             enabled: true,
             group: Some(LINUX_READ_GROUP.into()),
-            security: Default::default(),
+            security,
         },
         workload: None,
         kernel: Some(KernelConfig {
@@ -504,8 +508,8 @@ pub(crate) mod tests {
         assert_ne!(a, b);
         assert!(b.console.ends_with("ksm-4096-b.console"));
         let configs = [
-            agent_vm_config(&opts, "a", &a, vm_cpu(true, 0, 2)),
-            agent_vm_config(&opts, "b", &b, vm_cpu(true, 1, 2)),
+            agent_vm_config(&opts, "a", &a, vm_cpu(true, 0, 2), Default::default()),
+            agent_vm_config(&opts, "b", &b, vm_cpu(true, 1, 2), Default::default()),
         ];
         assert_eq!(configs[0].dedup_group(), configs[1].dedup_group());
         assert_eq!(configs[0].dedup_group(), LINUX_READ_GROUP);

@@ -166,6 +166,16 @@ pub fn linux_read_goals(r: &LinuxReadReport) -> Vec<Goal> {
             ));
         }
     }
+    // Issue 34's bar for a hardened group, on real guests.
+    let hardened = r.rows.iter().find(|x| x.system == "pagefold-hardened");
+    if let (Some(h), Some(on)) = (hardened, on) {
+        out.push(Goal::at_least(
+            "pagefold-hardened saves >= 0.8x pagefold-on's pages (ratio)".into(),
+            ratio(Some(h.npages as f64), Some(on.npages as f64)),
+            0.8,
+            format!("{} against {} pages", h.npages, on.npages),
+        ));
+    }
     out.extend(Goal::every_system(
         "guests read intact data",
         &r.rows,
@@ -450,6 +460,29 @@ mod tests {
         );
         assert!(md.contains("- [met] pagefold-on saves >= ksm-4096's pages (ratio): 1.500"));
         assert!(md.contains("(share of systems): 0.750 (goal >= 1)"), "{md}");
+    }
+
+    #[test]
+    fn a_hardened_group_is_held_to_four_fifths_of_pagefold_ons_saving() {
+        let goal = |hardened: u64| {
+            let r = report(vec![
+                row("pagefold-on", 30_000, Some(2.0)),
+                row("pagefold-hardened", hardened, Some(9.0)),
+            ]);
+            linux_read_goals(&r)
+                .into_iter()
+                .find(|g| g.name.starts_with("pagefold-hardened saves"))
+                .unwrap()
+        };
+        assert_eq!(goal(24_000).met, Some(true));
+        let short = goal(23_000);
+        assert_eq!(short.met, Some(false));
+        assert_eq!(short.note, "23000 against 30000 pages");
+        // Without pagefold-on there is nothing to hold it to.
+        let alone = report(vec![row("pagefold-hardened", 1, None)]);
+        assert!(!linux_read_goals(&alone)
+            .iter()
+            .any(|g| g.name.starts_with("pagefold-hardened")));
     }
 
     #[test]

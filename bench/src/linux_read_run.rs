@@ -446,7 +446,7 @@ impl SystemRun<'_> {
             .iter()
             .zip(&files)
             .zip(self.vm_cpus)
-            .map(|((vm, f), cpu)| agent_vm_config(self.opts, vm, f, cpu))
+            .map(|((vm, f), cpu)| agent_vm_config(self.opts, vm, f, cpu, self.s.security()))
             .collect();
         let out = self.drive(&configs, &files, &mut mailboxes);
         drop(mailboxes);
@@ -732,7 +732,8 @@ fn check_vm_configs(
     vm_cpus: [Option<usize>; 2],
 ) -> Result<(), BenchError> {
     for (vm, cpu) in LINUX_READ_VMS.iter().zip(vm_cpus) {
-        let mut check = agent_vm_config(opts, vm, &agent_files(dir, "check", vm), cpu);
+        let files = agent_files(dir, "check", vm);
+        let mut check = agent_vm_config(opts, vm, &files, cpu, Default::default());
         // The mailbox does not exist yet, nor may the work directory that
         // will hold it and the console logs: checked without them.
         if let Some(k) = check.kernel.as_mut() {
@@ -904,7 +905,7 @@ mod tests {
             let configs = LINUX_READ_VMS
                 .iter()
                 .zip(&files)
-                .map(|(vm, f)| agent_vm_config(&opts, vm, f, None))
+                .map(|(vm, f)| agent_vm_config(&opts, vm, f, None, Default::default()))
                 .collect();
             let mut tr = Trace::new();
             tr.added[0] = Some(Instant::now());
