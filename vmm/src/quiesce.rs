@@ -1,6 +1,9 @@
 //! The VM's side of the dedup engine's merge batches
 //! (`pagefold_dedup::quiesce`): parks the vCPUs between guest exits, so the
-//! batch's TLB flushes do not interrupt a CPU running guest code.
+//! batch's TLB flushes do not interrupt a CPU running guest code. A vCPU
+//! halted inside KVM (`crate::vcpu_stats`) runs on no CPU and is left
+//! alone: kicked, it would wait out the batch at the gate, and its guest's
+//! next interrupt with it.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,22 +11,37 @@ use pagefold_dedup::Quiesce;
 
 use crate::state::VmShared;
 use crate::vcpu;
+use crate::vcpu_stats::VcpuBlocking;
 
 /// Parks one VM's vCPUs on request (without pausing the VM).
 pub struct VcpuQuiescer {
     shared: Arc<VmShared>,
-    /// The vCPU threads to kick out of KVM_RUN; emptied (by
+    /// The vCPU threads to kick out of KVM_RUN, each with its `blocking`
+    /// statistic where the kernel has one; emptied (by
     /// [`VcpuQuiescer::forget_threads`]) before they are joined, after which
     /// their ids may be reused.
-    threads: Mutex<Vec<libc::pthread_t>>,
+    threads: Mutex<Vec<(libc::pthread_t, Option<Arc<VcpuBlocking>>)>>,
 }
 
 impl VcpuQuiescer {
-    pub fn new(shared: Arc<VmShared>, threads: Vec<libc::pthread_t>) -> Self {
+    pub fn new(
+        shared: Arc<VmShared>,
+        threads: Vec<(libc::pthread_t, Option<Arc<VcpuBlocking>>)>,
+    ) -> Self {
         Self {
             shared,
             threads: Mutex::new(threads),
         }
+    }
+
+    /// vCPUs halted in KVM right now.
+    fn halted(&self) -> usize {
+        self.threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, b)| b.as_ref().is_some_and(|b| b.is_blocking()))
+            .count()
     }
 
     /// No more kicks: the threads are about to be joined.
@@ -38,13 +56,16 @@ impl VcpuQuiescer {
 impl Quiesce for VcpuQuiescer {
     fn request(&self) {
         self.shared.hold();
-        if !self.shared.out_of_guest() {
+        if !self.stopped() {
             self.nudge();
         }
     }
 
+    /// No vCPU runs guest code: each is out of KVM_RUN or halted in it. A
+    /// halted one may wake during the batch and run beside it; that costs
+    /// the batch IPIs, never correctness (`pagefold_dedup::quiesce`).
     fn stopped(&self) -> bool {
-        self.shared.out_of_guest()
+        self.shared.out_of_guest() || self.shared.in_guest() <= self.halted()
     }
 
     fn release(&self) {
@@ -62,12 +83,16 @@ impl Quiesce for VcpuQuiescer {
     }
 
     fn nudge(&self) {
-        for &t in self
+        for (t, blocking) in self
             .threads
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
         {
+            if blocking.as_ref().is_some_and(|b| b.is_blocking()) {
+                continue;
+            }
+            let t = *t;
             // SAFETY: `t` belongs to a vCPU thread that has not been joined
             // (`forget_threads` runs before the join, under this lock), so
             // the id is valid; the kick signal has a no-op handler.
@@ -75,5 +100,46 @@ impl Quiesce for VcpuQuiescer {
                 libc::pthread_kill(t, vcpu::kick_signal());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vcpu_stats::testutil::HaltedVcpu;
+
+    /// A vCPU halted in KVM counts as stopped and is not kicked; without
+    /// its statistic the same vCPU counts as running guest code.
+    #[test]
+    fn a_halted_vcpu_is_stopped_and_left_asleep() {
+        let h = HaltedVcpu::start();
+        assert!(h.seen_blocking());
+        let shared = Arc::new(VmShared::new("q").unwrap());
+        // The vCPU thread is inside KVM_RUN, as the VMM's run loop counts.
+        assert!(shared.enter_guest());
+        let q = VcpuQuiescer::new(
+            shared.clone(),
+            vec![(h.pthread(), Some(h.blocking.clone()))],
+        );
+        let exits = || h.exits.load(std::sync::atomic::Ordering::SeqCst);
+        let before = exits();
+        q.request();
+        assert!(q.stopped());
+        q.nudge();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(exits(), before, "kicked out of its HLT");
+        q.release();
+
+        let blind = VcpuQuiescer::new(shared.clone(), vec![(h.pthread(), None)]);
+        blind.request();
+        assert!(!blind.stopped());
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while exits() == before && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(exits() > before, "the request did not kick a running vCPU");
+        blind.release();
+        shared.leave_guest();
+        assert!(blind.stopped());
     }
 }

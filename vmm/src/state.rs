@@ -281,6 +281,11 @@ impl VmShared {
         self.pauses.snapshot()
     }
 
+    /// vCPU threads inside KVM_RUN (running guest code, or halted in KVM).
+    pub fn in_guest(&self) -> usize {
+        self.in_guest.load(Ordering::SeqCst)
+    }
+
     /// True while no vCPU thread runs guest code.
     pub fn out_of_guest(&self) -> bool {
         self.in_guest.load(Ordering::SeqCst) == 0

@@ -24,6 +24,7 @@ use crate::pause::GuestPauses;
 use crate::quiesce::VcpuQuiescer;
 use crate::state::{Outcome, RunState, VmShared};
 use crate::vcpu::{self, ExitContext};
+use crate::vcpu_stats::VcpuBlocking;
 use crate::workload::{self, boot};
 use crate::{disk, linux, memory, x86};
 
@@ -159,6 +160,9 @@ pub struct Vm {
     workload_params: Option<pagefold_guest_abi::WorkloadParams>,
     serial: Arc<Mutex<SerialDevice>>,
     vcpus: Vec<VcpuFd>,
+    /// Each vCPU's `blocking` statistic (`crate::vcpu_stats`), where the
+    /// kernel has one: parks leave halted vCPUs alone.
+    blocking: Vec<Option<Arc<VcpuBlocking>>>,
     ctx: Option<ExitContext>,
     subscribers: Vec<disk::Subscriber>,
     started: Instant,
@@ -336,6 +340,7 @@ impl Vm {
             workload_params,
             serial,
             vcpus,
+            blocking: Vec::new(),
             ctx: Some(ExitContext {
                 shared,
                 pio,
@@ -434,6 +439,17 @@ impl Vm {
             .take()
             .ok_or_else(|| Error::Stopping(self.config.name.clone()))?;
         self.started = Instant::now();
+        self.blocking = self
+            .vcpus
+            .iter()
+            .map(|v| match VcpuBlocking::open(v) {
+                Ok(b) => Some(Arc::new(b)),
+                Err(e) => {
+                    log::debug!("VM {}: parks kick halted vCPUs too: {e}", self.config.name);
+                    None
+                }
+            })
+            .collect();
         for (i, v) in self.vcpus.drain(..).enumerate() {
             let t = vcpu::spawn(
                 format!("{}-vcpu{i}", self.config.name),
@@ -453,7 +469,11 @@ impl Vm {
         if let Some(d) = self.dedup.as_ref().filter(|_| !self.regions.is_empty()) {
             let q = Arc::new(VcpuQuiescer::new(
                 self.shared.clone(),
-                self.threads.iter().map(|t| t.as_pthread_t()).collect(),
+                self.threads
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (t.as_pthread_t(), self.blocking.get(i).cloned().flatten()))
+                    .collect(),
             ));
             let t = Instant::now();
             for &id in &self.regions {
