@@ -20,6 +20,14 @@ const PROBE_EVERY: u32 = 32;
 /// (a write-protect call, a `mmap`) would outweigh its pages.
 pub(super) const MIN_STEP_PAGES: usize = 8;
 
+/// The step of a park that measures: the first, before a parked page's
+/// cost is known, and the one a probe park runs where even the least step
+/// outlasts the pause budget ([`ParkCosts::park_fits`]). One page, the
+/// least a park can stop the guests for: at the least step's eight, a
+/// host where a merged page costs a millisecond (an emulated CPU) stopped
+/// its guests 8 ms at each measure, eight times the default budget.
+pub(super) const PROBE_STEP_PAGES: usize = 1;
+
 /// Most pages run the other way as a probe: a probe on a host where the
 /// other way is much dearer must stay cheap. A larger batch that probes
 /// the running cost runs this many pages unparked, then parks.

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::park_costs::{ParkCosts, Way, MIN_STEP_PAGES};
+use super::park_costs::{ParkCosts, Way, MIN_STEP_PAGES, PROBE_STEP_PAGES};
 use crate::quiesce::{Parked, Quiesce};
 
 /// The park of one batch (merges, an unmerge, a take-back from KSM). Held
@@ -143,17 +143,23 @@ impl BoundedPark {
     }
 
     /// Most pages the next step may span: as many as half the budget pays
-    /// for at the measured cost, at least [`MIN_STEP_PAGES`], and that
-    /// least step before a cost is known (the first parked step measures
-    /// it: unbounded, it held the guests for a whole batch, seconds on an
-    /// emulated CPU); unbounded (`usize::MAX`) while unparked.
+    /// for at the measured cost, at least [`MIN_STEP_PAGES`];
+    /// [`PROBE_STEP_PAGES`] before a cost is known (the first parked step
+    /// measures it: unbounded, it held the guests for a whole batch,
+    /// seconds on an emulated CPU) and where even the least step outlasts
+    /// the budget (a probe park: its one step measures, then the batch
+    /// runs unparked); unbounded (`usize::MAX`) while unparked.
     pub(super) fn window_pages(&self) -> usize {
         if self.park_after_probe {
             return self.probe_left.max(1);
         }
         let per = self.costs.parked_page_ns();
         match self.budget {
-            Some(_) if self.parked.is_some() && per <= 0.0 => MIN_STEP_PAGES,
+            Some(_)
+                if self.parked.is_some() && (per <= 0.0 || !self.costs.park_fits(self.budget)) =>
+            {
+                PROBE_STEP_PAGES
+            }
             Some(b) if self.parked.is_some() => {
                 let pages = b.as_nanos() as f64 / 2.0 / per;
                 (pages as usize).max(MIN_STEP_PAGES)
@@ -364,11 +370,15 @@ mod tests {
         let budget = Duration::from_micros(500);
         let mut p = BoundedPark::start(q, Some(budget), ParkCosts::default());
         assert!(p.is_parked());
-        assert_eq!(p.window_pages(), MIN_STEP_PAGES, "the first step measures");
+        assert_eq!(
+            p.window_pages(),
+            PROBE_STEP_PAGES,
+            "the first step measures"
+        );
         p.checkpoint();
         assert!(p.is_parked(), "no step ran yet");
-        // 8 pages in 4 ms: 500 µs a page, a least step of 4 ms.
-        p.timed(MIN_STEP_PAGES, Duration::from_millis(4));
+        // 1 page in 500 µs: a least step of 4 ms.
+        p.timed(PROBE_STEP_PAGES, Duration::from_micros(500));
         p.checkpoint();
         assert!(!p.is_parked(), "released at the first checkpoint");
         assert_eq!(l.held.load(Ordering::SeqCst), 0);
@@ -385,8 +395,9 @@ mod tests {
         let mut p = BoundedPark::start(q, Some(budget), costs);
         p.checkpoint();
         assert!(p.is_parked(), "the probe's step runs parked");
+        assert_eq!(p.window_pages(), PROBE_STEP_PAGES, "and is one page");
         // 50 µs a page: a quarter of the way from 500 µs, still over.
-        p.timed(MIN_STEP_PAGES, Duration::from_micros(400));
+        p.timed(PROBE_STEP_PAGES, Duration::from_micros(50));
         p.checkpoint();
         assert!(!p.is_parked());
         let costs = p.finish();
@@ -398,7 +409,7 @@ mod tests {
         // Within the budget the park goes on.
         let (_l, q) = log();
         let mut p = BoundedPark::start(q, Some(budget), ParkCosts::default());
-        p.timed(MIN_STEP_PAGES, Duration::from_micros(80));
+        p.timed(PROBE_STEP_PAGES, Duration::from_micros(10));
         p.checkpoint();
         assert!(p.is_parked());
     }
@@ -407,7 +418,7 @@ mod tests {
     fn steps_are_sized_to_half_the_budget_at_the_measured_cost() {
         let (_l, q) = log();
         let mut p = BoundedPark::start(q, Some(Duration::from_micros(500)), ParkCosts::default());
-        assert_eq!(p.window_pages(), MIN_STEP_PAGES, "no cost known yet");
+        assert_eq!(p.window_pages(), PROBE_STEP_PAGES, "no cost known yet");
         // 128 pages in 3.2 ms: 25 µs a page, 250 µs pays for 10 pages.
         p.timed(128, Duration::from_micros(3200));
         assert_eq!(p.window_pages(), 10);
@@ -421,8 +432,13 @@ mod tests {
         known.window(true, 1, 2_000.0);
         let mut fast = BoundedPark::start(q, Some(Duration::from_micros(500)), known);
         assert_eq!(fast.window_pages(), 125);
-        // Never below the floor.
-        fast.timed(1, Duration::from_millis(100));
+        // Never below the floor while the least step fits: 8 pages at
+        // about 44 µs (a quarter of the way from 2 µs to 170 µs) take 350
+        // µs, within the budget, though half of it pays for only 5.
+        fast.timed(1, Duration::from_micros(170));
         assert_eq!(fast.window_pages(), MIN_STEP_PAGES);
+        // Where it does not fit, the one-page probe step.
+        fast.timed(1, Duration::from_millis(100));
+        assert_eq!(fast.window_pages(), PROBE_STEP_PAGES);
     }
 }
