@@ -20,6 +20,7 @@ pub mod signals;
 pub mod state;
 pub mod stdin;
 pub mod vcpu;
+pub mod virtio_mmio;
 pub mod vm;
 pub mod workload;
 pub mod x86;

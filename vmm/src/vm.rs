@@ -160,7 +160,7 @@ pub struct Vm {
     serial: Arc<Mutex<SerialDevice>>,
     vcpus: Vec<VcpuFd>,
     ctx: Option<ExitContext>,
-    subscribers: Vec<disk::Subscriber>,
+    subscribers: Vec<crate::virtio_mmio::Subscriber>,
     started: Instant,
     finished: bool,
     mem: GuestMemoryMmap,
@@ -687,7 +687,7 @@ impl Vm {
     }
 
     /// Event-loop subscribers of this VM's devices (taken once, by the runner).
-    pub fn take_subscribers(&mut self) -> Vec<disk::Subscriber> {
+    pub fn take_subscribers(&mut self) -> Vec<crate::virtio_mmio::Subscriber> {
         std::mem::take(&mut self.subscribers)
     }
 

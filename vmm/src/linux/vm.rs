@@ -16,12 +16,13 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::KernelConfig;
-use crate::disk::{self, attach_disks, Subscriber};
+use crate::disk::{self, attach_disks};
 use crate::linux::{
     self, layout::ACPI_PM_PORT, pm::AcpiPmDevice, DeviceDiscovery, LinuxBootConfig,
 };
 use crate::net::{self, attach_nets};
 use crate::state::{Outcome, VmShared};
+use crate::virtio_mmio::Subscriber;
 
 /// Errors of Linux VM set-up.
 #[derive(Debug, thiserror::Error)]
