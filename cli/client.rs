@@ -546,6 +546,13 @@ fn vm_info_text(v: &VmInfo, owner: Option<&OwnerView>) -> String {
             if let Some(n) = o.cow_breaks {
                 s += &format!("cow breaks   {n} merges broken by writes\n");
             }
+            if o.pages_reported > 0 {
+                s += &format!("given back   {} pages", o.pages_reported);
+                if let Some(r) = o.pages_returned {
+                    s += &format!(" ({r} still unused)");
+                }
+                s += "\n";
+            }
         }
         None => s += "dedup        - (not registered with a dedup backend)\n",
     }
@@ -794,6 +801,8 @@ mod tests {
                     zero_pages: o.zero_pages,
                     bytes_saved: o.bytes_saved,
                     cow_breaks: o.cow_breaks,
+                    pages_reported: o.pages_reported,
+                    pages_returned: o.pages_returned,
                 },
             );
         }
@@ -884,11 +893,17 @@ mod tests {
                 zero_pages: 1,
                 bytes_saved: 20480,
                 cow_breaks: Some(7),
+                pages_reported: 30,
+                pages_returned: Some(12),
             },
         )]);
         let info = vm_info_text(&vms[0], d.per_owner.get("vm0"));
         assert!(
             info.contains("cow breaks   7 merges broken by writes\n"),
+            "{info}"
+        );
+        assert!(
+            info.contains("given back   30 pages (12 still unused)\n"),
             "{info}"
         );
         let t = vm_table(&vms, Some(&d));

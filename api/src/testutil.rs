@@ -55,6 +55,9 @@ impl DedupBackend for TestBackend {
     fn unregister(&self, id: RegionId) -> pagefold_dedup::Result<()> {
         Err(Error::UnknownRegion(id.0))
     }
+    unsafe fn discard(&self, addr: usize, len: usize) -> pagefold_dedup::Result<u64> {
+        Err(Error::BadRegion { addr, len })
+    }
     fn apply(&self, settings: &CheckedSettings) -> pagefold_dedup::Result<Knobs> {
         if settings.mode == Some(Mode::Unmerge) {
             return Err(Error::Unsupported("the test backend cannot unmerge".into()));
@@ -85,6 +88,8 @@ impl DedupBackend for TestBackend {
                 zero_pages: 2,
                 bytes_saved: 42 * 4096,
                 cow_breaks: Some(3),
+                pages_reported: 7,
+                pages_returned: Some(5),
             },
         );
         Stats {

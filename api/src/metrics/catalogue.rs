@@ -10,8 +10,8 @@
 //! test keeps the two equal.
 
 use super::rows::{
-    auto, build, by_origin, dedup, ms_to_s, one, pagefold_only, per_owner, per_owner_some, per_vm,
-    process,
+    auto, build, by_origin, dedup, dedup_some, ms_to_s, one, pagefold_only, per_owner,
+    per_owner_some, per_vm, process,
 };
 use super::{Num, Scrape, MODES, STATES};
 
@@ -669,6 +669,42 @@ pub static FAMILIES: &[Family] = &[
         source: &["per_owner.*.cow_breaks"],
         ksmd: None,
         rows: |s| per_owner_some(s, |o| o.cow_breaks),
+    },
+    Family {
+        name: "pagefold_dedup_vm_reported_pages",
+        kind: Kind::Counter,
+        labels: &["vm", "group"],
+        help: "Pages the VM gave back to the host (balloon, free page reporting), every page of every report.",
+        source: &["per_owner.*.pages_reported"],
+        ksmd: None,
+        rows: |s| per_owner(s, |o| o.pages_reported),
+    },
+    Family {
+        name: "pagefold_dedup_vm_returned_pages",
+        kind: Kind::Gauge,
+        labels: &["vm", "group"],
+        help: "Pages the VM gave back and has not used since (neither merged nor zero pages); pagefold backend only.",
+        source: &["per_owner.*.pages_returned"],
+        ksmd: None,
+        rows: |s| per_owner_some(s, |o| o.pages_returned),
+    },
+    Family {
+        name: "pagefold_dedup_reported_pages",
+        kind: Kind::Counter,
+        labels: &[],
+        help: "Pages the VMs gave back to the host (balloon, free page reporting).",
+        source: &["pages_reported"],
+        ksmd: None,
+        rows: |s| dedup(s, |d| d.pages_reported.into()),
+    },
+    Family {
+        name: "pagefold_dedup_returned_pages",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Pages given back and not used since; pagefold backend only.",
+        source: &["pages_returned"],
+        ksmd: None,
+        rows: |s| dedup_some(s, |d| d.pages_returned),
     },
     Family {
         name: "pagefold_dedup_auto_merging",

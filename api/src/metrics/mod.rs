@@ -294,6 +294,8 @@ mod tests {
                 zero_pages: 1,
                 bytes_saved: 8192,
                 cow_breaks: Some(3),
+                pages_reported: 6,
+                pages_returned: Some(2),
             },
         );
         Stats {
@@ -315,6 +317,8 @@ mod tests {
             ksm_assist: "standby".into(),
             max_guest_pause_us: Some(500),
             settle: Some(false),
+            pages_reported: 9,
+            pages_returned: Some(4),
             per_owner,
             ..Stats::default()
         }
@@ -485,6 +489,9 @@ mod tests {
             "process_cpu_seconds_total 2.5\n",
             "process_resident_memory_bytes 1048576\n",
             "process_max_fds 1024\n",
+            "pagefold_dedup_reported_pages_total 9\n",
+            "pagefold_dedup_returned_pages 4\n",
+            "pagefold_dedup_vm_returned_pages{vm=\"vm\\\"0\",group=\"g\"} 2\n",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }

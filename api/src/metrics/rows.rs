@@ -54,6 +54,11 @@ pub(super) fn per_owner_some(s: &Scrape, f: fn(&OwnerView) -> Option<u64>) -> Ro
     })
 }
 
+/// A figure only some backends have (`None` leaves the family out).
+pub(super) fn dedup_some(s: &Scrape, f: fn(&DedupView) -> Option<u64>) -> Rows {
+    s.dedup.as_ref().and_then(f).and_then(one)
+}
+
 pub(super) fn ms_to_s(ms: f64) -> Num {
     Num::F(ms / 1000.0)
 }
