@@ -1,4 +1,4 @@
-//! virtio-mmio transport, virtio-blk and virtio-net.
+//! virtio-mmio transport, virtio-blk, virtio-net and virtio-balloon.
 //!
 //! The transport ([`mmio::MmioTransport`]) owns the register state and the
 //! virtqueues (`virtio_queue::Queue`); a device model implements
@@ -8,6 +8,7 @@
 //! through an irqfd `EventFd`. All guest memory access goes through
 //! vm-memory; nothing keeps host pointers between requests.
 
+pub mod balloon;
 pub mod block;
 pub mod mmio;
 pub mod net;
@@ -18,6 +19,7 @@ pub(crate) mod testutil;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
+pub use balloon::Balloon;
 pub use block::Block;
 pub use mmio::MmioTransport;
 pub use net::Net;
@@ -71,6 +73,14 @@ pub trait VirtioDevice: Send {
             self.device_type(),
             data.len()
         );
+    }
+
+    /// How many of the device's queues (the first ones) the driver must
+    /// set up for the features it acked: a queue that exists only with a
+    /// feature (virtio-balloon's statistics and reporting queues) is not
+    /// set up when the driver does not ack it. The default is every queue.
+    fn queues_in_use(&self, _acked_features: u64) -> usize {
+        self.queue_max_sizes().len()
     }
 
     /// Called once the driver set DRIVER_OK, with the negotiated features
