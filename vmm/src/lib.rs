@@ -2,6 +2,7 @@
 //! engine attached to guest memory.
 
 pub mod affinity;
+pub mod balloon;
 pub mod config;
 pub mod control;
 pub mod dedup;
