@@ -264,6 +264,16 @@ pub struct KernelArgs {
         value_name = "tap=NAME[,mac=MAC]"
     )]
     pub net: Vec<String>,
+    /// Memory balloon of a Linux guest with free page reporting: `on` for
+    /// the defaults, or reporting=on|off,stats=SECONDS,deflate_on_oom=on|off.
+    /// Its target is set with `pagefold vm balloon`.
+    #[arg(
+        long,
+        help_heading = "Linux guest",
+        requires = "kernel",
+        value_name = "on|reporting=..,stats=..,deflate_on_oom=.."
+    )]
+    pub balloon: Option<String>,
 }
 
 /// The process's dedup flags, one definition flattened into `run` and
@@ -439,6 +449,13 @@ pub fn run_config(a: &RunArgs) -> Result<Config, Error> {
                         .iter()
                         .map(|n| parse_net(n))
                         .collect::<Result<_, _>>()?,
+                    balloon: a
+                        .kernel
+                        .balloon
+                        .as_deref()
+                        .map(config::BalloonConfig::parse_flag)
+                        .transpose()
+                        .map_err(Error::Usage)?,
                 }),
                 None => None,
             };

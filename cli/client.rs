@@ -124,6 +124,19 @@ pub enum VmCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Set a VM's balloon target: the guest gives that much memory back to the host.
+    Balloon {
+        /// The VM's name.
+        name: String,
+        /// MiB the guest should give up into its balloon (0: take it all back).
+        #[arg(long)]
+        target_mib: u64,
+        /// `-o json`: the VM after the change.
+        #[command(flatten)]
+        output: OutputArg,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Stop a VM and release its memory.
     Delete {
         /// The VM's name.
@@ -546,8 +559,34 @@ fn vm_info_text(v: &VmInfo, owner: Option<&OwnerView>) -> String {
             if let Some(n) = o.cow_breaks {
                 s += &format!("cow breaks   {n} merges broken by writes\n");
             }
+            if o.pages_reported > 0 {
+                s += &format!("given back   {} pages", o.pages_reported);
+                if let Some(r) = o.pages_returned {
+                    s += &format!(" ({r} still unused)");
+                }
+                s += "\n";
+            }
         }
         None => s += "dedup        - (not registered with a dedup backend)\n",
+    }
+    if let Some(b) = &v.balloon {
+        s += &format!(
+            "balloon      target {} MiB, actual {} MiB, {} pages given back ({} reported free)\n",
+            b.target_mib, b.actual_mib, b.returned_pages, b.reported_pages
+        );
+        let stat = |k: &str| {
+            b.guest_stats
+                .get(k)
+                .map_or("-".to_string(), |&v| fmt_size(v))
+        };
+        if !b.guest_stats.is_empty() {
+            s += &format!(
+                "guest memory total {}, free {}, available {}\n",
+                stat("total_memory"),
+                stat("free_memory"),
+                stat("available_memory")
+            );
+        }
     }
     s
 }
@@ -578,6 +617,7 @@ fn vms_from_file(path: &Path) -> Result<Vec<VmConfig>, Error> {
 pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
     if let VmCommand::Pause { name, .. }
     | VmCommand::Resume { name, .. }
+    | VmCommand::Balloon { name, .. }
     | VmCommand::Delete { name, .. }
     | VmCommand::Info { name, .. } = &cmd
     {
@@ -649,6 +689,21 @@ pub fn vm(cmd: VmCommand) -> Result<i32, Error> {
             output,
             client: ca,
         } => set_state(&ca, &name, VmTarget::Running, output)?,
+        VmCommand::Balloon {
+            name,
+            target_mib,
+            output,
+            client: ca,
+        } => {
+            let c = client(&ca)?;
+            let info = c.set_balloon(&name, target_mib).map_err(api_err)?;
+            if output.json() {
+                outln!("{}", pretty(&info)?)?;
+            } else {
+                let actual = info.balloon.as_ref().map_or(0, |b| b.actual_mib);
+                outln!("{name}: balloon target {target_mib} MiB (now {actual} MiB)")?;
+            }
+        }
         VmCommand::Delete { name, client: ca } => {
             let c = client(&ca)?;
             c.delete_vm(&name).map_err(api_err)?;
@@ -794,6 +849,8 @@ mod tests {
                     zero_pages: o.zero_pages,
                     bytes_saved: o.bytes_saved,
                     cow_breaks: o.cow_breaks,
+                    pages_reported: o.pages_reported,
+                    pages_returned: o.pages_returned,
                 },
             );
         }
@@ -843,6 +900,7 @@ mod tests {
             outcome,
             uptime_s: 2.5,
             guest_pauses: Default::default(),
+            balloon: None,
         }
     }
 
@@ -884,11 +942,17 @@ mod tests {
                 zero_pages: 1,
                 bytes_saved: 20480,
                 cow_breaks: Some(7),
+                pages_reported: 30,
+                pages_returned: Some(12),
             },
         )]);
         let info = vm_info_text(&vms[0], d.per_owner.get("vm0"));
         assert!(
             info.contains("cow breaks   7 merges broken by writes\n"),
+            "{info}"
+        );
+        assert!(
+            info.contains("given back   30 pages (12 still unused)\n"),
             "{info}"
         );
         let t = vm_table(&vms, Some(&d));

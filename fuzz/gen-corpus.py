@@ -135,6 +135,43 @@ put("virtio_net", "rx-tx", net(0, [frame(100)], rxbuf, txbuf))
 put("virtio_net", "rx-merged", net(1 | 2 | 4, [frame(3000), frame(60)], rxbuf, []))
 put("virtio_net", "rx-oversize", net(0, [frame(4000)], [[(0x3000, 100, True)]], []))
 
+# virtio_balloon: queue k's rings at k*0x400 / 0x1000+k*0x400 /
+# 0x2000+k*0x400, buffers from 0x3000: an inflate of PFNs (one in the
+# hole, one beyond RAM), a deflate, a statistics buffer, a report of two
+# ranges (one across the end of the first region).
+def balloon_mem(chains):
+    mem = bytearray(0x4000)
+    for k, bufs_list in enumerate(chains):
+        desc, avail = k * 0x400, 0x1000 + k * 0x400
+        i = 0
+        heads = []
+        for bufs in bufs_list:
+            heads.append(i)
+            for j, (addr, ln, w) in enumerate(bufs):
+                last = j == len(bufs) - 1
+                flags = (0 if last else NEXT) | (WRITE if w else 0)
+                mem[desc + 16 * i:desc + 16 * i + 16] = u64(addr) + u32(ln) + u16(flags) + u16(i + 1)
+                i += 1
+        mem[avail:avail + 4] = u16(0) + u16(len(heads))
+        for n, h in enumerate(heads):
+            mem[avail + 4 + 2 * n:avail + 6 + 2 * n] = u16(h)
+    pfns = b"".join(u32(p) for p in (5, 6, 7, 0x18, 0x21, 0x1000))
+    mem[0x3000:0x3000 + len(pfns)] = pfns
+    stats = b"".join(u16(t) + u64(v) for t, v in ((4, 1 << 20), (5, 1 << 24), (42, 1)))
+    mem[0x3100:0x3100 + len(stats)] = stats
+    return bytes(mem)
+
+balloon_chains = [
+    [[(0x3000, 24, False)]],
+    [[(0x3000, 12, False)]],
+    [[(0x3100, 30, False)]],
+    [[(0x4000, 0x2000, True), (0xf000, 0x2000, True)]],
+]
+put("virtio_balloon", "all-queues",
+    bytes([3, 4, 6, 0, 1, 2, 0xff, 2, 3]) + balloon_mem(balloon_chains))
+put("virtio_balloon", "no-stats",
+    bytes([2, 4, 3, 0, 2, 1]) + balloon_mem([balloon_chains[0], balloon_chains[1], balloon_chains[3]]))
+
 # virtio_mmio: a driver's initialization then a notify.
 def w(off, v):  # register-indexed 4-byte write
     return bytes([0x80 | 0x40 | 2, off // 4]) + u32(v)

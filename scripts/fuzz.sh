@@ -51,7 +51,7 @@ fi
 max_len() {
     case $1 in
         kernel_loader) echo 131072 ;;
-        virtio_blk | virtio_net | virtio_mmio | workload_mailbox) echo 32768 ;;
+        virtio_blk | virtio_net | virtio_balloon | virtio_mmio | workload_mailbox) echo 32768 ;;
         *) echo 8192 ;;
     esac
 }

@@ -7,7 +7,8 @@
 #   OUTDIR/bzImage      the Debian cloud kernel as shipped (vmlinuz)
 #   OUTDIR/vmlinux      the ELF kernel extracted from it (extract-vmlinux method)
 #   OUTDIR/initrd.img   busybox-static initramfs: loads the virtio-mmio,
-#                       virtio-blk and virtio-net modules of the same kernel; with root= on the command
+#                       virtio-blk, virtio-net and virtio-balloon modules of
+#                       the same kernel; with root= on the command
 #                       line it mounts that disk and switches to its init=
 #                       (scripts/linux-build-bench.sh); else it mounts /dev/vda
 #                       if present, prints PAGEFOLD-INITRD-OK and powers off;
@@ -104,7 +105,7 @@ fi
 
 # --- 4. initrd ----------------------------------------------------------------
 dk_modules_init "$MODDIR"
-for m in virtio virtio_ring virtio_mmio virtio_blk virtio_net ext4; do dk_add_mod "$m"; done
+for m in virtio virtio_ring virtio_mmio virtio_blk virtio_net virtio_balloon ext4; do dk_add_mod "$m"; done
 
 build_initrd() {
     local root=$CACHE/initrd-root

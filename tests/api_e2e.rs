@@ -1058,3 +1058,144 @@ fn a_live_daemon_passes_promtool_from_the_metrics_listener() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(!sock.exists(), "the socket outlived the daemon");
 }
+
+/// A stand-in Linux kernel for a VM that must stay up: an ELF64 image
+/// loaded at 1 MiB whose entry runs `cli; hlt` in a loop, so the VM runs
+/// (its vCPU halted in KVM) however slowly the host runs kernel code.
+/// The VM's devices are the real ones; no guest driver talks to them.
+fn halting_kernel(dir: &TempDir) -> PathBuf {
+    const LOAD: u64 = 0x10_0000;
+    let code: [u8; 4] = [0xfa, 0xf4, 0xeb, 0xfc]; // cli; hlt; jmp hlt
+    let (ehsize, phsize) = (64u16, 56u16);
+    let off = u64::from(ehsize + phsize);
+    let mut f = Vec::new();
+    f.extend(b"\x7fELF\x02\x01\x01\x00");
+    f.extend([0u8; 8]);
+    f.extend(2u16.to_le_bytes()); // ET_EXEC
+    f.extend(62u16.to_le_bytes()); // EM_X86_64
+    f.extend(1u32.to_le_bytes());
+    f.extend(LOAD.to_le_bytes()); // e_entry
+    f.extend(u64::from(ehsize).to_le_bytes()); // e_phoff
+    f.extend(0u64.to_le_bytes()); // e_shoff
+    f.extend(0u32.to_le_bytes());
+    f.extend(ehsize.to_le_bytes());
+    f.extend(phsize.to_le_bytes());
+    f.extend(1u16.to_le_bytes()); // e_phnum
+    f.extend([0u8; 6]); // e_shentsize, e_shnum, e_shstrndx
+    f.extend(1u32.to_le_bytes()); // PT_LOAD
+    f.extend(5u32.to_le_bytes()); // R+X
+    f.extend(off.to_le_bytes()); // p_offset
+    f.extend(LOAD.to_le_bytes()); // p_vaddr
+    f.extend(LOAD.to_le_bytes()); // p_paddr
+    f.extend((code.len() as u64).to_le_bytes()); // p_filesz
+    f.extend((code.len() as u64).to_le_bytes()); // p_memsz
+    f.extend(0x1000u64.to_le_bytes()); // p_align
+    f.extend(code);
+    let p = dir.path("halt.elf");
+    std::fs::write(&p, f).unwrap();
+    p
+}
+
+/// The balloon over the API and the CLI: a Linux VM created with
+/// `"balloon": {}` shows it in its view, takes a target within its memory
+/// (and refuses one above it, or a malformed body), a VM without a balloon
+/// answers 409, and the target is on `/metrics`.
+#[test]
+fn a_vms_balloon_target_over_the_api_and_the_cli() {
+    require_kvm();
+    require_curl();
+    let dir = TempDir::new("api-balloon");
+    let sock = dir.path("api.sock");
+    let kernel = halting_kernel(&dir);
+    let mut child = spawn(&["serve", "--api-sock", sock.to_str().unwrap()]);
+    wait_for_api(&mut child, &sock);
+    let body = format!(
+        r#"{{"memory": "64M", "serial": "null", "kernel": {{"path": {:?}, "balloon": {{"stats_interval_s": 1}}}}}}"#,
+        kernel.to_str().unwrap()
+    );
+    let v = curl_json(&sock, "PUT", "/vms/lin", Some(&body), 201);
+    let b = &v["balloon"];
+    assert_eq!(b["target_mib"], 0, "{v}");
+    assert_eq!(b["free_page_reporting"], true, "{v}");
+    assert_eq!(b["deflate_on_oom"], true, "{v}");
+    assert_eq!(b["stats_interval_s"], 1, "{v}");
+
+    let v = curl_json(
+        &sock,
+        "PUT",
+        "/vms/lin/balloon",
+        Some(r#"{"target_mib": 48}"#),
+        200,
+    );
+    assert_eq!(v["balloon"]["target_mib"], 48, "{v}");
+    assert_eq!(v["state"], "running", "{v}");
+    let v = curl_json(&sock, "GET", "/vms/lin", None, 200);
+    assert_eq!(v["balloon"]["target_mib"], 48, "{v}");
+
+    // Bad input: above the VM's memory, not a number, an unknown field.
+    for (body, want) in [
+        (r#"{"target_mib": 65}"#, "64 MiB"),
+        (r#"{"target_mib": "x"}"#, "expected u64"),
+        (r#"{"target_mib": 1, "size": 2}"#, "size"),
+        (r#"{}"#, "target_mib"),
+    ] {
+        let (code, answer) = curl(&sock, "PUT", "/vms/lin/balloon", Some(body));
+        assert_eq!(code, 400, "{body}: {answer}");
+        assert!(answer.contains(want), "{body}: {answer}");
+    }
+    let (code, answer) = curl(
+        &sock,
+        "PUT",
+        "/vms/ghost/balloon",
+        Some(r#"{"target_mib": 1}"#),
+    );
+    assert_eq!(code, 404, "{answer}");
+    let wl = r#"{"memory": "32M", "serial": "null", "workload": {"shared": "8M", "private": "4M", "phases": ["fill", "wait"]}}"#;
+    curl_json(&sock, "PUT", "/vms/wl", Some(wl), 201);
+    let (code, answer) = curl(
+        &sock,
+        "PUT",
+        "/vms/wl/balloon",
+        Some(r#"{"target_mib": 1}"#),
+    );
+    assert_eq!(code, 409, "{answer}");
+    assert!(answer.contains("no balloon"), "{answer}");
+    let v = curl_json(&sock, "GET", "/vms/wl", None, 200);
+    assert!(v.get("balloon").is_none(), "{v}");
+
+    // The CLI: set, read back, refuse.
+    let o = cli(&["vm", "balloon", "lin", "--target-mib", "16"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("balloon target 16 MiB"),
+        "{}",
+        text(&o)
+    );
+    let o = cli(&["vm", "info", "lin"], &sock);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("balloon      target 16 MiB, actual 0 MiB"),
+        "{}",
+        text(&o)
+    );
+    let o = cli(&["vm", "balloon", "lin", "--target-mib", "1000"], &sock);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+
+    let (code, m) = curl_at(&sock, "GET", "/metrics", None);
+    assert_eq!(code, 200);
+    assert!(
+        m.contains(&format!(
+            "pagefold_balloon_target_bytes{{vm=\"lin\"}} {}",
+            16u64 << 20
+        )),
+        "{m}"
+    );
+    assert!(
+        m.contains("pagefold_balloon_actual_bytes{vm=\"lin\"} 0"),
+        "{m}"
+    );
+
+    let o = cli(&["shutdown"], &sock);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = wait_bounded(child.into_child(), Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

@@ -332,6 +332,14 @@ impl Client {
         decode("PATCH", &path, &r)
     }
 
+    /// `PUT /vms/{name}/balloon`: asks the VM's balloon for `target_mib`.
+    pub fn set_balloon(&self, name: &str, target_mib: u64) -> Result<VmInfo, ClientError> {
+        let path = format!("/vms/{name}/balloon");
+        let body = crate::balloon::BalloonTarget { target_mib };
+        let r = self.typed("PUT", &path, Some(&body))?;
+        decode("PUT", &path, &r)
+    }
+
     /// `GET /vms/{name}`.
     pub fn vm(&self, name: &str) -> Result<VmInfo, ClientError> {
         let path = format!("/vms/{name}");

@@ -106,6 +106,15 @@ pub struct DedupView {
     #[serde(default)]
     #[schema(minimum = 0)]
     pub merge_cpu_seconds: f64,
+    /// Pages the VMs gave back (a balloon's inflated pages, free page
+    /// reporting) since the backend started, every page of every report.
+    #[serde(default)]
+    pub pages_reported: u64,
+    /// pagefold engine: pages given back and not seen mapped since (absent:
+    /// neither merged nor zero pages). Absent for KSM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub pages_returned: Option<u64>,
     /// Per-VM figures, by VM name.
     pub per_owner: BTreeMap<String, OwnerView>,
     /// Auto mode's controller status (when the backend has one).
@@ -171,6 +180,15 @@ pub struct OwnerView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub cow_breaks: Option<u64>,
+    /// Pages the VM gave back (balloon, free page reporting) since it
+    /// registered.
+    #[serde(default)]
+    pub pages_reported: u64,
+    /// pagefold engine: the VM's pages given back and not seen mapped
+    /// since. Absent for KSM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub pages_returned: Option<u64>,
 }
 
 /// Memory pressure stall information, percent of wall time.
@@ -245,6 +263,8 @@ impl From<&OwnerStats> for OwnerView {
             zero_pages: o.zero_pages,
             bytes_saved: o.bytes_saved,
             cow_breaks: o.cow_breaks,
+            pages_reported: o.pages_reported,
+            pages_returned: o.pages_returned,
         }
     }
 }
@@ -344,6 +364,8 @@ impl DedupView {
             settle_ms: stats.settle_ms,
             settle: stats.settle,
             merge_cpu_seconds: stats.merge_cpu_seconds,
+            pages_reported: stats.pages_reported,
+            pages_returned: stats.pages_returned,
             per_owner: stats
                 .per_owner
                 .iter()

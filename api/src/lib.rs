@@ -15,6 +15,7 @@
 //! prometheus-client); [`error`] (errors as HTTP answers); [`client`] (an
 //! HTTP/1.1 client over the Unix socket, with typed calls).
 
+pub mod balloon;
 pub mod body;
 pub mod client;
 pub mod dedup;

@@ -9,7 +9,7 @@ use utoipa_axum::routes;
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{dedup, system, vms, PREFIX};
+use crate::{balloon, dedup, system, vms, PREFIX};
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
     ApiError::NotFound(format!("no route for {method} {}", uri.path()))
@@ -29,6 +29,7 @@ pub fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(dedup::get, dedup::patch))
         .routes(routes!(vms::list))
         .routes(routes!(vms::get, vms::put, vms::patch, vms::delete))
+        .routes(routes!(balloon::put))
 }
 
 /// The whole API: the routes under [`PREFIX`], plus the metrics at

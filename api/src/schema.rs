@@ -71,6 +71,9 @@ pub struct VmInfoSchema {
     #[schema(minimum = 0)]
     uptime_s: f64,
     guest_pauses: GuestPausesSchema,
+    /// The VM's balloon; absent for a VM without one.
+    #[schema(nullable = false)]
+    balloon: Option<BalloonStatusSchema>,
 }
 
 /// The stops of the VM's vCPUs that the dedup engine's parks caused (it
@@ -241,6 +244,72 @@ pub struct KernelSchema {
     /// Network interfaces, after the disks in the virtio-mmio slots.
     #[schema(nullable = false)]
     net: Option<Vec<NetSchema>>,
+    /// A memory balloon with free page reporting, after the NICs
+    /// (`{}` for the defaults).
+    #[schema(nullable = false)]
+    balloon: Option<BalloonConfigSchema>,
+}
+
+/// A Linux guest's memory balloon (virtio-balloon, docs/devices.md).
+#[derive(ToSchema)]
+#[schema(as = BalloonConfig)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonConfigSchema {
+    /// Offer free page reporting: pages the guest frees go back to the host.
+    #[schema(nullable = false, default = true)]
+    free_page_reporting: Option<bool>,
+    /// Seconds between requests for the guest's memory statistics; 0
+    /// offers no statistics queue.
+    #[schema(nullable = false, minimum = 0, maximum = 3600, default = 5)]
+    stats_interval_s: Option<u32>,
+    /// The guest may take pages out of the balloon when it runs out of memory.
+    #[schema(nullable = false, default = true)]
+    deflate_on_oom: Option<bool>,
+}
+
+/// A VM's balloon: target, size, what it gave back, the guest's statistics.
+#[derive(ToSchema)]
+#[schema(as = BalloonStatus)]
+#[serde(deny_unknown_fields)]
+pub struct BalloonStatusSchema {
+    /// The size the host asks the balloon to be, MiB.
+    #[schema(minimum = 0)]
+    target_mib: u64,
+    /// The size the guest says it has, MiB.
+    #[schema(minimum = 0)]
+    actual_mib: u64,
+    free_page_reporting: bool,
+    deflate_on_oom: bool,
+    #[schema(minimum = 0)]
+    stats_interval_s: u32,
+    /// 4 KiB pages the guest put into the balloon, and took out.
+    #[schema(minimum = 0)]
+    inflated_pages: u64,
+    #[schema(minimum = 0)]
+    deflated_pages: u64,
+    /// 4 KiB pages in the ranges free page reporting reported.
+    #[schema(minimum = 0)]
+    reported_pages: u64,
+    /// Pages given back to the host (inflated and reported).
+    #[schema(minimum = 0)]
+    returned_pages: u64,
+    #[schema(minimum = 0)]
+    reports: u64,
+    #[schema(minimum = 0)]
+    stats_updates: u64,
+    /// Malformed buffers the guest posted, returned untouched.
+    #[schema(minimum = 0)]
+    bad_chains: u64,
+    /// PFNs or reported ranges outside guest RAM or not page aligned.
+    #[schema(minimum = 0)]
+    bad_ranges: u64,
+    /// The guest's last memory statistics by virtio name (free_memory,
+    /// total_memory, available_memory, ...: bytes; the rest counts).
+    guest_stats: std::collections::BTreeMap<String, u64>,
+    /// Seconds since the guest's statistics were read; absent before the
+    /// first.
+    #[schema(nullable = false, minimum = 0)]
+    guest_stats_age_s: Option<f64>,
 }
 
 /// A VM, as a `[[vm]]` table of the TOML config. `name` may be left out

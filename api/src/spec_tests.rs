@@ -72,7 +72,7 @@ async fn documented_operations_are_served() {
             ops += 1;
         }
     }
-    assert_eq!(ops, 9, "documented operations (besides shutdown)");
+    assert_eq!(ops, 10, "documented operations (besides shutdown)");
 }
 
 /// Wraps a schema so its `#/components/...` references resolve.

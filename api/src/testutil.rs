@@ -55,6 +55,9 @@ impl DedupBackend for TestBackend {
     fn unregister(&self, id: RegionId) -> pagefold_dedup::Result<()> {
         Err(Error::UnknownRegion(id.0))
     }
+    unsafe fn discard(&self, addr: usize, len: usize) -> pagefold_dedup::Result<u64> {
+        Err(Error::BadRegion { addr, len })
+    }
     fn apply(&self, settings: &CheckedSettings) -> pagefold_dedup::Result<Knobs> {
         if settings.mode == Some(Mode::Unmerge) {
             return Err(Error::Unsupported("the test backend cannot unmerge".into()));
@@ -85,6 +88,8 @@ impl DedupBackend for TestBackend {
                 zero_pages: 2,
                 bytes_saved: 42 * 4096,
                 cow_breaks: Some(3),
+                pages_reported: 7,
+                pages_returned: Some(5),
             },
         );
         Stats {
@@ -148,6 +153,16 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
                 outcome: None,
                 uptime_s: 0.0,
                 guest_pauses: Default::default(),
+                balloon: vc
+                    .kernel
+                    .as_ref()
+                    .and_then(|k| k.balloon.as_ref())
+                    .map(|b| pagefold_vmm::balloon::BalloonStatus {
+                        free_page_reporting: b.free_page_reporting,
+                        deflate_on_oom: b.deflate_on_oom,
+                        stats_interval_s: b.stats_interval_s,
+                        ..Default::default()
+                    }),
             };
             vms.insert(vc.name.clone(), info.clone());
             Ok(Response::Vm(Box::new(info)))
@@ -165,6 +180,21 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
             find(vms, &n)?;
             let v = vms.get_mut(&n).unwrap();
             v.state = RunState::Running;
+            Ok(Response::Vm(Box::new(v.clone())))
+        }
+        Request::SetBalloon { vm, target_mib } => {
+            find(vms, &vm)?;
+            let v = vms.get_mut(&vm).unwrap();
+            let memory_mib = v.memory_bytes >> 20;
+            let Some(b) = v.balloon.as_mut() else {
+                return Err(RequestError::Conflict(format!("VM {vm:?} has no balloon")));
+            };
+            if target_mib > memory_mib {
+                return Err(RequestError::BadRequest(format!(
+                    "balloon target {target_mib} MiB is more than the VM's {memory_mib} MiB of RAM"
+                )));
+            }
+            b.target_mib = target_mib;
             Ok(Response::Vm(Box::new(v.clone())))
         }
         Request::DeleteVm(n) => {
@@ -234,6 +264,7 @@ impl FakeVmm {
                     outcome: None,
                     uptime_s: 1.0,
                     guest_pauses: Default::default(),
+                    balloon: None,
                 },
             );
         }

@@ -163,6 +163,7 @@ pub fn linux_build_configs(
                     readonly: false,
                 }],
                 net: Vec::new(),
+                balloon: None,
             }),
             vcpu_affinity: cpu.map(|c| vec![c]),
         })

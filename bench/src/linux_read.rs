@@ -227,6 +227,7 @@ pub fn agent_vm_config(
                 },
             ],
             net: Vec::new(),
+            balloon: None,
         }),
         vcpu_affinity: cpu.map(|c| vec![c]),
     }

@@ -155,6 +155,16 @@ pub struct OwnerStats {
     /// its copy-on-write breaks host-wide only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cow_breaks: Option<u64>,
+    /// Pages the owner gave back through [`DedupBackend::discard`] since
+    /// registration (a balloon's inflated pages, free page reporting):
+    /// every page of every call, a page given back twice counted twice.
+    #[serde(default)]
+    pub pages_reported: u64,
+    /// Of the owner's pages, those given back and not seen mapped since
+    /// (absent, so neither in `pages_merged` nor in `zero_pages`); `None`
+    /// from a backend that does not follow its pages (kernel KSM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pages_returned: Option<u64>,
 }
 
 /// Counts split by the rule that let a page merge (`region::Origin`).
@@ -336,6 +346,15 @@ pub struct Stats {
     /// finding them (pagefold).
     #[serde(default)]
     pub merge_cpu_seconds: f64,
+    /// Pages given back through [`DedupBackend::discard`] since the
+    /// start, every owner's (the sum of `OwnerStats::pages_reported` over
+    /// the owners still registered, plus those of owners gone).
+    #[serde(default)]
+    pub pages_reported: u64,
+    /// Pages given back and not seen mapped since, over the registered
+    /// regions (`None`: the backend does not follow them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pages_returned: Option<u64>,
     /// The figures of each owner (VM).
     pub per_owner: BTreeMap<String, OwnerStats>,
 }
@@ -376,6 +395,37 @@ pub trait DedupBackend: Send + Sync {
     /// identical pages; a backend may visit them first. Cheap and
     /// non-blocking; the default ignores it (kernel KSM cannot use it).
     fn hint(&self, _host_addr: usize, _len: usize) {}
+
+    /// Gives `host_addr..+len` (page aligned, inside one registered
+    /// region) back to the host: the owner no longer needs the content (a
+    /// balloon's inflated page, a range free page reporting reported), so
+    /// its memory is freed and the range reads zeros afterwards. Returns
+    /// the pages given back: a page the backend could not give back (the
+    /// engine's VMA budget spent) keeps its mapping and content. A page
+    /// merged onto a shared page is unmapped from it without a copy; a
+    /// page the backend tracks is not scanned again until it is written.
+    ///
+    /// # Safety
+    /// Nothing in the process relies on the range's content any more: it
+    /// becomes zeros under any reader. (The guest's own later writes to it
+    /// are fine: they land on fresh memory.)
+    unsafe fn discard(&self, host_addr: usize, len: usize) -> Result<u64>;
+
+    /// [`DedupBackend::discard`] of each range of `ranges` (`(host_addr,
+    /// len)`), in one step where the backend can (the engine takes its
+    /// core once: a balloon's inflation gives back pages one by one).
+    /// Stops at the first error; returns the pages given back.
+    ///
+    /// # Safety
+    /// As [`DedupBackend::discard`], for every range.
+    unsafe fn discard_ranges(&self, ranges: &[(usize, usize)]) -> Result<u64> {
+        let mut n = 0;
+        for &(a, l) in ranges {
+            // SAFETY: forwarded from this function's contract.
+            n += unsafe { self.discard(a, l) }?;
+        }
+        Ok(n)
+    }
 
     /// Gives the backend a way to park the threads that run guest code in
     /// region `id` around a batch of merges (`None` takes it back; the VMM

@@ -61,6 +61,7 @@ impl From<ScanError> for backend::Error {
                 backend::Error::BadRegion { addr, len }
             }
             ScanError::Unknown(id) => backend::Error::UnknownRegion(id),
+            ScanError::NotRegistered { addr, len } => backend::Error::BadRegion { addr, len },
             ScanError::SecurityMismatch { group, has, asked } => {
                 backend::Error::SecurityMismatch { group, has, asked }
             }
@@ -586,6 +587,37 @@ impl DedupBackend for Engine {
         // SAFETY: this function's caller unmaps the region right after and
         // never touches it again (its contract).
         unsafe { self.do_unregister(id, false) }
+    }
+
+    unsafe fn discard(&self, host_addr: usize, len: usize) -> backend::Result<u64> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.discard_ranges(&[(host_addr, len)]) }
+    }
+
+    /// Takes the core once for all the ranges (as a VM's creation does:
+    /// the scan stops at its next span boundary), and publishes the
+    /// figures once.
+    unsafe fn discard_ranges(&self, ranges: &[(usize, usize)]) -> backend::Result<u64> {
+        let mut core = self.shared.lock_core_yielding();
+        let mut done = 0;
+        let mut failed = None;
+        for &(a, l) in ranges {
+            // SAFETY: forwarded from this function's contract: the range's
+            // owner no longer needs its content.
+            match unsafe { core.discard(a, l) } {
+                Ok(n) => done += n,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        self.shared.publish(&core);
+        unlock_core(core);
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok(done),
+        }
     }
 
     fn hint(&self, host_addr: usize, len: usize) {

@@ -92,7 +92,8 @@ pub unsafe fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Re
 /// change before the call returns (write-protected and checked), so every
 /// reader sees the same bytes; or that nothing reads or writes the range
 /// again, through a reference or a pointer (a region whose owner unmaps it
-/// next).
+/// next); or that the range's owner gave its content up and expects zeros
+/// (`Core::discard`: a balloon's page, a reported free page).
 pub(crate) unsafe fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
     // SAFETY: MAP_FIXED replaces addr..+len; the caller's contract makes the
     // lost content either zeros already or never read again.
@@ -203,7 +204,9 @@ pub(crate) unsafe fn mremap_fixed(src: *mut u8, len: usize, dst: usize) -> Resul
 /// (a pool VMA) as the file's page. For such advice the caller guarantees
 /// that the bytes every reader sees do not change: the pages are all-zero
 /// private anonymous pages and cannot be written before the call returns
-/// (write-protected). Advice that preserves content
+/// (write-protected), or the range's owner gave its content up and
+/// expects zeros (`Core::discard`), and no page of it lies in a pool VMA.
+/// Advice that preserves content
 /// (`MADV_POPULATE_READ`, `MADV_NOHUGEPAGE`, `MADV_MERGEABLE`,
 /// `MADV_UNMERGEABLE`) needs only the range to be the caller's.
 pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> Result<(), MmError> {

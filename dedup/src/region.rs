@@ -1,4 +1,5 @@
-//! A registered region and its per-page metadata: 6 bytes per page.
+//! A registered region and its per-page metadata: 6 bytes per page, and
+//! two bits (in a pool VMA, given back by the owner).
 //!
 //! * `word[i]`: the page's last folded hash while it is unmerged, its pool
 //!   slot while merged (a merged page is never re-hashed: pool pages are
@@ -227,6 +228,13 @@ pub struct Region {
     /// page under a page they replace (`mm::split_huge_page_at`), so that
     /// the page they save is freed at once.
     pub huge: bool,
+    /// Bit per page: the owner gave the page back (`Core::discard`, a
+    /// balloon or free page reporting) and the engine has not seen it
+    /// mapped since. Cleared when the page takes any kind but NEW.
+    pub discarded: Vec<u64>,
+    /// Pages the owner gave back since registration (each discard counts
+    /// every page it dropped, a page given back twice twice).
+    pub reported: u64,
 }
 
 /// A page of guest memory as the scanner reads it: never through a Rust
@@ -430,6 +438,8 @@ impl Region {
             huge: false,
             security: Security::Default,
             written: None,
+            discarded: vec![0; npages.div_ceil(64)],
+            reported: 0,
         })
     }
 
@@ -471,8 +481,45 @@ impl Region {
         }
     }
 
+    /// True if the owner gave page `i` back and it was not seen mapped
+    /// since (see [`Region::discarded`]).
+    pub fn is_discarded(&self, i: usize) -> bool {
+        self.discarded[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Records whether the owner's give-back of page `i` still holds.
+    pub fn set_discarded(&mut self, i: usize, v: bool) {
+        if v {
+            self.discarded[i / 64] |= 1 << (i % 64);
+        } else {
+            self.discarded[i / 64] &= !(1 << (i % 64));
+        }
+    }
+
+    /// Pages given back and not seen mapped since: discarded and still NEW
+    /// (a page that was hashed, merged or dropped since is counted there,
+    /// never twice).
+    pub fn returned(&self) -> u64 {
+        let mut n = 0;
+        for (w, &bits) in self.discarded.iter().enumerate() {
+            let mut b = bits;
+            while b != 0 {
+                let i = w * 64 + b.trailing_zeros() as usize;
+                if kind(self.state[i]) == NEW {
+                    n += 1;
+                }
+                b &= b - 1;
+            }
+        }
+        n
+    }
+
     /// Changes page `i`'s kind, keeping the counters exact.
     pub fn set_kind(&mut self, i: usize, k: u8) {
+        if k != NEW && self.is_discarded(i) {
+            // Seen mapped: no longer given back.
+            self.set_discarded(i, false);
+        }
         let s = self.state[i];
         let old = kind(s);
         if old == k {
@@ -537,6 +584,7 @@ impl Region {
         (self.word.capacity() * 4
             + self.state.capacity()
             + self.in_pool.capacity() * 8
+            + self.discarded.capacity() * 8
             + std::mem::size_of::<Self>()
             + self.owner.len()
             + self.group_name.len()) as u64
@@ -571,6 +619,35 @@ mod tests {
         let s = with_level(with_kind(0, HASHED) | VOLATILE, 3);
         assert_eq!((kind(s), level(s), is_volatile(s)), (HASHED, 3, true));
         assert_eq!(level(with_level(s, 1)), 1);
+    }
+
+    #[test]
+    fn pages_given_back_count_until_they_take_another_kind() {
+        let mut r = Region::new(
+            RegionId(1),
+            0x10000,
+            130 * PAGE_SIZE,
+            "o".into(),
+            "g".into(),
+            0,
+            0,
+        )
+        .unwrap();
+        for i in [0, 63, 64, 129] {
+            r.set_discarded(i, true);
+        }
+        assert_eq!(r.returned(), 4);
+        // Hashed (seen mapped): no longer given back, even once NEW again.
+        r.set_kind(64, HASHED);
+        r.set_kind(64, NEW);
+        assert!(!r.is_discarded(64));
+        assert_eq!(r.returned(), 3);
+        // A kind set again to what it is still clears the mark.
+        r.set_kind(1, MERGED);
+        r.set_discarded(1, true);
+        r.set_kind(1, MERGED);
+        assert!(!r.is_discarded(1));
+        assert_eq!(r.returned(), 3);
     }
 
     #[test]

@@ -13,7 +13,12 @@
 //! * `bytes_saved` = (`pages_sharing` + `zero_pages`) x 4096;
 //! * `vmas_created`: pool-mapping VMAs in the regions (runs of consecutive
 //!   slots, recounted once per full scan);
-//! * `profit_bytes` = saved - engine metadata - VMAs x 256 B of kernel memory.
+//! * `profit_bytes` = saved - engine metadata - VMAs x 256 B of kernel memory;
+//! * `pages_reported`: pages owners gave back (`DedupBackend::discard`)
+//!   since the start, every page of every call; `pages_returned`: pages
+//!   given back that the scan has not seen mapped since (absent: in
+//!   neither `pages_sharing` nor `zero_pages`, nor in an owner's
+//!   `pages_merged`).
 
 /// CPU clocks of the engine's threads.
 #[derive(Debug, Default)]

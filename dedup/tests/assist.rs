@@ -111,6 +111,27 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
     assert_eq!(a.read(k), pattern(999_999));
     assert_eq!(b.read(perm[k]), pattern(k as u64 + 1));
 
+    // Giving back a range of the assisted region (a balloon's pages) drops
+    // its mappings of KSM's and the pool's pages without a copy: the range
+    // is absent, the partners keep their content, and the engine's pool
+    // VMAs there become the region's anonymous memory again.
+    let (d0, dn) = (N / 2, 512);
+    // SAFETY: nothing reads a's pages d0..d0 + dn as data again below; they
+    // are expected to read zeros.
+    let given = unsafe { e.discard(a.addr + d0 * PS, dn * PS) }.unwrap();
+    assert_eq!(given, dn as u64);
+    assert!((d0..d0 + dn).all(|i| !a.entry(&pm, i).present()));
+    assert_eq!(ksm::count_ksm_pages(a.addr + d0 * PS, dn * PS).unwrap(), 0);
+    assert!(mappings_in(a.addr + d0 * PS, dn * PS)
+        .iter()
+        .all(|(_, _, line)| !line.contains("memfd")));
+    for i in (d0..d0 + dn).step_by(7) {
+        assert_eq!(a.read(i), pattern(0));
+        assert_eq!(b.read(perm[i]), pattern(i as u64 + 1));
+    }
+    assert_eq!(e.stats().per_owner["a"].pages_reported, dn as u64);
+    e.check_consistency().unwrap();
+
     // Unmerge takes the group back from KSM first: nothing shared after.
     // The guests are parked for each 16 MiB given back (a copy-on-write
     // fault and TLB flush per KSM page): two steps per region here.

@@ -81,6 +81,12 @@ struct Cfg {
     /// unique ones and zero pages too, is moved onto a pool page under
     /// the writers.
     hardened: bool,
+    /// Writers own blocks of 8 pages and now and then give a run of
+    /// their pages back (`DedupBackend::discard`, as a balloon or free page
+    /// reporting does): the run reads zeros afterwards, in the shadow too,
+    /// whatever the engine had made of it (merged, zero, half-way through
+    /// a merge window).
+    discards: bool,
 }
 
 impl Cfg {
@@ -106,7 +112,21 @@ impl Cfg {
             hints: false,
             pause_budget_us: None,
             hardened: false,
+            discards: false,
         }
+    }
+}
+
+/// With discards, each writer owns blocks of this many consecutive pages,
+/// so that it can give back runs of them.
+const DISCARD_BLOCK: usize = 8;
+
+/// The writer that owns page `g`.
+fn owner(g: usize, discards: bool) -> usize {
+    if discards {
+        g / DISCARD_BLOCK % WRITERS
+    } else {
+        g % WRITERS
     }
 }
 
@@ -121,7 +141,8 @@ impl Rng {
     }
 }
 
-/// Page `g` (global over all regions) belongs to writer `g % WRITERS`.
+/// Page `g` (global over all regions) belongs to writer `g % WRITERS`,
+/// or with discards `g / DISCARD_BLOCK % WRITERS` (see `owner`).
 struct World {
     mems: Vec<Mem>,
     pages_per: usize,
@@ -163,6 +184,7 @@ fn run(cfg: Cfg) {
         hints,
         pause_budget_us,
         hardened,
+        discards,
     } = cfg;
     let e = Arc::new(
         Engine::new(EngineConfig {
@@ -291,7 +313,9 @@ fn run(cfg: Cfg) {
         );
         handles.push(std::thread::spawn(move || {
             let mut rng = Rng(seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let mine: Vec<usize> = (w..world.total()).step_by(WRITERS).collect();
+            let mine: Vec<usize> = (0..world.total())
+                .filter(|&g| owner(g, discards) == w)
+                .collect();
             let mut writes = 0u64;
             loop {
                 if pause.load(Ordering::Acquire) {
@@ -303,6 +327,27 @@ fn run(cfg: Cfg) {
                 }
                 let g = mine[(rng.next() % mine.len() as u64) as usize];
                 let r = rng.next();
+                if discards && r % 16 == 15 {
+                    // Give back a run of this writer's block from page g:
+                    // 1 to 8 pages, within one region.
+                    let (m, i) = (g / world.pages_per, g % world.pages_per);
+                    let n = ((r / 16 % DISCARD_BLOCK as u64) as usize + 1)
+                        .min(DISCARD_BLOCK - g % DISCARD_BLOCK)
+                        .min(world.pages_per - i);
+                    let addr = world.mems[m].page_ptr(i) as usize;
+                    // SAFETY: pages g..g + n are this writer's (one block),
+                    // inside a registered region, and it expects zeros there.
+                    let given = unsafe { e.discard(addr, n * PS) }.unwrap();
+                    // A pool run is refused only when the VMA budget is
+                    // spent, which three regions of 1,024 pages never do.
+                    assert_eq!(given, n as u64, "pages not given back");
+                    let mut log = shadows[w].lock().unwrap();
+                    for k in 0..n {
+                        log.push((g + k, vec![0u8; PS]));
+                    }
+                    writes += n as u64;
+                    continue;
+                }
                 let ptr = world.ptr(g);
                 let user_write = r % 10 < 8;
                 let new: Vec<u8> = match r % 10 {
@@ -483,6 +528,14 @@ fn run(cfg: Cfg) {
         assert!(parks > 0, "the budget's quiescer was never asked to park");
         assert_eq!(quiescer.held.load(Ordering::SeqCst), 0, "a park left on");
     }
+    if discards {
+        eprintln!(
+            "discards: {} pages given back, {} still absent",
+            s.pages_reported,
+            s.pages_returned.unwrap_or(0)
+        );
+        assert!(s.pages_reported > 100, "hardly any page given back: {s:?}");
+    }
     if write_log {
         assert_eq!(s.write_logged_regions, 3, "{s:?}");
         assert!(s.clean_visits > 0, "the write log answered no visit: {s:?}");
@@ -616,6 +669,36 @@ fn torture_hardened() {
         write_gap_us: 100,
         write_log: true,
         ..Cfg::base(0x4a2d_e0ed)
+    });
+}
+
+#[test]
+fn torture_discards() {
+    // Pages given back while the engine merges them and the writers
+    // write: runs of one pattern (merged onto pool runs, so a discard
+    // replaces part of a pool VMA), zero pages, pages copied on write
+    // since their merge, under a write log. The writers pause between
+    // writes, so that pages stay idle long enough to merge and writes
+    // still meet merges in flight.
+    run(Cfg {
+        discards: true,
+        write_log: true,
+        run_pages: 8,
+        write_gap_us: 100,
+        ..Cfg::base(0xd15c_a4d5)
+    });
+}
+
+#[test]
+fn torture_discards_hardened() {
+    // The same in hardened groups, where every idle page moves onto a pool
+    // page and the slots a discard frees wait for the scanner.
+    run(Cfg {
+        discards: true,
+        hardened: true,
+        write_gap_us: 100,
+        write_log: true,
+        ..Cfg::base(0xd15c_4a2d)
     });
 }
 

@@ -37,6 +37,8 @@ pub struct Spec {
     pub group: &'static str,
     /// A NIC on this host tap (pagefold creates it; see `linux_net`).
     pub tap: Option<String>,
+    /// A balloon with free page reporting, statistics every second.
+    pub balloon: bool,
 }
 
 impl Spec {
@@ -46,7 +48,15 @@ impl Spec {
             memory,
             group,
             tap: None,
+            balloon: false,
         }
+    }
+
+    /// The same VM with a balloon (free page reporting, statistics every
+    /// second).
+    pub fn with_balloon(mut self) -> Self {
+        self.balloon = true;
+        self
     }
 
     /// The same VM with a NIC on tap `tap`.
@@ -107,6 +117,7 @@ pub fn agent_vm_config(dir: &Path, spec: &Spec, cpu: Option<usize>) -> (VmConfig
         cmdline = "{cmdline}"
         disks = [{{ path = {data:?}, readonly = true }}, {{ path = {mbox:?} }}]
         {net}
+        {balloon}
         "#,
         name = spec.name,
         memory = spec.memory,
@@ -118,6 +129,11 @@ pub fn agent_vm_config(dir: &Path, spec: &Spec, cpu: Option<usize>) -> (VmConfig
         net = match &spec.tap {
             Some(t) => format!("net = [{{ tap = {t:?} }}]"),
             None => String::new(),
+        },
+        balloon = if spec.balloon {
+            "balloon = { stats_interval_s = 1 }"
+        } else {
+            ""
         },
     );
     let mut cfg: VmConfig = toml::from_str(&toml).expect("agent VM config");
@@ -322,6 +338,25 @@ impl Served {
                 .unwrap_or_else(|e| panic!("resuming {n}: {e}"));
         }
         a
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server running").id()
+    }
+
+    /// Pauses (true) or resumes every VM.
+    pub fn pause_all(&self, paused: bool) {
+        let target = if paused {
+            VmTarget::Paused
+        } else {
+            VmTarget::Running
+        };
+        for v in &self.vms {
+            self.client
+                .set_vm_state(&v.name, target)
+                .unwrap_or_else(|e| panic!("{target:?} {}: {e}", v.name));
+        }
     }
 
     fn audit_now(&self, what: &str, limit: Duration) -> Audit {

@@ -146,6 +146,31 @@ pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
     a
 }
 
+/// Pages of guest RAM's kind (private anonymous mappings and pool VMAs)
+/// of process `pid`: (present, absent). Present counts frames the process
+/// holds (the zero page left out, a pool page once per mapping); absent
+/// counts pages with no frame, which is what memory given back is (and
+/// memory never touched, heaps' and stacks' reserves: a small, steady
+/// share beside guest RAM).
+pub fn guest_pages(pid: u32, zero_pfn: u64) -> (u64, u64) {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
+    let pagemap = File::open(format!("/proc/{pid}/pagemap")).expect("open pagemap");
+    let (mut present, mut absent) = (0, 0);
+    for v in parse_maps(&maps).iter().filter(|v| v.private) {
+        if !v.path.is_empty() && !v.path.starts_with(POOL_PATH) {
+            continue;
+        }
+        for e in entries(&pagemap, v) {
+            if e & PM_PRESENT != 0 && e & PM_PFN_MASK != zero_pfn {
+                present += 1;
+            } else {
+                absent += 1;
+            }
+        }
+    }
+    (present, absent)
+}
+
 /// The backend's figures the audit checks. The kernel-KSM backend reports
 /// KSM's system-wide `pages_sharing` only (its `pages_shared` counts KSM
 /// pages a copy-on-write left with one mapper until ksmd looks again; it

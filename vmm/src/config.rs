@@ -9,8 +9,10 @@ use pagefold_dedup::{BackendKind, CheckedSettings, Mode};
 use pagefold_devices::virtio::net::{mac, tap::check_name as check_tap_name, MacAddr};
 use serde::{Deserialize, Serialize};
 
+mod balloon;
 mod size;
 
+pub use balloon::{BalloonConfig, MAX_STATS_INTERVAL_S};
 pub use size::{fmt_size, fmt_size_exact, fmt_size_exact_about, parse_size, SizeValue};
 
 /// Errors in a configuration.
@@ -335,10 +337,13 @@ pub struct KernelConfig {
     /// the virtio-mmio slots.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub net: Vec<NetConfig>,
+    /// A memory balloon (virtio-balloon), in the slot after the NICs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<BalloonConfig>,
 }
 
-/// How many virtio-mmio devices (disks and NICs together) a Linux guest
-/// may have: one GSI each, from 5 to the IOAPIC's last pin, 23.
+/// How many virtio-mmio devices (disks, NICs and the balloon together) a
+/// Linux guest may have: one GSI each, from 5 to the IOAPIC's last pin, 23.
 pub const MAX_VIRTIO_DEVICES: usize = 19;
 
 pub fn default_cmdline() -> String {
@@ -606,15 +611,19 @@ impl VmConfig {
     }
 
     /// NICs: valid tap names, no tap or address twice, room in the
-    /// virtio-mmio slots.
+    /// virtio-mmio slots (with the balloon's); the balloon's settings.
     fn validate_net(&self, k: &KernelConfig) -> Result<(), Error> {
-        let devices = k.disks.len() + k.net.len();
+        let balloons = usize::from(k.balloon.is_some());
+        let devices = k.disks.len() + k.net.len() + balloons;
         if devices > MAX_VIRTIO_DEVICES {
             return Err(self.err(format!(
-                "{} disks and {} network interfaces: at most {MAX_VIRTIO_DEVICES} devices in all",
+                "{} disks, {} network interfaces and {balloons} balloon: at most {MAX_VIRTIO_DEVICES} devices in all",
                 k.disks.len(),
                 k.net.len()
             )));
+        }
+        if let Some(b) = &k.balloon {
+            b.validate().map_err(|m| self.err(m))?;
         }
         let mut taps = BTreeSet::new();
         let mut macs = BTreeSet::new();

@@ -23,6 +23,11 @@ pub enum Request {
     CreateVm(Box<VmConfig>),
     Pause(String),
     Resume(String),
+    /// Ask a VM's balloon for `target_mib` MiB (0: deflate it all).
+    SetBalloon {
+        vm: String,
+        target_mib: u64,
+    },
     /// Stop a VM and release its memory and dedup regions.
     DeleteVm(String),
     /// Stop every VM and end the process (`serve` mode too).

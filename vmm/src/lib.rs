@@ -2,6 +2,7 @@
 //! engine attached to guest memory.
 
 pub mod affinity;
+pub mod balloon;
 pub mod config;
 pub mod control;
 pub mod dedup;
@@ -21,6 +22,7 @@ pub mod state;
 pub mod stdin;
 pub mod vcpu;
 pub mod vcpu_stats;
+pub mod virtio_mmio;
 pub mod vm;
 pub mod workload;
 pub mod x86;

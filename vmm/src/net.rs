@@ -1,18 +1,16 @@
 //! Network interfaces of Linux guests: virtio-net devices on host taps,
-//! each on virtio-mmio in the slot after the disks (the same windows and
-//! GSIs as [`crate::disk`]).
+//! each on virtio-mmio in the slot after the disks (the same windows,
+//! GSIs and wiring as every device: [`crate::virtio_mmio`]).
 
 use std::sync::{Arc, Mutex};
 
-use kvm_ioctls::{IoEventAddress, VmFd};
+use kvm_ioctls::VmFd;
 use pagefold_devices::bus::Bus;
 use pagefold_devices::virtio::net::{Net, Tap, TapWatcher};
-use pagefold_devices::virtio::{MmioNotifier, MmioTransport, NOTIFY_REG_OFFSET};
 use vm_memory::GuestMemoryMmap;
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::NetConfig;
-use crate::disk::{Subscriber, VirtioMmioDevice};
+use crate::virtio_mmio::{Subscriber, VirtioMmioDevice};
 
 /// Errors attaching a NIC.
 #[derive(Debug, thiserror::Error)]
@@ -31,13 +29,12 @@ pub enum Error {
         tap: String,
         message: String,
     },
-    #[error("network interface {index} (tap {tap:?}): KVM {what}: {source}")]
-    Kvm {
+    #[error("network interface {index} (tap {tap:?}): {source}")]
+    Attach {
         index: usize,
         tap: String,
-        what: &'static str,
         #[source]
-        source: kvm_ioctls::Error,
+        source: crate::virtio_mmio::Error,
     },
 }
 
@@ -70,43 +67,24 @@ pub fn attach_nets(
             tap: cfg.tap.clone(),
             message,
         };
-        let kvm = |what: &'static str| {
-            move |source| Error::Kvm {
-                index,
-                tap: cfg.tap.clone(),
-                what,
-                source,
-            }
-        };
         let slot = VirtioMmioDevice::slot((first_slot + index) as u32);
         let tap = Tap::open(&cfg.tap).map_err(|source| Error::Tap { index, source })?;
         let watched = tap
             .try_clone()
             .map_err(|source| Error::Tap { index, source })?;
         let net = Net::new(tap, cfg.mac_for(name, index)).map_err(|e| dev_err(e.to_string()))?;
-        let irqfd =
-            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| dev_err(format!("eventfd: {e}")))?;
-        vm_fd
-            .register_irqfd(&irqfd, slot.irq)
-            .map_err(kvm("irqfd for virtio-net"))?;
-        let transport = MmioTransport::new(mem.clone(), Box::new(net), irqfd)
-            .map_err(|e| dev_err(e.to_string()))?;
-        for (q, qevt) in transport.queue_evts().iter().enumerate() {
-            vm_fd
-                .register_ioevent(
-                    qevt,
-                    &IoEventAddress::Mmio(slot.addr + NOTIFY_REG_OFFSET),
-                    q as u32,
-                )
-                .map_err(kvm("ioeventfd for virtio-net"))?;
-        }
-        let transport = Arc::new(Mutex::new(transport));
-        mmio.insert(transport.clone(), slot.addr, slot.size)
-            .map_err(|e| dev_err(e.to_string()))?;
-        let notifier = MmioNotifier::new(transport.clone()).map_err(|e| dev_err(e.to_string()))?;
-        out.subscribers.push(Arc::new(Mutex::new(notifier)));
+        let attached =
+            crate::virtio_mmio::attach(slot, Box::new(net), "virtio-net", vm_fd, mem, mmio)
+                .map_err(|source| Error::Attach {
+                    index,
+                    tap: cfg.tap.clone(),
+                    source,
+                })?;
+        out.subscribers.push(attached.notifier);
         out.subscribers.push(Arc::new(Mutex::new(TapWatcher::new(
-            transport, watched, &cfg.tap,
+            attached.transport,
+            watched,
+            &cfg.tap,
         ))));
         out.slots.push(slot);
     }

@@ -520,6 +520,14 @@ impl Runner {
                     .map_err(|e| RequestError::Conflict(e.to_string()))?;
                 Ok(Response::Vm(Box::new(vm.info())))
             }
+            Request::SetBalloon { vm, target_mib } => {
+                let vm = self.find(&vm)?;
+                vm.set_balloon_target(target_mib).map_err(|e| match e {
+                    crate::vm::Error::NoBalloon(_) => RequestError::Conflict(e.to_string()),
+                    e => RequestError::BadRequest(e.to_string()),
+                })?;
+                Ok(Response::Vm(Box::new(vm.info())))
+            }
             Request::Resume(n) => {
                 let vm = self.find(&n)?;
                 vm.resume()

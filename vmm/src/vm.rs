@@ -73,6 +73,10 @@ pub enum Error {
     Disk(#[from] disk::Error),
     #[error(transparent)]
     Linux(#[from] linux::vm::Error),
+    #[error("VM {0:?} has no balloon (a Linux guest's `balloon` in its kernel config)")]
+    NoBalloon(String),
+    #[error(transparent)]
+    Balloon(crate::balloon::Error),
 }
 
 impl Error {
@@ -131,6 +135,9 @@ pub struct VmInfo {
     /// (see [`crate::pause`]).
     #[serde(default)]
     pub guest_pauses: GuestPauses,
+    /// The balloon's target, size and figures (Linux guests with one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<crate::balloon::BalloonStatus>,
 }
 
 /// How long `pause` keeps kicking vCPUs before it returns anyway.
@@ -151,9 +158,13 @@ pub struct Vm {
     threads: Vec<JoinHandle<()>>,
     regions: Vec<RegionId>,
     dedup: Option<Arc<dyn DedupBackend>>,
-    /// Where the virtio-blk devices send their I/O hints: the backend once
-    /// the VM is registered with one.
-    hint_target: Arc<RwLock<Option<Arc<dyn DedupBackend>>>>,
+    /// Where the virtio-blk devices send their I/O hints and the balloon
+    /// gives pages back: the backend while the VM's RAM is registered with
+    /// one (held for writing while it registers and unregisters, so a
+    /// discard never meets registered memory behind the backend's back).
+    dedup_target: crate::balloon::DedupTarget,
+    /// The balloon (Linux guests that ask for one).
+    balloon: Option<crate::balloon::BalloonDevice>,
     /// Given to the dedup backend for its regions once the vCPUs run.
     quiescer: Option<Arc<VcpuQuiescer>>,
     workload: Option<Arc<workload::Control>>,
@@ -164,7 +175,7 @@ pub struct Vm {
     /// kernel has one: parks leave halted vCPUs alone.
     blocking: Vec<Option<Arc<VcpuBlocking>>>,
     ctx: Option<ExitContext>,
-    subscribers: Vec<disk::Subscriber>,
+    subscribers: Vec<crate::virtio_mmio::Subscriber>,
     started: Instant,
     finished: bool,
     mem: GuestMemoryMmap,
@@ -254,13 +265,16 @@ impl Vm {
         }
 
         // I/O hints: ranges virtio-blk reads fill go to the dedup backend
-        // (host addresses), which visits those pages first.
-        // The hook reads the VM's hint target at each call, so a backend
-        // started after this VM ([`Vm::attach_dedup`]) gets the hints too.
-        let hint_target = Arc::new(RwLock::new(backend.clone()));
+        // (host addresses), which visits those pages first; the balloon
+        // gives pages back through it. The hooks read the VM's dedup
+        // target at each call, so a backend started after this VM
+        // ([`Vm::attach_dedup`]) gets the hints and discards too.
+        let dedup_target: crate::balloon::DedupTarget = Arc::new(RwLock::new(
+            backend.clone().filter(|_| config.dedup.enabled),
+        ));
         let filled: Option<pagefold_devices::virtio::block::WriteHook> =
             config.dedup.enabled.then(|| {
-                let (target, m) = (hint_target.clone(), mem.clone());
+                let (target, m) = (dedup_target.clone(), mem.clone());
                 Arc::new(move |gpa: u64, len: usize| {
                     let d = target.read().unwrap_or_else(|e| e.into_inner());
                     if let (Some(d), Ok(h)) =
@@ -273,10 +287,11 @@ impl Vm {
         // The guest: a Linux kernel, or the built-in workload.
         let ranges = memory::ram_ranges(config.memory_bytes())?;
         let subscribers;
+        let mut balloon = None;
         let mut workload_params = None;
         let (workload, control_port, strict_io) = match &config.kernel {
             Some(kernel) => {
-                subscribers = linux::vm::setup(
+                let devs = linux::vm::setup(
                     &name,
                     kernel,
                     &vm_fd,
@@ -287,7 +302,10 @@ impl Vm {
                     &mut mmio,
                     &shared,
                     filled.as_ref(),
+                    &dedup_target,
                 )?;
+                subscribers = devs.subscribers;
+                balloon = devs.balloon;
                 // Linux probes legacy ports and addresses nothing decodes.
                 (None, None, false)
             }
@@ -335,7 +353,8 @@ impl Vm {
             regions: Vec::new(),
             quiescer: None,
             dedup: backend,
-            hint_target,
+            dedup_target,
+            balloon,
             workload,
             workload_params,
             serial,
@@ -513,11 +532,18 @@ impl Vm {
             }
         }
         self.dedup = Some(backend.clone());
-        if let Err(e) = self.register_dedup() {
-            self.detach_dedup();
-            return Err(e);
+        {
+            // Balloon discards wait until the RAM is registered and the
+            // target says so.
+            let target = self.dedup_target.clone();
+            let mut t = target.write().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = self.register_dedup() {
+                drop(t);
+                self.detach_dedup();
+                return Err(e);
+            }
+            *t = Some(backend);
         }
-        *self.hint_target.write().unwrap_or_else(|e| e.into_inner()) = Some(backend);
         if self.ctx.is_none() {
             self.attach_quiescer();
         }
@@ -530,7 +556,11 @@ impl Vm {
         let Some(d) = self.dedup.take() else {
             return;
         };
-        *self.hint_target.write().unwrap_or_else(|e| e.into_inner()) = None;
+        // Held until the regions are gone: a balloon discard then frees the
+        // pages itself, never registered memory behind the backend's back.
+        let target = self.dedup_target.clone();
+        let mut t = target.write().unwrap_or_else(|e| e.into_inner());
+        *t = None;
         if self.quiescer.take().is_some() || self.dirty_logged {
             d.detach_guest(&self.regions);
         }
@@ -631,6 +661,10 @@ impl Vm {
                 );
             }
             let t2 = Instant::now();
+            // No discard reaches the backend once its regions go.
+            let target = self.dedup_target.clone();
+            let mut t = target.write().unwrap_or_else(|e| e.into_inner());
+            *t = None;
             if let Some(d) = &self.dedup {
                 for id in self.regions.drain(..) {
                     let r = if all_out {
@@ -648,6 +682,7 @@ impl Vm {
                     }
                 }
             }
+            drop(t);
             if t0.elapsed() >= SLOW_DEDUP_CALL {
                 // Which part a slow deletion waited for: the dedup calls
                 // wait for the engine's core.
@@ -685,7 +720,17 @@ impl Vm {
             outcome: self.shared.outcome(),
             uptime_s: self.started.elapsed().as_secs_f64(),
             guest_pauses: self.shared.guest_pauses(),
+            balloon: self.balloon.as_ref().map(|b| b.status()),
         }
+    }
+
+    /// Asks the guest's balloon for `target_mib` MiB.
+    pub fn set_balloon_target(&self, target_mib: u64) -> Result<(), Error> {
+        let b = self
+            .balloon
+            .as_ref()
+            .ok_or_else(|| Error::NoBalloon(self.config.name.clone()))?;
+        b.set_target_mib(target_mib).map_err(Error::Balloon)
     }
 
     /// The serial device (stdin forwarding).
@@ -707,7 +752,7 @@ impl Vm {
     }
 
     /// Event-loop subscribers of this VM's devices (taken once, by the runner).
-    pub fn take_subscribers(&mut self) -> Vec<disk::Subscriber> {
+    pub fn take_subscribers(&mut self) -> Vec<crate::virtio_mmio::Subscriber> {
         std::mem::take(&mut self.subscribers)
     }
 

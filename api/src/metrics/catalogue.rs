@@ -10,8 +10,8 @@
 //! test keeps the two equal.
 
 use super::rows::{
-    auto, build, by_origin, dedup, ms_to_s, one, pagefold_only, per_owner, per_owner_some, per_vm,
-    process,
+    auto, build, by_origin, dedup, dedup_some, ms_to_s, one, pagefold_only, per_balloon,
+    per_guest_stat, per_owner, per_owner_some, per_vm, process,
 };
 use super::{Num, Scrape, MODES, STATES};
 
@@ -24,6 +24,20 @@ pub enum Kind {
 }
 
 pub use super::rows::Rows;
+
+/// The guest statistics `pagefold_balloon_guest_events` counts.
+const GUEST_EVENTS: [&str; 10] = [
+    "major_faults",
+    "minor_faults",
+    "hugetlb_allocations",
+    "hugetlb_failures",
+    "oom_kills",
+    "alloc_stalls",
+    "async_scans",
+    "direct_scans",
+    "async_reclaims",
+    "direct_reclaims",
+];
 
 /// One metric family.
 pub struct Family {
@@ -214,6 +228,112 @@ pub static FAMILIES: &[Family] = &[
             per_vm(s, |v| Num::H {
                 sum: v.guest_pauses.total_s,
                 buckets: v.guest_pauses.buckets,
+            })
+        },
+    },
+    Family {
+        name: "pagefold_balloon_target_bytes",
+        kind: Kind::Gauge,
+        labels: &["vm"],
+        help: "The size the host asks the VM's balloon to be.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_balloon(s, |b| Num::U(b.target_mib << 20)),
+    },
+    Family {
+        name: "pagefold_balloon_actual_bytes",
+        kind: Kind::Gauge,
+        labels: &["vm"],
+        help: "The size the guest says its balloon has.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_balloon(s, |b| Num::U(b.actual_mib << 20)),
+    },
+    Family {
+        name: "pagefold_balloon_reported_pages",
+        kind: Kind::Counter,
+        labels: &["vm"],
+        help: "4 KiB pages in the ranges the guest's free page reporting reported.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_balloon(s, |b| Num::U(b.reported_pages)),
+    },
+    Family {
+        name: "pagefold_balloon_inflated_pages",
+        kind: Kind::Counter,
+        labels: &["vm"],
+        help: "4 KiB pages the guest put into its balloon.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_balloon(s, |b| Num::U(b.inflated_pages)),
+    },
+    Family {
+        name: "pagefold_balloon_deflated_pages",
+        kind: Kind::Counter,
+        labels: &["vm"],
+        help: "4 KiB pages the guest took out of its balloon.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_balloon(s, |b| Num::U(b.deflated_pages)),
+    },
+    Family {
+        name: "pagefold_balloon_returned_pages",
+        kind: Kind::Counter,
+        labels: &["vm"],
+        help: "4 KiB pages the balloon gave back to the host (inflated and reported).",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_balloon(s, |b| Num::U(b.returned_pages)),
+    },
+    Family {
+        name: "pagefold_balloon_bad_chains",
+        kind: Kind::Counter,
+        labels: &["vm"],
+        help: "Malformed balloon buffers the guest posted (returned untouched).",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_balloon(s, |b| Num::U(b.bad_chains)),
+    },
+    Family {
+        name: "pagefold_balloon_guest_memory_bytes",
+        kind: Kind::Gauge,
+        labels: &["vm", "kind"],
+        help: "The guest's memory as its balloon reports it: total_memory, free_memory, available_memory, disk_caches.",
+        source: &[],
+        ksmd: None,
+        rows: |s| {
+            per_guest_stat(s, |k| {
+                ["total_memory", "free_memory", "available_memory", "disk_caches"]
+                    .into_iter()
+                    .find(|&m| m == k)
+            })
+        },
+    },
+    Family {
+        name: "pagefold_balloon_guest_swapped_bytes",
+        kind: Kind::Counter,
+        labels: &["vm", "direction"],
+        help: "Memory the guest swapped in and out, as its balloon reports it.",
+        source: &[],
+        ksmd: None,
+        rows: |s| {
+            per_guest_stat(s, |k| match k {
+                "swap_in" => Some("in"),
+                "swap_out" => Some("out"),
+                _ => None,
+            })
+        },
+    },
+    Family {
+        name: "pagefold_balloon_guest_events",
+        kind: Kind::Counter,
+        labels: &["vm", "event"],
+        help: "The guest's memory events as its balloon reports them: major_faults, minor_faults, oom_kills, alloc_stalls, hugetlb_allocations, ...",
+        source: &[],
+        ksmd: None,
+        rows: |s| {
+            per_guest_stat(s, |k| {
+                GUEST_EVENTS.into_iter().find(|&e| e == k)
             })
         },
     },
@@ -669,6 +789,42 @@ pub static FAMILIES: &[Family] = &[
         source: &["per_owner.*.cow_breaks"],
         ksmd: None,
         rows: |s| per_owner_some(s, |o| o.cow_breaks),
+    },
+    Family {
+        name: "pagefold_dedup_vm_reported_pages",
+        kind: Kind::Counter,
+        labels: &["vm", "group"],
+        help: "Pages the VM gave back to the host (balloon, free page reporting), every page of every report.",
+        source: &["per_owner.*.pages_reported"],
+        ksmd: None,
+        rows: |s| per_owner(s, |o| o.pages_reported),
+    },
+    Family {
+        name: "pagefold_dedup_vm_returned_pages",
+        kind: Kind::Gauge,
+        labels: &["vm", "group"],
+        help: "Pages the VM gave back and has not used since (neither merged nor zero pages); pagefold backend only.",
+        source: &["per_owner.*.pages_returned"],
+        ksmd: None,
+        rows: |s| per_owner_some(s, |o| o.pages_returned),
+    },
+    Family {
+        name: "pagefold_dedup_reported_pages",
+        kind: Kind::Counter,
+        labels: &[],
+        help: "Pages the VMs gave back to the host (balloon, free page reporting).",
+        source: &["pages_reported"],
+        ksmd: None,
+        rows: |s| dedup(s, |d| d.pages_reported.into()),
+    },
+    Family {
+        name: "pagefold_dedup_returned_pages",
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Pages given back and not used since; pagefold backend only.",
+        source: &["pages_returned"],
+        ksmd: None,
+        rows: |s| dedup_some(s, |d| d.pages_returned),
     },
     Family {
         name: "pagefold_dedup_auto_merging",

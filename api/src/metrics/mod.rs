@@ -294,6 +294,8 @@ mod tests {
                 zero_pages: 1,
                 bytes_saved: 8192,
                 cow_breaks: Some(3),
+                pages_reported: 6,
+                pages_returned: Some(2),
             },
         );
         Stats {
@@ -315,6 +317,8 @@ mod tests {
             ksm_assist: "standby".into(),
             max_guest_pause_us: Some(500),
             settle: Some(false),
+            pages_reported: 9,
+            pages_returned: Some(4),
             per_owner,
             ..Stats::default()
         }
@@ -335,6 +339,7 @@ mod tests {
             outcome: None,
             uptime_s: 1.25,
             guest_pauses: pauses(),
+            balloon: None,
         }
     }
 
@@ -348,11 +353,23 @@ mod tests {
     }
 
     fn three_vms() -> Vec<VmInfo> {
-        vec![
-            vm("a", RunState::Running),
-            vm("b", RunState::Paused),
-            vm("c", RunState::Stopped),
-        ]
+        let mut a = vm("a", RunState::Running);
+        a.balloon = Some(pagefold_vmm::balloon::BalloonStatus {
+            target_mib: 16,
+            actual_mib: 12,
+            reported_pages: 300,
+            returned_pages: 3372,
+            guest_stats: [
+                ("free_memory", 5u64 << 20),
+                ("swap_in", 8192),
+                ("major_faults", 7),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+            ..Default::default()
+        });
+        vec![a, vm("b", RunState::Paused), vm("c", RunState::Stopped)]
     }
 
     /// The numbers, flags and strings under `v` (objects recursively), by
@@ -485,6 +502,16 @@ mod tests {
             "process_cpu_seconds_total 2.5\n",
             "process_resident_memory_bytes 1048576\n",
             "process_max_fds 1024\n",
+            "pagefold_dedup_reported_pages_total 9\n",
+            "pagefold_dedup_returned_pages 4\n",
+            "pagefold_dedup_vm_returned_pages{vm=\"vm\\\"0\",group=\"g\"} 2\n",
+            "pagefold_balloon_target_bytes{vm=\"a\"} 16777216\n",
+            "pagefold_balloon_actual_bytes{vm=\"a\"} 12582912\n",
+            "pagefold_balloon_reported_pages_total{vm=\"a\"} 300\n",
+            "pagefold_balloon_returned_pages_total{vm=\"a\"} 3372\n",
+            "pagefold_balloon_guest_memory_bytes{vm=\"a\",kind=\"free_memory\"} 5242880\n",
+            "pagefold_balloon_guest_swapped_bytes_total{vm=\"a\",direction=\"in\"} 8192\n",
+            "pagefold_balloon_guest_events_total{vm=\"a\",event=\"major_faults\"} 7\n",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }

@@ -54,6 +54,38 @@ pub(super) fn per_owner_some(s: &Scrape, f: fn(&OwnerView) -> Option<u64>) -> Ro
     })
 }
 
+/// One row per VM that has a balloon.
+pub(super) fn per_balloon(s: &Scrape, f: fn(&pagefold_vmm::balloon::BalloonStatus) -> Num) -> Rows {
+    Some(
+        s.vms
+            .iter()
+            .filter_map(|v| Some((vec![v.name.clone()], f(v.balloon.as_ref()?))))
+            .collect(),
+    )
+}
+
+/// One row per VM with a balloon and guest statistic that `pick` names:
+/// its label value (the statistic's, or what `pick` makes of it).
+pub(super) fn per_guest_stat(s: &Scrape, pick: fn(&str) -> Option<&'static str>) -> Rows {
+    Some(
+        s.vms
+            .iter()
+            .filter_map(|v| v.balloon.as_ref().map(|b| (v, b)))
+            .flat_map(|(v, b)| {
+                b.guest_stats.iter().filter_map(|(k, &n)| {
+                    let label = pick(k)?;
+                    Some((vec![v.name.clone(), label.to_string()], Num::U(n)))
+                })
+            })
+            .collect(),
+    )
+}
+
+/// A figure only some backends have (`None` leaves the family out).
+pub(super) fn dedup_some(s: &Scrape, f: fn(&DedupView) -> Option<u64>) -> Rows {
+    s.dedup.as_ref().and_then(f).and_then(one)
+}
+
 pub(super) fn ms_to_s(ms: f64) -> Num {
     Num::F(ms / 1000.0)
 }

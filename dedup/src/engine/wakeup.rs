@@ -108,6 +108,10 @@ fn next_wakeup(sh: &Shared) -> Option<Wakeup> {
             {
                 let mut core = lock(&sh.core);
                 core.drive_assist(false, 0, 0);
+                // Mode off runs no wake-up: slots a hardened group's
+                // discard left go now, and later ones at the next mode
+                // change.
+                core.release_deferred();
                 sh.publish(&core);
             }
             c = lock(&sh.ctl);
@@ -146,6 +150,8 @@ fn unmerge_step(sh: &Shared, w: &Wakeup, tries: &mut u32) -> Option<Duration> {
         core.set_deadline(Some(Instant::now() + WAKEUP_TIME));
         // Logs itself when slow (SLOW_UNMERGE_STEP).
         let left = core.unmerge_all();
+        // Slots hardened groups' discards left since the last step.
+        core.release_deferred();
         core.set_deadline(None);
         sh.publish(&core);
         unlock_core(core);
@@ -257,6 +263,7 @@ fn run_wakeup(sh: &Shared, w: &Wakeup, plan: &RoundPlan, queued: &mut Hints) -> 
     core.set_knobs(w.knobs);
     core.set_max_guest_pause_us(w.max_guest_pause_us);
     core.set_settle(w.settle);
+    core.release_deferred();
     if queued.lost {
         // Device writes whose ranges are lost: every logged page gets a
         // full look.

@@ -173,10 +173,11 @@ impl KsmBackend {
     fn per_owner(&self, st: &State, proc: Option<ProcessKsmStat>) -> BTreeMap<String, OwnerStats> {
         let page = page_size();
         let mut out: BTreeMap<String, OwnerStats> = BTreeMap::new();
-        for spec in st.regions.values() {
+        for (id, spec) in &st.regions {
             let o = out.entry(spec.owner.clone()).or_default();
             o.group = spec.group.clone();
             o.pages_tracked += spec.len as u64 / page;
+            o.pages_reported += st.reported.get(id).copied().unwrap_or(0);
         }
         // ksm_stat is per process: it can be attributed only when every
         // region belongs to one owner.
@@ -247,7 +248,51 @@ impl DedupBackend for KsmBackend {
             "MADV_UNMERGEABLE",
         )?;
         st.regions.remove(&id);
+        st.reported.remove(&id);
         Ok(())
+    }
+
+    /// `MADV_DONTNEED`: the pages are freed, a KSM-merged one by dropping
+    /// its mapping of the KSM page (no copy), and the range reads zeros.
+    /// The range must lie inside one registered region. KSM does not say
+    /// which pages stay absent, so `pages_returned` is not reported.
+    unsafe fn discard(&self, host_addr: usize, len: usize) -> Result<u64> {
+        let page = page_size() as usize;
+        let bad = Error::BadRegion {
+            addr: host_addr,
+            len,
+        };
+        if len == 0 || host_addr % page != 0 || len % page != 0 {
+            return Err(bad);
+        }
+        let end = host_addr.checked_add(len).ok_or(Error::BadRegion {
+            addr: host_addr,
+            len,
+        })?;
+        let mut st = self.inner.state();
+        let Some(id) = st
+            .regions
+            .iter()
+            .find(|(_, r)| r.host_addr <= host_addr && end <= r.host_addr + r.len)
+            .map(|(&id, _)| id)
+        else {
+            return Err(bad);
+        };
+        // SAFETY: the range lies inside a registered region, a private
+        // anonymous mapping of this process (the contract of `register`),
+        // and the caller no longer needs its content (this function's
+        // contract): it reads zeros from here on, which is what it asked.
+        let r = unsafe { libc::madvise(host_addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+        if r != 0 {
+            return Err(Error::Os {
+                context: format!("MADV_DONTNEED {host_addr:#x}+{len:#x}"),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        let pages = (len / page) as u64;
+        *st.reported.entry(id).or_default() += pages;
+        st.reported_total += pages;
+        Ok(pages)
     }
 
     /// The knobs given are written to sysfs first (`pages_to_scan` not in
@@ -359,6 +404,8 @@ impl DedupBackend for KsmBackend {
             settle_ms: 0,
             settle: None,
             merge_cpu_seconds: 0.0,
+            pages_reported: st.reported_total,
+            pages_returned: None,
             per_owner: self.per_owner(&st, proc),
         }
     }

@@ -19,6 +19,10 @@ pub(super) struct State {
     pub mode: Mode,
     pub knobs: Knobs,
     pub shut_down: bool,
+    /// Pages given back (`DedupBackend::discard`) per region, and in all
+    /// since the start (regions gone included).
+    pub reported: BTreeMap<RegionId, u64>,
+    pub reported_total: u64,
 }
 
 /// What the auto-mode thread shares with the backend.
@@ -55,6 +59,8 @@ impl Inner {
                 mode: Mode::Off,
                 knobs,
                 shut_down: false,
+                reported: BTreeMap::new(),
+                reported_total: 0,
             }),
             auto: Mutex::new(auto),
             ksmd,

@@ -110,6 +110,8 @@ impl Core {
     /// Runs whole passes synchronously (tests, benchmarks).
     #[cfg(any(test, feature = "testing"))]
     pub fn run_passes(&mut self, passes: u64) {
+        // As a wake-up does first.
+        self.release_deferred();
         self.passes_forced = true;
         for _ in 0..passes {
             if self.regions.is_empty() {

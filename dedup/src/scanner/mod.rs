@@ -30,7 +30,7 @@
 //! `choose.rs` (where a page merges), `execute.rs` (running the planned
 //! merges), `hints.rs` (I/O hints), `logs.rs` (write logs), `handover.rs`
 //! (the KSM assist's judging and hand-over), `budget.rs` (the map-count
-//! budget), `unmerge.rs`, `register.rs` (regions joining and leaving)
+//! budget), `discard.rs` (pages their owner gives back), `unmerge.rs`, `register.rs` (regions joining and leaving)
 //! and `report.rs` (the statistics); this file holds the state, the constants and
 //! region registration.
 
@@ -57,6 +57,7 @@ mod budget;
 mod census;
 mod choose;
 mod cursor;
+mod discard;
 mod execute;
 mod handover;
 mod hints;
@@ -158,6 +159,14 @@ pub enum ScanError {
     /// No region has this id.
     #[error("unknown region id {0}")]
     Unknown(u64),
+    /// The range to give back does not lie inside one registered region.
+    #[error("{addr:#x}+{len:#x} does not lie inside one registered region")]
+    NotRegistered {
+        /// Host address of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
     /// The KSM assist could not give a region back.
     #[error("KSM assist: {0}")]
     Assist(String),
@@ -206,6 +215,9 @@ pub struct Counters {
     /// Transparent huge pages split before a merge replaced part of them
     /// (`mm::split_huge_page_at` calls).
     pub huge_pages_split: u64,
+    /// Pages given back by their owners (`Core::discard`), regions gone
+    /// included.
+    pub reported: u64,
 }
 
 /// What one wake-up did.
@@ -389,6 +401,9 @@ pub struct Core {
     /// page's visit, which the merge's compare saw), not a break
     /// (`take_back_written_shares`).
     merged_since_collect: Vec<u32>,
+    /// Slots hardened groups' discards dropped the last reference to,
+    /// freed at the scanner's next wake-up (`Core::release_deferred`).
+    deferred_release: Vec<u32>,
 }
 
 /// Most pages queued for a second look (`Core::recheck`); more wait for
@@ -469,6 +484,7 @@ impl Core {
             last_collect: None,
             log_interval: LOG_INTERVAL,
             merged_since_collect: Vec::new(),
+            deferred_release: Vec::new(),
         };
         Ok(c)
     }
@@ -777,10 +793,19 @@ impl Core {
                 self.pool.live
             ));
         }
-        if self.pool.slots_in_use() != live {
+        // Slots a hardened group's discard left unmapped stay allocated
+        // until the scanner's next wake-up (`Core::release_deferred`).
+        let waiting: std::collections::HashSet<u32> = self
+            .deferred_release
+            .iter()
+            .copied()
+            .filter(|&s| self.pool.meta(s).mappers == 0 && self.pool.state(s) != SlotState::Free)
+            .collect();
+        if self.pool.slots_in_use() != live + waiting.len() as u64 {
             return Err(format!(
-                "pool has {} slots allocated but {live} mapped",
-                self.pool.slots_in_use()
+                "pool has {} slots allocated but {live} mapped and {} waiting to be freed",
+                self.pool.slots_in_use(),
+                waiting.len()
             ));
         }
         Ok(())

@@ -175,6 +175,7 @@ impl Core {
             }
         }
         self.release_unmapped(&freed);
+        self.release_deferred();
         self.release_assist_if_unused();
         self.cursor.region_removed(ri, self.regions.len());
         Ok(())

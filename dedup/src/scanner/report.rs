@@ -17,6 +17,7 @@ impl Core {
         let mut volatile = 0;
         let mut vmas = 0;
         let mut per_owner: BTreeMap<String, OwnerStats> = BTreeMap::new();
+        let mut returned = 0;
         for r in &self.regions {
             zero += r.zero;
             unshared += r.hashed - r.volatile;
@@ -30,6 +31,10 @@ impl Core {
             o.pages_merged += r.merged + r.ksm_merged;
             o.zero_pages += r.zero;
             *o.cow_breaks.get_or_insert(0) += r.cow_breaks;
+            let back = r.returned();
+            returned += back;
+            o.pages_reported += r.reported;
+            *o.pages_returned.get_or_insert(0) += back;
             o.bytes_saved +=
                 ((r.saved_pages + r.ksm_saved + r.zero as f64) * PAGE_SIZE as f64) as u64;
         }
@@ -78,6 +83,8 @@ impl Core {
             settle_ms: self.settle.time().as_millis() as u64,
             hint_merges: self.hint_tally.merges(),
             hint_merge_delay_ms: self.hint_tally.mean_delay_ms(),
+            pages_reported: self.counters.reported,
+            pages_returned: Some(returned),
             per_owner,
             ..Stats::default()
         }

@@ -313,10 +313,14 @@ impl MmioTransport {
     }
 
     fn activate(&mut self) {
+        // Queues that exist only with a feature the driver did not ack are
+        // not set up, and need not be.
+        let in_use = self.device.queues_in_use(self.acked_features);
         let broken = self
             .queues
             .iter()
             .zip(&self.queue_config_error)
+            .take(in_use)
             .position(|(q, &bad)| bad || !q.ready() || !q.is_valid(&self.mem));
         let result = match broken {
             Some(i) => Err(super::Error::QueueNotReady(i)),

@@ -1,4 +1,4 @@
-//! virtio-mmio transport, virtio-blk and virtio-net.
+//! virtio-mmio transport, virtio-blk, virtio-net and virtio-balloon.
 //!
 //! The transport ([`mmio::MmioTransport`]) owns the register state and the
 //! virtqueues (`virtio_queue::Queue`); a device model implements
@@ -8,6 +8,7 @@
 //! through an irqfd `EventFd`. All guest memory access goes through
 //! vm-memory; nothing keeps host pointers between requests.
 
+pub mod balloon;
 pub mod block;
 pub mod mmio;
 pub mod net;
@@ -15,9 +16,10 @@ pub mod notifier;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-use virtio_queue::Queue;
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::GuestMemoryMmap;
 
+pub use balloon::Balloon;
 pub use block::Block;
 pub use mmio::MmioTransport;
 pub use net::Net;
@@ -64,7 +66,22 @@ pub trait VirtioDevice: Send {
     fn read_config(&self, offset: u64, data: &mut [u8]);
 
     /// Writes the device config space; read-only fields ignore writes.
-    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// The default is a config space the driver may not write at all.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        log::debug!(
+            "virtio device {}: ignored {}-byte config write at {offset:#x}",
+            self.device_type(),
+            data.len()
+        );
+    }
+
+    /// How many of the device's queues (the first ones) the driver must
+    /// set up for the features it acked: a queue that exists only with a
+    /// feature (virtio-balloon's statistics and reporting queues) is not
+    /// set up when the driver does not ack it. The default is every queue.
+    fn queues_in_use(&self, _acked_features: u64) -> usize {
+        self.queue_max_sizes().len()
+    }
 
     /// Called once the driver set DRIVER_OK, with the negotiated features
     /// and the queues it set up (all ready and valid).
@@ -86,4 +103,52 @@ pub trait VirtioDevice: Send {
 
     /// Returns the device to its initial state (driver wrote status 0).
     fn reset(&mut self);
+}
+
+/// Reads `data.len()` bytes of the config space `config` at `offset`, the
+/// bytes beyond its end as zero: what every device's
+/// [`VirtioDevice::read_config`] does with its config bytes.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    data.fill(0);
+    let Ok(start) = usize::try_from(offset) else {
+        return;
+    };
+    if start < config.len() {
+        let n = data.len().min(config.len() - start);
+        data[..n].copy_from_slice(&config[start..start + n]);
+    }
+}
+
+/// Hands every available chain of queue `index` to `handle`, which does the
+/// request and returns the bytes it wrote, and puts each on the used ring.
+/// With EVENT_IDX, re-enabling notifications can race with the driver
+/// adding more chains: `enable_notification` says so, and the loop goes
+/// again. Returns whether the driver needs an interrupt.
+pub fn process_chains<F>(
+    index: usize,
+    queue: &mut Queue,
+    mem: &GuestMemoryMmap,
+    mut handle: F,
+) -> Result<bool, Error>
+where
+    F: FnMut(DescriptorChain<&GuestMemoryMmap>) -> u32,
+{
+    let broken = |e| Error::BrokenQueue(index, e);
+    let mut used_any = false;
+    loop {
+        queue.disable_notification(mem).map_err(broken)?;
+        while let Some(chain) = queue.iter(mem).map_err(broken)?.next() {
+            let head = chain.head_index();
+            let used_len = handle(chain);
+            queue.add_used(mem, head, used_len).map_err(broken)?;
+            used_any = true;
+        }
+        if !queue.enable_notification(mem).map_err(broken)? {
+            break;
+        }
+    }
+    if !used_any {
+        return Ok(false);
+    }
+    queue.needs_notification(mem).map_err(broken)
 }

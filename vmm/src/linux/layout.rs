@@ -30,7 +30,7 @@ pub const MMIO_HOLE_START: u64 = 0xc000_0000;
 pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
 /// virtio-mmio device windows and their GSIs: the disks' slots, the same
 /// for both guest kinds ([`crate::disk`]).
-pub use crate::disk::{VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
+pub use crate::virtio_mmio::{VIRTIO_IRQ_BASE, VIRTIO_MMIO_BASE, VIRTIO_MMIO_SIZE};
 /// Highest GSI of the IOAPIC (24 pins).
 pub const MAX_GSI: u32 = 23;
 pub const IOAPIC_ADDR: u64 = 0xfec0_0000;

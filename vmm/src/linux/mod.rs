@@ -23,7 +23,7 @@ use kvm_ioctls::VcpuFd;
 use linux_loader::cmdline::Cmdline;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-pub use crate::disk::VirtioMmioDevice;
+pub use crate::virtio_mmio::VirtioMmioDevice;
 pub use kernel::KernelFormat;
 use layout::{
     CMDLINE_ADDR, CMDLINE_MAX, DEFAULT_INITRD_ADDR_MAX, MAX_GSI, VIRTIO_IRQ_BASE, ZERO_PAGE_ADDR,

@@ -1,6 +1,7 @@
 //! The Linux side of VM creation: the guest's disks (attached by
-//! [`crate::disk`], as for workload guests) and network interfaces
-//! ([`crate::net`]), the ACPI power-management port,
+//! [`crate::disk`], as for workload guests), network interfaces
+//! ([`crate::net`]) and balloon ([`crate::balloon`]), the ACPI
+//! power-management port,
 //! the kernel and its boot data, and the 64-bit kernel-mode entry state of
 //! every vCPU.
 
@@ -15,13 +16,15 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::balloon::{self, attach_balloon, BalloonDevice, DedupTarget};
 use crate::config::KernelConfig;
-use crate::disk::{self, attach_disks, Subscriber};
+use crate::disk::{self, attach_disks};
 use crate::linux::{
     self, layout::ACPI_PM_PORT, pm::AcpiPmDevice, DeviceDiscovery, LinuxBootConfig,
 };
 use crate::net::{self, attach_nets};
 use crate::state::{Outcome, VmShared};
+use crate::virtio_mmio::Subscriber;
 
 /// Errors of Linux VM set-up.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +33,8 @@ pub enum Error {
     Disk(#[from] disk::Error),
     #[error(transparent)]
     Net(#[from] net::Error),
+    #[error(transparent)]
+    Balloon(#[from] balloon::Error),
     #[error(transparent)]
     Boot(#[from] linux::Error),
     #[error("{0}")]
@@ -86,7 +91,16 @@ pub fn effective_cmdline(user: &str) -> String {
     }
 }
 
-/// Sets up a Linux guest; returns the subscribers the event loop must run.
+/// What [`setup`] made that the VM keeps.
+pub struct LinuxDevices {
+    /// The subscribers the event loop must run.
+    pub subscribers: Vec<Subscriber>,
+    /// The balloon, if the config asks for one.
+    pub balloon: Option<BalloonDevice>,
+}
+
+/// Sets up a Linux guest. `dedup` is where the balloon gives pages back
+/// (see [`DedupTarget`]).
 #[allow(clippy::too_many_arguments)]
 pub fn setup(
     name: &str,
@@ -99,13 +113,23 @@ pub fn setup(
     mmio: &mut Bus,
     shared: &Arc<VmShared>,
     filled: Option<&WriteHook>,
-) -> Result<Vec<Subscriber>, Error> {
+    dedup: &DedupTarget,
+) -> Result<LinuxDevices, Error> {
     let disks = attach_disks(name, &kernel.disks, vm_fd, mem, mmio, filled)?;
     let mut subs = disks.subscribers;
     let mut devices = disks.slots;
     let nets = attach_nets(name, &kernel.net, devices.len(), vm_fd, mem, mmio)?;
     subs.extend(nets.subscribers);
     devices.extend(nets.slots);
+    let mut balloon = None;
+    if let Some(cfg) = &kernel.balloon {
+        let slot = crate::virtio_mmio::VirtioMmioDevice::slot(devices.len() as u32);
+        let hook = balloon::discard_hook(mem.clone(), dedup.clone());
+        let (b, s) = attach_balloon(cfg, slot, hook, vm_fd, mem, mmio)?;
+        subs.extend(s);
+        devices.push(slot);
+        balloon = Some(b);
+    }
 
     let (reset, shutdown) = (evt()?, evt()?);
     let pm = AcpiPmDevice::new(
@@ -135,7 +159,10 @@ pub fn setup(
     for (i, v) in vcpus.iter().enumerate() {
         linux::setup_cpl0_long_mode(v, mem, &info, i as u8)?;
     }
-    Ok(subs)
+    Ok(LinuxDevices {
+        subscribers: subs,
+        balloon,
+    })
 }
 
 #[cfg(test)]

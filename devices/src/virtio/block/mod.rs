@@ -15,7 +15,7 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 
 pub use disk::{Disk, SECTOR_SIZE};
@@ -130,21 +130,12 @@ impl VirtioDevice for Block {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let Ok(start) = usize::try_from(offset) else {
-            return;
-        };
-        if start < CONFIG_LEN {
-            let n = data.len().min(CONFIG_LEN - start);
-            data[..n].copy_from_slice(&self.config[start..start + n]);
-        }
+        super::read_config_bytes(&self.config, offset, data);
     }
 
-    fn write_config(&mut self, offset: u64, _data: &[u8]) {
-        // Only `writeback` (with VIRTIO_BLK_F_CONFIG_WCE, not offered) is
-        // writable in virtio-blk's config space.
-        log::debug!("virtio-blk: ignored config write at {offset:#x}");
-    }
+    // `write_config`: the default. Only `writeback` (with
+    // VIRTIO_BLK_F_CONFIG_WCE, not offered) is writable in virtio-blk's
+    // config space.
 
     fn activate(
         &mut self,
@@ -162,33 +153,17 @@ impl VirtioDevice for Block {
         queue: &mut Queue,
         mem: &GuestMemoryMmap,
     ) -> Result<bool, super::Error> {
-        let broken = |e| super::Error::BrokenQueue(index, e);
-        let mut used_any = false;
-        loop {
-            queue.disable_notification(mem).map_err(broken)?;
-            while let Some(chain) = queue.iter(mem).map_err(broken)?.next() {
-                let head = chain.head_index();
-                let done = request::handle(
-                    chain,
-                    mem,
-                    &self.disk,
-                    &self.serial,
-                    self.limits,
-                    self.write_hook.as_deref(),
-                );
-                queue.add_used(mem, head, done.used_len).map_err(broken)?;
-                used_any = true;
-            }
-            // With EVENT_IDX, re-enabling can race with the driver adding
-            // more requests; enable_notification says so, and we go again.
-            if !queue.enable_notification(mem).map_err(broken)? {
-                break;
-            }
-        }
-        if !used_any {
-            return Ok(false);
-        }
-        queue.needs_notification(mem).map_err(broken)
+        super::process_chains(index, queue, mem, |chain| {
+            request::handle(
+                chain,
+                mem,
+                &self.disk,
+                &self.serial,
+                self.limits,
+                self.write_hook.as_deref(),
+            )
+            .used_len
+        })
     }
 
     fn reset(&mut self) {

@@ -34,22 +34,12 @@ impl Rig {
     fn new(read_only: bool) -> Self {
         let mem = guest_mem();
         let (disk, file) = test_disk(8, read_only);
-        let mut queue = Queue::new(QUEUE_SIZE).unwrap();
-        queue.set_size(16);
-        queue
-            .try_set_desc_table_address(GuestAddress(DESC_ADDR))
-            .unwrap();
-        queue
-            .try_set_avail_ring_address(GuestAddress(AVAIL_ADDR))
-            .unwrap();
-        queue
-            .try_set_used_ring_address(GuestAddress(USED_ADDR))
-            .unwrap();
-        queue.set_ready(true);
+        let q = DriverQueue::new(16);
+        let queue = q.device_queue(QUEUE_SIZE);
         let blk = Block::new(disk, "serial-0123456789abc").unwrap();
         Self {
             mem,
-            q: DriverQueue::new(16),
+            q,
             queue,
             blk,
             file,

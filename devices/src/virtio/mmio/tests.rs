@@ -105,14 +105,21 @@ pub(crate) fn driver_init(t: &mut MmioTransport, h: &Harness) {
 }
 
 fn setup_queue(t: &mut MmioTransport, size: u16) {
-    w(t, reg::QUEUE_SEL, 0);
+    setup_queue_at(t, 0, size, (DESC_ADDR, AVAIL_ADDR, USED_ADDR));
+}
+
+/// Sets up queue `sel` of `size` with its rings at `(desc, driver area,
+/// device area)`, as a driver does between FEATURES_OK and DRIVER_OK.
+pub(crate) fn setup_queue_at(t: &mut MmioTransport, sel: u32, size: u16, rings: (u64, u64, u64)) {
+    let (d, a, u) = rings;
+    w(t, reg::QUEUE_SEL, sel);
     w(t, reg::QUEUE_NUM, u32::from(size));
-    w(t, reg::QUEUE_DESC_LOW, DESC_ADDR as u32);
-    w(t, reg::QUEUE_DESC_HIGH, 0);
-    w(t, reg::QUEUE_DRIVER_LOW, AVAIL_ADDR as u32);
-    w(t, reg::QUEUE_DRIVER_HIGH, 0);
-    w(t, reg::QUEUE_DEVICE_LOW, USED_ADDR as u32);
-    w(t, reg::QUEUE_DEVICE_HIGH, 0);
+    w(t, reg::QUEUE_DESC_LOW, d as u32);
+    w(t, reg::QUEUE_DESC_HIGH, (d >> 32) as u32);
+    w(t, reg::QUEUE_DRIVER_LOW, a as u32);
+    w(t, reg::QUEUE_DRIVER_HIGH, (a >> 32) as u32);
+    w(t, reg::QUEUE_DEVICE_LOW, u as u32);
+    w(t, reg::QUEUE_DEVICE_HIGH, (u >> 32) as u32);
     w(t, reg::QUEUE_READY, 1);
 }
 

@@ -198,21 +198,12 @@ impl VirtioDevice for Net {
     }
 
     fn read_config(&self, offset: u64, data: &mut [u8]) {
-        data.fill(0);
-        let Ok(start) = usize::try_from(offset) else {
-            return;
-        };
-        if start < CONFIG_LEN {
-            let n = data.len().min(CONFIG_LEN - start);
-            data[..n].copy_from_slice(&self.config()[start..start + n]);
-        }
+        super::read_config_bytes(&self.config(), offset, data);
     }
 
-    fn write_config(&mut self, offset: u64, _data: &[u8]) {
-        // The MAC is writable only for legacy drivers (VERSION_1 makes it
-        // read-only; CTRL_MAC_ADDR is not offered); nothing else is.
-        log::debug!("virtio-net: ignored config write at {offset:#x}");
-    }
+    // `write_config`: the default. The MAC is writable only for legacy
+    // drivers (VERSION_1 makes it read-only; CTRL_MAC_ADDR is not
+    // offered); nothing else is.
 
     fn activate(
         &mut self,

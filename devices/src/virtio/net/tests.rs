@@ -653,6 +653,7 @@ fn frames_cross_a_real_tap_both_ways() {
 fn tap_watcher_delivers_frames_through_the_transport() {
     use crate::bus::BusDevice;
     use crate::virtio::mmio::reg;
+    use crate::virtio::mmio::tests::setup_queue_at;
     use crate::virtio::MmioTransport;
     use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
     use std::sync::{Arc, Mutex};
@@ -683,20 +684,8 @@ fn tap_watcher_delivers_frames_through_the_transport() {
     w(&mut t, reg::DRIVER_FEATURES_SEL, 1);
     w(&mut t, reg::DRIVER_FEATURES, hi);
     w(&mut t, reg::STATUS, 0xb);
-    for (i, (d, a, u)) in [
-        (DESC_ADDR, AVAIL_ADDR, USED_ADDR),
-        (TX_DESC, TX_AVAIL, TX_USED),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        w(&mut t, reg::QUEUE_SEL, i as u32);
-        w(&mut t, reg::QUEUE_NUM, 16);
-        w(&mut t, reg::QUEUE_DESC_LOW, d as u32);
-        w(&mut t, reg::QUEUE_DRIVER_LOW, a as u32);
-        w(&mut t, reg::QUEUE_DEVICE_LOW, u as u32);
-        w(&mut t, reg::QUEUE_READY, 1);
-    }
+    setup_queue_at(&mut t, 0, 16, (DESC_ADDR, AVAIL_ADDR, USED_ADDR));
+    setup_queue_at(&mut t, 1, 16, (TX_DESC, TX_AVAIL, TX_USED));
     w(&mut t, reg::STATUS, 0xf);
     assert!(t.is_activated());
     let mut rxq = DriverQueue::new(16);
