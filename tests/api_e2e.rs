@@ -309,7 +309,12 @@ fn dedup_figures_and_knobs_over_the_api() {
     require_curl();
     let dir = TempDir::new("api-dedup");
     let sock = dir.path("api.sock");
-    let cfg = config(&dir, "\"fill\", \"wait\"", "on");
+    // After the fill the guests spin in guest code (the latency probe,
+    // which writes no shared page), so that every park, the unmerge's
+    // below included, has a running vCPU to stop: waiting in the VMM
+    // (`wait`), they were parked only if some batch happened to park
+    // during their fill, and the pause check failed one run in four.
+    let cfg = config(&dir, "\"fill\", \"latency:600000\"", "on");
     let mut child = spawn(&[
         "serve",
         "--config",
@@ -352,7 +357,8 @@ fn dedup_figures_and_knobs_over_the_api() {
 
     // The two identical guests get merged: figures move, per VM too.
     wait_merged_vm0_vm1(&sock);
-    // Once the guests wait, the engine's figures are the page tables'.
+    // Once the guests are done filling, the engine's figures are the page
+    // tables'.
     let (c, a) = wait_agreement(
         "two workload VMs",
         child.id(),
