@@ -12,7 +12,7 @@
 use std::io::{ErrorKind, Read};
 
 use log::debug;
-use virtio_queue::{Queue, QueueOwnedT, QueueT, Reader};
+use virtio_queue::{Queue, Reader};
 use vm_memory::GuestMemoryMmap;
 
 use super::tap::Tap;
@@ -46,29 +46,13 @@ impl Tx {
         mem: &GuestMemoryMmap,
         counters: &mut Counters,
     ) -> Result<bool, Error> {
-        let broken = |e| Error::BrokenQueue(TX_QUEUE, e);
-        let mut used_any = false;
-        loop {
-            queue.disable_notification(mem).map_err(broken)?;
-            while let Some(chain) = queue.iter(mem).map_err(broken)?.next() {
-                let head = chain.head_index();
-                match self.gather(chain, mem) {
-                    Some(len) => self.send(tap, len, counters),
-                    None => counters.tx_bad_chains += 1,
-                }
-                queue.add_used(mem, head, 0).map_err(broken)?;
-                used_any = true;
+        crate::virtio::process_chains(TX_QUEUE, queue, mem, |chain| {
+            match self.gather(chain, mem) {
+                Some(len) => self.send(tap, len, counters),
+                None => counters.tx_bad_chains += 1,
             }
-            // As virtio-blk: re-enabling can race with the driver adding
-            // more frames; enable_notification says so, and we go again.
-            if !queue.enable_notification(mem).map_err(broken)? {
-                break;
-            }
-        }
-        if !used_any {
-            return Ok(false);
-        }
-        queue.needs_notification(mem).map_err(broken)
+            0
+        })
     }
 
     /// Copies the chain's readable bytes into `buf`; the frame's length,
