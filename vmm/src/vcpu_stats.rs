@@ -294,23 +294,17 @@ pub(crate) mod testutil {
 
     impl Drop for HaltedVcpu {
         fn drop(&mut self) {
+            use std::os::unix::thread::JoinHandleExt;
             self.done.store(true, Ordering::SeqCst);
             if let Some(t) = self.thread.take() {
                 while !t.is_finished() {
                     // SAFETY: the thread is alive (not finished, not
                     // joined); the kick signal's handler does nothing.
-                    unsafe { libc::pthread_kill(self.pthread_of(&t), crate::vcpu::kick_signal()) };
+                    unsafe { libc::pthread_kill(t.as_pthread_t(), crate::vcpu::kick_signal()) };
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 let _ = t.join();
             }
-        }
-    }
-
-    impl HaltedVcpu {
-        fn pthread_of(&self, t: &JoinHandle<()>) -> libc::pthread_t {
-            use std::os::unix::thread::JoinHandleExt;
-            t.as_pthread_t()
         }
     }
 }
