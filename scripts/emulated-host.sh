@@ -117,6 +117,13 @@ if ! flock -n 9; then
     log "waiting for another emulated host (lock $IMAGES/.run.lock)"
     flock 9
 fi
+# The image cache lock is per checkout; the run lock is per machine, for
+# emulated hosts started from other checkouts.
+exec 8>"${TMPDIR:-/tmp}/pagefold-emulated-host.lock"
+if ! flock -n 8; then
+    log "waiting for another emulated host on this machine"
+    flock 8
+fi
 CACHE=$IMAGES/.cache
 # A meta package depends on its versioned image package; a versioned one
 # on none.
