@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 
 /// Something that can park the threads running guest code in a region.
 pub trait Quiesce: Send + Sync {
-    /// Asks the threads to park at their next chance; returns at once.
-    /// Every call is followed by one [`Quiesce::release`].
+    /// Asks the threads to park at their next exit from guest code;
+    /// returns at once. It does not force a thread out of guest code:
+    /// [`Quiesce::nudge`] does. Every call is followed by one
+    /// [`Quiesce::release`].
     fn request(&self);
     /// True once no thread is running guest code (parked, or not running).
     fn stopped(&self) -> bool;
@@ -37,23 +39,53 @@ pub trait Quiesce: Send + Sync {
     fn holds_threads(&self) -> bool {
         true
     }
-    /// Re-sends whatever wakes the threads out of guest code (a thread may
-    /// have entered it just after the request).
+    /// Sends whatever forces the threads out of guest code (a kick), to
+    /// those still in it.
     fn nudge(&self) {}
+    /// Its threads may stop without a kick: it sees a thread that sleeps
+    /// until its next interrupt (a halted vCPU) as stopped. A park then
+    /// waits a little for them to stop so before it kicks them
+    /// ([`Parked::park`]): a guest that halts on its own is not stopped
+    /// at all, where a kicked one waits out the batch.
+    fn stops_unkicked(&self) -> bool {
+        false
+    }
 }
 
 /// Longest wait for the threads to park: past it the batch runs anyway.
 pub const PARK_DEADLINE: Duration = Duration::from_millis(2);
+
+/// How often a park polls its quiescers while it waits for them to stop
+/// on their own: it sleeps between polls, leaving the CPU to the guests,
+/// which need one to reach their halt.
+const GRACE_POLL: Duration = Duration::from_micros(25);
 
 /// The quiescers of a batch, parked for as long as this lives.
 pub struct Parked {
     held: Vec<Arc<dyn Quiesce>>,
 }
 
+/// How a park's grace went ([`Parked::park`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grace {
+    /// The park waited for threads to stop without a kick.
+    pub tried: bool,
+    /// Every thread stopped without a kick.
+    pub unkicked: bool,
+    /// How long the park waited for that.
+    pub waited: Duration,
+}
+
 impl Parked {
     /// Requests every quiescer in `all` (each once) and waits, up to
-    /// [`PARK_DEADLINE`], until all have stopped.
-    pub fn park<'a>(all: impl IntoIterator<Item = &'a Arc<dyn Quiesce>>) -> Parked {
+    /// [`PARK_DEADLINE`], until all have stopped, kicking those whose
+    /// threads are still in guest code. Where some can stop without a
+    /// kick ([`Quiesce::stops_unkicked`]) it first waits up to `grace`
+    /// for them to, kicking only the others.
+    pub fn park<'a>(
+        all: impl IntoIterator<Item = &'a Arc<dyn Quiesce>>,
+        grace: Duration,
+    ) -> (Parked, Grace) {
         let mut held: Vec<Arc<dyn Quiesce>> = Vec::new();
         for q in all {
             if !held.iter().any(|h| Arc::ptr_eq(h, q)) {
@@ -61,8 +93,30 @@ impl Parked {
                 held.push(q.clone());
             }
         }
+        let start = Instant::now();
+        let tried = !grace.is_zero()
+            && held.iter().any(|q| q.stops_unkicked())
+            && !held.iter().all(|q| q.stopped());
+        let mut unkicked = false;
+        if tried {
+            held.iter()
+                .filter(|q| !q.stops_unkicked() && !q.stopped())
+                .for_each(|q| q.nudge());
+            let end = start + grace;
+            loop {
+                if held.iter().all(|q| q.stopped()) {
+                    unkicked = true;
+                    break;
+                }
+                if Instant::now() >= end {
+                    break;
+                }
+                std::thread::sleep(GRACE_POLL);
+            }
+        }
+        let waited = start.elapsed();
         let end = Instant::now() + PARK_DEADLINE;
-        let mut next_nudge = Instant::now() + Duration::from_micros(200);
+        let mut next_nudge = Instant::now();
         while !held.iter().all(|q| q.stopped()) {
             let now = Instant::now();
             if now >= end {
@@ -70,12 +124,17 @@ impl Parked {
                 break;
             }
             if now >= next_nudge {
-                held.iter().for_each(|q| q.nudge());
+                held.iter().filter(|q| !q.stopped()).for_each(|q| q.nudge());
                 next_nudge = now + Duration::from_micros(200);
             }
             std::thread::yield_now();
         }
-        Parked { held }
+        let grace = Grace {
+            tried,
+            unkicked,
+            waited: if tried { waited } else { Duration::ZERO },
+        };
+        (Parked { held }, grace)
     }
 }
 
@@ -101,6 +160,11 @@ mod tests {
         releases: AtomicUsize,
         stop_after: usize,
         polls: AtomicUsize,
+        nudges: AtomicUsize,
+        /// Sees its threads halt: stops after `stop_after` polls without
+        /// a kick. Otherwise only a kick stops it (after `stop_after`
+        /// more polls).
+        halts: bool,
     }
 
     impl Quiesce for Count {
@@ -108,11 +172,71 @@ mod tests {
             self.requests.fetch_add(1, Ordering::SeqCst);
         }
         fn stopped(&self) -> bool {
-            self.polls.fetch_add(1, Ordering::SeqCst) >= self.stop_after
+            let polls = self.polls.fetch_add(1, Ordering::SeqCst);
+            (self.halts || self.nudges.load(Ordering::SeqCst) > 0) && polls >= self.stop_after
         }
         fn release(&self) {
             self.releases.fetch_add(1, Ordering::SeqCst);
         }
+        fn nudge(&self) {
+            self.nudges.fetch_add(1, Ordering::SeqCst);
+        }
+        fn stops_unkicked(&self) -> bool {
+            self.halts
+        }
+    }
+
+    /// Threads that halt within the grace are never kicked, and the
+    /// others are kicked at once.
+    #[test]
+    fn a_park_waits_for_halting_threads_and_kicks_the_others() {
+        let halting = Arc::new(Count {
+            stop_after: 5,
+            halts: true,
+            ..Count::default()
+        });
+        let running = Arc::new(Count::default());
+        let (h, r): (Arc<dyn Quiesce>, Arc<dyn Quiesce>) = (halting.clone(), running.clone());
+        let (p, grace) = Parked::park(&[h, r], Duration::from_secs(10));
+        assert!(grace.tried && grace.unkicked, "{grace:?}");
+        assert!(grace.waited < Duration::from_secs(10));
+        assert_eq!(
+            halting.nudges.load(Ordering::SeqCst),
+            0,
+            "kicked a halting VM"
+        );
+        assert!(running.nudges.load(Ordering::SeqCst) >= 1);
+        drop(p);
+    }
+
+    /// A thread that does not halt within the grace is kicked after it;
+    /// with no grace it is kicked at once.
+    #[test]
+    fn a_grace_ends_in_a_kick_and_no_grace_kicks_at_once() {
+        let slow = Arc::new(Count {
+            stop_after: usize::MAX,
+            halts: true,
+            ..Count::default()
+        });
+        let q: Arc<dyn Quiesce> = slow.clone();
+        let t = Instant::now();
+        let (p, grace) = Parked::park(&[q], Duration::from_millis(3));
+        assert!(grace.tried && !grace.unkicked, "{grace:?}");
+        assert!(grace.waited >= Duration::from_millis(3));
+        assert!(t.elapsed() >= Duration::from_millis(3) + PARK_DEADLINE);
+        assert!(slow.nudges.load(Ordering::SeqCst) >= 1, "never kicked");
+        drop(p);
+
+        let halting = Arc::new(Count {
+            halts: true,
+            stop_after: 1_000_000,
+            ..Count::default()
+        });
+        let q: Arc<dyn Quiesce> = halting.clone();
+        let (p, grace) = Parked::park(&[q], Duration::ZERO);
+        assert!(!grace.tried && grace.waited.is_zero(), "{grace:?}");
+        assert!(halting.nudges.load(Ordering::SeqCst) >= 1);
+        drop(p);
     }
 
     #[test]
@@ -124,7 +248,8 @@ mod tests {
         let b = Arc::new(Count::default());
         let (da, db): (Arc<dyn Quiesce>, Arc<dyn Quiesce>) = (a.clone(), b.clone());
         let t = Instant::now();
-        let p = Parked::park(&[da.clone(), db, da]);
+        let (p, grace) = Parked::park(&[da.clone(), db, da], Duration::from_millis(1));
+        assert!(!grace.tried, "none of them stops unkicked");
         let waited = t.elapsed();
         assert_eq!(p.held.len(), 2);
         // It polled until a stopped (its fourth poll), or until the
@@ -149,7 +274,7 @@ mod tests {
             ..Count::default()
         });
         let t = Instant::now();
-        drop(Parked::park(&[q]));
+        drop(Parked::park(&[q], Duration::from_millis(1)));
         assert!(t.elapsed() >= PARK_DEADLINE);
         assert!(t.elapsed() < PARK_DEADLINE * 50, "{:?}", t.elapsed());
     }

@@ -54,11 +54,10 @@ impl VcpuQuiescer {
 }
 
 impl Quiesce for VcpuQuiescer {
+    /// The hold alone: a vCPU in guest code parks at its next exit, or
+    /// halts, unless the engine kicks it (`nudge`).
     fn request(&self) {
         self.shared.hold();
-        if !self.stopped() {
-            self.nudge();
-        }
     }
 
     /// No vCPU runs guest code: each is out of KVM_RUN or halted in it. A
@@ -80,6 +79,13 @@ impl Quiesce for VcpuQuiescer {
         // One wake for the held vCPUs of every VM (the process's hold
         // gate): a batch's later wakes find no one left to wake.
         crate::state::wake_held_vcpus();
+    }
+
+    /// A vCPU that halts is seen doing so (its `blocking` statistic), so
+    /// the engine may wait for it to instead of kicking it.
+    fn stops_unkicked(&self) -> bool {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        !threads.is_empty() && threads.iter().all(|(_, b)| b.is_some())
     }
 
     fn nudge(&self) {
@@ -106,13 +112,13 @@ impl Quiesce for VcpuQuiescer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vcpu_stats::testutil::HaltedVcpu;
+    use crate::vcpu_stats::testutil::TestVcpu;
 
     /// A vCPU halted in KVM counts as stopped and is not kicked; without
     /// its statistic the same vCPU counts as running guest code.
     #[test]
     fn a_halted_vcpu_is_stopped_and_left_asleep() {
-        let h = HaltedVcpu::start();
+        let h = TestVcpu::halted();
         assert!(h.seen_blocking());
         let shared = Arc::new(VmShared::new("q").unwrap());
         // The vCPU thread is inside KVM_RUN, as the VMM's run loop counts.
@@ -123,6 +129,7 @@ mod tests {
         );
         let exits = || h.exits.load(std::sync::atomic::Ordering::SeqCst);
         let before = exits();
+        assert!(q.stops_unkicked());
         q.request();
         assert!(q.stopped());
         q.nudge();
@@ -131,15 +138,45 @@ mod tests {
         q.release();
 
         let blind = VcpuQuiescer::new(shared.clone(), vec![(h.pthread(), None)]);
+        assert!(!blind.stops_unkicked());
         blind.request();
         assert!(!blind.stopped());
+        blind.nudge();
         let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while exits() == before && std::time::Instant::now() < end {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        assert!(exits() > before, "the request did not kick a running vCPU");
+        assert!(exits() > before, "the nudge did not kick a running vCPU");
         blind.release();
         shared.leave_guest();
         assert!(blind.stopped());
+    }
+
+    /// A request alone does not kick a vCPU out of guest code (the
+    /// engine may wait for it to halt on its own, `Parked::park`'s grace);
+    /// a nudge does.
+    #[test]
+    fn a_request_leaves_a_running_vcpu_in_guest_code_until_a_nudge() {
+        let h = TestVcpu::spinning();
+        let shared = Arc::new(VmShared::new("q").unwrap());
+        assert!(shared.enter_guest());
+        let q = VcpuQuiescer::new(
+            shared.clone(),
+            vec![(h.pthread(), Some(h.blocking.clone()))],
+        );
+        let exits = || h.exits.load(std::sync::atomic::Ordering::SeqCst);
+        let before = exits();
+        q.request();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!q.stopped(), "a spinning vCPU reads as stopped");
+        assert_eq!(exits(), before, "the request kicked the vCPU");
+        q.nudge();
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while exits() == before && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(exits() > before, "the nudge did not kick the vCPU");
+        q.release();
+        shared.leave_guest();
     }
 }

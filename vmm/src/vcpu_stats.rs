@@ -187,7 +187,7 @@ mod tests {
 
     #[test]
     fn a_vcpu_blocks_on_hlt_and_not_before() {
-        let h = testutil::HaltedVcpu::start();
+        let h = testutil::TestVcpu::halted();
         assert!(
             h.seen_blocking(),
             "the vCPU never showed as blocking on its HLT"
@@ -209,28 +209,47 @@ pub(crate) mod testutil {
 
     /// A VM (root, /dev/kvm) whose one vCPU runs `hlt; jmp hlt` at 0x1000
     /// with an in-kernel irqchip and no interrupt due, so KVM keeps it
-    /// asleep; stopped and joined on drop.
-    pub(crate) struct HaltedVcpu {
+    /// asleep (`halted`), or spins (`spinning`); stopped and joined on
+    /// drop.
+    pub(crate) struct TestVcpu {
         pub(crate) blocking: Arc<VcpuBlocking>,
         /// Whether it showed as blocking within 10 s of starting.
         seen: bool,
         /// Returns from KVM_RUN (each kick makes one).
         pub(crate) exits: Arc<AtomicUsize>,
+        /// Its thread has reached its first KVM_RUN.
+        entered: Arc<AtomicBool>,
         done: Arc<AtomicBool>,
         thread: Option<JoinHandle<()>>,
         _vm: kvm_ioctls::VmFd,
         _mem: GuestMemoryMmap<()>,
     }
 
-    impl HaltedVcpu {
-        pub(crate) fn start() -> HaltedVcpu {
+    impl TestVcpu {
+        pub(crate) fn halted() -> TestVcpu {
+            TestVcpu::run(&[0xf4, 0xeb, 0xfd], false)
+        }
+
+        /// A vCPU that never halts (`jmp $`): running guest code from
+        /// shortly after this returns until it is kicked.
+        pub(crate) fn spinning() -> TestVcpu {
+            let v = TestVcpu::run(&[0xeb, 0xfe], true);
+            let end = Instant::now() + Duration::from_secs(10);
+            while !v.entered.load(Ordering::SeqCst) && Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // From its thread's last step before KVM_RUN into guest code.
+            std::thread::sleep(Duration::from_millis(20));
+            v
+        }
+
+        fn run(code: &[u8], at_once: bool) -> TestVcpu {
             let kvm = kvm_ioctls::Kvm::new().expect("/dev/kvm");
             let vm = kvm.create_vm().unwrap();
             vm.create_irq_chip().unwrap();
             let mem =
                 GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x1000), 0x1000)]).unwrap();
-            mem.write_slice(&[0xf4, 0xeb, 0xfd], GuestAddress(0x1000))
-                .unwrap();
+            mem.write_slice(code, GuestAddress(0x1000)).unwrap();
             let host = mem.iter().next().unwrap().as_ptr() as u64;
             let region = kvm_bindings::kvm_userspace_memory_region {
                 slot: 0,
@@ -259,21 +278,25 @@ pub(crate) mod testutil {
             let d = done.clone();
             let exits = Arc::new(AtomicUsize::new(0));
             let x = exits.clone();
+            let entered = Arc::new(AtomicBool::new(false));
+            let e = entered.clone();
             let thread = std::thread::spawn(move || {
+                e.store(true, Ordering::SeqCst);
                 while !d.load(Ordering::SeqCst) {
                     let _ = vcpu.run();
                     x.fetch_add(1, Ordering::SeqCst);
                 }
             });
             let end = Instant::now() + Duration::from_secs(10);
-            while !blocking.is_blocking() && Instant::now() < end {
+            while !at_once && !blocking.is_blocking() && Instant::now() < end {
                 std::thread::sleep(Duration::from_millis(1));
             }
             let seen = blocking.is_blocking();
-            HaltedVcpu {
+            TestVcpu {
                 blocking,
                 seen,
                 exits,
+                entered,
                 done,
                 thread: Some(thread),
                 _vm: vm,
@@ -292,7 +315,7 @@ pub(crate) mod testutil {
         }
     }
 
-    impl Drop for HaltedVcpu {
+    impl Drop for TestVcpu {
         fn drop(&mut self) {
             use std::os::unix::thread::JoinHandleExt;
             self.done.store(true, Ordering::SeqCst);

@@ -59,6 +59,7 @@ mod choose;
 mod cursor;
 mod discard;
 mod execute;
+mod halt_grace;
 mod handover;
 mod hints;
 mod logs;

@@ -13,6 +13,8 @@
 
 use std::time::Duration;
 
+use super::halt_grace::HaltGrace;
+
 /// One batch in this many goes the other way, to keep measuring it.
 const PROBE_EVERY: u32 = 32;
 
@@ -69,6 +71,8 @@ pub(super) struct ParkCosts {
     since_probe: u32,
     /// Large batches since the last probe.
     since_large_probe: u32,
+    /// How long a park waits for the guests to halt on their own.
+    pub(super) halt_grace: HaltGrace,
 }
 
 /// A quarter of each new sample: one odd sample moves the average little.

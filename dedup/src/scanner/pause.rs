@@ -107,7 +107,13 @@ impl BoundedPark {
         self.since = Instant::now();
         self.parked_from = self.pages;
         if !self.quiescers.is_empty() {
-            self.parked = Some(Parked::park(&self.quiescers));
+            let wait = self.costs.halt_grace.next();
+            let (parked, grace) = Parked::park(&self.quiescers, wait);
+            self.costs.halt_grace.took(grace);
+            self.parked = Some(parked);
+            // The guests ran while the park waited for them to halt: the
+            // park, and its budget, begin after that wait.
+            self.since += grace.waited;
             self.park_ns = self.since.elapsed().as_nanos() as f64;
         }
     }
