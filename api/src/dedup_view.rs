@@ -41,6 +41,21 @@ pub struct DedupView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     pub max_guest_pause_us: Option<u64>,
+    /// pagefold engine: guest or device writes that waited for a merge in
+    /// flight (once per merge window waited on); a waiting vCPU takes no
+    /// interrupt. Absent for KSM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub write_waits: Option<u64>,
+    /// pagefold engine: those waits in all, microseconds. Absent for KSM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub write_wait_us: Option<u64>,
+    /// pagefold engine: the longest of those waits, microseconds. Absent
+    /// for KSM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub max_write_wait_us: Option<u64>,
     pub pool_pages: u64,
     pub vmas_created: u64,
     pub map_count_headroom: u64,
@@ -340,6 +355,9 @@ impl DedupView {
             merges: stats.merges,
             cow_breaks: stats.cow_breaks,
             max_guest_pause_us: stats.max_guest_pause_us,
+            write_waits: stats.write_waits,
+            write_wait_us: stats.write_wait_us,
+            max_write_wait_us: stats.max_write_wait_us,
             pool_pages: stats.pool_pages,
             vmas_created: stats.vmas_created,
             map_count_headroom: stats.map_count_headroom,

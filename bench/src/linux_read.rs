@@ -394,6 +394,14 @@ pub struct LinuxReadRow {
     pub parked_s: Option<f64>,
     #[serde(default)]
     pub park_max_us: Option<f64>,
+    /// Writes that waited for one of the engine's merges in flight (once
+    /// per merge window), and the longest wait, µs: a vCPU so waiting
+    /// takes no interrupt, which its wake-up latency shows. None for
+    /// kernel KSM and in reports from before they were recorded.
+    #[serde(default)]
+    pub write_waits: Option<u64>,
+    #[serde(default)]
+    pub write_wait_max_us: Option<f64>,
     pub load_avg: [f64; 3],
     pub warnings: Vec<String>,
     pub samples: Vec<LinuxReadSample>,

@@ -9,7 +9,7 @@ use crate::error::BenchError;
 use crate::linux_read::{LinuxReadReport, LinuxReadRow, RATIO_BASE, T_FINAL_SHARE};
 use crate::ratio::{fmt_ratio, ratio, Goal};
 
-const HEADERS: [&str; 24] = [
+const HEADERS: [&str; 26] = [
     "system",
     "npages",
     "pages_sharing",
@@ -33,6 +33,8 @@ const HEADERS: [&str; 24] = [
     "max (µs)",
     "parked (ms)",
     "longest park (µs)",
+    "write waits",
+    "longest write wait (µs)",
     "load 1m",
 ];
 
@@ -87,6 +89,8 @@ fn cells(row: &LinuxReadRow, base: Option<&LinuxReadRow>) -> Vec<String> {
         fmt_opt(row.max_us, 0),
         fmt_opt(row.parked_s.map(|s| s * 1e3), 1),
         fmt_opt(row.park_max_us, 0),
+        row.write_waits.map_or("-".into(), |n| n.to_string()),
+        fmt_opt(row.write_wait_max_us, 0),
         format!("{:.2}", row.load_avg[0]),
     ]
 }
@@ -351,6 +355,8 @@ mod tests {
             parks: Some(12),
             parked_s: Some(0.0042),
             park_max_us: Some(800.0),
+            write_waits: Some(12),
+            write_wait_max_us: Some(3100.0),
             load_avg: [1.5, 1.0, 0.5],
             warnings: vec![],
             samples,
@@ -415,11 +421,11 @@ mod tests {
         assert_eq!(lines[3].matches("---|").count(), HEADERS.len());
         assert_eq!(
             lines[4],
-            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | 0 | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 120 | 900 | 2500 | 4.2 | 800 | 1.50 |"
+            "| off | 0 | 0 | 0 | 0 | 0.00x | - | - | 0 | 1.25 | 3 | 0 | - | 1234 | 15.0 | 16.0 | 4.5 | yes | 120 | 900 | 2500 | 4.2 | 800 | 12 | 3100 | 1.50 |"
         );
         assert_eq!(
             lines[5],
-            "| pagefold-on | 30000 | 27000 | 3000 | 30000 | 1.50x | 2.0 | 0.25x | 12 | 1.25 | 3 | 29000 | standby | 1234 | 15.0 | 16.0 | 4.5 | yes | 150 | 900 | 2500 | 4.2 | 800 | 1.50 |"
+            "| pagefold-on | 30000 | 27000 | 3000 | 30000 | 1.50x | 2.0 | 0.25x | 12 | 1.25 | 3 | 29000 | standby | 1234 | 15.0 | 16.0 | 4.5 | yes | 150 | 900 | 2500 | 4.2 | 800 | 12 | 3100 | 1.50 |"
         );
         assert!(lines[6]
             .starts_with("| ksm-4096 | 20000 | 18000 | 2000 | 20000 | 1.00x | 8.0 | 1.00x |"));

@@ -292,6 +292,10 @@ impl Measured {
             parks: Some(self.pauses.count),
             parked_s: Some(self.pauses.total_s),
             park_max_us: Some(self.pauses.max_s * 1e6),
+            write_waits: e
+                .write_waits
+                .map(|n| n.saturating_sub(b.write_waits.unwrap_or(0))),
+            write_wait_max_us: e.max_write_wait_us.map(|us| us as f64),
             load_avg,
             warnings,
             samples: self.samples,

@@ -265,6 +265,18 @@ pub struct Stats {
     /// none); `None` from a backend that never parks them (kernel KSM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_guest_pause_us: Option<u64>,
+    /// Guest or device writes that waited for a merge in flight to end,
+    /// counted once per merge window they waited on: a writer so waits in
+    /// the kernel and its vCPU takes no interrupt meanwhile. `None` from a
+    /// backend whose merges no write waits on (kernel KSM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_waits: Option<u64>,
+    /// Those waits in all, microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_wait_us: Option<u64>,
+    /// The longest of them, microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_write_wait_us: Option<u64>,
     /// Merged pages a write took back (copy on write) since the start.
     /// Kernel KSM counts these host-wide only (`cow_ksm` of
     /// `/proc/vmstat`): its figure includes other KSM users'.

@@ -9,6 +9,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crate::uffd::{Uffd, UffdMsg, EVENT_PAGEFAULT, PAGEFAULT_FLAG_WP};
 use crate::PAGE_SIZE;
@@ -33,6 +34,34 @@ pub struct ProtState {
     /// has no writer of its own to wake: any later message for its range
     /// finds the range no longer busy, and the handler wakes that writer.
     pub deferred: u64,
+    /// When the handler deferred the oldest fault that still waits for its
+    /// merge to end (`None`: no writer waits).
+    pub waiting_since: Option<Instant>,
+    /// How long writers waited for merges in flight.
+    pub waits: WriteWaits,
+}
+
+/// Guest (or device) writes that waited for a merge in flight, from the
+/// handler's deferral of the first one to the wake of its range. A vCPU
+/// waiting so takes no interrupt: this is a stop of the guest the engine
+/// causes, as a park is.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WriteWaits {
+    /// Ranges whose wake freed at least one waiting writer.
+    pub count: u64,
+    /// Their waits in all, microseconds.
+    pub total_us: u64,
+    /// The longest, microseconds.
+    pub max_us: u64,
+}
+
+impl WriteWaits {
+    fn add(&mut self, waited: std::time::Duration) {
+        let us = waited.as_micros().min(u128::from(u64::MAX)) as u64;
+        self.count += 1;
+        self.total_us = self.total_us.saturating_add(us);
+        self.max_us = self.max_us.max(us);
+    }
 }
 
 impl ProtState {
@@ -41,6 +70,15 @@ impl ProtState {
     }
     fn region_contains(&self, a: usize) -> bool {
         self.regions.iter().any(|&(s, e)| a >= s && a < e)
+    }
+
+    /// The merger woke a range with deferred writers: their wait ends.
+    /// With merges in flight one at a time, the oldest deferral is the
+    /// first of this range's.
+    pub fn woke(&mut self) {
+        if let Some(t) = self.waiting_since.take() {
+            self.waits.add(t.elapsed());
+        }
     }
 }
 
@@ -136,6 +174,7 @@ pub fn run(
                 // The merger wakes this range when it is done
                 // (docs/merge-races.md §6).
                 p.deferred += 1;
+                p.waiting_since.get_or_insert_with(Instant::now);
                 counters.in_merge.fetch_add(1, Ordering::Relaxed);
             } else if p.region_contains(page) {
                 let still_protected = pagemap

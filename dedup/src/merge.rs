@@ -154,7 +154,11 @@ fn unmark_busy(ctx: &Ctx<'_>, addr: usize, end: usize, deferred_at: u64) {
         if let Some(pos) = p.busy.iter().position(|&r| r == (addr, end)) {
             p.busy.swap_remove(pos);
         }
-        p.deferred != deferred_at
+        let deferred = p.deferred != deferred_at;
+        if deferred {
+            p.woke();
+        }
+        deferred
     };
     if deferred {
         if let Err(e) = ctx.uffd.wake(addr, end - addr) {

@@ -544,6 +544,18 @@ fn run(cfg: Cfg) {
     // Writers did block in merges, and every one was woken (they all
     // finished): the merger wakes only after such a deferred fault.
     assert!(in_merge > 0, "no write met a merge in flight");
+    // And each such wait was timed: at least one window woke a waiter,
+    // and the waits in all are at least the longest.
+    let (waits, waited, longest) = (
+        s.write_waits.unwrap_or(0),
+        s.write_wait_us.unwrap_or(0),
+        s.max_write_wait_us.unwrap_or(0),
+    );
+    eprintln!("write waits: {waits}, {waited} us in all, longest {longest} us");
+    assert!(
+        (1..=in_merge).contains(&waits) && waited >= longest,
+        "waits {waits} for {in_merge} deferred faults, {waited} us, longest {longest} us"
+    );
     if assist.mode == AssistMode::Auto {
         // Both groups get their duplicates at unrelated addresses (g1
         // across two regions, g2 within one), and the assist takes the

@@ -50,6 +50,7 @@ impl Core {
         } else {
             0
         };
+        let waits = self.prot.lock().unwrap_or_else(|e| e.into_inner()).waits;
         let bytes_saved = (pages_sharing + zero) * PAGE_SIZE as u64;
         let metadata = self.metadata_bytes() + ksm_meta;
         Stats {
@@ -85,6 +86,9 @@ impl Core {
             hint_merge_delay_ms: self.hint_tally.mean_delay_ms(),
             pages_reported: self.counters.reported,
             pages_returned: Some(returned),
+            write_waits: Some(waits.count),
+            write_wait_us: Some(waits.total_us),
+            max_write_wait_us: Some(waits.max_us),
             per_owner,
             ..Stats::default()
         }
