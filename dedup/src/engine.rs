@@ -483,13 +483,15 @@ impl Engine {
         lock(&self.shared.core).metadata_per_page()
     }
 
-    /// Write faults that hit a page under merge, and stray WP faults.
+    /// Write faults that hit a page under merge, stray WP faults, and
+    /// write faults on a merge window's gap pages (released at once).
     #[cfg(any(test, feature = "testing"))]
-    pub fn fault_counts(&self) -> (u64, u64) {
+    pub fn fault_counts(&self) -> (u64, u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         (
             self.shared.faults.in_merge.load(Relaxed),
             self.shared.faults.stray.load(Relaxed),
+            self.shared.faults.in_gap.load(Relaxed),
         )
     }
 

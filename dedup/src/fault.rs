@@ -25,8 +25,8 @@ pub enum FaultError {
 /// the merger and the handler; held only around single ioctls.
 #[derive(Debug, Default)]
 pub struct ProtState {
-    /// `(start, end)` of merges/unmerges in flight.
-    pub busy: Vec<(usize, usize)>,
+    /// Merges and unmerges in flight.
+    pub busy: Vec<BusyRange>,
     /// `(start, end)` of registered regions.
     pub regions: Vec<(usize, usize)>,
     /// Faults the handler left to the merger because their page was busy.
@@ -64,9 +64,51 @@ impl WriteWaits {
     }
 }
 
+/// A range write-protected for a merge window or an unmerge chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BusyRange {
+    pub start: usize,
+    pub end: usize,
+    /// Bit i: page i of the range is one the merge changes. `None`: every
+    /// page is (an unmerge). The others are the window's gaps, protected
+    /// only so that one ioctl covers the window.
+    pub ops: Option<crate::merge::Mask>,
+}
+
+impl BusyRange {
+    fn contains(&self, a: usize) -> bool {
+        a >= self.start && a < self.end
+    }
+
+    /// `a` (in the range) is a gap page: nothing in flight changes it.
+    fn is_gap(&self, a: usize) -> bool {
+        let i = (a - self.start) / PAGE_SIZE;
+        self.ops
+            .is_some_and(|m| i >= crate::merge::Mask::BITS as usize || m & (1 << i) == 0)
+    }
+}
+
+/// What the busy ranges are doing to a page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InFlight {
+    /// No merge or unmerge covers it.
+    No,
+    /// It lies only in merge windows' gaps.
+    Gap,
+    /// A merge or unmerge in flight changes it.
+    Op,
+}
+
 impl ProtState {
-    fn busy_contains(&self, a: usize) -> bool {
-        self.busy.iter().any(|&(s, e)| a >= s && a < e)
+    fn in_flight(&self, a: usize) -> InFlight {
+        let mut found = InFlight::No;
+        for r in self.busy.iter().filter(|r| r.contains(a)) {
+            if !r.is_gap(a) {
+                return InFlight::Op;
+            }
+            found = InFlight::Gap;
+        }
+        found
     }
     fn region_contains(&self, a: usize) -> bool {
         self.regions.iter().any(|&(s, e)| a >= s && a < e)
@@ -93,6 +135,8 @@ pub struct FaultCounters {
     /// Fault messages read after the merge they hit had finished and woken
     /// the writer (the page is no longer protected): nothing to do.
     pub late: AtomicU64,
+    /// Write faults on a gap page of a merge window: released at once.
+    pub in_gap: AtomicU64,
 }
 
 /// A stop signal for the handler thread (an eventfd it polls).
@@ -170,7 +214,14 @@ pub fn run(
             }
             let page = m.address as usize & !(PAGE_SIZE - 1);
             let mut p = prot.lock().unwrap_or_else(|e| e.into_inner());
-            if p.busy_contains(page) {
+            let busy = p.in_flight(page);
+            // A gap page of a merge window: the merge changes nothing
+            // there, so the write may land now rather than wait for the
+            // window (docs/merge-races.md §6). Should the unprotect fail,
+            // the merger releases it with the window, as any other.
+            if busy == InFlight::Gap && uffd.unprotect(page, PAGE_SIZE).is_ok() {
+                counters.in_gap.fetch_add(1, Ordering::Relaxed);
+            } else if busy != InFlight::No {
                 // The merger wakes this range when it is done
                 // (docs/merge-races.md §6).
                 p.deferred += 1;
@@ -195,5 +246,73 @@ pub fn run(
                 let _ = uffd.wake(page, PAGE_SIZE);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: usize = 0x10_0000;
+
+    fn page(i: usize) -> usize {
+        BASE + i * PAGE_SIZE
+    }
+
+    #[test]
+    fn a_window_holds_its_ops_and_lets_its_gaps_go() {
+        let mut p = ProtState::default();
+        p.busy.push(BusyRange {
+            start: page(0),
+            end: page(8),
+            ops: Some(0b1000_0101),
+        });
+        let kinds: Vec<InFlight> = (0..9).map(|i| p.in_flight(page(i))).collect();
+        use InFlight::*;
+        assert_eq!(kinds, [Op, Gap, Op, Gap, Gap, Gap, Gap, Op, No]);
+        // Within a page, too.
+        assert_eq!(p.in_flight(page(1) + 100), Gap);
+        assert_eq!(p.in_flight(page(0) - 1), No);
+    }
+
+    #[test]
+    fn an_unmerge_holds_every_page_and_any_op_wins() {
+        let mut p = ProtState::default();
+        p.busy.push(BusyRange {
+            start: page(0),
+            end: page(300),
+            ops: None,
+        });
+        assert_eq!(p.in_flight(page(299)), InFlight::Op);
+        // A gap of one range that another range changes is held.
+        let mut q = ProtState::default();
+        q.busy.push(BusyRange {
+            start: page(0),
+            end: page(4),
+            ops: Some(0b0001),
+        });
+        q.busy.push(BusyRange {
+            start: page(2),
+            end: page(6),
+            ops: Some(0b0001),
+        });
+        assert_eq!(q.in_flight(page(1)), InFlight::Gap);
+        assert_eq!(q.in_flight(page(2)), InFlight::Op);
+        assert_eq!(q.in_flight(page(3)), InFlight::Gap);
+    }
+
+    #[test]
+    fn waits_add_up_and_keep_the_longest() {
+        let mut p = ProtState::default();
+        p.woke();
+        assert_eq!(p.waits, WriteWaits::default(), "no writer waited");
+        p.waiting_since = Some(Instant::now() - std::time::Duration::from_millis(3));
+        p.woke();
+        p.waiting_since = Some(Instant::now() - std::time::Duration::from_millis(1));
+        p.woke();
+        assert_eq!(p.waits.count, 2);
+        assert!(p.waits.max_us >= 3000 && p.waits.max_us < 1_000_000);
+        assert!(p.waits.total_us >= p.waits.max_us + 1000);
+        assert!(p.waiting_since.is_none());
     }
 }

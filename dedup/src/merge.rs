@@ -27,7 +27,7 @@
 
 use std::sync::Mutex;
 
-use crate::fault::ProtState;
+use crate::fault::{BusyRange, ProtState};
 use crate::mm::{self, MmError};
 use crate::pagemap::{Entry, Pagemap, PM_PRESENT, PM_UFFD_WP};
 use crate::pool::{Pool, SlotState};
@@ -135,10 +135,15 @@ struct Busy<'a> {
     deferred_at: u64,
 }
 
-/// Marks `addr..end` busy; returns `ProtState::deferred` at that moment.
-fn mark_busy(prot: &Mutex<ProtState>, addr: usize, end: usize) -> u64 {
+/// Marks `addr..end` busy, `ops` its pages that the merge changes (`None`:
+/// all); returns `ProtState::deferred` at that moment.
+fn mark_busy(prot: &Mutex<ProtState>, addr: usize, end: usize, ops: Option<Mask>) -> u64 {
     let mut p = prot.lock().unwrap_or_else(|e| e.into_inner());
-    p.busy.push((addr, end));
+    p.busy.push(BusyRange {
+        start: addr,
+        end,
+        ops,
+    });
     p.deferred
 }
 
@@ -151,7 +156,7 @@ fn mark_busy(prot: &Mutex<ProtState>, addr: usize, end: usize) -> u64 {
 fn unmark_busy(ctx: &Ctx<'_>, addr: usize, end: usize, deferred_at: u64) {
     let deferred = {
         let mut p = ctx.prot.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(pos) = p.busy.iter().position(|&r| r == (addr, end)) {
+        if let Some(pos) = p.busy.iter().position(|r| (r.start, r.end) == (addr, end)) {
             p.busy.swap_remove(pos);
         }
         let deferred = p.deferred != deferred_at;
@@ -168,14 +173,16 @@ fn unmark_busy(ctx: &Ctx<'_>, addr: usize, end: usize, deferred_at: u64) {
 }
 
 impl<'a> Busy<'a> {
-    fn protect(ctx: &'a Ctx<'a>, addr: usize, n: usize) -> Result<Self, MergeError> {
+    /// Protects the `n` pages at `addr`, of which `ops` (bit i: page i)
+    /// are the merge's.
+    fn protect(ctx: &'a Ctx<'a>, addr: usize, n: usize, ops: Mask) -> Result<Self, MergeError> {
         debug_assert!(n > 0 && n <= CHUNK_PAGES);
         let busy = Busy {
             ctx,
             addr,
             n,
             original: low_bits(n),
-            deferred_at: mark_busy(ctx.prot, addr, addr + n * PAGE_SIZE),
+            deferred_at: mark_busy(ctx.prot, addr, addr + n * PAGE_SIZE, Some(ops)),
         };
         // On error `busy` drops: unprotect + wake + unmark.
         ctx.uffd.protect(addr, n * PAGE_SIZE)?;
@@ -250,8 +257,9 @@ pub struct ChunkResult {
 /// (the first run then extends that VMA instead of creating one).
 ///
 /// The whole window is write-protected, checked and released with one
-/// ioctl each, gap pages included (a guest write there waits for the
-/// window like one to an op's page): scattered merges then cost one
+/// ioctl each, gap pages included (a guest write there faults, and the
+/// fault handler releases that page at once: the window records which
+/// pages are its ops): scattered merges then cost one
 /// protect, one register and one unprotect per window (and one pagemap
 /// read, without `WP_UNPOPULATED`) instead of per page; each protect and
 /// unprotect is a TLB flush of every CPU running the VM.
@@ -268,7 +276,10 @@ pub fn exec_chunk(
         return res;
     };
     // Step 1.
-    let mut busy = match Busy::protect(ctx, w.addr0, w.n) {
+    let op_pages = ops
+        .iter()
+        .fold(0 as Mask, |m, op| m | 1 << (op.page - w.first));
+    let mut busy = match Busy::protect(ctx, w.addr0, w.n, op_pages) {
         Ok(b) => b,
         Err(e) => {
             log::debug!("protect failed, chunk abandoned: {e}");
@@ -632,7 +643,7 @@ impl<'a> RangeBusy<'a> {
             addr,
             len,
             replaced: false,
-            deferred_at: mark_busy(ctx.prot, addr, addr + len),
+            deferred_at: mark_busy(ctx.prot, addr, addr + len, None),
         };
         // On error `busy` drops: unprotect + wake + unmark.
         ctx.uffd.protect(addr, len)?;

@@ -509,9 +509,9 @@ fn run(cfg: Cfg) {
     let writes: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(writes as usize, total_writes_seen);
     let s = e.stats();
-    let (in_merge, stray) = e.fault_counts();
+    let (in_merge, stray, in_gap) = e.fault_counts();
     eprintln!(
-        "torture: {writes} writes, merges {}, cow_breaks {}, zero {}, sharing {}, abandoned {}, faults in merge {in_merge}, stray {stray}",
+        "torture: {writes} writes, merges {}, cow_breaks {}, zero {}, sharing {}, abandoned {}, faults in merge {in_merge}, in a gap {in_gap}, stray {stray}",
         s.merges,
         s.cow_breaks,
         s.zero_pages,
