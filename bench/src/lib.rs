@@ -50,6 +50,7 @@ mod latency_bench;
 mod latency_report;
 mod latency_run;
 mod latency_vms;
+mod linux_agents;
 mod linux_console;
 mod linux_read;
 mod linux_read_report;
