@@ -1,5 +1,6 @@
-//! What the Linux-guest benchmarks with agent VMs share: the runner
-//! seen through a small trait (so that their run loops are tested without booting Linux, which this host cannot),
+//! What the Linux-guest benchmarks with agent VMs share (`linux-read`,
+//! `linux-free`): the runner seen through a small trait (so that their
+//! run loops are tested without booting Linux, which this host cannot),
 //! the guests' consoles, posting one script to both mailboxes, the host
 //! check that refuses where no Linux guest boots, and the check of the
 //! guest image's files.
@@ -7,11 +8,12 @@
 use std::path::Path;
 
 use pagefold_dedup::Stats;
+use pagefold_vmm::balloon::BalloonStatus;
 use pagefold_vmm::config::{
     BalloonConfig, DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig, VmDedup,
 };
 use pagefold_vmm::host_kind::{emulated_host, host_kvm_kind, linux_guest_refusal_with};
-use pagefold_vmm::linux::agent::{self, Mailbox};
+use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
 use pagefold_vmm::pause::GuestPauses;
 use pagefold_vmm::runner::Runner;
 
@@ -35,6 +37,15 @@ pub(crate) trait GuestHost {
     /// The stops the engine's parks caused the VMs' vCPUs so far, all VMs
     /// together.
     fn guest_pauses(&self) -> GuestPauses;
+    /// The balloons' figures of the VMs that have one.
+    fn balloons(&self) -> Vec<BalloonStatus> {
+        Vec::new()
+    }
+    /// The host frames the VMs' RAM and the dedup pool hold now
+    /// (`host_frames`); None where pagemap hides frames.
+    fn host_frames(&self) -> Option<u64> {
+        None
+    }
     fn stop(&mut self, reason: &str);
 }
 
@@ -71,6 +82,14 @@ impl GuestHost for Runner {
             let _ = v.resume();
         }
         c
+    }
+
+    fn balloons(&self) -> Vec<BalloonStatus> {
+        self.vms().iter().filter_map(|v| v.info().balloon).collect()
+    }
+
+    fn host_frames(&self) -> Option<u64> {
+        crate::host_frames::host_frames(&ram_ranges(self)).ok()
     }
 
     fn stop(&mut self, reason: &str) {
@@ -204,6 +223,40 @@ pub(crate) fn run_pair(
         }
         None => Ok(()),
     }
+}
+
+/// Looks for both VMs' replies to the scripts numbered `seqs` (named
+/// `what` in errors), filling `replies` with each one's arrival time `t`
+/// (s) and text as it comes; true once both are in. A script that fails
+/// or a VM that stops first fails the run.
+pub(crate) fn collect_replies(
+    r: &impl GuestHost,
+    seqs: [u64; 2],
+    replies: &mut [Option<(f64, Reply)>; 2],
+    consoles: [&Path; 2],
+    t: f64,
+    what: &str,
+) -> Result<bool, String> {
+    for (i, vm) in PAIR.iter().enumerate() {
+        if replies[i].is_some() {
+            continue;
+        }
+        let text = console_text(consoles[i])?;
+        if let Some(reply) = agent::find_reply(&text, seqs[i]) {
+            if reply.status != 0 {
+                let why = format!(
+                    "the {what} failed (status {}); its output:\n{}",
+                    reply.status, reply.output
+                );
+                return Err(console_error(vm, consoles[i], &why));
+            }
+            replies[i] = Some((t, reply));
+        } else if !r.running(vm) {
+            let why = format!("stopped before replying to the {what}");
+            return Err(console_error(vm, consoles[i], &why));
+        }
+    }
+    Ok(replies.iter().all(Option::is_some))
 }
 
 /// Console lines an error message shows.
