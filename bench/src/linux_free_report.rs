@@ -60,7 +60,7 @@ fn cells(r: &LinuxFreeReport) -> Table {
                 .map_or("-".into(), |n| n.to_string()),
             fmt_opt(x.back_90_s, 1),
             x.back_5s_share
-                .map_or("-".into(), |s| format!("{:.0} %", s * 100.0)),
+                .map_or("-".into(), |s| format!("{:.1} %", s * 100.0)),
             format!("{:.2}", x.engine_cpu_s),
             if x.md5_ok { "yes" } else { "NO" }.into(),
         ]);
@@ -385,7 +385,7 @@ mod tests {
         );
         assert_eq!(
             lines[5],
-            "| pagefold-fpr | 290 | 600 | 650 | 310 | 432 | 208 | 40000 | 50000 | 45000 | 3.5 | 93 % | 1.50 | yes |"
+            "| pagefold-fpr | 290 | 600 | 650 | 310 | 432 | 208 | 40000 | 50000 | 45000 | 3.5 | 93.0 % | 1.50 | yes |"
         );
         assert!(lines[4].contains("| - | - | 1.50 | yes |"), "{}", lines[4]);
         assert!(
