@@ -220,7 +220,7 @@ pub fn linux_free_chart(r: &LinuxFreeReport) -> Chart {
         .collect();
     Chart::new(vec![Panel {
         title: format!(
-            "linux-free: host memory of two Linux guests that work, hold, free and idle (host {})",
+            "linux-free: host memory of two Linux guests (host {})",
             r.host_kind
         ),
         x_label: "time since the work was posted (s)".into(),
