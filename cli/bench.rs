@@ -29,6 +29,8 @@ use pagefold_bench::{
 
 use crate::error::Error;
 
+mod linux_free;
+
 /// `pagefold bench <benchmark>`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -54,6 +56,12 @@ pub enum BenchCommand {
     /// the saving was reached, engine CPU. Needs VMX/SVM, or the emulated
     /// host (scripts/emulated-host.sh).
     LinuxRead(LinuxReadArgs),
+    /// Two Linux guests do the same work, then free most of it (off,
+    /// pagefold-on, fpr, pagefold-fpr, ksm-fpr): the host memory they use
+    /// with dedup and free page reporting each on or off, how soon freed
+    /// memory is back, and whether the data they kept is intact. Needs
+    /// VMX/SVM, or the emulated host (scripts/emulated-host.sh).
+    LinuxFree(linux_free::LinuxFreeArgs),
     /// What merging costs a running guest: two identical workload VMs run
     /// a TSC pause probe while each system (off, pagefold-on, pagefold-max,
     /// ksm-default, ksm-max) merges them, then while rewriting merged
@@ -508,6 +516,7 @@ pub fn run(args: BenchArgs) -> Result<i32, Error> {
         BenchCommand::Auto(a) => auto(a),
         BenchCommand::Build(a) => build(a),
         BenchCommand::LinuxRead(a) => linux_read(a),
+        BenchCommand::LinuxFree(a) => linux_free::linux_free(a),
         BenchCommand::Latency(a) => latency(a),
         BenchCommand::SideChannel(a) => side_channel(a),
     }
@@ -580,16 +589,22 @@ fn latency(a: LatencyArgs) -> Result<i32, Error> {
     Ok(if report.unrestored.is_empty() { 0 } else { 1 })
 }
 
-/// The options `bench linux-read`'s flags ask for.
-fn linux_read_options(a: &LinuxReadArgs) -> Result<LinuxReadOptions, Error> {
-    if !(0.05..=60.0).contains(&a.sample_interval) {
+/// The sampling and timeout flags of the Linux-guest benchmarks.
+pub(crate) fn check_linux_timing(sample_interval: f64, timeout: u64) -> Result<(), Error> {
+    if !(0.05..=60.0).contains(&sample_interval) {
         return Err(Error::Usage(
             "--sample-interval must be 0.05 to 60 seconds".into(),
         ));
     }
-    if a.timeout == 0 {
+    if timeout == 0 {
         return Err(Error::Usage("--timeout must be above 0".into()));
     }
+    Ok(())
+}
+
+/// The options `bench linux-read`'s flags ask for.
+fn linux_read_options(a: &LinuxReadArgs) -> Result<LinuxReadOptions, Error> {
+    check_linux_timing(a.sample_interval, a.timeout)?;
     Ok(LinuxReadOptions {
         guest_dir: a.guest.clone(),
         memory: a.memory.clone(),
@@ -670,9 +685,24 @@ fn build_linux(a: BuildArgs, systems: Vec<BuildSystem>) -> Result<i32, Error> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use clap::Parser;
+
+    /// `pagefold bench NAME ARGS...` parsed (a benchmark's own tests in
+    /// its own file use it).
+    pub(crate) fn parse(name: &str, args: &[&str]) -> BenchCommand {
+        let head = ["bench", name];
+        Bench::try_parse_from(head.iter().chain(args))
+            .unwrap()
+            .args
+            .cmd
+    }
+
+    /// Whether `argv` (from "bench") parses.
+    pub(crate) fn try_parse(argv: &[&str]) -> Result<(), clap::Error> {
+        Bench::try_parse_from(argv).map(|_| ())
+    }
 
     /// `pagefold bench` alone, so these tests need not import the CLI that
     /// imports this module.

@@ -18,6 +18,10 @@
 //!   same files; how much of it each system merges, and how soon (hosts
 //!   with VMX/SVM, or the emulated host).
 //!
+//! - `linux-free` ([`run_linux_free_bench`]): two Linux guests do the
+//!   same work and free most of it; the host memory they cost with dedup
+//!   and free page reporting each on or off, and with kernel KSM.
+//!
 //! - `latency` ([`run_latency_bench`]): two identical workload VMs run the
 //!   guest-side pause probe while each system merges them and while they
 //!   rewrite merged pages; pause percentiles, stopped time, COW breaks.
@@ -45,12 +49,17 @@ mod disk_copy;
 mod error;
 mod guest_latency;
 mod host;
+mod host_frames;
 mod latency;
 mod latency_bench;
 mod latency_report;
 mod latency_run;
 mod latency_vms;
+mod linux_agents;
 mod linux_console;
+mod linux_free;
+mod linux_free_report;
+mod linux_free_run;
 mod linux_read;
 mod linux_read_report;
 mod linux_read_run;
@@ -104,6 +113,14 @@ pub use latency_report::{
 };
 pub use latency_vms::{program as latency_program, ProbePair, ProbeResult};
 pub use linux_console::ConsoleWatch;
+pub use linux_free::{
+    select_linux_free_systems, FreeSample, FreeSystem, LinuxFreeOptions, LinuxFreeReport,
+    LinuxFreeRow, LINUX_FREE_COMMAND, LINUX_FREE_SYSTEMS,
+};
+pub use linux_free_report::{
+    linux_free_chart, linux_free_goals, linux_free_json, linux_free_markdown, linux_free_table,
+};
+pub use linux_free_run::run_linux_free_bench;
 pub use linux_read::{
     agent_files, agent_vm_config, md5s_agree, parse_md5s, select_linux_read_systems, t_final_s,
     vm_cpu, AgentFiles, LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow,

@@ -22,12 +22,13 @@ use crate::host::Ipis;
 use std::time::Duration;
 
 use pagefold_dedup::DedupSettings;
-use pagefold_vmm::config::{DiskConfig, KernelConfig, SerialOutput, SizeValue, VmConfig, VmDedup};
+use pagefold_vmm::config::VmConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::build_bench::BuildSystem;
 use crate::error::BenchError;
 use crate::guest_latency::GuestLatency;
+use crate::linux_agents::{agent_vm, AgentSpec};
 use crate::system::KSM_DEFAULT_KNOBS;
 
 /// What the refusal message calls this command.
@@ -201,36 +202,14 @@ pub fn agent_vm_config(
     cpu: Option<usize>,
     security: pagefold_dedup::Security,
 ) -> VmConfig {
-    VmConfig {
-        name: name.into(),
-        vcpus: 1,
-        memory: SizeValue::Text(opts.memory.clone()),
-        serial: SerialOutput::File(files.console.clone()),
-        dedup: VmDedup {
-            enabled: true,
-            group: Some(LINUX_READ_GROUP.into()),
-            security,
-        },
-        workload: None,
-        kernel: Some(KernelConfig {
-            path: opts.kernel(),
-            initrd: Some(opts.initrd()),
-            cmdline: AGENT_CMDLINE.into(),
-            disks: vec![
-                DiskConfig {
-                    path: opts.data_disk(),
-                    readonly: true,
-                },
-                DiskConfig {
-                    path: files.mailbox.clone(),
-                    readonly: false,
-                },
-            ],
-            net: Vec::new(),
-            balloon: None,
-        }),
-        vcpu_affinity: cpu.map(|c| vec![c]),
-    }
+    let spec = AgentSpec {
+        guest_dir: &opts.guest_dir,
+        memory: &opts.memory,
+        group: LINUX_READ_GROUP,
+        security,
+        balloon: None,
+    };
+    agent_vm(&spec, name, &files.mailbox, &files.console, cpu)
 }
 
 /// The md5 sums one guest printed for [`HASHED_FILES`].
@@ -446,6 +425,7 @@ impl LinuxReadReport {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use pagefold_vmm::config::{DiskConfig, SerialOutput};
 
     const H64: &str = "0123456789abcdef0123456789abcdef";
     const H16: &str = "fedcba9876543210fedcba9876543210";

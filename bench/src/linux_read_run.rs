@@ -10,86 +10,26 @@ use std::time::Instant;
 
 use pagefold_dedup::ksm::{ksm_exclusive, snapshot_tunables, KSM_SYSFS};
 use pagefold_dedup::Stats;
-use pagefold_vmm::config::{SerialOutput, VmConfig};
+use pagefold_vmm::config::VmConfig;
 use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
 use pagefold_vmm::pause::GuestPauses;
-use pagefold_vmm::runner::Runner;
 
-use crate::build_bench::{end_backend, first_run_context, make_backend, npages, BuildSystem};
+use crate::build_bench::{first_run_context, npages, BuildSystem};
 use crate::error::{input_err, linux_vm_err, BenchError};
 use crate::guest_latency::{parse_cyclictest, GuestLatency, PROBE_END};
 use crate::host::{HostId, Ipis};
+use crate::linux_agents::{
+    check_agent_vm, check_guest_files, console_error, console_text, post_to_both,
+    refuse_without_linux_guests, run_pair, GuestHost,
+};
 use crate::linux_read::{
     agent_files, agent_vm_config, md5s_agree, parse_md5s, read_script, t_final_s, vm_cpu,
     AgentFiles, LinuxReadGuest, LinuxReadOptions, LinuxReadReport, LinuxReadRow, LinuxReadSample,
     Md5s, AGENT_CMDLINE, LINUX_READ_COMMAND, LINUX_READ_VMS,
 };
-use crate::page_census::{self, PageCensus};
-use pagefold_vmm::host_kind::{emulated_host, host_kvm_kind, linux_guest_refusal_with};
+use crate::page_census::PageCensus;
+use pagefold_vmm::host_kind::emulated_host;
 
-/// What the run loop needs of the VMs' runner (a trait so that the loop's
-/// stages can be tested without booting Linux: this host cannot).
-trait GuestHost {
-    /// VM `vm` was added and has not stopped.
-    fn running(&self, vm: &str) -> bool;
-    fn add(&mut self, c: &VmConfig) -> Result<(), String>;
-    /// The backend's counters (all zero without one).
-    fn stats(&self) -> Stats;
-    /// What the VMs' RAM holds (`page_census`), with the VMs paused for
-    /// it; None where pagemap hides frames.
-    fn census(&self) -> Option<PageCensus>;
-    /// The stops the engine's parks caused the VMs' vCPUs so far, all VMs
-    /// together.
-    fn guest_pauses(&self) -> GuestPauses;
-    fn stop(&mut self, reason: &str);
-}
-
-impl GuestHost for Runner {
-    fn running(&self, vm: &str) -> bool {
-        // The runner keeps a VM's summary from its start until it is
-        // reaped (stopped).
-        self.summary(vm).is_some()
-    }
-
-    fn add(&mut self, c: &VmConfig) -> Result<(), String> {
-        self.add_vm(c).map_err(|e| e.to_string())
-    }
-
-    fn stats(&self) -> Stats {
-        self.dedup().map(|b| b.stats()).unwrap_or_default()
-    }
-
-    fn guest_pauses(&self) -> GuestPauses {
-        self.vms().iter().fold(GuestPauses::default(), |acc, v| {
-            acc.merged(&v.info().guest_pauses)
-        })
-    }
-
-    fn census(&self) -> Option<PageCensus> {
-        // Paused, the guests write nothing while their pages are read (a
-        // pause fails only for a VM that is stopping: counted anyway).
-        let paused: Vec<_> = self.vms().iter().filter(|v| v.pause().is_ok()).collect();
-        let ranges: Vec<(usize, usize)> = self
-            .vms()
-            .iter()
-            .flat_map(|v| v.ram_host_ranges())
-            .collect();
-        // SAFETY: the ranges are the guest RAM of VMs this runner owns,
-        // mapped while they live, and none is dropped during the call.
-        let c = unsafe { page_census::census(&ranges) };
-        for v in paused {
-            let _ = v.resume();
-        }
-        c
-    }
-
-    fn stop(&mut self, reason: &str) {
-        self.stop_all(reason);
-    }
-}
-
-/// Console lines an error message shows.
-const TAIL_LINES: usize = 30;
 /// Seconds between progress lines while sampling.
 const PROGRESS_EVERY_S: f64 = 10.0;
 
@@ -100,30 +40,18 @@ pub fn run_linux_read_bench(
     systems: &[BuildSystem],
     opts: &LinuxReadOptions,
 ) -> Result<LinuxReadReport, BenchError> {
+    refuse_without_linux_guests(LINUX_READ_COMMAND, "linux-read")?;
     let emulated = emulated_host();
-    if !emulated {
-        let instead = "On such a host, run it inside the emulated host: \
-                       scripts/emulated-host.sh --bin target/release/pagefold -- \
-                       pagefold bench linux-read --guest /guest";
-        if let Some(why) = linux_guest_refusal_with(host_kvm_kind(), LINUX_READ_COMMAND, instead) {
-            return Err(BenchError::HostUnsupported(why));
-        }
-    }
     if systems.is_empty() {
         return Err(BenchError::NoSystems);
     }
     if opts.sample_interval.is_zero() {
         return Err(input_err("the sample interval must be above 0"));
     }
-    for f in [opts.kernel(), opts.initrd(), opts.data_disk()] {
-        if !f.is_file() {
-            return Err(input_err(format!(
-                "guest image file missing: {} (make the image with scripts/guest-image.sh {})",
-                f.display(),
-                opts.guest_dir.display()
-            )));
-        }
-    }
+    check_guest_files(
+        &opts.guest_dir,
+        &[opts.kernel(), opts.initrd(), opts.data_disk()],
+    )?;
     let dir = opts.work_dir();
     let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
     let vm_cpus = [vm_cpu(emulated, 0, cpus), vm_cpu(emulated, 1, cpus)];
@@ -330,7 +258,6 @@ struct Trace {
     samples: Vec<LinuxReadSample>,
     last_sample: Option<Instant>,
     last_progress_s: f64,
-    error: Option<String>,
 }
 
 impl Trace {
@@ -354,7 +281,6 @@ impl Trace {
             samples: Vec::new(),
             last_sample: None,
             last_progress_s: 0.0,
-            error: None,
         }
     }
 
@@ -371,25 +297,6 @@ impl Trace {
         self.last_sample = Some(Instant::now());
         st
     }
-}
-
-/// The console text of a VM (empty until the VM has written any).
-fn console_text(path: &Path) -> Result<String, String> {
-    match std::fs::read(path) {
-        Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
-        Err(e) => Err(format!("reading {}: {e}", path.display())),
-    }
-}
-
-/// `VM a: what (console log P); its last lines:\n...`.
-fn console_error(vm: &str, files: &AgentFiles, what: &str) -> String {
-    let text = console_text(&files.console).unwrap_or_default();
-    format!(
-        "VM {vm}: {what} (console log {}); its last lines:\n{}",
-        files.console.display(),
-        agent::tail(&text, TAIL_LINES)
-    )
 }
 
 impl SystemRun<'_> {
@@ -464,50 +371,16 @@ impl SystemRun<'_> {
         files: &[AgentFiles],
         mailboxes: &mut [Mailbox],
     ) -> Result<Measured, BenchError> {
-        let ipis_before = Ipis::current();
-        let (backend, _) = make_backend(self.s)?;
-        let mut runner = match Runner::new(backend.clone(), true) {
-            Ok(r) => r,
-            Err(err) => {
-                end_backend(self.s, backend.as_ref());
-                return Err(linux_vm_err(err));
-            }
-        };
-        runner.echo = false;
-        let start = Instant::now();
         let mut tr = Trace::new();
-        tr.ipis[0] = ipis_before;
-        if let Err(err) = runner.add_vm(&configs[0]) {
-            drop(runner);
-            end_backend(self.s, backend.as_ref());
-            return Err(linux_vm_err(err));
-        }
-        tr.added[0] = Some(Instant::now());
-        let report = runner.run(|r| {
-            if tr.stage == Stage::Done || tr.error.is_some() {
-                return;
+        tr.ipis[0] = Ipis::current();
+        let start = Instant::now();
+        tr.added[0] = Some(start);
+        run_pair(self.s, "linux-read", &configs[0], |r| {
+            if tr.stage == Stage::Done {
+                return Ok(());
             }
-            if let Err(e) = self.tick(r, &mut tr, configs, files, mailboxes, start) {
-                tr.error = Some(e);
-                r.stop("the linux-read benchmark failed");
-            }
-        });
-        drop(runner);
-        end_backend(self.s, backend.as_ref());
-        let report = report.map_err(linux_vm_err)?;
-        if let Some(e) = tr.error {
-            // How each VM ended says why a guest stopped (e.g. a KVM error).
-            let ends: Vec<String> = report
-                .vms
-                .iter()
-                .map(|v| format!("{}: {}", v.name, v.outcome))
-                .collect();
-            return Err(linux_vm_err(format!(
-                "{}: {e}\nVMs ended: {}",
-                self.name(),
-                ends.join("; ")
-            )));
-        }
+            self.tick(r, &mut tr, configs, files, mailboxes, start)
+        })?;
         // Stopped from outside (a signal) before the end: Err.
         Self::measured(tr).map_err(|stage| {
             linux_vm_err(format!(
@@ -546,7 +419,7 @@ impl SystemRun<'_> {
         for (i, vm) in LINUX_READ_VMS.iter().enumerate() {
             if tr.added[i].is_some() && !r.running(vm) {
                 let what = format!("stopped while waiting for {}", tr.stage.waiting_for());
-                return Err(console_error(vm, &files[i], &what));
+                return Err(console_error(vm, &files[i].console, &what));
             }
         }
         let Some(t0) = tr.t0 else { return Ok(()) };
@@ -639,13 +512,13 @@ impl SystemRun<'_> {
                         "the read script failed (status {}); its output:\n{}",
                         reply.status, reply.output
                     );
-                    return Err(console_error(vm, &files[i], &what));
+                    return Err(console_error(vm, &files[i].console, &what));
                 }
                 tr.replies[i] = Some((t, reply));
             } else if !r.running(vm) {
                 return Err(console_error(
                     vm,
-                    &files[i],
+                    &files[i].console,
                     "stopped before replying to the read script",
                 ));
             }
@@ -697,7 +570,7 @@ impl SystemRun<'_> {
                     "the latency probe's end (status {}): {e}; its output:\n{}",
                     reply.status, reply.output
                 );
-                console_error(vm, &files[i], &what)
+                console_error(vm, &files[i].console, &what)
             })?;
             self.progress(format_args!(
                 "{vm}'s wake-up latency: p99 {} µs, p99.9 {} µs, max {} µs ({} wake-ups)",
@@ -728,8 +601,8 @@ impl SystemRun<'_> {
     }
 }
 
-/// Checks both VMs' configs as the VMM will (kernel format, files,
-/// memory) before anything is created or the lock taken.
+/// Checks both VMs' configs as the VMM will before anything is created
+/// or the lock taken.
 fn check_vm_configs(
     opts: &LinuxReadOptions,
     dir: &Path,
@@ -737,25 +610,9 @@ fn check_vm_configs(
 ) -> Result<(), BenchError> {
     for (vm, cpu) in LINUX_READ_VMS.iter().zip(vm_cpus) {
         let files = agent_files(dir, "check", vm);
-        let mut check = agent_vm_config(opts, vm, &files, cpu, Default::default());
-        // The mailbox does not exist yet, nor may the work directory that
-        // will hold it and the console logs: checked without them.
-        if let Some(k) = check.kernel.as_mut() {
-            k.disks.truncate(1);
-        }
-        check.serial = SerialOutput::Null;
-        check.validate().map_err(input_err)?;
+        check_agent_vm(agent_vm_config(opts, vm, &files, cpu, Default::default()))?;
     }
     Ok(())
-}
-
-/// Posts `script` to both VMs' mailboxes; their sequence numbers.
-fn post_to_both(mailboxes: &mut [Mailbox], script: &str) -> Result<[u64; 2], String> {
-    let mut seqs = [0; 2];
-    for ((seq, m), vm) in seqs.iter_mut().zip(mailboxes).zip(LINUX_READ_VMS) {
-        *seq = m.post(script).map_err(|e| format!("VM {vm}: {e}"))?;
-    }
-    Ok(seqs)
 }
 
 fn remove_mailboxes(files: &[AgentFiles]) {
@@ -767,13 +624,18 @@ fn remove_mailboxes(files: &[AgentFiles]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::linux_agents::testing::{append, Pair};
     use crate::linux_read::select_linux_read_systems;
     use std::time::Duration;
 
     #[test]
     fn refuses_on_a_host_without_vmx_or_svm_before_touching_files() {
         if emulated_host()
-            || pagefold_vmm::host_kind::linux_guest_refusal(host_kvm_kind(), "x").is_none()
+            || pagefold_vmm::host_kind::linux_guest_refusal(
+                pagefold_vmm::host_kind::host_kvm_kind(),
+                "x",
+            )
+            .is_none()
         {
             eprintln!("SKIPPED: this host runs Linux guests; the refusal is for the others");
             return;
@@ -818,20 +680,17 @@ mod tests {
     /// which stopped, and the backend's counters.
     #[derive(Default)]
     struct Fake {
-        added: Vec<String>,
-        dead: Vec<String>,
-        stopped: Option<String>,
+        pair: Pair,
         npages: u64,
     }
 
     impl GuestHost for Fake {
         fn running(&self, vm: &str) -> bool {
-            self.added.iter().any(|v| v == vm) && !self.dead.iter().any(|v| v == vm)
+            self.pair.running(vm)
         }
 
         fn add(&mut self, c: &VmConfig) -> Result<(), String> {
-            self.added.push(c.name.clone());
-            Ok(())
+            self.pair.add(c)
         }
 
         fn stats(&self) -> Stats {
@@ -866,7 +725,7 @@ mod tests {
         }
 
         fn stop(&mut self, reason: &str) {
-            self.stopped = Some(reason.into());
+            self.pair.stop(reason)
         }
     }
 
@@ -914,7 +773,7 @@ mod tests {
             let mut tr = Trace::new();
             tr.added[0] = Some(Instant::now());
             let fake = Fake {
-                added: vec!["a".into()],
+                pair: Pair::started(),
                 ..Fake::default()
             };
             Self {
@@ -949,13 +808,7 @@ mod tests {
 
         /// VM `i` prints `text` on its console.
         fn print(&self, i: usize, text: &str) {
-            use std::io::Write;
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&self.files[i].console)
-                .unwrap();
-            f.write_all(text.as_bytes()).unwrap();
+            append(&self.files[i].console, text);
         }
 
         fn ready(&self, i: usize) {
@@ -1016,11 +869,11 @@ mod tests {
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::BootA);
         // b is added only once a's agent is ready.
-        assert_eq!(h.fake.added, ["a"]);
+        assert_eq!(h.fake.pair.added, ["a"]);
         h.ready(0);
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::BootB);
-        assert_eq!(h.fake.added, ["a", "b"]);
+        assert_eq!(h.fake.pair.added, ["a", "b"]);
         assert!(h.tr.added[1].is_some() && h.tr.boot_s[0] > 0.0);
         h.tick().unwrap();
         // Nothing posted before b is ready; no samples before the post.
@@ -1058,7 +911,7 @@ mod tests {
         h.reply(1, 0, H64);
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Idle);
-        assert!(h.fake.stopped.is_none());
+        assert!(h.fake.pair.stopped.is_none());
         std::thread::sleep(Duration::from_millis(10));
         h.fake.npages = 2000;
         h.tick().unwrap();
@@ -1078,11 +931,11 @@ mod tests {
         h.probe(1, 40, 900);
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Probe);
-        assert!(h.tr.census.is_none() && h.fake.stopped.is_none());
+        assert!(h.tr.census.is_none() && h.fake.pair.stopped.is_none());
         h.probe(0, 60, 500);
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Done);
-        assert_eq!(h.fake.stopped.as_deref(), Some("linux-read done"));
+        assert_eq!(h.fake.pair.stopped.as_deref(), Some("linux-read done"));
         let n = h.tr.samples.len();
         // The base sample, the one after 10 ms, the last one (others when
         // ticks were slower than the 5 ms interval).
@@ -1146,7 +999,7 @@ mod tests {
     fn a_vm_that_stops_fails_the_run_with_its_name_and_console() {
         let mut h = Harness::new();
         h.print(0, "[    1.0] Kernel panic - not syncing: VFS\n");
-        h.fake.dead.push("a".into());
+        h.fake.pair.dead.push("a".into());
         let e = h.tick().unwrap_err();
         assert!(
             e.starts_with("VM a: stopped while waiting for a's agent (console log "),
@@ -1157,7 +1010,7 @@ mod tests {
         let mut h = Harness::new();
         h.boot_and_post();
         h.reply(0, 0, H64);
-        h.fake.dead.push("b".into());
+        h.fake.pair.dead.push("b".into());
         let e = h.tick().unwrap_err();
         assert!(
             e.starts_with("VM b: stopped before replying to the read script"),
@@ -1166,7 +1019,7 @@ mod tests {
         // After both replied, during the idle window.
         let mut h = Harness::new();
         h.both_replied();
-        h.fake.dead.push("a".into());
+        h.fake.pair.dead.push("a".into());
         let e = h.tick().unwrap_err();
         assert!(
             e.starts_with("VM a: stopped while waiting for the end of the idle window"),
@@ -1232,24 +1085,5 @@ mod tests {
         ] {
             assert_eq!(s.waiting_for(), w);
         }
-    }
-
-    #[test]
-    fn console_errors_name_the_vm_and_show_the_tail() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = agent_files(dir.path(), "off", "b");
-        let lines: Vec<String> = (0..50).map(|i| format!("line {i}")).collect();
-        std::fs::write(&f.console, lines.join("\n")).unwrap();
-        let e = console_error("b", &f, "stopped before replying to the read script");
-        assert!(
-            e.starts_with("VM b: stopped before replying to the read script (console log "),
-            "{e}"
-        );
-        assert!(e.contains("off-b.console"), "{e}");
-        assert!(e.ends_with("line 49") && e.contains("line 20\n"), "{e}");
-        assert!(!e.contains("line 19\n"), "{e}");
-        // No console yet: the message still names the VM.
-        let g = agent_files(dir.path(), "off", "a");
-        assert!(console_error("a", &g, "x").starts_with("VM a: x"));
     }
 }
