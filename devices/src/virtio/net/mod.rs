@@ -257,4 +257,6 @@ impl VirtioDevice for Net {
 }
 
 #[cfg(test)]
+mod race_tests;
+#[cfg(test)]
 mod tests;
