@@ -193,12 +193,14 @@ fn tap_of(vm: &str) -> String {
 
 /// What a guest prints of its network when a network step fails: the
 /// kernel's counters of every interface, eth0's statistics, the virtio
-/// interrupts it took, its TCP counters and connections.
+/// interrupts it took, its TCP counters and connections, and the end of
+/// its kernel log (a NIC interrupt the kernel disabled shows there).
 const GUEST_NET_DUMP: &str = "echo '--- guest /proc/net/dev'; cat /proc/net/dev; \
      echo '--- guest eth0 statistics'; \
      for f in /sys/class/net/eth0/statistics/*; do echo \"${f##*/}: $(cat $f)\"; done; \
      echo '--- guest virtio interrupts'; grep -i virtio /proc/interrupts; \
-     echo '--- guest TCP'; grep '^Tcp' /proc/net/snmp; netstat -tn 2>/dev/null";
+     echo '--- guest TCP'; grep '^Tcp' /proc/net/snmp; netstat -tn 2>/dev/null; \
+     echo '--- guest kernel log, last lines'; dmesg | tail -n 20";
 
 /// Runs the network script `script` on VM `vm`, which must end within
 /// `step` (a timeout in the guest, so that the guest still answers). If
