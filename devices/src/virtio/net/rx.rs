@@ -218,6 +218,11 @@ impl Rx {
         let frame = &mut self.buf[..len];
         frame[NUM_BUFFERS_OFFSET..VNET_HDR_LEN].copy_from_slice(&(good as u16).to_le_bytes());
         let mut used = Vec::with_capacity(chains);
+        // Chains between the frame's buffers that the device cannot write
+        // go back empty after the frame's last buffer, not among them:
+        // `num_buffers` counts the used entries that follow the header,
+        // and the driver drops an empty entry as a short frame.
+        let mut empty = Vec::new();
         let mut off = 0usize;
         for _ in 0..chains {
             let Some(chain) = queue.iter(mem).map_err(broken)?.next() else {
@@ -229,7 +234,7 @@ impl Rx {
                 Ok(w) if w.available_bytes() > 0 => w,
                 _ => {
                     counters.rx_bad_chains += 1;
-                    used.push((head, 0));
+                    empty.push((head, 0));
                     continue;
                 }
             };
@@ -247,6 +252,7 @@ impl Rx {
             }
             used.push((head, written as u32));
         }
+        used.extend(empty);
         publish_used(queue, mem, &used)?;
         counters.rx_frames += 1;
         counters.rx_bytes += len as u64;
