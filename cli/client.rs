@@ -901,6 +901,7 @@ mod tests {
             uptime_s: 2.5,
             guest_pauses: Default::default(),
             balloon: None,
+            nics: Vec::new(),
         }
     }
 

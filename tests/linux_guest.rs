@@ -24,6 +24,7 @@ use common::linux_net::{self, guest_addr, Bridge, HOST_ADDR, PREFIX};
 use common::linux_vms::{assert_no_warnings, longest_wakeup, Served, Spec};
 use common::*;
 use pagefold_api::dedup_view::{AutoView, DedupView};
+use pagefold_vmm::linux::agent::Reply;
 
 /// About 60 s on an idle machine of this project's kind; the emulated boot
 /// is CPU-bound, so a loaded machine needs the headroom.
@@ -190,6 +191,85 @@ fn tap_of(vm: &str) -> String {
     format!("pf{}{vm}", std::process::id() % 100_000)
 }
 
+/// What a guest prints of its network when a network step fails: the
+/// kernel's counters of every interface, eth0's statistics, the virtio
+/// interrupts it took, its TCP counters and connections, and the end of
+/// its kernel log (a NIC interrupt the kernel disabled shows there).
+const GUEST_NET_DUMP: &str = "echo '--- guest /proc/net/dev'; cat /proc/net/dev; \
+     echo '--- guest eth0 statistics'; \
+     for f in /sys/class/net/eth0/statistics/*; do echo \"${f##*/}: $(cat $f)\"; done; \
+     echo '--- guest virtio interrupts'; grep -i virtio /proc/interrupts; \
+     echo '--- guest TCP'; grep '^Tcp' /proc/net/snmp; netstat -tn 2>/dev/null; \
+     echo '--- guest kernel log, last lines'; dmesg | tail -n 20";
+
+/// Runs the network script `script` on VM `vm`, which must end within
+/// `step` (a timeout in the guest, so that the guest still answers). If
+/// it fails or times out, the test fails with where the frames stopped:
+/// the guest's counters ([`GUEST_NET_DUMP`]) and the host's
+/// ([`host_net_report`]).
+fn net_run(s: &mut Served, vm: &str, script: &str, step: Duration) -> Reply {
+    let wrapped = format!(
+        "cat >/tmp/netstep.sh <<'PAGEFOLD_NETSTEP'\n{script}\nPAGEFOLD_NETSTEP\n\
+         timeout {secs} sh /tmp/netstep.sh; rc=$?\n\
+         if [ $rc -ne 0 ]; then echo \"netstep=failed:$rc\"; {GUEST_NET_DUMP}; exit 1; fi\n",
+        secs = step.as_secs()
+    );
+    match s.try_run(vm, &wrapped, step + Duration::from_secs(60)) {
+        Ok(r) => r,
+        Err(e) => panic!("network step failed: {e}\n{}", host_net_report(s)),
+    }
+}
+
+/// The host's side of the guests' network for a failure message: each
+/// NIC's figures and queue indices as pagefold reports them
+/// (`GET /vms`), its `pagefold_net_*` series, each tap's kernel counters
+/// (frames the tap dropped because the device did not read them show as
+/// its `tx_dropped`), and the end of pagefold's log.
+fn host_net_report(s: &Served) -> String {
+    let mut out = String::from("--- host: pagefold's NICs (GET /vms)\n");
+    match s.client.vms() {
+        Ok(vms) => {
+            for v in &vms {
+                for n in &v.nics {
+                    let json = serde_json::to_string(n).unwrap_or_default();
+                    out += &format!("{}: {json}\n", v.name);
+                    let dir = std::path::Path::new("/sys/class/net")
+                        .join(&n.tap)
+                        .join("statistics");
+                    let mut stats = Vec::new();
+                    for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                        let v = std::fs::read_to_string(f.path()).unwrap_or_default();
+                        stats.push(format!("{}={}", f.file_name().to_string_lossy(), v.trim()));
+                    }
+                    stats.sort();
+                    out += &format!("  tap {}: {}\n", n.tap, stats.join(" "));
+                }
+            }
+        }
+        Err(e) => out += &format!("GET /vms: {e}\n"),
+    }
+    out += "--- host: /metrics, pagefold_net_*\n";
+    match s.client.call("GET", "/metrics", None) {
+        Ok(r) => {
+            for l in String::from_utf8_lossy(&r.body).lines() {
+                if l.starts_with("pagefold_net_") {
+                    out += l;
+                    out.push('\n');
+                }
+            }
+        }
+        Err(e) => out += &format!("GET /metrics: {e}\n"),
+    }
+    let log = s.stderr();
+    let lines: Vec<&str> = log.lines().collect();
+    out += "--- host: pagefold's log, last 40 lines\n";
+    for l in &lines[lines.len().saturating_sub(40)..] {
+        out += l;
+        out.push('\n');
+    }
+    out
+}
+
 /// What the NICs must do, with the guests still running: each guest
 /// brings its interface up with busybox's `ip` and pings the host's
 /// bridge, and its driver shows pagefold's default MAC and the
@@ -201,8 +281,9 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
     let start = Instant::now();
     for &(vm, n) in vms {
         bridge.attach(&tap_of(vm));
-        let r = s.run_on(
-            &[vm],
+        let r = net_run(
+            s,
+            vm,
             &format!(
                 "ip link set eth0 up && ip addr add {}/{PREFIX} dev eth0 && \
                  ping -c 2 -w 60 {HOST_ADDR} >/dev/null && echo host=reached && \
@@ -220,14 +301,14 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
         }
         .mac_for(vm, 0);
         assert_eq!(
-            r[0].value("mac"),
+            r.value("mac"),
             Some(mac.to_string().as_str()),
             "{}",
-            r[0].output
+            r.output
         );
         // What the guest's driver negotiated, one character per feature
         // bit: the offloads the tap took, merged buffers, EVENT_IDX.
-        let features = r[0].value("features").unwrap_or_default().as_bytes();
+        let features = r.value("features").unwrap_or_default().as_bytes();
         for (bit, what) in [
             (0, "CSUM"),
             (1, "GUEST_CSUM"),
@@ -245,49 +326,74 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
                 features.get(bit),
                 Some(&b'1'),
                 "{vm}: {what} (bit {bit}) not negotiated: {}",
-                r[0].output
+                r.output
             );
         }
     }
     let (first, second) = (vms[0].0, guest_addr(vms[1].1));
-    s.run_on(
-        &[first],
+    net_run(
+        s,
+        first,
         &format!("ping -c 2 -w 60 {second} >/dev/null && echo peer=reached"),
         step,
     );
+    // Each direction is a step of its own, so that a failure says which
+    // one stopped, with the figures of the moment; together they keep
+    // the one step's limit.
     const LEN: u64 = 64 << 20;
     let to_host = linux_net::receive(5001, LEN);
-    let to_guest = linux_net::send(5002, LEN, 0x5eed);
     let moved = Instant::now();
-    let r = s.run_on(
-        &[first],
+    let r = net_run(
+        s,
+        first,
         &format!(
             "nc {HOST_ADDR} 5001 </data/random-64m.bin && \
-             echo \"sent=$(md5sum </data/random-64m.bin | cut -d' ' -f1)\" && \
-             echo \"got=$(nc {HOST_ADDR} 5002 </dev/null | md5sum | cut -d' ' -f1)\""
+             echo \"sent=$(md5sum </data/random-64m.bin | cut -d' ' -f1)\""
         ),
         step,
     );
-    let moved = moved.elapsed();
+    let up = moved.elapsed();
     let host_got = to_host.join().expect("the host's receiver");
-    let host_sent = to_guest.join().expect("the host's sender");
     assert_eq!(
-        r[0].value("sent"),
+        r.value("sent"),
         Some(host_got.as_str()),
         "guest to host: {}",
-        r[0].output
+        r.output
     );
+    let to_guest = linux_net::send(5002, LEN, 0x5eed);
+    let down_start = Instant::now();
+    let left = step.saturating_sub(up).max(Duration::from_secs(1));
+    let r = net_run(
+        s,
+        first,
+        &format!("echo \"got=$(nc {HOST_ADDR} 5002 </dev/null | md5sum | cut -d' ' -f1)\""),
+        left,
+    );
+    let down = down_start.elapsed();
+    let host_sent = to_guest.join().expect("the host's sender");
     assert_eq!(
-        r[0].value("got"),
+        r.value("got"),
         Some(host_sent.as_str()),
         "host to guest: {}",
-        r[0].output
+        r.output
     );
+    let mibps = |d: Duration| 64.0 / d.as_secs_f64();
     eprintln!(
-        "network: 64 MiB each way in {moved:.1?} ({:.1} MiB/s); the check took {:.1?}",
-        128.0 / moved.as_secs_f64(),
+        "network: 64 MiB to the host in {up:.1?} ({:.1} MiB/s, with the guest's md5sum of it), \
+         from it in {down:.1?} ({:.1} MiB/s); the check took {:.1?}",
+        mibps(up),
+        mibps(down),
         start.elapsed()
     );
+    // What the NIC counted on the way, to compare a failed run's with.
+    if let Ok(v) = s.client.vm(first) {
+        for n in &v.nics {
+            eprintln!(
+                "network: {first}'s NIC: {}",
+                serde_json::to_string(n).unwrap_or_default()
+            );
+        }
+    }
 }
 
 /// 4 KiB pages in `mib` MiB.

@@ -74,6 +74,86 @@ pub struct VmInfoSchema {
     /// The VM's balloon; absent for a VM without one.
     #[schema(nullable = false)]
     balloon: Option<BalloonStatusSchema>,
+    /// The VM's NICs in config order; absent for a VM without one.
+    #[schema(nullable = false)]
+    nics: Option<Vec<NicStatusSchema>>,
+}
+
+/// A NIC's figures since the VM started (frames and bytes include the
+/// 12-byte vnet header), and its queues' indices: what shows where a
+/// stalled transfer stopped.
+#[derive(ToSchema)]
+#[schema(as = NicStatus)]
+#[serde(deny_unknown_fields)]
+pub struct NicStatusSchema {
+    /// The host tap it sends and receives on.
+    tap: String,
+    mac: String,
+    #[schema(minimum = 0)]
+    rx_frames: u64,
+    #[schema(minimum = 0)]
+    rx_bytes: u64,
+    #[schema(minimum = 0)]
+    tx_frames: u64,
+    #[schema(minimum = 0)]
+    tx_bytes: u64,
+    /// Received frames larger than every buffer the guest could post: dropped.
+    #[schema(minimum = 0)]
+    rx_oversize: u64,
+    /// Malformed transmit buffers: dropped.
+    #[schema(minimum = 0)]
+    tx_bad_chains: u64,
+    /// Receive buffers the device could not write: returned empty.
+    #[schema(minimum = 0)]
+    rx_bad_chains: u64,
+    /// Tap read and write errors.
+    #[schema(minimum = 0)]
+    rx_errors: u64,
+    #[schema(minimum = 0)]
+    tx_errors: u64,
+    /// Times a received frame waited for the guest's receive buffers.
+    #[schema(minimum = 0)]
+    rx_waits: u64,
+    /// Whether a received frame waits for them now.
+    rx_frame_waiting: bool,
+    /// Times the tap woke the device (it became readable).
+    #[schema(minimum = 0)]
+    tap_wakeups: u64,
+    /// Queue runs that used buffers and interrupted the guest, and those
+    /// whose interrupt the guest's EVENT_IDX `used_event` suppressed.
+    #[schema(minimum = 0)]
+    rx_interrupts: u64,
+    #[schema(minimum = 0)]
+    rx_interrupts_suppressed: u64,
+    #[schema(minimum = 0)]
+    tx_interrupts: u64,
+    #[schema(minimum = 0)]
+    tx_interrupts_suppressed: u64,
+    /// The receive queue's indices; absent before the guest's driver set
+    /// the device up (or while the device is busy for long).
+    #[schema(nullable = false)]
+    rx_queue: Option<QueueStatusSchema>,
+    /// The transmit queue's indices, as `rx_queue`.
+    #[schema(nullable = false)]
+    tx_queue: Option<QueueStatusSchema>,
+}
+
+/// A virtqueue's indices (free-running 16-bit counters).
+#[derive(ToSchema)]
+#[schema(as = QueueStatus)]
+#[serde(deny_unknown_fields)]
+pub struct QueueStatusSchema {
+    size: u16,
+    /// The guest's available index, and the next entry the device takes.
+    avail_idx: u16,
+    next_avail: u16,
+    /// The used index the guest sees.
+    used_idx: u16,
+    /// EVENT_IDX: the guest wants an interrupt once the used index passes
+    /// `used_event`; the device a notification once the available index
+    /// passes `avail_event`.
+    used_event: u16,
+    avail_event: u16,
 }
 
 /// The stops of the VM's vCPUs that the dedup engine's parks caused (it

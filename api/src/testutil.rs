@@ -163,6 +163,7 @@ fn serve(vms: &mut BTreeMap<String, VmInfo>, req: Request) -> Result<Response, R
                         stats_interval_s: b.stats_interval_s,
                         ..Default::default()
                     }),
+                nics: Vec::new(),
             };
             vms.insert(vc.name.clone(), info.clone());
             Ok(Response::Vm(Box::new(info)))
@@ -265,6 +266,7 @@ impl FakeVmm {
                     uptime_s: 1.0,
                     guest_pauses: Default::default(),
                     balloon: None,
+                    nics: Vec::new(),
                 },
             );
         }

@@ -408,6 +408,15 @@ pub trait DedupBackend: Send + Sync {
     /// non-blocking; the default ignores it (kernel KSM cannot use it).
     fn hint(&self, _host_addr: usize, _len: usize) {}
 
+    /// A device wrote `host_addr..+len` with content no other VM is
+    /// likely to share (a received network frame): the write log must
+    /// know (KVM's dirty log sees only the guest's own writes), but the
+    /// pages are no merge candidates. A backend marks them written, so
+    /// the scan hashes them again and waits for them to settle as it does
+    /// for pages the guest writes. Cheap and non-blocking; the default
+    /// ignores it (kernel KSM compares pages itself).
+    fn device_wrote(&self, _host_addr: usize, _len: usize) {}
+
     /// Gives `host_addr..+len` (page aligned, inside one registered
     /// region) back to the host: the owner no longer needs the content (a
     /// balloon's inflated page, a range free page reporting reported), so

@@ -222,6 +222,9 @@ struct Ctl {
 /// (the regular scan still finds their pages).
 const HINT_QUEUE_CAP: usize = 8192;
 
+/// How many of the latest device-written ranges a new one may join.
+const RECENT_WRITES: usize = 8;
+
 /// Hinted pages visited per wake-up at least (or `pages_to_scan` if more):
 /// the device already paid for reading them, and the point is to merge them
 /// within a wake-up or two.
@@ -230,9 +233,10 @@ const HINT_PAGES_PER_WAKEUP: u64 = 4096;
 #[derive(Default)]
 struct Hints {
     queue: Vec<Hint>,
-    /// With hints off: the ranges devices wrote, only to be marked written
-    /// in the regions' write logs (KVM does not log device writes), not
-    /// visited first.
+    /// The ranges devices wrote that are only to be marked written in
+    /// the regions' write logs (KVM does not log device writes), not
+    /// visited first: hints while hints are off, and what
+    /// [`DedupBackend::device_wrote`] reports.
     written: Vec<Hint>,
     received: u64,
     dropped: u64,
@@ -662,6 +666,36 @@ impl DedupBackend for Engine {
         let mut c = lock(&self.shared.ctl);
         c.generation += 1;
         self.shared.cv.notify_all();
+    }
+
+    fn device_wrote(&self, host_addr: usize, len: usize) {
+        if !self.shared.write_log {
+            // Without write logs every visit reads pagemap and hashes.
+            return;
+        }
+        let mut h = lock(&self.shared.hints);
+        // Receive buffers come back again and again, and a frame fills
+        // neighbouring ones: a range next to or inside a recent one
+        // joins it, so a busy NIC fills the queue slowly.
+        let end = host_addr + len;
+        for r in h.written.iter_mut().rev().take(RECENT_WRITES) {
+            if r.addr + r.len == host_addr {
+                r.len += len;
+                return;
+            }
+            if r.addr <= host_addr && end <= r.addr + r.len {
+                return;
+            }
+        }
+        if h.written.len() < HINT_QUEUE_CAP {
+            h.written.push(Hint {
+                addr: host_addr,
+                len,
+                at: Instant::now(),
+            });
+        } else {
+            h.lost = true;
+        }
     }
 
     fn wants_write_log(&self) -> bool {

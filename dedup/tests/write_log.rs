@@ -197,19 +197,31 @@ fn content_written_merges_at_the_next_wake_up() {
     );
 }
 
-/// With I/O hints off, a device's reported write still reaches the write
-/// log (KVM does not log it): the copy-on-write it caused is noticed at the
-/// next pass, not at the periodic check. Unreported, it is not noticed in
-/// the same time (the page written lies in the block whose periodic check
-/// is furthest away).
+/// How a test reports a device's write to the engine.
+#[derive(Clone, Copy, PartialEq)]
+enum Report {
+    /// Not at all.
+    Unreported,
+    /// As an I/O hint, with hints off.
+    HintWithHintsOff,
+    /// As a plain device write (`device_wrote`: a received frame), hints on.
+    DeviceWrote,
+}
+
+/// A device's reported write reaches the write log (KVM does not log it),
+/// whether as an I/O hint while hints are off or as a plain device write
+/// (a received frame): the copy-on-write it caused is noticed at the next
+/// pass, not at the periodic check; a plain device write is no hint.
+/// Unreported, it is not noticed in the same time (the page written lies
+/// in the block whose periodic check is furthest away).
 #[test]
-fn a_device_write_reported_with_hints_off_is_seen_at_the_next_pass() {
+fn a_reported_device_write_is_seen_at_the_next_pass() {
     use pagefold_dedup::testing::{VERIFY_BLOCK, VERIFY_PASSES};
     use pagefold_dedup::{DedupBackend, Engine, EngineConfig, Mode};
     use std::time::{Duration, Instant};
 
     const M: usize = 8 * VERIFY_BLOCK;
-    let noticed_within = |report: bool, limit: Duration| -> bool {
+    let noticed_within = |report: Report, limit: Duration| -> bool {
         let (a, b) = (Mem::new(M), Mem::new(M));
         a.fill_from(1_000);
         b.fill_from(1_000);
@@ -223,7 +235,7 @@ fn a_device_write_reported_with_hints_off_is_seen_at_the_next_pass() {
             },
             adaptive: false,
             boost_max: 1,
-            io_hints: false,
+            io_hints: report != Report::DeviceWrote,
             ..EngineConfig::default()
         })
         .unwrap();
@@ -256,8 +268,10 @@ fn a_device_write_reported_with_hints_off_is_seen_at_the_next_pass() {
             assert_eq!(libc::pread(fd, b.page_ptr(page).cast(), PS, 0), PS as isize);
             libc::close(fd);
         }
-        if report {
-            e.hint(b.addr + page * PS, PS);
+        match report {
+            Report::Unreported => {}
+            Report::HintWithHintsOff => e.hint(b.addr + page * PS, PS),
+            Report::DeviceWrote => e.device_wrote(b.addr + page * PS, PS),
         }
         let t = Instant::now();
         let mut seen = false;
@@ -271,12 +285,19 @@ fn a_device_write_reported_with_hints_off_is_seen_at_the_next_pass() {
             "the test assumes a handful of passes: {s:?}"
         );
         assert_eq!(b.read(page), pattern(4_242));
+        if report == Report::DeviceWrote {
+            assert_eq!(s.hints, before.hints, "a device write is no hint: {s:?}");
+        }
         e.check_consistency().unwrap();
         e.shutdown();
         seen
     };
-    assert!(noticed_within(true, Duration::from_secs(3)));
-    assert!(!noticed_within(false, Duration::from_secs(3)));
+    assert!(noticed_within(
+        Report::HintWithHintsOff,
+        Duration::from_secs(3)
+    ));
+    assert!(noticed_within(Report::DeviceWrote, Duration::from_secs(3)));
+    assert!(!noticed_within(Report::Unreported, Duration::from_secs(3)));
 }
 
 /// A page its log saw written is mapped (a write maps a private page), so

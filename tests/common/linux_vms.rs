@@ -305,6 +305,24 @@ impl Served {
             .collect()
     }
 
+    /// Posts `script` to VM `name` and waits for its reply, as `run_on`
+    /// does, but returns what went wrong (no reply within `limit`, the VM
+    /// stopped, a status other than 0) instead of panicking, so the
+    /// caller can gather more before it fails.
+    pub fn try_run(&mut self, name: &str, script: &str, limit: Duration) -> Result<Reply, String> {
+        let i = self.index(name);
+        let seq = self.vms[i].mailbox.post(script).expect("post to mailbox");
+        let r = agent::wait_reply(&self.vms[i].console, seq, limit, || self.stopped(name))
+            .map_err(|e| format!("{name}: {e}"))?;
+        if r.status != 0 {
+            return Err(format!(
+                "{name}: the script failed ({}):\n{script}\n--- output\n{}",
+                r.status, r.output
+            ));
+        }
+        Ok(r)
+    }
+
     /// `run_on` every VM.
     pub fn run_all(&mut self, script: &str, limit: Duration) -> Vec<Reply> {
         self.run_on(&[], script, limit)

@@ -12,6 +12,7 @@ pub mod host_kind;
 pub mod linux;
 pub mod memory;
 pub mod net;
+pub mod nic;
 pub mod pause;
 pub mod quiesce;
 pub mod runner;

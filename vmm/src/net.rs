@@ -7,9 +7,11 @@ use std::sync::{Arc, Mutex};
 use kvm_ioctls::VmFd;
 use pagefold_devices::bus::Bus;
 use pagefold_devices::virtio::net::{Net, Tap, TapWatcher};
+use pagefold_devices::virtio::WriteHook;
 use vm_memory::GuestMemoryMmap;
 
 use crate::config::NetConfig;
+use crate::nic::NicDevice;
 use crate::virtio_mmio::{Subscriber, VirtioMmioDevice};
 
 /// Errors attaching a NIC.
@@ -44,11 +46,14 @@ pub struct Nets {
     pub slots: Vec<VirtioMmioDevice>,
     /// Queue-notification and tap subscribers the event loop must run.
     pub subscribers: Vec<Subscriber>,
+    /// Where each NIC's figures are read, in config order.
+    pub devices: Vec<NicDevice>,
 }
 
 /// Attaches `nets` of VM `name` as virtio-net devices: NIC `i` in slot
 /// `first_slot + i`, with an irqfd for its GSI, an ioeventfd per queue on
-/// its QueueNotify register, and a [`TapWatcher`] on its tap.
+/// its QueueNotify register, and a [`TapWatcher`] on its tap. `written`
+/// hears of every guest range a received frame is written to.
 pub fn attach_nets(
     name: &str,
     nets: &[NetConfig],
@@ -56,10 +61,12 @@ pub fn attach_nets(
     vm_fd: &VmFd,
     mem: &GuestMemoryMmap,
     mmio: &mut Bus,
+    written: Option<&WriteHook>,
 ) -> Result<Nets, Error> {
     let mut out = Nets {
         slots: Vec::new(),
         subscribers: Vec::new(),
+        devices: Vec::new(),
     };
     for (index, cfg) in nets.iter().enumerate() {
         let dev_err = |message: String| Error::Device {
@@ -72,7 +79,12 @@ pub fn attach_nets(
         let watched = tap
             .try_clone()
             .map_err(|source| Error::Tap { index, source })?;
-        let net = Net::new(tap, cfg.mac_for(name, index)).map_err(|e| dev_err(e.to_string()))?;
+        let mac = cfg.mac_for(name, index);
+        let mut net = Net::new(tap, mac).map_err(|e| dev_err(e.to_string()))?;
+        if let Some(hook) = written {
+            net.set_write_hook(hook.clone());
+        }
+        let stats = net.stats();
         let attached =
             crate::virtio_mmio::attach(slot, Box::new(net), "virtio-net", vm_fd, mem, mmio)
                 .map_err(|source| Error::Attach {
@@ -81,10 +93,17 @@ pub fn attach_nets(
                     source,
                 })?;
         out.subscribers.push(attached.notifier);
+        out.devices.push(NicDevice {
+            tap: cfg.tap.clone(),
+            mac: mac.to_string(),
+            stats: stats.clone(),
+            transport: attached.transport.clone(),
+        });
         out.subscribers.push(Arc::new(Mutex::new(TapWatcher::new(
             attached.transport,
             watched,
             &cfg.tap,
+            stats,
         ))));
         out.slots.push(slot);
     }
@@ -114,7 +133,7 @@ mod tests {
             tap: "lo".into(),
             mac: None,
         }];
-        let e = match attach_nets("vm", &nets, 0, &vm, &mem, &mut mmio) {
+        let e = match attach_nets("vm", &nets, 0, &vm, &mem, &mut mmio, None) {
             Ok(_) => panic!("lo attached as a tap"),
             Err(e) => e,
         };
@@ -136,7 +155,7 @@ mod tests {
             tap: format!("pfn{}", std::process::id() % 1_000_000),
             mac: None,
         }];
-        let n = attach_nets("vm", &nets, 2, &vm, &mem, &mut mmio).unwrap();
+        let n = attach_nets("vm", &nets, 2, &vm, &mem, &mut mmio, None).unwrap();
         assert_eq!(n.slots, vec![VirtioMmioDevice::slot(2)]);
         assert_eq!(n.subscribers.len(), 2);
         // The device answers at its window: virtio magic, device ID 1.

@@ -138,6 +138,9 @@ pub struct VmInfo {
     /// The balloon's target, size and figures (Linux guests with one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balloon: Option<crate::balloon::BalloonStatus>,
+    /// The NICs' figures (Linux guests with NICs), in config order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nics: Vec<crate::nic::NicStatus>,
 }
 
 /// How long `pause` keeps kicking vCPUs before it returns anyway.
@@ -165,6 +168,8 @@ pub struct Vm {
     dedup_target: crate::balloon::DedupTarget,
     /// The balloon (Linux guests that ask for one).
     balloon: Option<crate::balloon::BalloonDevice>,
+    /// The NICs (Linux guests), in config order.
+    nics: Vec<crate::nic::NicDevice>,
     /// Given to the dedup backend for its regions once the vCPUs run.
     quiescer: Option<Arc<VcpuQuiescer>>,
     workload: Option<Arc<workload::Control>>,
@@ -284,10 +289,26 @@ impl Vm {
                     }
                 }) as pagefold_devices::virtio::block::WriteHook
             });
+        // Received frames: written by the device, so KVM's dirty log misses
+        // them; the engine marks them written (no merge candidates: a
+        // frame is one VM's own data, in buffers the guest reuses).
+        let received: Option<pagefold_devices::virtio::WriteHook> =
+            config.dedup.enabled.then(|| {
+                let (target, m) = (dedup_target.clone(), mem.clone());
+                Arc::new(move |gpa: u64, len: usize| {
+                    let d = target.read().unwrap_or_else(|e| e.into_inner());
+                    if let (Some(d), Ok(h)) =
+                        (d.as_ref(), m.get_host_address(vm_memory::GuestAddress(gpa)))
+                    {
+                        d.device_wrote(h as usize, len);
+                    }
+                }) as pagefold_devices::virtio::WriteHook
+            });
         // The guest: a Linux kernel, or the built-in workload.
         let ranges = memory::ram_ranges(config.memory_bytes())?;
         let subscribers;
         let mut balloon = None;
+        let mut nics = Vec::new();
         let mut workload_params = None;
         let (workload, control_port, strict_io) = match &config.kernel {
             Some(kernel) => {
@@ -302,10 +323,12 @@ impl Vm {
                     &mut mmio,
                     &shared,
                     filled.as_ref(),
+                    received.as_ref(),
                     &dedup_target,
                 )?;
                 subscribers = devs.subscribers;
                 balloon = devs.balloon;
+                nics = devs.nics;
                 // Linux probes legacy ports and addresses nothing decodes.
                 (None, None, false)
             }
@@ -355,6 +378,7 @@ impl Vm {
             dedup: backend,
             dedup_target,
             balloon,
+            nics,
             workload,
             workload_params,
             serial,
@@ -721,6 +745,7 @@ impl Vm {
             uptime_s: self.started.elapsed().as_secs_f64(),
             guest_pauses: self.shared.guest_pauses(),
             balloon: self.balloon.as_ref().map(|b| b.status()),
+            nics: self.nics.iter().map(|n| n.status()).collect(),
         }
     }
 

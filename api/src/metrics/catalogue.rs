@@ -11,7 +11,7 @@
 
 use super::rows::{
     auto, build, by_origin, dedup, dedup_some, ms_to_s, one, pagefold_only, per_balloon,
-    per_guest_stat, per_owner, per_owner_some, per_vm, process,
+    per_guest_stat, per_nic, per_nic_by, per_owner, per_owner_some, per_vm, process,
 };
 use super::{Num, Scrape, MODES, STATES};
 
@@ -334,6 +334,107 @@ pub static FAMILIES: &[Family] = &[
         rows: |s| {
             per_guest_stat(s, |k| {
                 GUEST_EVENTS.into_iter().find(|&e| e == k)
+            })
+        },
+    },
+    Family {
+        name: "pagefold_net_frames",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "direction"],
+        help: "Frames the VM's NIC received (rx) and sent (tx).",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic_by(s, |n| vec![("rx", n.rx_frames), ("tx", n.tx_frames)]),
+    },
+    Family {
+        name: "pagefold_net_bytes",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "direction"],
+        help: "Bytes of the frames the VM's NIC received (rx) and sent (tx), 12-byte vnet header included.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic_by(s, |n| vec![("rx", n.rx_bytes), ("tx", n.tx_bytes)]),
+    },
+    Family {
+        name: "pagefold_net_dropped_frames",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "reason"],
+        help: "Frames the NIC dropped: rx_oversize (larger than every receive buffer the guest could post), tx_bad_chain (malformed transmit buffers).",
+        source: &[],
+        ksmd: None,
+        rows: |s| {
+            per_nic_by(s, |n| {
+                vec![("rx_oversize", n.rx_oversize), ("tx_bad_chain", n.tx_bad_chains)]
+            })
+        },
+    },
+    Family {
+        name: "pagefold_net_rx_bad_chains",
+        kind: Kind::Counter,
+        labels: &["vm", "tap"],
+        help: "Receive buffers the NIC could not write (no writable part, outside guest RAM): returned empty.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic(s, |n| n.rx_bad_chains),
+    },
+    Family {
+        name: "pagefold_net_tap_errors",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "direction"],
+        help: "Tap read (rx) and write (tx) errors; the frame is lost.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic_by(s, |n| vec![("rx", n.rx_errors), ("tx", n.tx_errors)]),
+    },
+    Family {
+        name: "pagefold_net_rx_waits",
+        kind: Kind::Counter,
+        labels: &["vm", "tap"],
+        help: "Times a received frame found too few receive buffers and waited for the guest to post more.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic(s, |n| n.rx_waits),
+    },
+    Family {
+        name: "pagefold_net_rx_frame_waiting",
+        kind: Kind::Gauge,
+        labels: &["vm", "tap"],
+        help: "1 while a received frame waits in the NIC for receive buffers.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic(s, |n| u64::from(n.rx_frame_waiting)),
+    },
+    Family {
+        name: "pagefold_net_tap_wakeups",
+        kind: Kind::Counter,
+        labels: &["vm", "tap"],
+        help: "Times the tap woke the NIC's receive path (it became readable).",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic(s, |n| n.tap_wakeups),
+    },
+    Family {
+        name: "pagefold_net_interrupts",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "queue"],
+        help: "Runs of the NIC's receive (rx) or transmit (tx) queue that used buffers and interrupted the guest.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic_by(s, |n| vec![("rx", n.rx_interrupts), ("tx", n.tx_interrupts)]),
+    },
+    Family {
+        name: "pagefold_net_interrupts_suppressed",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "queue"],
+        help: "Runs of the NIC's receive (rx) or transmit (tx) queue that used buffers without an interrupt: the guest's EVENT_IDX used_event said it was still polling.",
+        source: &[],
+        ksmd: None,
+        rows: |s| {
+            per_nic_by(s, |n| {
+                vec![
+                    ("rx", n.rx_interrupts_suppressed),
+                    ("tx", n.tx_interrupts_suppressed),
+                ]
             })
         },
     },

@@ -343,6 +343,7 @@ mod tests {
             uptime_s: 1.25,
             guest_pauses: pauses(),
             balloon: None,
+            nics: Vec::new(),
         }
     }
 
@@ -372,6 +373,15 @@ mod tests {
             .collect(),
             ..Default::default()
         });
+        a.nics = vec![pagefold_vmm::nic::NicStatus {
+            tap: "tap-a".into(),
+            rx_frames: 5,
+            tx_bytes: 900,
+            rx_waits: 3,
+            rx_frame_waiting: true,
+            rx_interrupts_suppressed: 2,
+            ..Default::default()
+        }];
         vec![a, vm("b", RunState::Paused), vm("c", RunState::Stopped)]
     }
 
@@ -515,6 +525,11 @@ mod tests {
             "pagefold_balloon_guest_memory_bytes{vm=\"a\",kind=\"free_memory\"} 5242880\n",
             "pagefold_balloon_guest_swapped_bytes_total{vm=\"a\",direction=\"in\"} 8192\n",
             "pagefold_balloon_guest_events_total{vm=\"a\",event=\"major_faults\"} 7\n",
+            "pagefold_net_frames_total{vm=\"a\",tap=\"tap-a\",direction=\"rx\"} 5\n",
+            "pagefold_net_bytes_total{vm=\"a\",tap=\"tap-a\",direction=\"tx\"} 900\n",
+            "pagefold_net_rx_waits_total{vm=\"a\",tap=\"tap-a\"} 3\n",
+            "pagefold_net_rx_frame_waiting{vm=\"a\",tap=\"tap-a\"} 1\n",
+            "pagefold_net_interrupts_suppressed_total{vm=\"a\",tap=\"tap-a\",queue=\"rx\"} 2\n",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }

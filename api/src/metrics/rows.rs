@@ -64,6 +64,43 @@ pub(super) fn per_balloon(s: &Scrape, f: fn(&pagefold_vmm::balloon::BalloonStatu
     )
 }
 
+/// One row per NIC of every VM, labelled by VM and tap.
+pub(super) fn per_nic(s: &Scrape, f: fn(&pagefold_vmm::nic::NicStatus) -> u64) -> Rows {
+    Some(
+        s.vms
+            .iter()
+            .flat_map(|v| {
+                v.nics
+                    .iter()
+                    .map(|n| (vec![v.name.clone(), n.tap.clone()], Num::U(f(n))))
+            })
+            .collect(),
+    )
+}
+
+/// Rows per NIC of every VM and per value of one more label: `f` gives
+/// (label value, figure) pairs.
+pub(super) fn per_nic_by(
+    s: &Scrape,
+    f: fn(&pagefold_vmm::nic::NicStatus) -> Vec<(&'static str, u64)>,
+) -> Rows {
+    Some(
+        s.vms
+            .iter()
+            .flat_map(|v| {
+                v.nics.iter().flat_map(|n| {
+                    f(n).into_iter().map(|(label, x)| {
+                        (
+                            vec![v.name.clone(), n.tap.clone(), label.to_string()],
+                            Num::U(x),
+                        )
+                    })
+                })
+            })
+            .collect(),
+    )
+}
+
 /// One row per VM with a balloon and guest statistic that `pick` names:
 /// its label value (the statistic's, or what `pick` makes of it).
 pub(super) fn per_guest_stat(s: &Scrape, pick: fn(&str) -> Option<&'static str>) -> Rows {

@@ -196,6 +196,14 @@ impl MmioTransport {
         &self.queues
     }
 
+    /// Each queue's indices as the device and the driver hold them now.
+    pub fn queue_states(&self) -> Vec<super::QueueState> {
+        self.queues
+            .iter()
+            .map(|q| super::QueueState::read(q, &self.mem))
+            .collect()
+    }
+
     /// Tells the driver the config space changed: bumps ConfigGeneration
     /// and raises the configuration-change interrupt.
     pub fn notify_config_change(&mut self) {

@@ -13,6 +13,7 @@ pub mod block;
 pub mod mmio;
 pub mod net;
 pub mod notifier;
+pub mod queue_state;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -24,6 +25,7 @@ pub use block::Block;
 pub use mmio::MmioTransport;
 pub use net::Net;
 pub use notifier::MmioNotifier;
+pub use queue_state::QueueState;
 
 /// Size of one virtio-mmio device window (register block + config space).
 pub const MMIO_WINDOW_SIZE: u64 = 0x1000;
@@ -33,6 +35,13 @@ pub const NOTIFY_REG_OFFSET: u64 = 0x50;
 
 /// Feature bit of virtio 1.x ("modern") devices; every pagefold device offers it.
 pub const VIRTIO_F_VERSION_1: u32 = virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+
+/// Called with each guest range (guest-physical address, length) a device
+/// wrote into guest memory on its own, once the data is there: KVM's dirty
+/// log sees only the guest's writes, so the VMM tells the dedup engine of
+/// these (virtio-blk's reads as I/O hints, virtio-net's received frames as
+/// write-log marks).
+pub type WriteHook = std::sync::Arc<dyn Fn(u64, usize) + Send + Sync>;
 
 /// Errors a device returns from activation or queue processing.
 #[derive(Debug, thiserror::Error)]

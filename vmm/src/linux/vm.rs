@@ -23,6 +23,7 @@ use crate::linux::{
     self, layout::ACPI_PM_PORT, pm::AcpiPmDevice, DeviceDiscovery, LinuxBootConfig,
 };
 use crate::net::{self, attach_nets};
+use crate::nic::NicDevice;
 use crate::state::{Outcome, VmShared};
 use crate::virtio_mmio::Subscriber;
 
@@ -97,10 +98,13 @@ pub struct LinuxDevices {
     pub subscribers: Vec<Subscriber>,
     /// The balloon, if the config asks for one.
     pub balloon: Option<BalloonDevice>,
+    /// The NICs, in config order.
+    pub nics: Vec<NicDevice>,
 }
 
-/// Sets up a Linux guest. `dedup` is where the balloon gives pages back
-/// (see [`DedupTarget`]).
+/// Sets up a Linux guest. `filled` hears of the ranges disk reads fill,
+/// `received` of those received frames are written to; `dedup` is where
+/// the balloon gives pages back (see [`DedupTarget`]).
 #[allow(clippy::too_many_arguments)]
 pub fn setup(
     name: &str,
@@ -113,12 +117,13 @@ pub fn setup(
     mmio: &mut Bus,
     shared: &Arc<VmShared>,
     filled: Option<&WriteHook>,
+    received: Option<&WriteHook>,
     dedup: &DedupTarget,
 ) -> Result<LinuxDevices, Error> {
     let disks = attach_disks(name, &kernel.disks, vm_fd, mem, mmio, filled)?;
     let mut subs = disks.subscribers;
     let mut devices = disks.slots;
-    let nets = attach_nets(name, &kernel.net, devices.len(), vm_fd, mem, mmio)?;
+    let nets = attach_nets(name, &kernel.net, devices.len(), vm_fd, mem, mmio, received)?;
     subs.extend(nets.subscribers);
     devices.extend(nets.slots);
     let mut balloon = None;
@@ -162,6 +167,7 @@ pub fn setup(
     Ok(LinuxDevices {
         subscribers: subs,
         balloon,
+        nics: nets.devices,
     })
 }
 

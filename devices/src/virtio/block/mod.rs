@@ -44,11 +44,10 @@ pub enum Error {
     SerialTooLong(usize),
 }
 
-/// Called with each guest range (guest-physical address, length) a read
-/// request filled from the disk, once the data is in guest memory: the VMM
-/// feeds it to the dedup engine as an I/O hint (two VMs reading one image
-/// fill identical pages; the engine visits them first).
-pub type WriteHook = std::sync::Arc<dyn Fn(u64, usize) + Send + Sync>;
+/// virtio-blk's hook gets each range a read request filled from the
+/// disk; the VMM feeds it to the dedup engine as an I/O hint (two VMs
+/// reading one image fill identical pages; the engine visits them first).
+pub use super::WriteHook;
 
 /// A virtio-blk device model.
 pub struct Block {

@@ -14,9 +14,12 @@
 
 pub mod mac;
 pub mod rx;
+pub mod stats;
 pub mod tap;
 pub mod tx;
 pub mod watch;
+
+use std::sync::Arc;
 
 use log::warn;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
@@ -26,10 +29,11 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_MAC, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_STATUS, VIRTIO_NET_S_LINK_UP,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::Queue;
+use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 
 pub use mac::MacAddr;
+pub use stats::{Counters, NetSnapshot, NetStats};
 pub use tap::Tap;
 pub use watch::TapWatcher;
 
@@ -69,29 +73,6 @@ pub enum Error {
     Tap(#[from] tap::Error),
 }
 
-/// What the device counted since it was created (frames and bytes
-/// include the vnet header).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub rx_frames: u64,
-    pub rx_bytes: u64,
-    /// Frames larger than every buffer the driver could post (or, without
-    /// MRG_RXBUF, than the receive chain at hand): dropped.
-    pub rx_oversize: u64,
-    /// Receive chains the device could not write (no writable descriptor,
-    /// outside guest memory): returned empty.
-    pub rx_bad_chains: u64,
-    /// Tap read errors other than "nothing to read".
-    pub rx_errors: u64,
-    pub tx_frames: u64,
-    pub tx_bytes: u64,
-    /// Transmit chains that were malformed, shorter than the header or
-    /// longer than [`MAX_FRAME_LEN`]: dropped.
-    pub tx_bad_chains: u64,
-    /// Tap write errors: the frame is dropped, as a NIC drops on a dead link.
-    pub tx_errors: u64,
-}
-
 /// Maps the guest's acked receive offloads to the tap's `TUN_F_*` bits.
 pub fn tap_offloads(acked: u64) -> u32 {
     let has = |f: u32| acked & (1 << f) != 0;
@@ -122,6 +103,7 @@ pub struct Net {
     rx: rx::Rx,
     tx: tx::Tx,
     counters: Counters,
+    stats: Arc<NetStats>,
 }
 
 impl Net {
@@ -152,6 +134,7 @@ impl Net {
             rx: rx::Rx::new(),
             tx: tx::Tx::new(),
             counters: Counters::default(),
+            stats: Arc::default(),
         })
     }
 
@@ -173,6 +156,20 @@ impl Net {
     /// Frame and error counts so far.
     pub fn counters(&self) -> Counters {
         self.counters
+    }
+
+    /// Where the device publishes its counters after each queue it
+    /// processes (for the VMM, which must not take the transport's lock
+    /// to read them; the tap watcher counts its wake-ups there too).
+    pub fn stats(&self) -> Arc<NetStats> {
+        self.stats.clone()
+    }
+
+    /// Reports each guest range a received frame was written to: the VMM
+    /// marks those pages written for the dedup engine, whose write log
+    /// (KVM's dirty log) does not see the device's writes.
+    pub fn set_write_hook(&mut self, hook: super::WriteHook) {
+        self.rx.set_write_hook(hook);
     }
 
     fn config(&self) -> [u8; CONFIG_LEN] {
@@ -229,21 +226,37 @@ impl VirtioDevice for Net {
         queue: &mut Queue,
         mem: &GuestMemoryMmap,
     ) -> Result<bool, super::Error> {
-        match index {
+        let used_before = queue.next_used();
+        let result = match index {
             RX_QUEUE => self.rx.process(&self.tap, queue, mem, &mut self.counters),
             TX_QUEUE => self.tx.process(&self.tap, queue, mem, &mut self.counters),
             _ => Ok(false),
+        };
+        if let Ok(interrupt) = result {
+            if queue.next_used() != used_before {
+                let c = &mut self.counters;
+                let (sent, suppressed) = match index {
+                    RX_QUEUE => (&mut c.rx_interrupts, &mut c.rx_interrupts_suppressed),
+                    _ => (&mut c.tx_interrupts, &mut c.tx_interrupts_suppressed),
+                };
+                *if interrupt { sent } else { suppressed } += 1;
+            }
         }
+        self.stats.publish(&self.counters, self.rx.has_pending());
+        result
     }
 
     fn reset(&mut self) {
         self.acked_features = 0;
-        self.rx = rx::Rx::new();
+        self.rx.reset();
+        self.stats.publish(&self.counters, false);
         if let Err(e) = self.tap.set_offload(0) {
             warn!("virtio-net: {e}");
         }
     }
 }
 
+#[cfg(test)]
+mod race_tests;
 #[cfg(test)]
 mod tests;

@@ -16,12 +16,12 @@ use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
 
 use log::{debug, warn};
-use virtio_queue::{Queue, QueueOwnedT, QueueT, Writer};
+use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Writer};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use super::tap::Tap;
 use super::{Counters, MAX_FRAME_LEN, NUM_BUFFERS_OFFSET, RX_QUEUE, VNET_HDR_LEN};
-use crate::virtio::Error;
+use crate::virtio::{Error, WriteHook};
 
 /// Receive state: the frame waiting for buffers, if any.
 pub struct Rx {
@@ -29,6 +29,8 @@ pub struct Rx {
     /// Length of the frame in `buf` not yet delivered (0: none).
     pending: usize,
     mergeable: bool,
+    /// Told of every guest range a frame was written to.
+    write_hook: Option<WriteHook>,
 }
 
 /// What became of the pending frame.
@@ -60,7 +62,20 @@ impl Rx {
             buf: vec![0; MAX_FRAME_LEN + 1],
             pending: 0,
             mergeable: false,
+            write_hook: None,
         }
+    }
+
+    /// Forgets the waiting frame and the negotiated features (device
+    /// reset); the write hook stays, as the VMM set it once.
+    pub fn reset(&mut self) {
+        self.pending = 0;
+        self.mergeable = false;
+    }
+
+    /// Reports every guest range a frame is written to.
+    pub fn set_write_hook(&mut self, hook: WriteHook) {
+        self.write_hook = Some(hook);
     }
 
     /// Whether the driver acked MRG_RXBUF.
@@ -124,6 +139,7 @@ impl Rx {
                 }
                 Delivery::Wait { seen } => {
                     if !arm_notification(queue, mem, seen)? {
+                        counters.rx_waits += 1;
                         break;
                     }
                 }
@@ -202,17 +218,23 @@ impl Rx {
         let frame = &mut self.buf[..len];
         frame[NUM_BUFFERS_OFFSET..VNET_HDR_LEN].copy_from_slice(&(good as u16).to_le_bytes());
         let mut used = Vec::with_capacity(chains);
+        // Chains between the frame's buffers that the device cannot write
+        // go back empty after the frame's last buffer, not among them:
+        // `num_buffers` counts the used entries that follow the header,
+        // and the driver drops an empty entry as a short frame.
+        let mut empty = Vec::new();
         let mut off = 0usize;
         for _ in 0..chains {
             let Some(chain) = queue.iter(mem).map_err(broken)?.next() else {
                 break;
             };
             let head = chain.head_index();
+            let written_to = self.write_hook.as_ref().map(|_| chain.clone());
             let mut w = match Writer::new(mem, chain) {
                 Ok(w) if w.available_bytes() > 0 => w,
                 _ => {
                     counters.rx_bad_chains += 1;
-                    used.push((head, 0));
+                    empty.push((head, 0));
                     continue;
                 }
             };
@@ -225,12 +247,33 @@ impl Rx {
                 }
             };
             off += n;
+            if let (Some(hook), Some(c)) = (&self.write_hook, written_to) {
+                report_written(c, written, hook);
+            }
             used.push((head, written as u32));
         }
+        used.extend(empty);
         publish_used(queue, mem, &used)?;
         counters.rx_frames += 1;
         counters.rx_bytes += len as u64;
         Ok(Delivery::Delivered)
+    }
+}
+
+/// Calls `hook` for the writable descriptors of `chain` that hold its
+/// first `len` bytes: what a frame of that length filled.
+fn report_written<M>(chain: DescriptorChain<M>, mut len: usize, hook: &WriteHook)
+where
+    M: std::ops::Deref + Clone,
+    M::Target: vm_memory::GuestMemory + Sized,
+{
+    for d in chain.filter(|d| d.is_write_only()) {
+        if len == 0 {
+            break;
+        }
+        let n = (d.len() as usize).min(len);
+        hook(d.addr().0, n);
+        len -= n;
     }
 }
 

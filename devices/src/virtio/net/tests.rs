@@ -291,6 +291,41 @@ fn large_frame_spans_merged_buffers_published_at_once() {
     assert_eq!(rig.rxq.used_elem(&rig.mem, n as u16).0, n as u32);
 }
 
+/// Every guest range a received frame was written to is reported (the
+/// VMM marks those pages written for the dedup engine): the header and
+/// frame over three merged buffers, the last one only in part, and
+/// nothing of the buffers the frame did not reach.
+#[test]
+fn received_frames_report_the_ranges_they_were_written_to() {
+    use std::sync::{Arc, Mutex};
+    let mut rig = Rig::new(true);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    rig.net.set_write_hook(Arc::new(move |gpa, len| {
+        log.lock().unwrap().push((gpa, len))
+    }));
+    for i in 0..4u64 {
+        rig.rxq.push(&rig.mem, &[wr(RX_BUF + i * 0x1000, 1536)]);
+    }
+    let f = frame(0, 3500, 9);
+    rig.inject(&f);
+    assert!(rig.run_rx());
+    let ranges = seen.lock().unwrap().clone();
+    assert_eq!(
+        ranges,
+        vec![
+            (RX_BUF, 1536),
+            (RX_BUF + 0x1000, 1536),
+            (RX_BUF + 0x2000, f.len() - 2 * 1536)
+        ]
+    );
+    // A frame that waits for buffers has written nothing yet.
+    seen.lock().unwrap().clear();
+    rig.inject(&frame(0, 5000, 1));
+    assert!(!rig.run_rx());
+    assert_eq!(seen.lock().unwrap().len(), 0);
+}
+
 #[test]
 fn frames_wait_for_buffers_and_the_device_asks_to_hear_of_them() {
     for event_idx in [false, true] {
@@ -300,6 +335,7 @@ fn frames_wait_for_buffers_and_the_device_asks_to_hear_of_them() {
         rig.inject(&f);
         assert!(!rig.run_rx(), "no buffers: nothing delivered");
         assert!(rig.net.rx.has_pending());
+        assert!(rig.net.stats().snapshot().rx_frame_waiting);
         // One 1536-byte buffer is not enough: still waiting, and asking
         // for a notification on the next buffer the driver adds.
         rig.rxq.push(&rig.mem, &[wr(RX_BUF, 1536)]);
@@ -317,7 +353,9 @@ fn frames_wait_for_buffers_and_the_device_asks_to_hear_of_them() {
         assert!(rig.run_rx(), "the driver hears of the frame");
         assert_eq!(rig.rxq.used_index(&rig.mem), 2, "event_idx {event_idx}");
         assert!(!rig.net.rx.has_pending());
-        assert_eq!(rig.net.counters().rx_oversize, 0);
+        let c = rig.net.counters();
+        assert_eq!((c.rx_oversize, c.rx_waits), (0, 2), "event_idx {event_idx}");
+        assert!(!rig.net.stats().snapshot().rx_frame_waiting);
     }
 }
 
@@ -340,6 +378,9 @@ fn event_idx_suppresses_receive_interrupts_until_used_event() {
     rig.inject(&frame(0, 100, 3));
     assert!(rig.run_rx());
     assert_eq!(rig.rxq.used_index(&rig.mem), 4);
+    let c = rig.net.counters();
+    assert_eq!((c.rx_interrupts, c.rx_interrupts_suppressed), (1, 2));
+    assert_eq!(rig.net.stats().snapshot().counters, c, "published");
 }
 
 #[test]
@@ -416,6 +457,36 @@ fn broken_receive_chains_are_returned_empty() {
     assert_eq!(rig.rxq.used_elem(&rig.mem, 2), (2, f.len() as u32));
     assert_eq!(rig.net.counters().rx_bad_chains, 2);
     assert_eq!(&rig.read(RX_BUF + 0x1000 + 12, 300)[..], &f[12..]);
+}
+
+/// A chain the device cannot write between the buffers a merged frame
+/// spans goes back empty after the frame's buffers: the used entries
+/// right after the header's are the `num_buffers` the frame has, so the
+/// driver reassembles the frame and drops the empty entry as a short one.
+#[test]
+fn a_broken_chain_amid_a_merged_frame_is_returned_after_it() {
+    let mut rig = Rig::new(true);
+    rig.rxq.push(&rig.mem, &[wr(RX_BUF, 1536)]);
+    rig.rxq.push(&rig.mem, &[rd(RX_BUF + 0x1000, 1536)]);
+    rig.rxq.push(&rig.mem, &[wr(RX_BUF + 0x2000, 1536)]);
+    let f = frame(0, 2500, 6);
+    rig.inject(&f);
+    assert!(rig.run_rx());
+    assert_eq!(rig.rxq.used_index(&rig.mem), 3);
+    let first = rig.rxq.used_elem(&rig.mem, 0);
+    let second = rig.rxq.used_elem(&rig.mem, 1);
+    assert_eq!(first, (0, 1536));
+    assert_eq!(second, (2, (f.len() - 1536) as u32));
+    assert_eq!(
+        rig.rxq.used_elem(&rig.mem, 2),
+        (1, 0),
+        "the broken one, last"
+    );
+    let mut got = rig.read(RX_BUF, 1536);
+    got.extend(rig.read(RX_BUF + 0x2000, f.len() - 1536));
+    assert_eq!(num_buffers(&got), 2);
+    assert_eq!(&got[VNET_HDR_LEN..], &f[VNET_HDR_LEN..]);
+    assert_eq!(rig.net.counters().rx_bad_chains, 1);
 }
 
 #[test]
@@ -664,6 +735,7 @@ fn tap_watcher_delivers_frames_through_the_transport() {
     let tap = Tap::from_socket(ours, "test").unwrap();
     let watched = tap.try_clone().unwrap();
     let net = Net::new(tap, MacAddr::default_for("vm", 0)).unwrap();
+    let stats = net.stats();
     let irq = EventFd::new(EFD_NONBLOCK).unwrap();
     let mut t = MmioTransport::new(mem.clone(), Box::new(net), irq.try_clone().unwrap()).unwrap();
     let w = |t: &mut MmioTransport, off: u64, v: u32| t.write(off, &v.to_le_bytes());
@@ -693,7 +765,12 @@ fn tap_watcher_delivers_frames_through_the_transport() {
 
     let t = Arc::new(Mutex::new(t));
     let mut em = EventManager::<Box<dyn MutEventSubscriber + Send>>::new().unwrap();
-    em.add_subscriber(Box::new(TapWatcher::new(t.clone(), watched, "test")));
+    em.add_subscriber(Box::new(TapWatcher::new(
+        t.clone(),
+        watched,
+        "test",
+        stats.clone(),
+    )));
     let f = frame(0, 100, 1);
     // SAFETY: send reads `f.len()` bytes from a live slice.
     let n = unsafe { libc::send(peer.as_raw_fd(), f.as_ptr().cast(), f.len(), 0) };
@@ -702,4 +779,19 @@ fn tap_watcher_delivers_frames_through_the_transport() {
     assert_eq!(rxq.used_index(&mem), 1);
     assert_eq!(rxq.used_elem(&mem, 0).1, f.len() as u32);
     assert_eq!(irq.read().unwrap(), 1);
+    // What the VMM reads without the transport's lock.
+    let snap = stats.snapshot();
+    assert_eq!(snap.tap_wakeups, 1);
+    assert_eq!(
+        (snap.counters.rx_frames, snap.counters.rx_interrupts),
+        (1, 1)
+    );
+    assert!(!snap.rx_frame_waiting);
+    // Both sides' indices, as a stall report shows them.
+    let q = t.lock().unwrap().queue_states()[RX_QUEUE];
+    assert!(q.ready && q.event_idx);
+    assert_eq!(
+        (q.avail_idx, q.next_avail, q.next_used, q.used_idx),
+        (1, 1, 1, 1)
+    );
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 use log::error;
 
-use super::RX_QUEUE;
+use super::{NetStats, RX_QUEUE};
 use crate::virtio::MmioTransport;
 
 /// Event-manager subscriber that runs a net device's receive path when
@@ -24,15 +24,23 @@ pub struct TapWatcher {
     transport: Arc<Mutex<MmioTransport>>,
     tap: File,
     name: String,
+    stats: Arc<NetStats>,
 }
 
 impl TapWatcher {
-    /// `tap` is a duplicate of the device's tap fd ([`super::Tap::try_clone`]).
-    pub fn new(transport: Arc<Mutex<MmioTransport>>, tap: File, name: &str) -> Self {
+    /// `tap` is a duplicate of the device's tap fd ([`super::Tap::try_clone`]);
+    /// `stats` the device's ([`super::Net::stats`]), where wake-ups are counted.
+    pub fn new(
+        transport: Arc<Mutex<MmioTransport>>,
+        tap: File,
+        name: &str,
+        stats: Arc<NetStats>,
+    ) -> Self {
         Self {
             transport,
             tap,
             name: name.to_string(),
+            stats,
         }
     }
 }
@@ -54,6 +62,7 @@ impl MutEventSubscriber for TapWatcher {
             let _ = ops.remove(events);
             return;
         }
+        self.stats.tap_woke();
         // Before DRIVER_OK this is a no-op: the frames wait in the tap
         // until the driver's first receive-queue notification.
         self.transport
