@@ -72,8 +72,11 @@ pub struct BusyRange {
     /// Bit i: page i of the range is one the merge changes. `None`: every
     /// page is (an unmerge). The others are the window's gaps, protected
     /// only so that one ioctl covers the window.
-    pub ops: Option<crate::merge::Mask>,
+    pub ops: Option<OpMask>,
 }
+
+/// One bit per page of a merge window (`crate::merge::Mask` is this type).
+pub type OpMask = u128;
 
 impl BusyRange {
     fn contains(&self, a: usize) -> bool {
@@ -84,7 +87,7 @@ impl BusyRange {
     fn is_gap(&self, a: usize) -> bool {
         let i = (a - self.start) / PAGE_SIZE;
         self.ops
-            .is_some_and(|m| i >= crate::merge::Mask::BITS as usize || m & (1 << i) == 0)
+            .is_some_and(|m| i >= OpMask::BITS as usize || m & (1 << i) == 0)
     }
 }
 

@@ -50,7 +50,7 @@ pub const GAPPED_WINDOW_PAGES: usize = 64;
 
 /// A window's page mask: bit i is window page i (or, in [`ChunkResult`],
 /// op i); `low_bits(n)` is a window of n pages.
-pub type Mask = u128;
+pub type Mask = crate::fault::OpMask;
 
 /// `exec_chunk`'s mark for a window page without an op.
 const NO_OP: u8 = u8::MAX;
