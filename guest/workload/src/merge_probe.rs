@@ -7,7 +7,7 @@
 //! also times a read of another cache line of the page: a copy-on-write
 //! copy or a zero page's clearing leaves the page in the cache.
 
-use core::arch::x86_64::{_mm_lfence, _mm_mfence, _rdtsc};
+use core::arch::x86_64::{_mm_clflush, _mm_lfence, _mm_mfence, _rdtsc};
 
 use crate::host;
 use crate::phases::{report, Stopped, Workload};
@@ -21,6 +21,18 @@ use pagefold_guest_abi::phase;
 
 /// Label bit of an entry of the write order (the rest is the page index).
 const SHARED_BIT: u32 = 1 << 31;
+
+/// Evicts `*word`'s cache line from every cache level.
+fn flush_line(word: *const u64) {
+    // SAFETY: `word` is inside a logical page of the data area (see
+    // `timed_write`); CLFLUSH only evicts the line (checked as a read, so
+    // it takes no write fault on a write-protected page), and the fence
+    // orders it before the timed accesses.
+    unsafe {
+        _mm_clflush(word.cast::<u8>());
+        _mm_mfence();
+    }
+}
 
 /// Times a read of `*word`, in TSC cycles (fenced like `timed_write`).
 fn timed_read(word: *const u64) -> u64 {
@@ -113,6 +125,12 @@ impl Workload {
             };
             let page = self.store.page(i);
             let shared = o & SHARED_BIT != 0;
+            // The line the read below times leaves the cache first: a
+            // merger that keeps reading pages (ksmd without sleep) would
+            // otherwise leave unmerged pages' lines cached too, and the
+            // read would tell nothing. After this only a copy or a clear
+            // of the page by the write brings the line back.
+            flush_line(&page[READ_WORD]);
             *s = Sample {
                 cycles: timed_write(page.as_mut_ptr(), value),
                 shared,
