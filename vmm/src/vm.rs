@@ -277,33 +277,17 @@ impl Vm {
         let dedup_target: crate::balloon::DedupTarget = Arc::new(RwLock::new(
             backend.clone().filter(|_| config.dedup.enabled),
         ));
-        let filled: Option<pagefold_devices::virtio::block::WriteHook> =
-            config.dedup.enabled.then(|| {
-                let (target, m) = (dedup_target.clone(), mem.clone());
-                Arc::new(move |gpa: u64, len: usize| {
-                    let d = target.read().unwrap_or_else(|e| e.into_inner());
-                    if let (Some(d), Ok(h)) =
-                        (d.as_ref(), m.get_host_address(vm_memory::GuestAddress(gpa)))
-                    {
-                        d.hint(h as usize, len);
-                    }
-                }) as pagefold_devices::virtio::block::WriteHook
-            });
+        let filled = config
+            .dedup
+            .enabled
+            .then(|| dedup_write_hook(&dedup_target, &mem, |d, h, len| d.hint(h, len)));
         // Received frames: written by the device, so KVM's dirty log misses
         // them; the engine marks them written (no merge candidates: a
         // frame is one VM's own data, in buffers the guest reuses).
-        let received: Option<pagefold_devices::virtio::WriteHook> =
-            config.dedup.enabled.then(|| {
-                let (target, m) = (dedup_target.clone(), mem.clone());
-                Arc::new(move |gpa: u64, len: usize| {
-                    let d = target.read().unwrap_or_else(|e| e.into_inner());
-                    if let (Some(d), Ok(h)) =
-                        (d.as_ref(), m.get_host_address(vm_memory::GuestAddress(gpa)))
-                    {
-                        d.device_wrote(h as usize, len);
-                    }
-                }) as pagefold_devices::virtio::WriteHook
-            });
+        let received = config
+            .dedup
+            .enabled
+            .then(|| dedup_write_hook(&dedup_target, &mem, |d, h, len| d.device_wrote(h, len)));
         // The guest: a Linux kernel, or the built-in workload.
         let ranges = memory::ram_ranges(config.memory_bytes())?;
         let subscribers;
@@ -793,6 +777,24 @@ impl Drop for Vm {
             reason: "VM released".into(),
         });
     }
+}
+
+/// A device's write hook (`WriteHook`: guest-physical address, length)
+/// that tells the dedup backend tracking the VM's RAM, looked up at each
+/// call so that a backend attached later gets the writes too, through
+/// `tell` (an I/O hint, or a plain device write) at the host address.
+fn dedup_write_hook(
+    target: &crate::balloon::DedupTarget,
+    mem: &GuestMemoryMmap,
+    tell: fn(&dyn DedupBackend, usize, usize),
+) -> pagefold_devices::virtio::WriteHook {
+    let (target, m) = (target.clone(), mem.clone());
+    Arc::new(move |gpa: u64, len: usize| {
+        let d = target.read().unwrap_or_else(|e| e.into_inner());
+        if let (Some(d), Ok(h)) = (d.as_ref(), m.get_host_address(vm_memory::GuestAddress(gpa))) {
+            tell(d.as_ref(), h as usize, len);
+        }
+    })
 }
 
 /// The writer behind a VM's serial port.
