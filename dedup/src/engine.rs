@@ -245,6 +245,22 @@ struct Hints {
     lost: bool,
 }
 
+impl Hints {
+    /// Keeps `addr..+len` for the write logs, or, with the list full,
+    /// notes that a range was lost.
+    fn keep_written(&mut self, addr: usize, len: usize) {
+        if self.written.len() < HINT_QUEUE_CAP {
+            self.written.push(Hint {
+                addr,
+                len,
+                at: Instant::now(),
+            });
+        } else {
+            self.lost = true;
+        }
+    }
+}
+
 struct Shared {
     core: Mutex<Core>,
     /// Callers other than the scanner waiting for `core` (the core's
@@ -634,12 +650,8 @@ impl DedupBackend for Engine {
                 // Ignored as a hint; still a device write the write log
                 // must know of.
                 h.dropped += 1;
-                if self.shared.write_log && h.written.len() < HINT_QUEUE_CAP {
-                    h.written.push(Hint {
-                        addr: host_addr,
-                        len,
-                        at: Instant::now(),
-                    });
+                if self.shared.write_log {
+                    h.keep_written(host_addr, len);
                 } else {
                     h.lost = true;
                 }
@@ -687,15 +699,7 @@ impl DedupBackend for Engine {
                 return;
             }
         }
-        if h.written.len() < HINT_QUEUE_CAP {
-            h.written.push(Hint {
-                addr: host_addr,
-                len,
-                at: Instant::now(),
-            });
-        } else {
-            h.lost = true;
-        }
+        h.keep_written(host_addr, len);
     }
 
     fn wants_write_log(&self) -> bool {
