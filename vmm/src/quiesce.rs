@@ -113,6 +113,29 @@ impl Quiesce for VcpuQuiescer {
 mod tests {
     use super::*;
     use crate::vcpu_stats::testutil::TestVcpu;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    /// A VM whose one vCPU is `h`, inside KVM_RUN as the VMM's run loop
+    /// counts, and its quiescer with `h`'s `blocking` statistic.
+    fn in_guest(h: &TestVcpu) -> (Arc<VmShared>, VcpuQuiescer) {
+        let shared = Arc::new(VmShared::new("q").unwrap());
+        assert!(shared.enter_guest());
+        let q = VcpuQuiescer::new(
+            shared.clone(),
+            vec![(h.pthread(), Some(h.blocking.clone()))],
+        );
+        (shared, q)
+    }
+
+    /// Whether `h` returns from KVM_RUN (past `before` returns) within 5 s.
+    fn exits_after(h: &TestVcpu, before: usize) -> bool {
+        let end = Instant::now() + Duration::from_secs(5);
+        while h.exits.load(Ordering::SeqCst) == before && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        h.exits.load(Ordering::SeqCst) > before
+    }
 
     /// A vCPU halted in KVM counts as stopped and is not kicked; without
     /// its statistic the same vCPU counts as running guest code.
@@ -120,21 +143,18 @@ mod tests {
     fn a_halted_vcpu_is_stopped_and_left_asleep() {
         let h = TestVcpu::halted();
         assert!(h.seen_blocking());
-        let shared = Arc::new(VmShared::new("q").unwrap());
-        // The vCPU thread is inside KVM_RUN, as the VMM's run loop counts.
-        assert!(shared.enter_guest());
-        let q = VcpuQuiescer::new(
-            shared.clone(),
-            vec![(h.pthread(), Some(h.blocking.clone()))],
-        );
-        let exits = || h.exits.load(std::sync::atomic::Ordering::SeqCst);
-        let before = exits();
+        let (shared, q) = in_guest(&h);
+        let before = h.exits.load(Ordering::SeqCst);
         assert!(q.stops_unkicked());
         q.request();
         assert!(q.stopped());
         q.nudge();
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert_eq!(exits(), before, "kicked out of its HLT");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            h.exits.load(Ordering::SeqCst),
+            before,
+            "kicked out of its HLT"
+        );
         q.release();
 
         let blind = VcpuQuiescer::new(shared.clone(), vec![(h.pthread(), None)]);
@@ -142,11 +162,10 @@ mod tests {
         blind.request();
         assert!(!blind.stopped());
         blind.nudge();
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while exits() == before && std::time::Instant::now() < end {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert!(exits() > before, "the nudge did not kick a running vCPU");
+        assert!(
+            exits_after(&h, before),
+            "the nudge did not kick a running vCPU"
+        );
         blind.release();
         shared.leave_guest();
         assert!(blind.stopped());
@@ -158,24 +177,18 @@ mod tests {
     #[test]
     fn a_request_leaves_a_running_vcpu_in_guest_code_until_a_nudge() {
         let h = TestVcpu::spinning();
-        let shared = Arc::new(VmShared::new("q").unwrap());
-        assert!(shared.enter_guest());
-        let q = VcpuQuiescer::new(
-            shared.clone(),
-            vec![(h.pthread(), Some(h.blocking.clone()))],
-        );
-        let exits = || h.exits.load(std::sync::atomic::Ordering::SeqCst);
-        let before = exits();
+        let (shared, q) = in_guest(&h);
+        let before = h.exits.load(Ordering::SeqCst);
         q.request();
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50));
         assert!(!q.stopped(), "a spinning vCPU reads as stopped");
-        assert_eq!(exits(), before, "the request kicked the vCPU");
+        assert_eq!(
+            h.exits.load(Ordering::SeqCst),
+            before,
+            "the request kicked the vCPU"
+        );
         q.nudge();
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while exits() == before && std::time::Instant::now() < end {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert!(exits() > before, "the nudge did not kick the vCPU");
+        assert!(exits_after(&h, before), "the nudge did not kick the vCPU");
         q.release();
         shared.leave_guest();
     }
