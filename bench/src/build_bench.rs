@@ -826,6 +826,25 @@ pub(crate) fn end_backend(s: BuildSystem, backend: Option<&Arc<dyn DedupBackend>
     }
 }
 
+/// A runner of Linux guests on `backend` that does not echo their
+/// consoles; if none can be made, the backend is ended
+/// ([`end_backend`]) and the error given as a Linux VM's.
+pub(crate) fn quiet_linux_runner(
+    s: BuildSystem,
+    backend: &Option<Arc<dyn DedupBackend>>,
+) -> Result<Runner, BenchError> {
+    match Runner::new(backend.clone(), true) {
+        Ok(mut r) => {
+            r.echo = false;
+            Ok(r)
+        }
+        Err(err) => {
+            end_backend(s, backend.as_ref());
+            Err(crate::error::linux_vm_err(err))
+        }
+    }
+}
+
 /// One run: fresh backend, two fresh VMs, both builds, figures.
 fn run_once(s: BuildSystem, opts: &BuildOptions, image: &Path) -> Result<BuildRun, BenchError> {
     let (backend, script) = make_backend(s)?;

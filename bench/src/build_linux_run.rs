@@ -13,7 +13,8 @@ use pagefold_vmm::runner::Runner;
 
 use crate::auto_bench::{FREE_AFTER, TOTAL};
 use crate::build_bench::{
-    end_backend, first_run_context, make_backend, row, BuildRun, BuildSample, BuildSystem, Track,
+    end_backend, first_run_context, make_backend, quiet_linux_runner, row, BuildRun, BuildSample,
+    BuildSystem, Track,
 };
 use crate::build_linux::{
     linux_build_cmdline, linux_build_configs, linux_vm_files, LinuxBuildOptions, LinuxBuildReport,
@@ -229,14 +230,7 @@ fn drive(
         // Benchmarks run their VMs in-process without the VMM's filters.
         seccomp: Some(false),
     };
-    let mut runner = match Runner::new(backend.clone(), true) {
-        Ok(r) => r,
-        Err(err) => {
-            end_backend(s, backend.as_ref());
-            return Err(linux_vm_err(err));
-        }
-    };
-    runner.echo = false;
+    let mut runner = quiet_linux_runner(s, &backend)?;
     if let Err(err) = runner.start_all(&cfg) {
         drop(runner);
         end_backend(s, backend.as_ref());

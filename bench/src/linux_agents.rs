@@ -17,7 +17,7 @@ use pagefold_vmm::linux::agent::{self, Mailbox, Reply};
 use pagefold_vmm::pause::GuestPauses;
 use pagefold_vmm::runner::Runner;
 
-use crate::build_bench::{end_backend, make_backend, BuildSystem};
+use crate::build_bench::{end_backend, make_backend, quiet_linux_runner, BuildSystem};
 use crate::error::{input_err, linux_vm_err, BenchError};
 use crate::page_census::{self, PageCensus};
 
@@ -181,14 +181,7 @@ pub(crate) fn run_pair(
     mut tick: impl FnMut(&mut Runner) -> Result<(), String>,
 ) -> Result<(), BenchError> {
     let (backend, _) = make_backend(s)?;
-    let mut runner = match Runner::new(backend.clone(), true) {
-        Ok(r) => r,
-        Err(err) => {
-            end_backend(s, backend.as_ref());
-            return Err(linux_vm_err(err));
-        }
-    };
-    runner.echo = false;
+    let mut runner = quiet_linux_runner(s, &backend)?;
     if let Err(err) = runner.add_vm(first) {
         drop(runner);
         end_backend(s, backend.as_ref());
