@@ -129,7 +129,7 @@ pub fn linux_free_goals(r: &LinuxFreeReport) -> Vec<Goal> {
 /// warnings, damaged data and unrestored KSM tunables.
 fn notes(r: &LinuxFreeReport) -> Vec<String> {
     let mut notes = vec![format!(
-        "freed, as dedup alone holds it = what both guests freed (their MemFree rise) less \
+        "freed, as dedup alone holds it = what both guests freed (the rise of their free memory) less \
          the {DUPLICATE_FREED_MIB} MiB of it that were copies of content dedup holds once \
          (four copies of the 64 MiB file, page caches and tmpfs, and the page caches of the \
          16 MiB file, which the kept copies still hold)"

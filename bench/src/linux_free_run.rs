@@ -743,20 +743,10 @@ mod tests {
             mbox.starts_with("PFAGENT 2 ") && mbox.contains("drop_caches"),
             "{mbox:?}"
         );
-        h.reply(
-            0,
-            2,
-            0,
-            "memfree_before_kib=102400 memfree_after_kib=284672",
-        );
+        h.reply(0, 2, 0, "free_before_kib=102400 free_after_kib=284672");
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Freeing);
-        h.reply(
-            1,
-            2,
-            0,
-            "memfree_before_kib=102400 memfree_after_kib=284672",
-        );
+        h.reply(1, 2, 0, "free_before_kib=102400 free_after_kib=284672");
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Idle);
         assert_eq!(h.tr.freed_mib, [178.0, 178.0]);
@@ -796,7 +786,7 @@ mod tests {
         h.work_reply(1, H3);
         h.until(Stage::Freeing);
         for i in 0..2 {
-            h.reply(i, 2, 0, "memfree_before_kib=0 memfree_after_kib=1024");
+            h.reply(i, 2, 0, "free_before_kib=0 free_after_kib=1024");
         }
         h.until(Stage::Checking);
         h.reply(0, 3, 0, &format!("keep={H1}\nkeepown={H2}"));
@@ -836,7 +826,7 @@ mod tests {
         h.work_reply(1, H3);
         h.until(Stage::Freeing);
         for i in 0..2 {
-            h.reply(i, 2, 0, "memfree_before_kib=0 memfree_after_kib=1024");
+            h.reply(i, 2, 0, "free_before_kib=0 free_after_kib=1024");
         }
         h.tick().unwrap();
         assert_eq!(h.tr.stage, Stage::Idle);
