@@ -295,11 +295,7 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
         );
         // The address from the device's config space: pagefold's default
         // for this VM's first NIC.
-        let mac = pagefold_vmm::config::NetConfig {
-            tap: String::new(),
-            mac: None,
-        }
-        .mac_for(vm, 0);
+        let mac = pagefold_vmm::config::NetConfig::on_tap("").mac_for(vm, 0);
         assert_eq!(
             r.value("mac"),
             Some(mac.to_string().as_str()),
