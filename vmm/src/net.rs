@@ -161,6 +161,9 @@ mod tests {
         let n = attach_nets("vm", &nets, 1, 2, &vm, &mem, &mut mmio, None).unwrap();
         assert_eq!(n.slots, vec![VirtioMmioDevice::slot(2)]);
         assert_eq!(n.subscribers.len(), 2);
+        // One vCPU, one pair: the tap as before multiqueue.
+        assert_eq!(tun_flags(&nets[0].tap) & libc::IFF_MULTI_QUEUE as u32, 0);
+        assert_eq!(n.devices[0].status().queue_pairs, 1);
         // The device answers at its window: virtio magic, device ID 1.
         let mut id = [0u8; 4];
         assert!(mmio.read(VirtioMmioDevice::slot(2).addr + 8, &mut id));
