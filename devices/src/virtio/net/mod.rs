@@ -198,7 +198,10 @@ impl Net {
             }
         }
         self.active_pairs = n;
-        for tap in self.taps.iter().skip(n) {
+        for (tap, rx) in self.taps.iter().zip(&mut self.rx).skip(n) {
+            // A frame waiting in a pair the driver no longer reads would
+            // wait for ever (and show as waiting).
+            rx.discard_pending();
             tap.set_attached(false)?;
         }
         Ok(())

@@ -305,6 +305,26 @@ fn each_pair_has_its_own_tap_queue_and_counters() {
     assert_eq!(s.active_pairs, 2);
 }
 
+/// A frame waiting for receive buffers in a pair the driver stops using
+/// is dropped with it, so no frame shows as waiting for ever.
+#[test]
+fn a_pair_taken_out_of_use_drops_its_waiting_frame() {
+    let (mut net, peers, mem) = device(2);
+    let (mut d, mut q) = ctrl_queue();
+    assert_eq!(request(&mut net, &mem, &mut d, &mut q, &set_pairs(2)), OK);
+    let mut rx1 = DriverQueue::at(16, RX1_DESC, RX1_AVAIL, RX1_USED).device_queue(QUEUE_SIZE);
+    rx1.set_event_idx(false);
+    let frame = [1u8; VNET_HDR_LEN + 60];
+    // SAFETY: send reads `frame.len()` bytes from a live array.
+    let n = unsafe { libc::send(peers[1].as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+    assert_eq!(n as usize, frame.len());
+    // No receive buffers: the frame waits.
+    net.process_queue(2, &mut rx1, &mem).unwrap();
+    assert!(net.stats().snapshot().rx_frame_waiting);
+    assert_eq!(request(&mut net, &mem, &mut d, &mut q, &set_pairs(1)), OK);
+    assert!(!net.stats().snapshot().rx_frame_waiting);
+}
+
 /// A reset (and a new activation) goes back to the first pair only.
 #[test]
 fn reset_goes_back_to_one_pair() {
