@@ -10,9 +10,14 @@ use virtio_bindings::virtio_net::{
 };
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;
+use crate::bus::BusDevice;
+use crate::virtio::mmio::reg;
+use crate::virtio::mmio::tests::setup_queue_at;
 use crate::virtio::testutil::*;
+use crate::virtio::MmioTransport;
 
 /// Where the control queue's request bytes and status byte go.
 const REQ: u64 = 0x2_0000;
@@ -336,4 +341,75 @@ fn reset_goes_back_to_one_pair() {
     assert_eq!(net.stats().snapshot().active_pairs, 1);
     net.activate(net.avail_features(), &mut [], &mem).unwrap();
     assert_eq!(net.active_pairs(), 1);
+}
+
+/// Queue `k`'s rings for the transport test: 16 entries each, apart.
+fn rings(k: u64) -> (u64, u64, u64) {
+    let base = 0x4_0000 + k * 0x3000;
+    (base, base + 0x1000, base + 0x2000)
+}
+
+/// Through virtio-mmio: with MQ acked, DRIVER_OK needs every pair's
+/// queues and the control queue set up; then a control request written
+/// to QueueNotify is answered at once and interrupts the driver.
+#[test]
+fn a_driver_sets_the_pairs_through_the_transport() {
+    let (mut taps, mut peers) = (Vec::new(), Vec::new());
+    for i in 0..2 {
+        let (ours, peer) = socket_pair();
+        taps.push(Tap::from_socket(ours, &format!("q{i}")).unwrap());
+        peers.push(peer);
+    }
+    let net = Net::with_taps(taps, MacAddr::default_for("vm", 0)).unwrap();
+    let stats = net.stats();
+    let mem = guest_mem();
+    let irq = EventFd::new(EFD_NONBLOCK).unwrap();
+    let mut t = MmioTransport::new(mem.clone(), Box::new(net), irq.try_clone().unwrap()).unwrap();
+    let w = |t: &mut MmioTransport, off: u64, v: u32| t.write(off, &v.to_le_bytes());
+    let r = |t: &mut MmioTransport, off: u64| {
+        let mut d = [0u8; 4];
+        t.read(off, &mut d);
+        u32::from_le_bytes(d)
+    };
+    let init = |t: &mut MmioTransport, queues: u32| {
+        w(t, reg::STATUS, 0);
+        w(t, reg::STATUS, 1);
+        w(t, reg::STATUS, 3);
+        for sel in 0..2 {
+            w(t, reg::DEVICE_FEATURES_SEL, sel);
+            let f = r(t, reg::DEVICE_FEATURES);
+            w(t, reg::DRIVER_FEATURES_SEL, sel);
+            w(t, reg::DRIVER_FEATURES, f);
+        }
+        w(t, reg::STATUS, 0xb);
+        for k in 0..queues {
+            setup_queue_at(t, k, 16, rings(u64::from(k)));
+        }
+        w(t, reg::STATUS, 0xf);
+    };
+    // The fifth queue (control) missing: the device needs a reset.
+    w(&mut t, reg::QUEUE_SEL, 4);
+    assert_eq!(r(&mut t, reg::QUEUE_NUM_MAX), u32::from(CTRL_QUEUE_SIZE));
+    init(&mut t, 4);
+    assert!(!t.is_activated());
+    init(&mut t, 5);
+    assert!(t.is_activated());
+    assert_eq!(stats.snapshot().active_pairs, 1);
+    // The failed activation's configuration interrupt.
+    let _ = irq.read();
+    let (desc, avail, used) = rings(4);
+    let mut d = DriverQueue::at(16, desc, avail, used);
+    mem.write_slice(&set_pairs(2), GuestAddress(REQ)).unwrap();
+    d.push(&mem, &[rd(REQ, 4), wr(STATUS, 1)]);
+    w(&mut t, reg::QUEUE_NOTIFY, 4);
+    assert_eq!(d.used_index(&mem), 1);
+    assert_eq!(
+        mem.read_obj::<u8>(GuestAddress(STATUS)).unwrap(),
+        VIRTIO_NET_OK as u8
+    );
+    assert_eq!(irq.read().unwrap(), 1);
+    assert_eq!(stats.snapshot().active_pairs, 2);
+    // A reset goes back to one pair.
+    w(&mut t, reg::STATUS, 0);
+    assert_eq!(stats.snapshot().active_pairs, 1);
 }
