@@ -62,8 +62,10 @@ pub const RX_QUEUE: usize = 0;
 pub const TX_QUEUE: usize = 1;
 /// The most queue pairs a NIC may be configured with.
 pub const MAX_QUEUE_PAIRS: usize = 16;
-/// The pairs a NIC gets unless configured otherwise (at most one per
-/// vCPU): past four, one event loop serving them gains nothing.
+/// The most pairs a NIC gets unless configured otherwise (it gets at
+/// most one per vCPU): every pair is served on the one event loop, so
+/// more pairs spread the guest's work over more of its CPUs, not the
+/// host's; four keeps the queues' memory and the tap's fds few.
 pub const DEFAULT_QUEUE_PAIRS: usize = 4;
 /// Size of the control queue: the driver waits for each request's answer.
 pub const CTRL_QUEUE_SIZE: u16 = 64;
