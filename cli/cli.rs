@@ -253,15 +253,16 @@ pub struct KernelArgs {
     /// disk 0).
     #[arg(long, help_heading = "Linux guest")]
     pub disk: Vec<String>,
-    /// Network interface: tap=NAME[,mac=52:54:00:XX:XX:XX]; repeatable. A
-    /// virtio-net device of a Linux guest on the host tap NAME (made
-    /// beforehand, e.g. `ip tuntap add NAME mode tap`); the MAC defaults
-    /// to one derived from the VM name.
+    /// Network interface: tap=NAME[,mac=52:54:00:XX:XX:XX][,queue_pairs=N];
+    /// repeatable. A virtio-net device of a Linux guest on the host tap
+    /// NAME (made beforehand, e.g. `ip tuntap add NAME mode tap
+    /// multi_queue`); the MAC defaults to one derived from the VM name;
+    /// one queue pair per vCPU, at most N (1-16, default 4).
     #[arg(
         long,
         help_heading = "Linux guest",
         requires = "kernel",
-        value_name = "tap=NAME[,mac=MAC]"
+        value_name = "tap=NAME[,mac=MAC][,queue_pairs=N]"
     )]
     pub net: Vec<String>,
     /// Memory balloon of a Linux guest with free page reporting: `on` for
@@ -334,23 +335,34 @@ fn parse_disk(s: &str) -> Result<DiskConfig, Error> {
 
 fn parse_net(s: &str) -> Result<NetConfig, Error> {
     let usage = |m: String| Error::Usage(format!("--net {s}: {m}"));
-    let (mut tap, mut mac) = (None, None);
+    let (mut tap, mut mac, mut queue_pairs) = (None, None, None);
     for part in s.split(',') {
         match part.split_once('=') {
             Some(("tap", v)) if tap.is_none() => tap = Some(v.to_string()),
             Some(("mac", v)) if mac.is_none() => {
                 mac = Some(config::Mac::try_from(v.to_string()).map_err(usage)?)
             }
-            Some((k @ ("tap" | "mac"), _)) => return Err(usage(format!("{k} is given twice"))),
+            Some(("queue_pairs", v)) if queue_pairs.is_none() => {
+                queue_pairs = Some(v.parse::<u16>().map_err(|_| {
+                    usage(format!("queue_pairs {v:?}: expected a number from 1 to 16"))
+                })?)
+            }
+            Some((k @ ("tap" | "mac" | "queue_pairs"), _)) => {
+                return Err(usage(format!("{k} is given twice")))
+            }
             _ => {
                 return Err(usage(format!(
-                    "unknown option {part:?} (expected tap=NAME or mac=MAC)"
+                    "unknown option {part:?} (expected tap=NAME, mac=MAC or queue_pairs=N)"
                 )))
             }
         }
     }
     let tap = tap.ok_or_else(|| usage("tap=NAME is missing".into()))?;
-    Ok(NetConfig { tap, mac })
+    Ok(NetConfig {
+        tap,
+        mac,
+        queue_pairs,
+    })
 }
 
 fn serial_output(s: &str) -> SerialOutput {
@@ -630,8 +642,13 @@ mod tests {
         assert_eq!(n.tap, "tap0");
         assert_eq!(n.mac.unwrap().0.to_string(), "52:54:00:00:00:01");
         let n = parse_net("tap=tap1").unwrap();
-        assert_eq!((n.tap.as_str(), n.mac), ("tap1", None));
+        assert_eq!((n.tap.as_str(), n.mac, n.queue_pairs), ("tap1", None, None));
+        let n = parse_net("tap=tap2,queue_pairs=2").unwrap();
+        assert_eq!(n.queue_pairs, Some(2));
         for bad in [
+            "tap=a,queue_pairs=x",
+            "tap=a,queue_pairs=-1",
+            "tap=a,queue_pairs=1,queue_pairs=2",
             "tap0",
             "mac=52:54:00:00:00:01",
             "tap=a,tap=b",

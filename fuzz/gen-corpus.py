@@ -102,11 +102,15 @@ put("virtio_blk", "get-id-device", blk(2 | 4, [getid], hdr(8, 0)))
 put("virtio_blk", "flush-ro", blk(1, [flush], hdr(4, 0)))
 
 # virtio_net: receive queue of 16 at 0/0x1000/0x2000, transmit queue at
-# 0x400/0x1400/0x2400; receive buffers at 0x3000 and 0x4000, a frame to
-# transmit at 0x5000 (12-byte header, 60-byte frame).
-def net_mem(rx_chains, tx_chains):
-    mem = bytearray(0x5000 + 72)
-    for (desc, avail, chains) in ((0, 0x1000, rx_chains), (0x400, 0x1400, tx_chains)):
+# 0x400/0x1400/0x2400, control queue (flag 8) at 0x800/0x1800/0x2800;
+# receive buffers at 0x3000 and 0x4000, a frame to transmit at 0x5000
+# (12-byte header, 60-byte frame), control requests at 0x5100 (their
+# status bytes at 0x5200).
+def net_mem(rx_chains, tx_chains, ctrl_chains=(), ctrl_reqs=b""):
+    mem = bytearray(0x5300)
+    mem[0x5100:0x5100 + len(ctrl_reqs)] = ctrl_reqs
+    for (desc, avail, chains) in ((0, 0x1000, rx_chains), (0x400, 0x1400, tx_chains),
+                                  (0x800, 0x1800, ctrl_chains)):
         i = 0
         heads = []
         for bufs in chains:
@@ -122,11 +126,11 @@ def net_mem(rx_chains, tx_chains):
     mem[0x5000 + 12:0x5000 + 72] = bytes(range(60))
     return bytes(mem)
 
-def net(flags, frames, rx_chains, tx_chains):
+def net(flags, frames, rx_chains, tx_chains, ctrl_chains=(), ctrl_reqs=b""):
     head = bytes([flags, 4, len(frames)])
     for f in frames:
         head += u16(len(f)) + f
-    return head + net_mem(rx_chains, tx_chains)
+    return head + net_mem(rx_chains, tx_chains, ctrl_chains, ctrl_reqs)
 
 frame = lambda n: bytes(12) + bytes(i & 0xff for i in range(n))
 rxbuf = [[(0x3000, 2048, True)], [(0x4000, 2048, True)]]
@@ -134,6 +138,12 @@ txbuf = [[(0x5000, 12, False), (0x5000 + 12, 60, False)]]
 put("virtio_net", "rx-tx", net(0, [frame(100)], rxbuf, txbuf))
 put("virtio_net", "rx-merged", net(1 | 2 | 4, [frame(3000), frame(60)], rxbuf, []))
 put("virtio_net", "rx-oversize", net(0, [frame(4000)], [[(0x3000, 100, True)]], []))
+# Multiqueue: set 2 pairs (OK), 3 pairs (ERR), an RX-class request (ERR),
+# a request without a status byte (returned empty), then traffic.
+mq_reqs = bytes([4, 0]) + u16(2) + bytes([4, 0]) + u16(3) + bytes([0, 0, 1])
+ctrl = [[(0x5100, 4, False), (0x5200, 1, True)], [(0x5104, 4, False), (0x5201, 1, True)],
+        [(0x5108, 3, False), (0x5202, 1, True)], [(0x5100, 4, False)]]
+put("virtio_net", "mq-ctrl", net(8 | 1, [frame(100)], rxbuf, txbuf, ctrl, mq_reqs))
 
 # virtio_balloon: queue k's rings at k*0x400 / 0x1000+k*0x400 /
 # 0x2000+k*0x400, buffers from 0x3000: an inflate of PFNs (one in the

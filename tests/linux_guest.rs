@@ -272,14 +272,16 @@ fn host_net_report(s: &Served) -> String {
 
 /// What the NICs must do, with the guests still running: each guest
 /// brings its interface up with busybox's `ip` and pings the host's
-/// bridge, and its driver shows pagefold's default MAC and the
-/// negotiated offloads in sysfs; the first pings the second across the bridge, and the first
-/// moves 64 MiB each way over TCP with busybox's `nc`, the bytes' md5 the
-/// same on both ends (the guest's `md5sum` and the host's).
-fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
+/// bridge, and its driver shows pagefold's default MAC, the negotiated
+/// offloads and one `rx-N`/`tx-N` pair of queues per vCPU (`pairs`:
+/// multiqueue, set through the control queue) in sysfs; the first pings
+/// the second across the bridge, and the first moves 64 MiB each way
+/// over TCP with busybox's `nc`, the bytes' md5 the same on both ends
+/// (the guest's `md5sum` and the host's).
+fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8, usize)]) {
     let step = Duration::from_secs(180);
     let start = Instant::now();
-    for &(vm, n) in vms {
+    for &(vm, n, pairs) in vms {
         bridge.attach(&tap_of(vm));
         let r = net_run(
             s,
@@ -288,18 +290,15 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
                 "ip link set eth0 up && ip addr add {}/{PREFIX} dev eth0 && \
                  ping -c 2 -w 60 {HOST_ADDR} >/dev/null && echo host=reached && \
                  echo \"mac=$(cat /sys/class/net/eth0/address)\" && \
-                 echo \"features=$(cat /sys/class/net/eth0/device/features)\"",
+                 echo \"features=$(cat /sys/class/net/eth0/device/features)\" && \
+                 echo \"queues=$(ls /sys/class/net/eth0/queues | tr '\\n' ,)\"",
                 guest_addr(n)
             ),
             step,
         );
         // The address from the device's config space: pagefold's default
         // for this VM's first NIC.
-        let mac = pagefold_vmm::config::NetConfig {
-            tap: String::new(),
-            mac: None,
-        }
-        .mac_for(vm, 0);
+        let mac = pagefold_vmm::config::NetConfig::on_tap("").mac_for(vm, 0);
         assert_eq!(
             r.value("mac"),
             Some(mac.to_string().as_str()),
@@ -329,8 +328,47 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
                 r.output
             );
         }
+        // Multiqueue: MQ and CTRL_VQ with more than one pair, and the
+        // driver set them all (one per online CPU) at probe.
+        let mq = pairs > 1;
+        for (bit, what) in [(17, "CTRL_VQ"), (22, "MQ")] {
+            assert_eq!(
+                features.get(bit) == Some(&b'1'),
+                mq,
+                "{vm}: {what} (bit {bit}): {}",
+                r.output
+            );
+        }
+        // One word: `value` reads up to the next space.
+        let mut queues: Vec<&str> = r
+            .value("queues")
+            .unwrap_or_default()
+            .split(',')
+            .filter(|q| !q.is_empty())
+            .collect();
+        queues.sort();
+        let mut want: Vec<String> = (0..pairs)
+            .flat_map(|i| [format!("rx-{i}"), format!("tx-{i}")])
+            .collect();
+        want.sort();
+        assert_eq!(queues, want, "{vm}: {}", r.output);
+        let nic = &s.client.vm(vm).expect("GET /vms/NAME").nics[0];
+        assert_eq!(
+            (usize::from(nic.queue_pairs), usize::from(nic.active_pairs)),
+            (pairs, pairs),
+            "{vm}: {nic:?}"
+        );
+        eprintln!("network: {vm}: queues {}", queues.join(" "));
     }
     let (first, second) = (vms[0].0, guest_addr(vms[1].1));
+    let pair_frames = |s: &Served| -> Vec<(u64, u64)> {
+        s.client.vm(first).expect("GET /vms/NAME").nics[0]
+            .pairs
+            .iter()
+            .map(|p| (p.rx_frames, p.tx_frames))
+            .collect()
+    };
+    let before = pair_frames(s);
     net_run(
         s,
         first,
@@ -384,6 +422,12 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8)]) {
         mibps(up),
         mibps(down),
         start.elapsed()
+    );
+    // Which pairs the transfers took: one TCP stream each way is one flow,
+    // which the tap and the guest hash to one pair each (not asserted).
+    eprintln!(
+        "network: {first}'s pairs (rx, tx frames) before the transfers {before:?}, after {:?}",
+        pair_frames(s)
     );
     // What the NIC counted on the way, to compare a failed run's with.
     if let Ok(v) = s.client.vm(first) {
@@ -600,8 +644,11 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32, 
             spec
         }
     };
+    // With NICs, the first guest has two vCPUs, so its NIC two queue
+    // pairs (multiqueue); the others one of each.
+    let vcpus = if net { 2 } else { 1 };
     let specs = [
-        nic(Spec::new("one", "384M", "pair")),
+        nic(Spec::new("one", "384M", "pair").with_vcpus(vcpus)),
         nic(Spec::new("two", "384M", "pair")),
     ];
     let mut s = Served::start("linux-hashes", dedup, &specs);
@@ -716,7 +763,7 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32, 
         }
         assert!(!gone.exists(), "{} outlived its VM", gone.display());
         let bridge = Bridge::create(&format!("pfbr{}", std::process::id() % 100_000));
-        network_check(&mut s, &bridge, &[("one", 1), ("three", 3)]);
+        network_check(&mut s, &bridge, &[("one", 1, 2), ("three", 3, 1)]);
         balloon_check(&mut s, "three", &reference);
     }
     let err = s.shutdown();

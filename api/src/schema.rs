@@ -129,13 +129,44 @@ pub struct NicStatusSchema {
     tx_interrupts: u64,
     #[schema(minimum = 0)]
     tx_interrupts_suppressed: u64,
-    /// The receive queue's indices; absent before the guest's driver set
-    /// the device up (or while the device is busy for long).
+    /// The queue pairs the NIC has (one per vCPU, at most its
+    /// `queue_pairs`) and those the guest's driver uses now.
+    #[schema(minimum = 0)]
+    queue_pairs: u16,
+    #[schema(minimum = 0)]
+    active_pairs: u16,
+    /// Each queue pair's frames and bytes, in pair order.
+    pairs: Vec<PairStatusSchema>,
+    /// Control-queue requests answered OK and with an error, and control
+    /// chains returned unanswered (malformed); multiqueue NICs only.
+    #[schema(minimum = 0)]
+    ctrl_ok: u64,
+    #[schema(minimum = 0)]
+    ctrl_err: u64,
+    #[schema(minimum = 0)]
+    ctrl_bad_chains: u64,
+    /// The first pair's receive queue's indices; absent before the guest's
+    /// driver set the device up (or while the device is busy for long).
     #[schema(nullable = false)]
     rx_queue: Option<QueueStatusSchema>,
     /// The transmit queue's indices, as `rx_queue`.
     #[schema(nullable = false)]
     tx_queue: Option<QueueStatusSchema>,
+}
+
+/// What one queue pair of a NIC moved (vnet headers included).
+#[derive(ToSchema)]
+#[schema(as = PairStatus)]
+#[serde(deny_unknown_fields)]
+pub struct PairStatusSchema {
+    #[schema(minimum = 0)]
+    rx_frames: u64,
+    #[schema(minimum = 0)]
+    rx_bytes: u64,
+    #[schema(minimum = 0)]
+    tx_frames: u64,
+    #[schema(minimum = 0)]
+    tx_bytes: u64,
 }
 
 /// A virtqueue's indices (free-running 16-bit counters).
@@ -309,6 +340,10 @@ pub struct NetSchema {
     /// and three bytes derived from the VM's name and the NIC's index).
     #[schema(nullable = false, pattern = "^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")]
     mac: Option<String>,
+    /// At most this many queue pairs (multiqueue); the NIC gets one per
+    /// vCPU up to it (default 4).
+    #[schema(nullable = false, minimum = 1, maximum = 16)]
+    queue_pairs: Option<u16>,
 }
 
 #[derive(ToSchema)]

@@ -1,10 +1,12 @@
 //! virtio-net: receive and transmit queues in guest memory built from the
 //! input, frames arriving from the "tap" (a socket pair, as the device's
 //! unit tests use) built from the input too, then the device's own queue
-//! processing: receive, transmit, receive again.
+//! processing: receive, transmit, receive again. With flag 8 the device
+//! has two queue pairs (multiqueue) and its control queue runs first:
+//! requests built from the input too, which may set the pair count.
 //!
 //! Input: flags, queue size, number of frames, each frame (u16 length,
-//! then its bytes), then guest memory content from address 0 (both
+//! then its bytes), then guest memory content from address 0 (the
 //! queues' descriptor tables, rings and buffers are in it). Guest RAM is
 //! two regions with a hole between them, so chains can point into the
 //! hole and across region ends.
@@ -25,6 +27,8 @@ const RAM: &[(u64, usize)] = &[(0, 0x1_0000), (0x2_0000, 0x4000)];
 /// Receive queue rings, then transmit queue rings.
 const RX_RINGS: (u64, u64, u64) = (0x0, 0x1000, 0x2000);
 const TX_RINGS: (u64, u64, u64) = (0x400, 0x1400, 0x2400);
+/// Control queue rings (flag 8).
+const CTRL_RINGS: (u64, u64, u64) = (0x800, 0x1800, 0x2800);
 /// Frames the "network" sends per input (bounded time).
 const MAX_FRAMES: u8 = 8;
 
@@ -58,8 +62,14 @@ fuzz_target!(|data: &[u8]| {
     let mem = guest_memory(RAM, input.rest());
 
     let (ours, peer) = socket_pair();
-    let tap = Tap::from_socket(ours, "fuzz").unwrap();
-    let mut net = Net::new(tap, MacAddr::default_for("fuzz", 0)).unwrap();
+    let mut taps = vec![Tap::from_socket(ours, "fuzz").unwrap()];
+    let mut peers = Vec::new();
+    if flags & 8 != 0 {
+        let (ours, other) = socket_pair();
+        taps.push(Tap::from_socket(ours, "fuzz1").unwrap());
+        peers.push(other);
+    }
+    let mut net = Net::with_taps(taps, MacAddr::default_for("fuzz", 0)).unwrap();
     let mut acked = net.avail_features();
     if flags & 1 == 0 {
         acked &= !(1 << virtio_bindings::virtio_net::VIRTIO_NET_F_MRG_RXBUF);
@@ -67,6 +77,19 @@ fuzz_target!(|data: &[u8]| {
     net.activate(acked, &mut [], &mem).unwrap();
     let mut rx = queue(&mem, RX_RINGS, qsize, flags & 2 != 0);
     let mut tx = queue(&mem, TX_RINGS, qsize, flags & 4 != 0);
+    if flags & 8 != 0 {
+        let mut ctrl = queue(&mem, CTRL_RINGS, qsize, flags & 2 != 0);
+        let _ = net.process_queue(4, &mut ctrl, &mem);
+        // Whatever the requests were, the pair count is one the device
+        // has, and exactly those pairs' tap queues are attached.
+        let active = net.active_pairs();
+        assert!((1..=2).contains(&active), "{active} pairs");
+        for (i, t) in net.taps().iter().enumerate() {
+            assert_eq!(t.is_attached(), i < active, "pair {i} of {active}");
+        }
+        let c = net.counters();
+        assert!(c.ctrl_ok + c.ctrl_err + c.ctrl_bad_chains <= u64::from(qsize), "{c:?}");
+    }
 
     let mut sent = 0u64;
     for f in &frames {

@@ -39,6 +39,9 @@ pub struct Spec {
     pub tap: Option<String>,
     /// A balloon with free page reporting, statistics every second.
     pub balloon: bool,
+    /// vCPUs (1 unless [`Spec::with_vcpus`]); all on the one host CPU
+    /// the VM is pinned to under the emulated host.
+    pub vcpus: u8,
 }
 
 impl Spec {
@@ -49,7 +52,14 @@ impl Spec {
             group,
             tap: None,
             balloon: false,
+            vcpus: 1,
         }
+    }
+
+    /// The same VM with `n` vCPUs (a NIC then gets a queue pair each).
+    pub fn with_vcpus(mut self, n: u8) -> Self {
+        self.vcpus = n;
+        self
     }
 
     /// The same VM with a balloon (free page reporting, statistics every
@@ -108,6 +118,7 @@ pub fn agent_vm_config(dir: &Path, spec: &Spec, cpu: Option<usize>) -> (VmConfig
     let toml = format!(
         r#"
         name = "{name}"
+        vcpus = {vcpus}
         memory = "{memory}"
         serial = {{ file = {console:?} }}
         dedup = {{ group = "{group}" }}
@@ -120,6 +131,7 @@ pub fn agent_vm_config(dir: &Path, spec: &Spec, cpu: Option<usize>) -> (VmConfig
         {balloon}
         "#,
         name = spec.name,
+        vcpus = spec.vcpus,
         memory = spec.memory,
         group = spec.group,
         kernel = image("vmlinux"),

@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use pagefold_dedup::{BackendKind, CheckedSettings, Mode};
-use pagefold_devices::virtio::net::{mac, tap::check_name as check_tap_name, MacAddr};
+use pagefold_devices::virtio::net::{
+    mac, tap::check_name as check_tap_name, MacAddr, DEFAULT_QUEUE_PAIRS, MAX_QUEUE_PAIRS,
+};
 use serde::{Deserialize, Serialize};
 
 mod balloon;
@@ -304,16 +306,39 @@ impl From<Mac> for String {
 /// A network interface of a Linux guest: a virtio-net device on the host
 /// tap `tap` (made beforehand, e.g. `ip tuntap add NAME mode tap`, and
 /// put on a bridge), with address `mac` (default: 52:54:00 and three
-/// bytes derived from the VM's name and the NIC's index).
+/// bytes derived from the VM's name and the NIC's index), and at most
+/// `queue_pairs` queue pairs (default 4; the NIC gets one per vCPU up to
+/// that: [`NetConfig::pairs_for`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetConfig {
     pub tap: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<Mac>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_pairs: Option<u16>,
 }
 
 impl NetConfig {
+    /// A NIC on `tap` with the default address and pairs.
+    pub fn on_tap(tap: &str) -> Self {
+        Self {
+            tap: tap.to_string(),
+            mac: None,
+            queue_pairs: None,
+        }
+    }
+
+    /// The queue pairs the NIC of a VM with `vcpus` vCPUs gets: one per
+    /// vCPU, at most `queue_pairs` (default
+    /// [`DEFAULT_QUEUE_PAIRS`](pagefold_devices::virtio::net::DEFAULT_QUEUE_PAIRS)).
+    /// More pairs than vCPUs would only spread a guest's flows over
+    /// queues that the same CPUs serve.
+    pub fn pairs_for(&self, vcpus: usize) -> usize {
+        let cap = self.queue_pairs.map_or(DEFAULT_QUEUE_PAIRS, usize::from);
+        vcpus.clamp(1, cap.max(1))
+    }
+
     /// The address the guest gets: the configured one, else the default
     /// of NIC `index` of VM `vm`.
     pub fn mac_for(&self, vm: &str, index: usize) -> MacAddr {
@@ -629,6 +654,13 @@ impl VmConfig {
         let mut macs = BTreeSet::new();
         for (i, n) in k.net.iter().enumerate() {
             check_tap_name(&n.tap).map_err(|e| self.err(format!("net[{i}]: {e}")))?;
+            if let Some(q) = n.queue_pairs {
+                if !(1..=MAX_QUEUE_PAIRS).contains(&usize::from(q)) {
+                    return Err(self.err(format!(
+                        "net[{i}]: queue_pairs {q}: valid range 1..={MAX_QUEUE_PAIRS}"
+                    )));
+                }
+            }
             if !taps.insert(n.tap.as_str()) {
                 return Err(self.err(format!("net[{i}]: tap {:?} is listed twice", n.tap)));
             }
@@ -1262,6 +1294,29 @@ mod tests {
             vm("b", "[[vm.kernel.net]]\ntap = \"t\"\n")
         ));
         assert!(e.contains("two VMs"), "{e}");
+        // queue_pairs: 1..=16, and the pairs a NIC gets follow the vCPUs.
+        for bad in [0, 17] {
+            let e = invalid(vm(
+                "a",
+                &format!("[[vm.kernel.net]]\ntap = \"t\"\nqueue_pairs = {bad}\n"),
+            ));
+            assert!(
+                e.contains("net[0]")
+                    && e.contains(&format!("queue_pairs {bad}"))
+                    && e.contains("1..=16"),
+                "{e}"
+            );
+        }
+        let c = parse(&vm(
+            "a",
+            "[[vm.kernel.net]]\ntap = \"t\"\nqueue_pairs = 2\n",
+        ))
+        .unwrap();
+        c.validate(None).unwrap();
+        let n = &c.vms[0].kernel.as_ref().unwrap().net[0];
+        assert_eq!((n.pairs_for(1), n.pairs_for(2), n.pairs_for(8)), (1, 2, 2));
+        let n = NetConfig::on_tap("t");
+        assert_eq!((n.pairs_for(1), n.pairs_for(3), n.pairs_for(8)), (1, 3, 4));
         let many: String = (0..20)
             .map(|i| format!("[[vm.kernel.net]]\ntap = \"t{i}\"\n"))
             .collect();

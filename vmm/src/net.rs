@@ -52,11 +52,15 @@ pub struct Nets {
 
 /// Attaches `nets` of VM `name` as virtio-net devices: NIC `i` in slot
 /// `first_slot + i`, with an irqfd for its GSI, an ioeventfd per queue on
-/// its QueueNotify register, and a [`TapWatcher`] on its tap. `written`
-/// hears of every guest range a received frame is written to.
+/// its QueueNotify register, and a [`TapWatcher`] on each of its tap
+/// queues. A NIC gets one queue pair per vCPU (`vcpus`), up to its
+/// `queue_pairs` ([`NetConfig::pairs_for`]). `written` hears of every
+/// guest range a received frame is written to.
+#[allow(clippy::too_many_arguments)]
 pub fn attach_nets(
     name: &str,
     nets: &[NetConfig],
+    vcpus: usize,
     first_slot: usize,
     vm_fd: &VmFd,
     mem: &GuestMemoryMmap,
@@ -75,12 +79,15 @@ pub fn attach_nets(
             message,
         };
         let slot = VirtioMmioDevice::slot((first_slot + index) as u32);
-        let tap = Tap::open(&cfg.tap).map_err(|source| Error::Tap { index, source })?;
-        let watched = tap
-            .try_clone()
+        let taps = Tap::open_queues(&cfg.tap, cfg.pairs_for(vcpus))
+            .map_err(|source| Error::Tap { index, source })?;
+        let watched = taps
+            .iter()
+            .map(|t| Ok((t.try_clone()?, t.attached_flag())))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|source| Error::Tap { index, source })?;
         let mac = cfg.mac_for(name, index);
-        let mut net = Net::new(tap, mac).map_err(|e| dev_err(e.to_string()))?;
+        let mut net = Net::with_taps(taps, mac).map_err(|e| dev_err(e.to_string()))?;
         if let Some(hook) = written {
             net.set_write_hook(hook.clone());
         }
@@ -99,12 +106,11 @@ pub fn attach_nets(
             stats: stats.clone(),
             transport: attached.transport.clone(),
         });
-        out.subscribers.push(Arc::new(Mutex::new(TapWatcher::new(
-            attached.transport,
-            watched,
-            &cfg.tap,
-            stats,
-        ))));
+        for (pair, (fd, flag)) in watched.into_iter().enumerate() {
+            let w = TapWatcher::new(attached.transport.clone(), fd, &cfg.tap, stats.clone())
+                .for_pair(pair, flag);
+            out.subscribers.push(Arc::new(Mutex::new(w)));
+        }
         out.slots.push(slot);
     }
     Ok(out)
@@ -129,11 +135,8 @@ mod tests {
     fn a_tap_that_cannot_be_opened_is_named_in_the_error() {
         let (vm, mem) = vm();
         let mut mmio = Bus::new();
-        let nets = [NetConfig {
-            tap: "lo".into(),
-            mac: None,
-        }];
-        let e = match attach_nets("vm", &nets, 0, &vm, &mem, &mut mmio, None) {
+        let nets = [NetConfig::on_tap("lo")];
+        let e = match attach_nets("vm", &nets, 1, 0, &vm, &mem, &mut mmio, None) {
             Ok(_) => panic!("lo attached as a tap"),
             Err(e) => e,
         };
@@ -151,16 +154,108 @@ mod tests {
     fn nics_take_the_slots_after_the_disks() {
         let (vm, mem) = vm();
         let mut mmio = Bus::new();
-        let nets = [NetConfig {
-            tap: format!("pfn{}", std::process::id() % 1_000_000),
-            mac: None,
-        }];
-        let n = attach_nets("vm", &nets, 2, &vm, &mem, &mut mmio, None).unwrap();
+        let nets = [NetConfig::on_tap(&format!(
+            "pfn{}",
+            std::process::id() % 1_000_000
+        ))];
+        let n = attach_nets("vm", &nets, 1, 2, &vm, &mem, &mut mmio, None).unwrap();
         assert_eq!(n.slots, vec![VirtioMmioDevice::slot(2)]);
         assert_eq!(n.subscribers.len(), 2);
+        // One vCPU, one pair: the tap as before multiqueue.
+        assert_eq!(tun_flags(&nets[0].tap) & libc::IFF_MULTI_QUEUE as u32, 0);
+        assert_eq!(n.devices[0].status().queue_pairs, 1);
         // The device answers at its window: virtio magic, device ID 1.
         let mut id = [0u8; 4];
         assert!(mmio.read(VirtioMmioDevice::slot(2).addr + 8, &mut id));
         assert_eq!(u32::from_le_bytes(id), 1);
+    }
+
+    /// The flags of tap `name` as sysfs shows them (`IFF_*`).
+    fn tun_flags(name: &str) -> u32 {
+        let f = std::fs::read_to_string(format!("/sys/class/net/{name}/tun_flags")).unwrap();
+        u32::from_str_radix(f.trim().trim_start_matches("0x"), 16).unwrap()
+    }
+
+    /// A VM with two vCPUs gets two queue pairs on a multiqueue tap
+    /// (pagefold creates it so), a tap watcher per pair, and only the
+    /// first pair's tap queue attached until the driver sets more; the
+    /// config's `queue_pairs` caps the count.
+    #[test]
+    fn a_nic_gets_a_queue_pair_per_vcpu_on_a_multiqueue_tap() {
+        let tap = format!("pfq{}", std::process::id() % 1_000_000);
+        {
+            let (vm, mem) = vm();
+            let mut mmio = Bus::new();
+            let nets = [NetConfig::on_tap(&tap)];
+            let n = attach_nets("vm", &nets, 2, 0, &vm, &mem, &mut mmio, None).unwrap();
+            // The notifier, then one watcher per pair.
+            assert_eq!(n.subscribers.len(), 3);
+            let s = n.devices[0].status();
+            assert_eq!((s.queue_pairs, s.active_pairs, s.pairs.len()), (2, 1, 2));
+            assert_ne!(tun_flags(&tap) & libc::IFF_MULTI_QUEUE as u32, 0);
+            // max_virtqueue_pairs in the config space (offset 0x100 + 8).
+            let mut pairs = [0u8; 2];
+            assert!(mmio.read(VirtioMmioDevice::slot(0).addr + 0x108, &mut pairs));
+            assert_eq!(u16::from_le_bytes(pairs), 2);
+        }
+        let (vm, mem) = vm();
+        let mut mmio = Bus::new();
+        let capped = NetConfig {
+            queue_pairs: Some(1),
+            ..NetConfig::on_tap(&tap)
+        };
+        let n = attach_nets("vm", &[capped], 2, 0, &vm, &mem, &mut mmio, None).unwrap();
+        assert_eq!(n.subscribers.len(), 2);
+        assert_eq!(n.devices[0].status().queue_pairs, 1);
+    }
+
+    /// Makes tap `name` persistent (`multi_queue` or not) or not.
+    fn persist(name: &str, multi_queue: bool, on: bool) {
+        let t = Tap::open_queues(name, if multi_queue { 2 } else { 1 }).unwrap();
+        // SAFETY: TUNSETPERSIST takes its argument by value; the fd is an
+        // attached tap.
+        let r = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&t[0]),
+                libc::TUNSETPERSIST,
+                libc::c_ulong::from(on),
+            )
+        };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    }
+
+    /// The pairs and subscribers NICs on `tap` get in a VM with `vcpus`.
+    fn pairs_on(tap: &str, vcpus: usize) -> Result<(usize, u16), String> {
+        let (vm, mem) = vm();
+        let mut mmio = Bus::new();
+        attach_nets(
+            "vm",
+            &[NetConfig::on_tap(tap)],
+            vcpus,
+            0,
+            &vm,
+            &mem,
+            &mut mmio,
+            None,
+        )
+        .map(|n| (n.subscribers.len(), n.devices[0].status().queue_pairs))
+        .map_err(|e| e.to_string())
+    }
+
+    /// A tap made beforehand without `multi_queue` refuses the flag: the
+    /// NIC falls back to one pair (with a warning) instead of failing;
+    /// and one made with it serves a one-vCPU VM's single pair.
+    #[test]
+    fn taps_made_beforehand_serve_either_way() {
+        let name = format!("pfs{}", std::process::id() % 1_000_000);
+        persist(&name, false, true);
+        let single = pairs_on(&name, 4);
+        persist(&name, false, false);
+        assert_eq!(single.unwrap(), (2, 1));
+        persist(&name, true, true);
+        let (one, two) = (pairs_on(&name, 1), pairs_on(&name, 2));
+        persist(&name, true, false);
+        assert_eq!(one.unwrap(), (2, 1));
+        assert_eq!(two.unwrap(), (3, 2));
     }
 }

@@ -53,6 +53,16 @@ impl From<QueueState> for QueueStatus {
     }
 }
 
+/// What one queue pair of a NIC moved (frames and bytes include the
+/// 12-byte vnet header).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairStatus {
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+}
+
 /// A NIC's figures since the VM started (frames and bytes include the
 /// 12-byte vnet header).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,8 +94,26 @@ pub struct NicStatus {
     pub rx_interrupts_suppressed: u64,
     pub tx_interrupts: u64,
     pub tx_interrupts_suppressed: u64,
-    /// The receive and transmit queues' indices now (absent before the
-    /// driver set the device up).
+    /// The queue pairs the NIC has (`max_virtqueue_pairs`: one per vCPU,
+    /// at most its `queue_pairs`) and those the driver uses now.
+    #[serde(default)]
+    pub queue_pairs: u16,
+    #[serde(default)]
+    pub active_pairs: u16,
+    /// Each pair's frames and bytes, in pair order (their sums are the
+    /// totals above).
+    #[serde(default)]
+    pub pairs: Vec<PairStatus>,
+    /// Control-queue requests answered OK and with an error (multiqueue
+    /// NICs only), and control chains returned unanswered (malformed).
+    #[serde(default)]
+    pub ctrl_ok: u64,
+    #[serde(default)]
+    pub ctrl_err: u64,
+    #[serde(default)]
+    pub ctrl_bad_chains: u64,
+    /// The first pair's receive and transmit queues' indices now (absent
+    /// before the driver set the device up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rx_queue: Option<QueueStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,6 +171,21 @@ impl NicDevice {
             rx_interrupts_suppressed: c.rx_interrupts_suppressed,
             tx_interrupts: c.tx_interrupts,
             tx_interrupts_suppressed: c.tx_interrupts_suppressed,
+            queue_pairs: s.pairs.len() as u16,
+            active_pairs: s.active_pairs as u16,
+            pairs: s
+                .pairs
+                .iter()
+                .map(|p| PairStatus {
+                    rx_frames: p.rx_frames,
+                    rx_bytes: p.rx_bytes,
+                    tx_frames: p.tx_frames,
+                    tx_bytes: p.tx_bytes,
+                })
+                .collect(),
+            ctrl_ok: c.ctrl_ok,
+            ctrl_err: c.ctrl_err,
+            ctrl_bad_chains: c.ctrl_bad_chains,
             rx_queue,
             tx_queue,
         }

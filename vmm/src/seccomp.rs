@@ -618,13 +618,25 @@ fn main_ioctls() -> Vec<SeccompRule> {
 
 /// The tap ioctls a vCPU makes: a virtio-net device sets the tap's
 /// receive offloads when the driver activates or resets it, which it
-/// does by MMIO writes on a vCPU thread.
-const TAP_VCPU_IOCTLS: &[u64] = &[libc::TUNSETOFFLOAD];
+/// does by MMIO writes on a vCPU thread, and a multiqueue NIC goes back
+/// to one pair then (`TUNSETQUEUE` detaches the other tap queues).
+const TAP_VCPU_IOCTLS: &[u64] = &[libc::TUNSETOFFLOAD, libc::TUNSETQUEUE];
+
+/// The tap ioctls of the event loop: a multiqueue NIC's control queue,
+/// notified through its ioeventfd and so run there, attaches and detaches
+/// tap queues as the driver sets its pair count.
+const TAP_EVENT_LOOP_IOCTLS: &[u64] = &[libc::TUNSETQUEUE];
 
 /// The tap ioctls of VM creation: attaching to the tap and setting its
-/// vnet header size (`pagefold_devices::virtio::net::Tap::open`), and
-/// probing its offloads.
-const TAP_CREATE_IOCTLS: &[u64] = &[libc::TUNSETIFF, libc::TUNSETVNETHDRSZ, libc::TUNSETOFFLOAD];
+/// vnet header size (`pagefold_devices::virtio::net::Tap::open`),
+/// probing its offloads, and detaching a multiqueue NIC's queues beyond
+/// the first.
+const TAP_CREATE_IOCTLS: &[u64] = &[
+    libc::TUNSETIFF,
+    libc::TUNSETVNETHDRSZ,
+    libc::TUNSETOFFLOAD,
+    libc::TUNSETQUEUE,
+];
 
 /// `KVM_GET_DIRTY_LOG`: `_IOW(KVMIO, 0x42, struct kvm_dirty_log)` (16 bytes).
 const KVM_GET_DIRTY_LOG: u64 = 0x4010_ae42;
@@ -693,7 +705,9 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
         }
         ThreadKind::Ksm => {}
         ThreadKind::Main => {
-            m.insert(libc::SYS_ioctl, main_ioctls());
+            let mut r = main_ioctls();
+            r.extend(ioctl_requests(TAP_EVENT_LOOP_IOCTLS));
+            m.insert(libc::SYS_ioctl, r);
         }
         ThreadKind::MainCreatesVms => {
             // The engine's scanner, started here, renices itself.
@@ -829,6 +843,21 @@ mod tests {
         assert!(has(ThreadKind::MainCreatesVms, libc::TUNSETVNETHDRSZ));
         assert!(!has(ThreadKind::Main, attach));
         assert!(!has(ThreadKind::Main, offload));
+        // Multiqueue: tap queues are attached and detached at creation,
+        // activation and reset (vCPU) and by the control queue (event
+        // loop), and by nobody else.
+        let queue = libc::TUNSETQUEUE;
+        for k in [
+            ThreadKind::Vcpu,
+            ThreadKind::Main,
+            ThreadKind::MainCreatesVms,
+        ] {
+            assert!(has(k, queue), "{}", k.name());
+        }
+        assert!(!has(ThreadKind::Api, queue));
+        for k in [ThreadKind::Engine, ThreadKind::Fault] {
+            assert!(!has(k, queue), "{}", k.name());
+        }
     }
 
     #[test]

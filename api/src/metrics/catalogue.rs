@@ -11,7 +11,7 @@
 
 use super::rows::{
     auto, build, by_origin, dedup, dedup_some, ms_to_s, one, pagefold_only, per_balloon,
-    per_guest_stat, per_nic, per_nic_by, per_owner, per_owner_some, per_vm, process,
+    per_guest_stat, per_nic, per_nic_by, per_nic_pair, per_owner, per_owner_some, per_vm, process,
 };
 use super::{Num, Scrape, MODES, STATES};
 
@@ -354,6 +354,57 @@ pub static FAMILIES: &[Family] = &[
         source: &[],
         ksmd: None,
         rows: |s| per_nic_by(s, |n| vec![("rx", n.rx_bytes), ("tx", n.tx_bytes)]),
+    },
+    Family {
+        name: "pagefold_net_pair_frames",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "pair", "direction"],
+        help: "Frames each queue pair of the VM's NIC received (rx) and sent (tx); pair 0 only without multiqueue.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic_pair(s, |p| (p.rx_frames, p.tx_frames)),
+    },
+    Family {
+        name: "pagefold_net_pair_bytes",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "pair", "direction"],
+        help: "Bytes of the frames each queue pair of the VM's NIC received (rx) and sent (tx), vnet header included.",
+        source: &[],
+        ksmd: None,
+        rows: |s| per_nic_pair(s, |p| (p.rx_bytes, p.tx_bytes)),
+    },
+    Family {
+        name: "pagefold_net_queue_pairs",
+        kind: Kind::Gauge,
+        labels: &["vm", "tap", "state"],
+        help: "Queue pairs of the VM's NIC: all it has (max) and those the guest's driver uses (active).",
+        source: &[],
+        ksmd: None,
+        rows: |s| {
+            per_nic_by(s, |n| {
+                vec![
+                    ("max", u64::from(n.queue_pairs)),
+                    ("active", u64::from(n.active_pairs)),
+                ]
+            })
+        },
+    },
+    Family {
+        name: "pagefold_net_ctrl_requests",
+        kind: Kind::Counter,
+        labels: &["vm", "tap", "result"],
+        help: "Control-queue requests of a multiqueue NIC: answered ok, answered err (unsupported, out of range), bad_chain (malformed, returned unanswered).",
+        source: &[],
+        ksmd: None,
+        rows: |s| {
+            per_nic_by(s, |n| {
+                vec![
+                    ("ok", n.ctrl_ok),
+                    ("err", n.ctrl_err),
+                    ("bad_chain", n.ctrl_bad_chains),
+                ]
+            })
+        },
     },
     Family {
         name: "pagefold_net_dropped_frames",

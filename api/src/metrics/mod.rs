@@ -380,6 +380,20 @@ mod tests {
             rx_waits: 3,
             rx_frame_waiting: true,
             rx_interrupts_suppressed: 2,
+            queue_pairs: 2,
+            active_pairs: 2,
+            pairs: vec![
+                pagefold_vmm::nic::PairStatus {
+                    rx_frames: 2,
+                    ..Default::default()
+                },
+                pagefold_vmm::nic::PairStatus {
+                    rx_frames: 3,
+                    tx_bytes: 900,
+                    ..Default::default()
+                },
+            ],
+            ctrl_ok: 1,
             ..Default::default()
         }];
         vec![a, vm("b", RunState::Paused), vm("c", RunState::Stopped)]
@@ -530,6 +544,11 @@ mod tests {
             "pagefold_net_rx_waits_total{vm=\"a\",tap=\"tap-a\"} 3\n",
             "pagefold_net_rx_frame_waiting{vm=\"a\",tap=\"tap-a\"} 1\n",
             "pagefold_net_interrupts_suppressed_total{vm=\"a\",tap=\"tap-a\",queue=\"rx\"} 2\n",
+            "pagefold_net_pair_frames_total{vm=\"a\",tap=\"tap-a\",pair=\"0\",direction=\"rx\"} 2\n",
+            "pagefold_net_pair_frames_total{vm=\"a\",tap=\"tap-a\",pair=\"1\",direction=\"rx\"} 3\n",
+            "pagefold_net_pair_bytes_total{vm=\"a\",tap=\"tap-a\",pair=\"1\",direction=\"tx\"} 900\n",
+            "pagefold_net_queue_pairs{vm=\"a\",tap=\"tap-a\",state=\"active\"} 2\n",
+            "pagefold_net_ctrl_requests_total{vm=\"a\",tap=\"tap-a\",result=\"ok\"} 1\n",
         ] {
             assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
         }

@@ -101,6 +101,37 @@ pub(super) fn per_nic_by(
     )
 }
 
+/// Rows per queue pair of every NIC of every VM and per direction
+/// (`rx`, `tx`): `f` gives a pair's (received, sent) figure.
+pub(super) fn per_nic_pair(
+    s: &Scrape,
+    f: fn(&pagefold_vmm::nic::PairStatus) -> (u64, u64),
+) -> Rows {
+    Some(
+        s.vms
+            .iter()
+            .flat_map(|v| {
+                v.nics.iter().flat_map(move |n| {
+                    n.pairs.iter().enumerate().flat_map(move |(i, p)| {
+                        let (rx, tx) = f(p);
+                        [("rx", rx), ("tx", tx)].map(|(dir, x)| {
+                            (
+                                vec![
+                                    v.name.clone(),
+                                    n.tap.clone(),
+                                    i.to_string(),
+                                    dir.to_string(),
+                                ],
+                                Num::U(x),
+                            )
+                        })
+                    })
+                })
+            })
+            .collect(),
+    )
+}
+
 /// One row per VM with a balloon and guest statistic that `pick` names:
 /// its label value (the statistic's, or what `pick` makes of it).
 pub(super) fn per_guest_stat(s: &Scrape, pick: fn(&str) -> Option<&'static str>) -> Rows {

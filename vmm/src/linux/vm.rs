@@ -123,7 +123,16 @@ pub fn setup(
     let disks = attach_disks(name, &kernel.disks, vm_fd, mem, mmio, filled)?;
     let mut subs = disks.subscribers;
     let mut devices = disks.slots;
-    let nets = attach_nets(name, &kernel.net, devices.len(), vm_fd, mem, mmio, received)?;
+    let nets = attach_nets(
+        name,
+        &kernel.net,
+        vcpus.len(),
+        devices.len(),
+        vm_fd,
+        mem,
+        mmio,
+        received,
+    )?;
     subs.extend(nets.subscribers);
     devices.extend(nets.slots);
     let mut balloon = None;

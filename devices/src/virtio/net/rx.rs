@@ -73,6 +73,12 @@ impl Rx {
         self.mergeable = false;
     }
 
+    /// Drops the frame waiting for buffers, if any: its pair was taken
+    /// out of use, and the tap dropped what its detached queue held too.
+    pub fn discard_pending(&mut self) {
+        self.pending = 0;
+    }
+
     /// Reports every guest range a frame is written to.
     pub fn set_write_hook(&mut self, hook: WriteHook) {
         self.write_hook = Some(hook);

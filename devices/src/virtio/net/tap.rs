@@ -10,6 +10,10 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use log::warn;
 
 use super::VNET_HDR_LEN;
 
@@ -34,6 +38,12 @@ pub enum Error {
     },
     #[error("cannot duplicate the fd of tap {name:?}: {source}")]
     Dup { name: String, source: io::Error },
+    #[error("tap {name:?}: cannot {what} a queue (TUNSETQUEUE): {source}")]
+    Queue {
+        name: String,
+        what: &'static str,
+        source: io::Error,
+    },
 }
 
 /// The receive offloads a tap can be asked for (`TUN_F_*`): what frames it
@@ -67,6 +77,13 @@ pub struct Tap {
     name: String,
     /// False for the socket backend of tests, which has no offload ioctls.
     is_tap: bool,
+    /// Opened with `IFF_MULTI_QUEUE`: one queue of several, which can be
+    /// detached from the interface and attached again.
+    multi_queue: bool,
+    /// Whether this queue takes the interface's frames now (a detached
+    /// queue's fd reads `EBADFD` and polls `EPOLLERR`; its watcher reads
+    /// this flag to tell that from a failed tap).
+    attached: Arc<AtomicBool>,
 }
 
 impl Tap {
@@ -75,6 +92,49 @@ impl Tap {
     /// and put on a bridge). Needs CAP_NET_ADMIN, or a tap owned by the
     /// caller's user.
     pub fn open(name: &str) -> Result<Self, Error> {
+        Self::open_flags(name, false)
+    }
+
+    /// Opens `queues` queues of the tap `name`, one fd each, with
+    /// `IFF_MULTI_QUEUE` (the kernel spreads flows over them by hash). A
+    /// tap made beforehand without `multi_queue` refuses that flag
+    /// (`EINVAL`): it gets one queue and a warning, and the device one
+    /// queue pair. One queue is opened as [`Tap::open`] does, exactly as
+    /// before multiqueue, or, on a tap made with `multi_queue` (which
+    /// refuses a plain open the same way), as one queue of it.
+    pub fn open_queues(name: &str, queues: usize) -> Result<Vec<Self>, Error> {
+        let refused = |e: &Error| matches!(e, Error::SetIff { source, .. } if source.raw_os_error() == Some(libc::EINVAL));
+        if queues <= 1 {
+            return match Self::open(name) {
+                Err(e) if refused(&e) => match Self::open_flags(name, true) {
+                    Ok(t) => Ok(vec![t]),
+                    // Neither kind of tap: the plain open's error.
+                    Err(_) => Err(e),
+                },
+                r => Ok(vec![r?]),
+            };
+        }
+        let first = match Self::open_flags(name, true) {
+            Ok(t) => t,
+            Err(e) if refused(&e) => {
+                // Not a multiqueue tap (or no tap at all: then the plain
+                // open fails too, with its own error).
+                let tap = Self::open(name)?;
+                warn!(
+                    "virtio-net: tap {name:?} was made without multi_queue: one queue pair instead of {queues}"
+                );
+                return Ok(vec![tap]);
+            }
+            Err(e) => return Err(e),
+        };
+        let mut taps = vec![first];
+        for _ in 1..queues {
+            taps.push(Self::open_flags(name, true)?);
+        }
+        Ok(taps)
+    }
+
+    fn open_flags(name: &str, multi_queue: bool) -> Result<Self, Error> {
         check_name(name)?;
         let file = OpenOptions::new()
             .read(true)
@@ -90,7 +150,11 @@ impl Tap {
         for (d, s) in ifr.ifr_name.iter_mut().zip(name.bytes()) {
             *d = s as libc::c_char;
         }
-        ifr.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as i16;
+        let mut flags = libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR;
+        if multi_queue {
+            flags |= libc::IFF_MULTI_QUEUE;
+        }
+        ifr.ifr_ifru.ifru_flags = flags as i16;
         // SAFETY: TUNSETIFF reads and writes one ifreq, which `ifr` is and
         // which outlives the call; the fd is the tun control device just
         // opened.
@@ -112,6 +176,8 @@ impl Tap {
             file,
             name: name.to_string(),
             is_tap: true,
+            multi_queue,
+            attached: Arc::new(AtomicBool::new(true)),
         })
     }
 
@@ -128,7 +194,59 @@ impl Tap {
             file: File::from(fd),
             name: name.to_string(),
             is_tap: false,
+            multi_queue: false,
+            attached: Arc::new(AtomicBool::new(true)),
         })
+    }
+
+    /// Whether this queue takes the interface's frames now.
+    pub fn is_attached(&self) -> bool {
+        self.attached.load(Ordering::Acquire)
+    }
+
+    /// The flag [`Tap::is_attached`] reads, shared with the queue's
+    /// watcher.
+    pub fn attached_flag(&self) -> Arc<AtomicBool> {
+        self.attached.clone()
+    }
+
+    /// Attaches this queue to the interface (`IFF_ATTACH_QUEUE`) or
+    /// detaches it (`IFF_DETACH_QUEUE`), so that the kernel spreads
+    /// flows over the queues the driver uses and none lands where nobody
+    /// reads. A no-op when already so; on a single-queue tap only
+    /// attaching is (and the socket backend just keeps the flag).
+    pub fn set_attached(&self, on: bool) -> Result<(), Error> {
+        if self.is_attached() == on {
+            return Ok(());
+        }
+        if self.is_tap {
+            if !self.multi_queue {
+                return Err(Error::Queue {
+                    name: self.name.clone(),
+                    what: "detach",
+                    source: io::Error::from_raw_os_error(libc::EINVAL),
+                });
+            }
+            // SAFETY: ifreq is plain old data; all zeros is a valid value.
+            let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+            ifr.ifr_ifru.ifru_flags = if on {
+                libc::IFF_ATTACH_QUEUE
+            } else {
+                libc::IFF_DETACH_QUEUE
+            } as i16;
+            // SAFETY: TUNSETQUEUE reads one ifreq (only its flags), which
+            // `ifr` is and which outlives the call; the fd is one queue of
+            // a multiqueue tap.
+            if unsafe { libc::ioctl(self.file.as_raw_fd(), libc::TUNSETQUEUE, &mut ifr) } < 0 {
+                return Err(Error::Queue {
+                    name: self.name.clone(),
+                    what: if on { "attach" } else { "detach" },
+                    source: io::Error::last_os_error(),
+                });
+            }
+        }
+        self.attached.store(on, Ordering::Release);
+        Ok(())
     }
 
     /// The interface name (or the test socket's label).
