@@ -33,6 +33,10 @@ type WriteLog = std::sync::Mutex<Vec<(usize, Vec<u8>)>>;
 /// device's writes, and a write the log misses must cost merges only.
 use pagefold_dedup::RecordedWrites as UserWrites;
 
+/// Most rounds a run adds to its `rounds` while no write has met a merge
+/// in flight yet.
+const EXTRA_ROUNDS: usize = 12;
+
 /// One torture run's shape.
 struct Cfg {
     hash: Option<HashFn>,
@@ -443,8 +447,16 @@ fn run(cfg: Cfg) {
         })
     });
     let mut total_writes_seen = 0;
-    for round in 0..rounds {
-        if unmerge_under_writes && round + 1 == rounds {
+    let mut round = 0;
+    loop {
+        // The rounds go on past `rounds` (up to `EXTRA_ROUNDS` more) until
+        // a write has met a merge in flight: writes to a window's gap pages
+        // are released at once, so on a busy machine the writers can miss
+        // every window's merged pages for a whole run, and the race this
+        // test is for would go untried.
+        let last =
+            round + 1 >= rounds && (e.fault_counts().0 > 0 || round + 1 >= rounds + EXTRA_ROUNDS);
+        if unmerge_under_writes && last {
             // The last round unmerges while the writers keep writing: every
             // chunk is copied and remapped under their feet, merged pages
             // never touched since their merge (not mapped in) included.
@@ -488,10 +500,14 @@ fn run(cfg: Cfg) {
             fill_runs(&mut shadow);
         }
         pause.store(false, Ordering::Release);
-        if round + 1 == rounds {
+        if last {
             stop.store(true, Ordering::Release);
         }
         barrier.wait();
+        if last {
+            break;
+        }
+        round += 1;
     }
     churn_stop.store(true, Ordering::Release);
     if let Some(c) = churner {
