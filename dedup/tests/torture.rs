@@ -33,8 +33,8 @@ type WriteLog = std::sync::Mutex<Vec<(usize, Vec<u8>)>>;
 /// device's writes, and a write the log misses must cost merges only.
 use pagefold_dedup::RecordedWrites as UserWrites;
 
-/// Most rounds a run adds to its `rounds` while no write has met a merge
-/// in flight yet.
+/// Most rounds a run adds to its `rounds` while the races it is for have
+/// not all come up yet (see the round loop).
 const EXTRA_ROUNDS: usize = 12;
 
 /// One torture run's shape.
@@ -450,12 +450,15 @@ fn run(cfg: Cfg) {
     let mut round = 0;
     loop {
         // The rounds go on past `rounds` (up to `EXTRA_ROUNDS` more) until
-        // a write has met a merge in flight: writes to a window's gap pages
-        // are released at once, so on a busy machine the writers can miss
-        // every window's merged pages for a whole run, and the race this
-        // test is for would go untried.
-        let last =
-            round + 1 >= rounds && (e.fault_counts().0 > 0 || round + 1 >= rounds + EXTRA_ROUNDS);
+        // a write has met a merge in flight and, with churn, until an
+        // execution has stopped for a registration: writes to a window's
+        // gap pages are released at once, so on a busy machine the writers
+        // can miss every window's merged pages for a whole run; and a
+        // registration that comes while a span is planned stops the plan
+        // instead, which leaves its execution nothing to give up. Either
+        // way the race this test is for would go untried.
+        let tried = e.fault_counts().0 > 0 && (!churn || e.left_for_waiters() > 0);
+        let last = round + 1 >= rounds && (tried || round + 1 >= rounds + EXTRA_ROUNDS);
         if unmerge_under_writes && last {
             // The last round unmerges while the writers keep writing: every
             // chunk is copied and remapped under their feet, merged pages
