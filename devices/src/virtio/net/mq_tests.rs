@@ -2,7 +2,7 @@
 //! queue's answers (malformed requests included), and tap queues
 //! attached and detached as the driver sets its pair count.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_CTRL_RX, VIRTIO_NET_ERR,
@@ -12,6 +12,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::tests::socket_pair;
 use super::*;
 use crate::bus::BusDevice;
 use crate::virtio::mmio::reg;
@@ -30,15 +31,6 @@ const TX1_DESC: u64 = 0x7000;
 const TX1_AVAIL: u64 = 0x8000;
 const TX1_USED: u64 = 0x9000;
 const BUF: u64 = 0x3_0000;
-
-fn socket_pair() -> (OwnedFd, OwnedFd) {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair writes two fds into the array it is given.
-    let r = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-    // SAFETY: both fds were just created and are owned by nothing else.
-    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-}
 
 /// A device with `pairs` pairs on socket pairs, activated with every
 /// feature it offers, and the network ends of its tap queues.

@@ -17,6 +17,7 @@ use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
+use super::tests::socket_pair;
 use super::*;
 use crate::bus::BusDevice;
 use crate::virtio::mmio::reg;
@@ -146,15 +147,6 @@ fn payload(seq: u32) -> Vec<u8> {
     let mut p = seq.to_le_bytes().to_vec();
     p.extend((4..len).map(|i| (i as u32).wrapping_mul(seq | 1) as u8));
     p
-}
-
-fn socket_pair() -> (OwnedFd, OwnedFd) {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair writes two fds into the array it is given.
-    let r = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) };
-    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
-    // SAFETY: both fds were just created and are owned by nothing else.
-    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
 }
 
 /// A transport with `net`, both queues set up by a

@@ -17,8 +17,8 @@ const RX_BUF: u64 = DATA_ADDR;
 const TX_BUF: u64 = 0x8_0000;
 
 /// A socket pair of datagrams standing in for a tap: the device's end and
-/// the "network" end.
-fn socket_pair() -> (OwnedFd, OwnedFd) {
+/// the "network" end (the multiqueue and race tests use it too).
+pub(super) fn socket_pair() -> (OwnedFd, OwnedFd) {
     let mut fds = [0; 2];
     // SAFETY: socketpair writes two fds into the array it is given.
     let r = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, fds.as_mut_ptr()) };
