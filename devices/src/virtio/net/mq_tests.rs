@@ -14,9 +14,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::tests::socket_pair;
 use super::*;
-use crate::bus::BusDevice;
 use crate::virtio::mmio::reg;
-use crate::virtio::mmio::tests::setup_queue_at;
+use crate::virtio::mmio::tests::{r, setup_queue_at, w};
 use crate::virtio::testutil::*;
 use crate::virtio::MmioTransport;
 
@@ -357,12 +356,6 @@ fn a_driver_sets_the_pairs_through_the_transport() {
     let mem = guest_mem();
     let irq = EventFd::new(EFD_NONBLOCK).unwrap();
     let mut t = MmioTransport::new(mem.clone(), Box::new(net), irq.try_clone().unwrap()).unwrap();
-    let w = |t: &mut MmioTransport, off: u64, v: u32| t.write(off, &v.to_le_bytes());
-    let r = |t: &mut MmioTransport, off: u64| {
-        let mut d = [0u8; 4];
-        t.read(off, &mut d);
-        u32::from_le_bytes(d)
-    };
     let init = |t: &mut MmioTransport, queues: u32| {
         w(t, reg::STATUS, 0);
         w(t, reg::STATUS, 1);

@@ -19,9 +19,8 @@ use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::tests::socket_pair;
 use super::*;
-use crate::bus::BusDevice;
 use crate::virtio::mmio::reg;
-use crate::virtio::mmio::tests::setup_queue_at;
+use crate::virtio::mmio::tests::{r, setup_queue_at, w};
 use crate::virtio::testutil::*;
 use crate::virtio::{MmioNotifier, MmioTransport};
 
@@ -153,12 +152,6 @@ fn payload(seq: u32) -> Vec<u8> {
 /// driver that acked every feature (EVENT_IDX and MRG_RXBUF among them).
 fn activated(mem: &GuestMemoryMmap, net: Net, irq: &EventFd) -> MmioTransport {
     let mut t = MmioTransport::new(mem.clone(), Box::new(net), irq.try_clone().unwrap()).unwrap();
-    let w = |t: &mut MmioTransport, off: u64, v: u32| t.write(off, &v.to_le_bytes());
-    let r = |t: &mut MmioTransport, off: u64| {
-        let mut d = [0u8; 4];
-        t.read(off, &mut d);
-        u32::from_le_bytes(d)
-    };
     w(&mut t, reg::STATUS, 1);
     w(&mut t, reg::STATUS, 3);
     for sel in 0..2 {

@@ -722,9 +722,8 @@ fn frames_cross_a_real_tap_both_ways() {
 /// and raises the interrupt.
 #[test]
 fn tap_watcher_delivers_frames_through_the_transport() {
-    use crate::bus::BusDevice;
     use crate::virtio::mmio::reg;
-    use crate::virtio::mmio::tests::setup_queue_at;
+    use crate::virtio::mmio::tests::{r, setup_queue_at, w};
     use crate::virtio::MmioTransport;
     use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
     use std::sync::{Arc, Mutex};
@@ -738,12 +737,6 @@ fn tap_watcher_delivers_frames_through_the_transport() {
     let stats = net.stats();
     let irq = EventFd::new(EFD_NONBLOCK).unwrap();
     let mut t = MmioTransport::new(mem.clone(), Box::new(net), irq.try_clone().unwrap()).unwrap();
-    let w = |t: &mut MmioTransport, off: u64, v: u32| t.write(off, &v.to_le_bytes());
-    let r = |t: &mut MmioTransport, off: u64| {
-        let mut d = [0u8; 4];
-        t.read(off, &mut d);
-        u32::from_le_bytes(d)
-    };
     assert_eq!(r(&mut t, reg::DEVICE_ID), 1);
     w(&mut t, reg::STATUS, 1);
     w(&mut t, reg::STATUS, 3);
