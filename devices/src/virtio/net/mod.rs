@@ -234,10 +234,7 @@ impl Net {
     }
 
     fn publish(&self) {
-        let mut total = Counters::default();
-        for c in &self.counters {
-            total.add(c);
-        }
+        let total = self.counters();
         let waiting = self.rx.iter().any(rx::Rx::has_pending);
         self.stats
             .publish(&total, &self.counters, self.active_pairs, waiting);
