@@ -46,6 +46,9 @@ pub const BALLOON_PAGE: u64 = 1 << PFN_SHIFT;
 /// to 32 ranges in one report).
 pub const QUEUE_SIZE: u16 = 256;
 
+/// A free page report whose give-back takes this long is logged.
+const SLOW_REPORT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Config space: `num_pages` (le32, the host's target), `actual` (le32,
 /// written by the driver), `free_page_hint_cmd_id` and `poison_val`
 /// (unused: their features are not offered, they read zero).
@@ -270,8 +273,19 @@ impl Balloon {
                     c.reported_pages += p.pages;
                     drop(c);
                     if !p.ranges.is_empty() {
+                        let t = std::time::Instant::now();
                         let back = hook(&p.ranges);
                         lock(&state.counters).returned_pages += back;
+                        // The guest reports nothing more until this chain
+                        // is back: a slow give-back holds up every later
+                        // report.
+                        if t.elapsed() >= SLOW_REPORT {
+                            log::info!(
+                                "virtio-balloon: a report of {} pages took {:?} to give back ({back} returned)",
+                                p.pages,
+                                t.elapsed()
+                            );
+                        }
                     }
                 }
                 Err(e) => {
