@@ -17,6 +17,7 @@
 
 mod common;
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use common::linux_host::{self, hardware_virtualization, image, Emulation};
@@ -481,21 +482,29 @@ fn wait_balloon(s: &Served, vm: &str, mib: u64, limit: Duration) -> Duration {
     }
 }
 
+/// A guest command printing its per-CPU free list pages (`pcp=`) and its
+/// free blocks per order (`buddy=`: /proc/buddyinfo, zone by zone).
+const FREE_LISTS: &str =
+    "echo pcp=$(grep -E '^ +count:' /proc/zoneinfo | awk '{n += $2} END {print n + 0}') \
+     buddy=$(cut -d, -f2 /proc/buddyinfo | tr -s ' ' | tr ' \\n' '_;')";
+
 /// Free page reporting and the balloon with dedup on, on VM `vm` (which
 /// has a balloon): the guest fills 256 MiB of tmpfs with random bytes
 /// (checksummed), then frees them; at least 90 % of them must be back on
-/// the host (the process's present guest pages fall) within
+/// the host (the present pages of its RAM fall) within
 /// [`REPORT_GOAL`], the guests' files keep their hashes, and the engine's
 /// figures add up against the page tables (pages given back counted once,
 /// never as merged or zero, and absent). Then the balloon is inflated to
 /// 128 MiB through the API, which the guest's free memory shows, and
 /// deflated again.
-fn balloon_check(s: &mut Served, vm: &str, reference: &[String; 3]) {
+fn balloon_check(s: &mut Served, vm: &str, ram: Range<u64>, reference: &[String; 3]) {
     const MIB: u64 = 256;
     let step = Duration::from_secs(180);
     let pid = s.pid();
     let zero_pfn = common::dedup::zero_pfn();
-    let present = || common::pagemap_audit::guest_pages(pid, zero_pfn).0;
+    // The VM's own pages: the other guests' and the engine's page-ins and
+    // drops meanwhile are not what this VM gave back.
+    let present = || common::pagemap_audit::guest_pages_in(pid, zero_pfn, ram.clone()).0;
     // Nothing reported, merged or dropped yet belongs to the test's pages.
     let p0 = present();
     let r = s.run_on(
@@ -519,12 +528,13 @@ fn balloon_check(s: &mut Served, vm: &str, reference: &[String; 3]) {
         "the guest's {MIB} MiB did not land in host memory: {p0} -> {p1} pages"
     );
     let before = s.dedup().per_owner[vm].clone();
-    s.run_on(
+    let r = s.run_on(
         &[vm],
-        "rm /mnt/big/f && umount /mnt/big && echo freed=1",
+        &format!("rm /mnt/big/f && umount /mnt/big && echo freed=1 && {FREE_LISTS}"),
         step,
     );
     let freed = Instant::now();
+    eprintln!("balloon: {vm} freed {MIB} MiB: {}", r[0].output.trim());
     let want = p1 - pages(MIB) * 9 / 10;
     let mut p = present();
     while p > want && freed.elapsed() < Duration::from_secs(60) {
@@ -533,6 +543,11 @@ fn balloon_check(s: &mut Served, vm: &str, reference: &[String; 3]) {
     }
     let took = freed.elapsed();
     let back = p1.saturating_sub(p);
+    // Linux reports free blocks of 2 MiB and up only; pages on its per-CPU
+    // free lists stay out of the buddy lists, and so do the blocks they
+    // are part of.
+    let r = s.run_on(&[vm], FREE_LISTS, step);
+    eprintln!("balloon: {vm} {took:.1?} later: {}", r[0].output.trim());
     eprintln!(
         "balloon: {back} of {} pages ({:.1} %) back on the host {took:.1?} after the guest freed them (goal: 90 % within {REPORT_GOAL:?})",
         pages(MIB),
@@ -728,7 +743,14 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32, 
     } else {
         Spec::new("three", "384M", "pair")
     };
+    let maps_file = format!("/proc/{}/maps", s.pid());
+    let maps = || std::fs::read_to_string(&maps_file).expect("read maps");
+    let before = maps();
     s.create(&three);
+    // Three's RAM: what the balloon check counts (the other guests run
+    // meanwhile, and their pages come and go too).
+    let ram = common::pagemap_audit::new_anon_range(&before, &maps(), 384 << 20)
+        .expect("the third guest's RAM among the process's new mappings");
     same_hashes(
         "the third guest's first read",
         &s.run_on(&["three"], &read, step),
@@ -764,7 +786,7 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32, 
         assert!(!gone.exists(), "{} outlived its VM", gone.display());
         let bridge = Bridge::create(&format!("pfbr{}", std::process::id() % 100_000));
         network_check(&mut s, &bridge, &[("one", 1, 2), ("three", 3, 1)]);
-        balloon_check(&mut s, "three", &reference);
+        balloon_check(&mut s, "three", ram, &reference);
     }
     let err = s.shutdown();
     if let Some((secs, line)) = longest_wakeup(&err) {

@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
 use pagefold_dedup::pagemap::{PM_FILE, PM_PFN_MASK, PM_PRESENT};
@@ -153,6 +154,12 @@ pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
 /// memory never touched, heaps' and stacks' reserves: a small, steady
 /// share beside guest RAM).
 pub fn guest_pages(pid: u32, zero_pfn: u64) -> (u64, u64) {
+    guest_pages_in(pid, zero_pfn, 0..u64::MAX)
+}
+
+/// [`guest_pages`] within the addresses `range` only: one VM's RAM
+/// ([`new_anon_range`]), pool VMAs the engine mapped into it included.
+pub fn guest_pages_in(pid: u32, zero_pfn: u64, range: Range<u64>) -> (u64, u64) {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
     let pagemap = File::open(format!("/proc/{pid}/pagemap")).expect("open pagemap");
     let (mut present, mut absent) = (0, 0);
@@ -160,7 +167,18 @@ pub fn guest_pages(pid: u32, zero_pfn: u64) -> (u64, u64) {
         if !v.path.is_empty() && !v.path.starts_with(POOL_PATH) {
             continue;
         }
-        for e in entries(&pagemap, v) {
+        let (start, end) = (v.start.max(range.start), v.end.min(range.end));
+        if start >= end {
+            continue;
+        }
+        let part = Vma {
+            start,
+            end,
+            offset: v.offset + (start - v.start),
+            path: String::new(),
+            ..*v
+        };
+        for e in entries(&pagemap, &part) {
             if e & PM_PRESENT != 0 && e & PM_PFN_MASK != zero_pfn {
                 present += 1;
             } else {
@@ -169,6 +187,44 @@ pub fn guest_pages(pid: u32, zero_pfn: u64) -> (u64, u64) {
         }
     }
     (present, absent)
+}
+
+/// The guest RAM a VM created between two reads of a process's
+/// `/proc/<pid>/maps` brought: the longest stretch of private anonymous
+/// memory in `after` that nothing in `before` mapped, if at least `len`
+/// bytes long (a VM's RAM is one anonymous mapping when it is created;
+/// new thread stacks and heap are far smaller).
+pub fn new_anon_range(before: &str, after: &str, len: u64) -> Option<Range<u64>> {
+    let old = parse_maps(before);
+    let mut pieces: Vec<Range<u64>> = Vec::new();
+    for v in parse_maps(after)
+        .iter()
+        .filter(|v| v.private && v.path.is_empty())
+    {
+        // `v` minus every old mapping it overlaps (maps are sorted).
+        let mut at = v.start;
+        for o in old.iter().filter(|o| o.start < v.end && o.end > v.start) {
+            if o.start > at {
+                pieces.push(at..o.start);
+            }
+            at = at.max(o.end);
+        }
+        if at < v.end {
+            pieces.push(at..v.end);
+        }
+    }
+    // Adjacent pieces (a VMA split by flags) are one stretch.
+    let mut stretches: Vec<Range<u64>> = Vec::new();
+    for p in pieces {
+        match stretches.last_mut() {
+            Some(l) if l.end == p.start => l.end = p.end,
+            _ => stretches.push(p),
+        }
+    }
+    stretches
+        .into_iter()
+        .filter(|r| r.end - r.start >= len)
+        .max_by_key(|r| r.end - r.start)
 }
 
 /// The backend's figures the audit checks. The kernel-KSM backend reports
@@ -246,5 +302,24 @@ mod tests {
         assert_eq!(v[0].inode, 77);
         assert!(!v[1].private);
         assert!(v[2].private && v[2].path.is_empty());
+    }
+
+    #[test]
+    fn a_new_vms_ram_is_the_longest_new_anonymous_stretch() {
+        let before = "7f0000000000-7f0000100000 rw-p 00000000 00:00 0 \n\
+                      7f0100000000-7f0100001000 rw-p 00000000 00:01 9 /memfd:pagefold-pool\n";
+        // The new RAM merged with the old anonymous VMA below it and was
+        // split by flags; a new stack and a shared mapping came too.
+        let after = "7eff00000000-7eff00800000 rw-p 00000000 00:00 0 \n\
+                     7f0000000000-7f0008000000 rw-p 00000000 00:00 0 \n\
+                     7f0008000000-7f0010000000 rw-p 00000000 00:00 0 \n\
+                     7f0100000000-7f0100001000 rw-p 00000000 00:01 9 /memfd:pagefold-pool\n\
+                     7f0200000000-7f0220000000 rw-s 00000000 00:01 8 /memfd:other\n";
+        assert_eq!(
+            new_anon_range(before, after, 64 << 20),
+            Some(0x7f0000100000..0x7f0010000000)
+        );
+        assert_eq!(new_anon_range(before, after, 1 << 30), None);
+        assert_eq!(new_anon_range(after, after, 0), None);
     }
 }
