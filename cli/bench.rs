@@ -325,6 +325,11 @@ pub struct BuildArgs {
     /// default: the image's, init/).
     #[arg(long, value_delimiter = ',', value_name = "TARGETS")]
     pub make_targets: Vec<String>,
+    /// --guest linux: give each VM a balloon with free page reporting
+    /// (every system of the run, KSM's too): what the guests free goes
+    /// back to the host.
+    #[arg(long)]
+    pub free_page_reporting: bool,
 }
 
 #[derive(Args, Debug)]
@@ -468,9 +473,10 @@ fn build(a: BuildArgs) -> Result<i32, Error> {
         || a.disk.is_some()
         || a.work_dir.is_some()
         || !a.make_targets.is_empty()
+        || a.free_page_reporting
     {
         return Err(Error::Usage(
-            "--kernel, --initrd, --disk, --work-dir and --make-targets are for --guest linux"
+            "--kernel, --initrd, --disk, --work-dir, --make-targets and --free-page-reporting are for --guest linux"
                 .into(),
         ));
     }
@@ -662,6 +668,7 @@ fn build_linux(a: BuildArgs, systems: Vec<BuildSystem>) -> Result<i32, Error> {
         timeout: a.timeout_secs.map_or(defaults.timeout, Duration::from_secs),
         work_dir: a.work_dir.clone(),
         targets: a.make_targets.clone(),
+        free_page_reporting: a.free_page_reporting,
         ..defaults
     };
     let report = run_linux_build_bench(&systems, &opts).map_err(bench_err)?;

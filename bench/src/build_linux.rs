@@ -57,6 +57,11 @@ pub struct LinuxBuildOptions {
     /// What the guests build (kbuild targets such as `mm/` or `vmlinux`);
     /// None: the image's default (scripts/linux-build-bench.sh).
     pub targets: Vec<String>,
+    /// Each VM gets a balloon with free page reporting
+    /// ([`crate::linux_free::reporting_balloon`]): what a guest frees goes
+    /// back to the host, and the engine leaves it alone until the guest
+    /// writes it again. Every system of the run gets it, KSM's too.
+    pub free_page_reporting: bool,
     pub progress: bool,
 }
 
@@ -74,6 +79,7 @@ impl LinuxBuildOptions {
             auto_trigger_after: Duration::from_secs(60),
             work_dir: None,
             targets: Vec::new(),
+            free_page_reporting: false,
             progress: true,
         }
     }
@@ -163,7 +169,9 @@ pub fn linux_build_configs(
                     readonly: false,
                 }],
                 net: Vec::new(),
-                balloon: None,
+                balloon: opts
+                    .free_page_reporting
+                    .then(crate::linux_free::reporting_balloon),
             }),
             vcpu_affinity: cpu.map(|c| vec![c]),
         })
@@ -187,6 +195,10 @@ pub struct LinuxGuestInfo {
     pub targets: Option<String>,
     /// The objects' hash every build is compared with (the first build's).
     pub reference_sha256: Option<String>,
+    /// The VMs had balloons with free page reporting (rows from before
+    /// the option: false).
+    #[serde(default)]
+    pub free_page_reporting: bool,
 }
 
 /// One guest's result line.
@@ -273,6 +285,23 @@ mod tests {
             // as long as a run may take.
             assert!(words.contains(&"pagefold.hold=10800"), "{:?}", k.cmdline);
             assert!(!k.cmdline.contains("pagefold.make="), "{:?}", k.cmdline);
+            assert_eq!(k.balloon, None);
+        }
+        // With free page reporting every VM gets a reporting balloon.
+        let fpr = LinuxBuildOptions {
+            free_page_reporting: true,
+            ..opts.clone()
+        };
+        for v in linux_build_configs(&fpr, &files, [None, None]) {
+            v.validate().unwrap();
+            let b = v
+                .kernel
+                .as_ref()
+                .unwrap()
+                .balloon
+                .clone()
+                .expect("a balloon");
+            assert!(b.free_page_reporting, "{b:?}");
         }
         let two = vec!["mm/".to_string(), "vmlinux".to_string()];
         assert!(linux_build_cmdline(Duration::from_secs(1), &two)

@@ -24,8 +24,13 @@ fn header(r: &LinuxBuildReport) -> String {
         .map(|x| x.max_map_count)
         .find(|&m| m > 0)
         .map_or_else(String::new, |m| format!("; vm.max_map_count {m}"));
+    let fpr = if g.free_page_reporting {
+        ", balloons with free page reporting"
+    } else {
+        ""
+    };
     format!(
-        "build (Linux guests, make -j{} {}): kernel {}, disk {} ({:.0} MiB), 2 x {} RAM; reference objects sha256 {}{maps}",
+        "build (Linux guests, make -j{} {}): kernel {}, disk {} ({:.0} MiB), 2 x {} RAM{fpr}; reference objects sha256 {}{maps}",
         g.vcpus,
         g.targets.as_deref().unwrap_or("(targets not reported)"),
         g.kernel,
@@ -180,6 +185,7 @@ mod tests {
             console_dir: "/pf".into(),
             targets: None,
             reference_sha256: None,
+            free_page_reporting: false,
         }
     }
 

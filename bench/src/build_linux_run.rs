@@ -167,6 +167,7 @@ pub fn run_linux_build_bench(
             console_dir: dir.display().to_string(),
             targets,
             reference_sha256: reference,
+            free_page_reporting: opts.free_page_reporting,
         },
         rows,
         results,

@@ -23,6 +23,18 @@ use crate::error::BenchError;
 use crate::linux_agents::{agent_vm, AgentSpec};
 use crate::linux_read::{AgentFiles, KSM_4096_KNOBS};
 
+/// A balloon for free page reporting only: no statistics (the benchmarks
+/// read none), deflate on OOM as a Linux guest expects. The benchmarks
+/// that give their guests one (`linux-free`, `build --free-page-reporting`)
+/// use this.
+pub fn reporting_balloon() -> BalloonConfig {
+    BalloonConfig {
+        free_page_reporting: true,
+        stats_interval_s: 0,
+        deflate_on_oom: true,
+    }
+}
+
 /// What the refusal message calls this command.
 pub const LINUX_FREE_COMMAND: &str = "pagefold bench linux-free";
 /// The guests' dedup group.
@@ -363,14 +375,9 @@ impl LinuxFreeOptions {
         })
     }
 
-    /// The balloon of a system's VMs: free page reporting, no statistics
-    /// (nothing here reads them), or none.
+    /// The balloon of a system's VMs: [`reporting_balloon`], or none.
     pub fn balloon(s: &FreeSystem) -> Option<BalloonConfig> {
-        s.reporting.then_some(BalloonConfig {
-            free_page_reporting: true,
-            stats_interval_s: 0,
-            deflate_on_oom: true,
-        })
+        s.reporting.then(reporting_balloon)
     }
 
     /// VM `vm` of system `s`.
