@@ -90,12 +90,13 @@ fn parse_maps(text: &str) -> Vec<Vma> {
         .collect()
 }
 
-fn entries(pagemap: &File, v: &Vma) -> Vec<u64> {
-    let n = ((v.end - v.start) / PAGE) as usize;
+/// The pagemap entries of the pages in `range` (page-aligned addresses).
+fn entries(pagemap: &File, range: Range<u64>) -> Vec<u64> {
+    let n = ((range.end - range.start) / PAGE) as usize;
     let mut buf = vec![0u8; n * 8];
     pagemap
-        .read_exact_at(&mut buf, v.start / PAGE * 8)
-        .unwrap_or_else(|e| panic!("pagemap at {:#x}: {e}", v.start));
+        .read_exact_at(&mut buf, range.start / PAGE * 8)
+        .unwrap_or_else(|e| panic!("pagemap at {:#x}: {e}", range.start));
     buf.chunks_exact(8)
         .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
         .collect()
@@ -115,7 +116,7 @@ pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
         if !pool_vma && !v.path.is_empty() {
             continue; // files, heap, stack, vdso: not guest memory
         }
-        for (i, e) in entries(&pagemap, v).into_iter().enumerate() {
+        for (i, e) in entries(&pagemap, v.start..v.end).into_iter().enumerate() {
             let present = e & PM_PRESENT != 0;
             let file = e & PM_FILE != 0;
             // A private anonymous page: a guest page of its own, or (in a
@@ -171,14 +172,7 @@ pub fn guest_pages_in(pid: u32, zero_pfn: u64, range: Range<u64>) -> (u64, u64) 
         if start >= end {
             continue;
         }
-        let part = Vma {
-            start,
-            end,
-            offset: v.offset + (start - v.start),
-            path: String::new(),
-            ..*v
-        };
-        for e in entries(&pagemap, &part) {
+        for e in entries(&pagemap, start..end) {
             if e & PM_PRESENT != 0 && e & PM_PFN_MASK != zero_pfn {
                 present += 1;
             } else {
