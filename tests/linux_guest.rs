@@ -446,6 +446,15 @@ fn pages(mib: u64) -> u64 {
     mib << 8
 }
 
+/// Guest shell: the pages on the guest's per-CPU free lists, the sum of
+/// `/proc/zoneinfo`'s `count:` lines (a macro, so that `concat!` can build
+/// the commands around it).
+macro_rules! pcp_pages {
+    () => {
+        "awk '$1 == \"count:\" {n += $2} END {print n + 0}' /proc/zoneinfo"
+    };
+}
+
 /// VM `vm`'s free memory in KiB: `MemFree` plus the pages on the per-CPU
 /// free lists, which `MemFree` leaves out. Linux keeps freed pages there
 /// up to each list's `high` (about 35 MiB in these guests), so `MemFree`
@@ -453,9 +462,11 @@ fn pages(mib: u64) -> u64 {
 fn free_kib(s: &mut Served, vm: &str) -> u64 {
     let r = s.run_on(
         &[vm],
-        "f=$(awk '/^MemFree:/ {print $2}' /proc/meminfo); \
-         p=$(awk '$1 == \"count:\" {n += $2} END {print n + 0}' /proc/zoneinfo); \
-         echo \"v=$((f + 4 * p)) memfree=$f pcp=$p\"",
+        concat!(
+            "f=$(awk '/^MemFree:/ {print $2}' /proc/meminfo); p=$(",
+            pcp_pages!(),
+            "); echo \"v=$((f + 4 * p)) memfree=$f pcp=$p\""
+        ),
         Duration::from_secs(60),
     );
     eprintln!("{vm}'s free memory (KiB): {}", r[0].output.trim());
@@ -484,9 +495,11 @@ fn wait_balloon(s: &Served, vm: &str, mib: u64, limit: Duration) -> Duration {
 
 /// A guest command printing its per-CPU free list pages (`pcp=`) and its
 /// free blocks per order (`buddy=`: /proc/buddyinfo, zone by zone).
-const FREE_LISTS: &str =
-    "echo pcp=$(grep -E '^ +count:' /proc/zoneinfo | awk '{n += $2} END {print n + 0}') \
-     buddy=$(cut -d, -f2 /proc/buddyinfo | tr -s ' ' | tr ' \\n' '_;')";
+const FREE_LISTS: &str = concat!(
+    "echo pcp=$(",
+    pcp_pages!(),
+    ") buddy=$(cut -d, -f2 /proc/buddyinfo | tr -s ' ' | tr ' \\n' '_;')"
+);
 
 /// Free page reporting and the balloon with dedup on, on VM `vm` (which
 /// has a balloon): the guest fills 256 MiB of tmpfs with random bytes
