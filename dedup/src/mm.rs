@@ -35,6 +35,52 @@ impl MmError {
     }
 }
 
+/// A call that changes the address space at least this long is logged
+/// (`SlowCall`).
+pub(crate) const SLOW_CALL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Times one memory-management call of the merge path and logs it when
+/// it took [`SLOW_CALL`] or longer. These calls hold the process's mmap
+/// lock for writing (`mmap`, userfaultfd registration) or reading
+/// (write-protection, `madvise`), and every guest page fault that needs
+/// the host's page tables (a vCPU's first touch of a page, a copy on
+/// write) waits for a writer: a slow one stops every guest of the
+/// process, which is what the log line is for.
+pub(crate) struct SlowCall {
+    op: &'static str,
+    addr: usize,
+    len: usize,
+    started: std::time::Instant,
+}
+
+impl SlowCall {
+    pub(crate) fn start(op: &'static str, addr: usize, len: usize) -> SlowCall {
+        SlowCall {
+            op,
+            addr,
+            len,
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for SlowCall {
+    fn drop(&mut self) {
+        let took = self.started.elapsed();
+        if took >= SLOW_CALL {
+            log::warn!(
+                "{} at {:#x}+{:#x} took {} ms, with {} VMAs in the process \
+                 (guest page faults wait for it)",
+                self.op,
+                self.addr,
+                self.len,
+                took.as_millis(),
+                vma_count().map_or_else(|e| e.to_string(), |n| n.to_string())
+            );
+        }
+    }
+}
+
 fn err(op: &'static str, addr: usize, len: usize) -> MmError {
     MmError::Syscall {
         op,
@@ -61,6 +107,7 @@ fn err(op: &'static str, addr: usize, len: usize) -> MmError {
 ///   reference into the range is live and nothing relies on its old
 ///   content (a measurement that reads the range only as the pool's).
 pub unsafe fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Result<(), MmError> {
+    let _slow = SlowCall::start("mmap(MAP_FIXED pool)", addr, len);
     // SAFETY: MAP_FIXED replaces addr..+len; the caller's contract makes the
     // replacement invisible to the memory's users.
     let r = unsafe {
@@ -95,6 +142,7 @@ pub unsafe fn map_pool_fixed(addr: usize, len: usize, fd: RawFd, off: u64) -> Re
 /// next); or that the range's owner gave its content up and expects zeros
 /// (`Core::discard`: a balloon's page, a reported free page).
 pub(crate) unsafe fn map_anon_fixed(addr: usize, len: usize) -> Result<(), MmError> {
+    let _slow = SlowCall::start("mmap(MAP_FIXED anon)", addr, len);
     // SAFETY: MAP_FIXED replaces addr..+len; the caller's contract makes the
     // lost content either zeros already or never read again.
     let r = unsafe {
@@ -178,6 +226,7 @@ pub unsafe fn unmap(addr: *mut u8, len: usize) {
 ///   before the call returns (write-protected), so every reader sees the
 ///   same bytes before and after.
 pub(crate) unsafe fn mremap_fixed(src: *mut u8, len: usize, dst: usize) -> Result<(), MmError> {
+    let _slow = SlowCall::start("mremap(MREMAP_FIXED)", dst, len);
     // SAFETY: per the caller's contract both ranges are the caller's and the
     // move leaves the content users see at `dst` unchanged.
     let r = unsafe {

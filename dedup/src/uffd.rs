@@ -262,6 +262,7 @@ impl Uffd {
         addr: usize,
         len: usize,
     ) -> Result<(), UffdError> {
+        let _slow = crate::mm::SlowCall::start(op, addr, len);
         // SAFETY: arg is a valid, correctly sized struct for `request`.
         if unsafe { libc::ioctl(self.fd.as_raw_fd(), request as _, arg as *mut T) } != 0 {
             return Err(UffdError::Ioctl {
