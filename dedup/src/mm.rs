@@ -38,12 +38,12 @@ impl MmError {
 /// A call that changes the address space at least this long is logged
 /// (`SlowCall`), at info level: a region's teardown maps hundreds of
 /// megabytes in one call and takes this long in normal runs.
-pub(crate) const SLOW_CALL: std::time::Duration = std::time::Duration::from_millis(100);
+const SLOW_CALL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Times one memory-management call of the merge path and logs it when
-/// it took [`SLOW_CALL`] or longer. These calls hold the process's mmap
-/// lock for writing (`mmap`, userfaultfd registration) or reading
-/// (write-protection, `madvise`), and every guest page fault that needs
+/// it took [`SLOW_CALL`] or longer. These calls take the process's mmap
+/// lock for writing (`mmap`, `mremap`, userfaultfd registration) or
+/// reading (write-protection), and every guest page fault that needs
 /// the host's page tables (a vCPU's first touch of a page, a copy on
 /// write) waits for a writer: a slow one stops every guest of the
 /// process, which is what the log line is for.

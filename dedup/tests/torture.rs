@@ -439,9 +439,7 @@ fn run(cfg: Cfg) {
                 // (an emulated CPU) nearly all of those land in a plan and
                 // stop it, which leaves its execution nothing to give up. So
                 // the others wait until a writer's fault shows merge windows
-                // being executed, to stop the execution midway (under the
-                // emulated host on 6.1: 0 of 80 random registrations did, 5
-                // of 80 of these).
+                // being executed, to stop the execution midway.
                 if n % 2 == 0 {
                     std::thread::sleep(Duration::from_millis(5 + rng.next() % 25));
                 } else {
