@@ -14,7 +14,8 @@ use libfuzzer_sys::fuzz_target;
 use pagefold_fuzz::{Input, ScratchFile};
 use pagefold_vmm::workload::boot;
 use pagefold_vmm::linux::{self, DeviceDiscovery, LinuxBootConfig, VirtioMmioDevice};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
+use pagefold_devices::GuestMemoryMmap;
 
 /// Guest RAM: 64 MiB (mapped lazily: only what a load touches costs).
 const RAM: u64 = 64 << 20;

@@ -23,7 +23,8 @@ use pagefold_devices::virtio::balloon::{
 use pagefold_devices::virtio::{VirtioDevice, VIRTIO_F_VERSION_1};
 use pagefold_fuzz::{guest_memory, Input};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryBackend};
+use pagefold_devices::GuestMemoryMmap;
 
 /// Guest RAM: 64 KiB at 0, 16 KiB at 128 KiB.
 const RAM: &[(u64, usize)] = &[(0, 0x1_0000), (0x2_0000, 0x4000)];

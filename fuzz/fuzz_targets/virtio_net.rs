@@ -20,7 +20,8 @@ use pagefold_devices::virtio::net::{MacAddr, Net, Tap, MAX_FRAME_LEN, QUEUE_SIZE
 use pagefold_devices::virtio::VirtioDevice;
 use pagefold_fuzz::{guest_memory, Input};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
+use pagefold_devices::GuestMemoryMmap;
 
 /// Guest RAM: 64 KiB at 0, 16 KiB at 128 KiB.
 const RAM: &[(u64, usize)] = &[(0, 0x1_0000), (0x2_0000, 0x4000)];

@@ -8,7 +8,8 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
+use pagefold_devices::GuestMemoryMmap;
 
 /// A cursor over the fuzz input.
 pub struct Input<'a> {

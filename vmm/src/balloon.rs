@@ -20,8 +20,9 @@ use pagefold_devices::virtio::balloon::{
     Balloon, BalloonState, Counters, DiscardHook, Features, BALLOON_PAGE,
 };
 use pagefold_devices::virtio::MmioTransport;
+use pagefold_devices::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::timerfd::TimerFd;
 

@@ -8,7 +8,7 @@ use kvm_ioctls::VmFd;
 use pagefold_devices::bus::Bus;
 use pagefold_devices::virtio::block::WriteHook;
 use pagefold_devices::virtio::Block;
-use vm_memory::GuestMemoryMmap;
+use pagefold_devices::GuestMemoryMmap;
 
 use crate::config::DiskConfig;
 use crate::virtio_mmio::{Subscriber, VirtioMmioDevice};

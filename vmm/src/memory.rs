@@ -1,7 +1,8 @@
 //! Guest RAM: anonymous private mappings (the kind the dedup engine can
 //! remap), laid out around a 1 GiB MMIO hole below 4 GiB.
 
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::GuestAddress;
 
 /// Start of the MMIO hole (virtio-mmio devices, IOAPIC, LAPIC live here).
 pub const MMIO_HOLE_START: u64 = 0xc000_0000;

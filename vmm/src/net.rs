@@ -8,7 +8,7 @@ use kvm_ioctls::VmFd;
 use pagefold_devices::bus::Bus;
 use pagefold_devices::virtio::net::{Net, Tap, TapWatcher};
 use pagefold_devices::virtio::WriteHook;
-use vm_memory::GuestMemoryMmap;
+use pagefold_devices::GuestMemoryMmap;
 
 use crate::config::NetConfig;
 use crate::nic::NicDevice;

@@ -203,7 +203,8 @@ pub(crate) mod testutil {
     use std::thread::JoinHandle;
     use std::time::{Duration, Instant};
 
-    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+    use pagefold_devices::GuestMemoryMmap;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
     use super::VcpuBlocking;
 
@@ -222,7 +223,7 @@ pub(crate) mod testutil {
         done: Arc<AtomicBool>,
         thread: Option<JoinHandle<()>>,
         _vm: kvm_ioctls::VmFd,
-        _mem: GuestMemoryMmap<()>,
+        _mem: GuestMemoryMmap,
     }
 
     impl TestVcpu {
@@ -247,8 +248,7 @@ pub(crate) mod testutil {
             let kvm = kvm_ioctls::Kvm::new().expect("/dev/kvm");
             let vm = kvm.create_vm().unwrap();
             vm.create_irq_chip().unwrap();
-            let mem =
-                GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0x1000), 0x1000)]).unwrap();
+            let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0x1000), 0x1000)]).unwrap();
             mem.write_slice(code, GuestAddress(0x1000)).unwrap();
             let host = mem.iter().next().unwrap().as_ptr() as u64;
             let region = kvm_bindings::kvm_userspace_memory_region {

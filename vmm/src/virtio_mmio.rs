@@ -11,7 +11,7 @@ use event_manager::MutEventSubscriber;
 use kvm_ioctls::{IoEventAddress, VmFd};
 use pagefold_devices::bus::Bus;
 use pagefold_devices::virtio::{MmioNotifier, MmioTransport, VirtioDevice, NOTIFY_REG_OFFSET};
-use vm_memory::GuestMemoryMmap;
+use pagefold_devices::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 /// virtio-mmio device windows: device `n` at VIRTIO_MMIO_BASE + n * VIRTIO_MMIO_SIZE

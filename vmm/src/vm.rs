@@ -14,8 +14,9 @@ use pagefold_dedup::{DedupBackend, RegionId, RegionSpec};
 use pagefold_devices::bus::Bus;
 use pagefold_devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use pagefold_devices::serial::{LinePrefixWriter, SerialDevice, COM1_BASE, COM1_IRQ, COM1_LEN};
+use pagefold_devices::GuestMemoryMmap;
 use serde::{Deserialize, Serialize};
-use vm_memory::{GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{SerialOutput, VmConfig};
@@ -442,8 +443,9 @@ impl Vm {
             let registered = t.elapsed();
             self.regions.push(id);
             if self.dirty_logged {
-                let log = KvmDirtyLog::new(self.vm_fd.clone(), slot as u32, region.len() as usize);
-                dedup.set_write_log(id, Some(Arc::new(log)));
+                if let Some(log) = KvmDirtyLog::new(self.vm_fd.clone(), slot as u32, &self.mem) {
+                    dedup.set_write_log(id, Some(Arc::new(log)));
+                }
             }
             if t.elapsed() >= SLOW_DEDUP_CALL {
                 // The VMM's control thread (and every API call) waits.

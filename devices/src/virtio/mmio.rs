@@ -9,6 +9,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+use crate::GuestMemoryMmap;
 use log::{debug, warn};
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
@@ -16,7 +17,7 @@ use virtio_bindings::virtio_config::{
 };
 use virtio_bindings::virtio_mmio::{VIRTIO_MMIO_INT_CONFIG, VIRTIO_MMIO_INT_VRING};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::{VirtioDevice, VIRTIO_F_VERSION_1};

@@ -17,8 +17,8 @@ pub mod queue_state;
 #[cfg(test)]
 pub(crate) mod testutil;
 
+use crate::GuestMemoryMmap;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
 
 pub use balloon::Balloon;
 pub use block::Block;
@@ -35,6 +35,14 @@ pub const NOTIFY_REG_OFFSET: u64 = 0x50;
 
 /// Feature bit of virtio 1.x ("modern") devices; every pagefold device offers it.
 pub const VIRTIO_F_VERSION_1: u32 = virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+
+/// The bitmap view under a [`ChainReader`]/[`ChainWriter`]: writes
+/// through it mark [`GuestMemoryMmap`]'s dirty bitmap.
+type DirtyBits<'a> = vm_memory::bitmap::BS<'a, vm_memory::bitmap::AtomicBitmap>;
+/// The readable part of a descriptor chain over [`GuestMemoryMmap`].
+pub type ChainReader<'a> = virtio_queue::Reader<'a, DirtyBits<'a>>;
+/// The writable part of a descriptor chain over [`GuestMemoryMmap`].
+pub type ChainWriter<'a> = virtio_queue::Writer<'a, DirtyBits<'a>>;
 
 /// Called with each guest range (guest-physical address, length) a device
 /// wrote into guest memory on its own, once the data is there: KVM's dirty

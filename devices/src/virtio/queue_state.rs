@@ -8,8 +8,9 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 /// One queue's indices (free-running 16-bit counters).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

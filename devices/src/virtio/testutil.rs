@@ -4,8 +4,9 @@
 use std::fs::File;
 use std::io::Write;
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::tempfile::TempFile;
 
 use super::block::Disk;

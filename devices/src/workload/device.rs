@@ -5,6 +5,7 @@
 use super::control::{WaitOutcome, WorkloadControl};
 use super::event::{EventKind, WorkloadEvent};
 use super::guest_io::Plain;
+use crate::GuestMemoryMmap;
 use crossbeam_channel::Sender;
 use pagefold_guest_abi::classes::{DataLayout, ParamsError};
 use pagefold_guest_abi::mailbox::{
@@ -14,7 +15,7 @@ use pagefold_guest_abi::pause::PauseHistogram;
 use pagefold_guest_abi::{phase, ports, WorkloadParams};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryError};
 
 /// Errors of a guest's use of the device. Each is a guest (or parameter)
 /// bug: the VMM should stop that VM and report the error.
@@ -338,7 +339,7 @@ mod tests {
     }
 
     fn rig(p: WorkloadParams) -> Rig {
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
         let (tx, rx) = unbounded();
         let control = Arc::new(WorkloadControl::new());
         let dev = WorkloadDevice::new("vm0".into(), p, mem.clone(), tx, control.clone());

@@ -15,7 +15,8 @@ use acpi_tables::rsdp::Rsdp;
 use acpi_tables::sdt::Sdt;
 use acpi_tables::xsdt::XSDT;
 use acpi_tables::Aml;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{
     ACPI_END, ACPI_PM_PORT, ACPI_START, IOAPIC_ADDR, LAPIC_ADDR, SERIAL_IRQ, SERIAL_PORT,

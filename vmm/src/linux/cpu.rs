@@ -5,7 +5,8 @@
 
 use kvm_bindings::{kvm_mp_state, kvm_segment, KVM_MP_STATE_UNINITIALIZED};
 use kvm_ioctls::VcpuFd;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::{
     BOOT_STACK_TOP, GDT_ADDR, IDENTITY_MAP_GIB, IDT_ADDR, PDPT_ADDR, PD_ADDR, PML4_ADDR,

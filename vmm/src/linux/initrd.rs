@@ -4,7 +4,8 @@
 use std::fs::File;
 use std::path::Path;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::e820::{ram_below, E820Entry};
 use super::layout::MMIO_HOLE_START;

@@ -9,7 +9,8 @@ use linux_loader::bootparam::setup_header;
 use linux_loader::loader::bzimage::BzImage;
 use linux_loader::loader::elf::Elf;
 use linux_loader::loader::KernelLoader;
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::GuestAddress;
 
 use super::layout::HIMEM_START;
 

@@ -21,7 +21,8 @@ use std::path::PathBuf;
 
 use kvm_ioctls::VcpuFd;
 use linux_loader::cmdline::Cmdline;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 pub use crate::virtio_mmio::VirtioMmioDevice;
 pub use kernel::KernelFormat;

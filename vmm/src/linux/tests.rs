@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use kvm_ioctls::{Kvm, VcpuExit};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 use vmm_sys_util::tempfile::TempFile;
 
 use super::e820::E820Type;

@@ -12,7 +12,8 @@ use event_manager::{EventOps, Events, MutEventSubscriber};
 use kvm_ioctls::{VcpuFd, VmFd};
 use pagefold_devices::bus::Bus;
 use pagefold_devices::virtio::block::WriteHook;
-use vm_memory::{GuestAddress, GuestMemoryMmap};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::GuestAddress;
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 

@@ -8,8 +8,9 @@ use kvm_bindings::{kvm_regs, kvm_sregs};
 use kvm_ioctls::VcpuFd;
 use linux_loader::loader::elf::Elf;
 use linux_loader::loader::KernelLoader;
+use pagefold_devices::GuestMemoryMmap;
 use pagefold_guest_abi::layout;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use crate::x86::{self, gdt, paging};
 

@@ -80,8 +80,9 @@ mod tests {
     #[test]
     fn linux_loader_loads_it_at_image_base() {
         use linux_loader::loader::{elf::Elf, KernelLoader};
-        use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 8 << 20)]).unwrap();
+        use pagefold_devices::GuestMemoryMmap;
+        use vm_memory::{Bytes, GuestAddress};
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 8 << 20)]).unwrap();
         let mut image = std::io::Cursor::new(WORKLOAD_ELF);
         let r = Elf::load(&mem, None, &mut image, Some(GuestAddress(IMAGE_BASE))).unwrap();
         assert_eq!(r.kernel_load, GuestAddress(u64_at(0x18)));

@@ -11,11 +11,11 @@ pub mod pauses;
 use std::sync::{Arc, Mutex};
 
 use pagefold_devices::workload::{DeviceAction, WorkloadControl, WorkloadDevice};
+use pagefold_devices::GuestMemoryMmap;
 use pagefold_guest_abi::build;
 use pagefold_guest_abi::classes::{DataLayout, ParamsError, MIN_DATA_START};
 use pagefold_guest_abi::disk::{MAX_DISKS, SECTORS_PER_PAGE, SECTOR_SIZE};
 use pagefold_guest_abi::{phase, WorkloadParams, PAGE_SIZE, PARAMS_MAGIC};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{fmt_size, Phase, WorkloadConfig};

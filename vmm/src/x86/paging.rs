@@ -4,7 +4,8 @@
 //! attributes are write-back: under KVM an access to a guest-physical
 //! address without a memslot exits as MMIO whatever the guest's cache type.
 
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use pagefold_devices::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::Error;
 

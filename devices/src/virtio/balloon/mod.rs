@@ -22,8 +22,8 @@ pub mod stats;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::GuestMemoryMmap;
 
 pub use stats::GuestStats;
 

@@ -3,8 +3,10 @@
 
 use std::io::Read;
 
+use crate::virtio::ChainReader;
+use crate::GuestMemoryMmap;
 use virtio_queue::{DescriptorChain, Reader};
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 use super::{BALLOON_PAGE, PFN_SHIFT};
 
@@ -73,7 +75,7 @@ pub fn pfn_ranges(
     if chain.clone().any(|d| d.is_write_only()) {
         return Err(Error::Writable);
     }
-    let mut reader: Reader<'_> = Reader::new(mem, chain).map_err(Error::Memory)?;
+    let mut reader: ChainReader<'_> = Reader::new(mem, chain).map_err(Error::Memory)?;
     let n = reader.available_bytes();
     if n % 4 != 0 {
         return Err(Error::Partial(n));

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::io::Read;
 
+use crate::virtio::ChainReader;
+use crate::GuestMemoryMmap;
 use virtio_queue::{DescriptorChain, Reader};
-use vm_memory::GuestMemoryMmap;
 
 /// One entry's length.
 const STAT_LEN: usize = 10;
@@ -81,7 +82,7 @@ pub fn read(
     if chain.clone().any(|d| d.is_write_only()) {
         return Err(Error::Writable);
     }
-    let mut reader: Reader<'_> = Reader::new(mem, chain).map_err(Error::Memory)?;
+    let mut reader: ChainReader<'_> = Reader::new(mem, chain).map_err(Error::Memory)?;
     let n = reader.available_bytes();
     if n % STAT_LEN != 0 {
         return Err(Error::Partial(n));

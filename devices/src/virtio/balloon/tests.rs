@@ -1,7 +1,8 @@
 use std::sync::{Arc, Mutex};
 
+use crate::GuestMemoryMmap;
 use virtio_queue::Queue;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::*;

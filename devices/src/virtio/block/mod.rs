@@ -9,6 +9,7 @@ pub mod request;
 
 use std::path::Path;
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_blk::{
     VIRTIO_BLK_F_FLUSH, VIRTIO_BLK_F_RO, VIRTIO_BLK_F_SEG_MAX, VIRTIO_BLK_F_SIZE_MAX,
     VIRTIO_BLK_ID_BYTES,
@@ -16,7 +17,6 @@ use virtio_bindings::virtio_blk::{
 use virtio_bindings::virtio_ids::VIRTIO_ID_BLOCK;
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 
 pub use disk::{Disk, SECTOR_SIZE};
 pub use request::Limits;

@@ -11,6 +11,8 @@
 use std::io::{Read, Write};
 use std::ops::Deref;
 
+use crate::virtio::{ChainReader, ChainWriter};
+use crate::GuestMemoryMmap;
 use log::debug;
 use virtio_bindings::virtio_blk::{
     virtio_blk_outhdr, VIRTIO_BLK_ID_BYTES, VIRTIO_BLK_S_IOERR, VIRTIO_BLK_S_OK,
@@ -19,7 +21,7 @@ use virtio_bindings::virtio_blk::{
 };
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Reader, Writer};
-use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
+use vm_memory::{Address, ByteValued, Bytes, GuestAddress, GuestMemory};
 
 use super::disk::{Disk, SECTOR_SIZE};
 
@@ -251,8 +253,8 @@ where
     M: Deref + Clone,
     M::Target: GuestMemory + Sized,
 {
-    let mut reader: Reader<'_> = Reader::new(mem, chain.clone()).map_err(Error::BadBuffer)?;
-    let mut writer: Writer<'_> = Writer::new(mem, chain).map_err(Error::BadBuffer)?;
+    let mut reader: ChainReader<'_> = Reader::new(mem, chain.clone()).map_err(Error::BadBuffer)?;
+    let mut writer: ChainWriter<'_> = Writer::new(mem, chain).map_err(Error::BadBuffer)?;
     // The last writable byte is the status; `writer` keeps the data part.
     let data_len = writer
         .available_bytes()
@@ -315,7 +317,7 @@ fn copy_disk_to_guest(
     disk: &Disk,
     mut off: u64,
     mut len: usize,
-    writer: &mut Writer<'_>,
+    writer: &mut ChainWriter<'_>,
 ) -> Result<(), Error> {
     let mut buf = vec![0u8; len.min(CHUNK)];
     while len > 0 {
@@ -329,7 +331,7 @@ fn copy_disk_to_guest(
 }
 
 fn copy_guest_to_disk(
-    reader: &mut Reader<'_>,
+    reader: &mut ChainReader<'_>,
     disk: &Disk,
     mut off: u64,
     mut len: usize,

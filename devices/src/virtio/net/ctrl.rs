@@ -12,12 +12,13 @@
 
 use std::io::{Read, Write};
 
+use crate::virtio::ChainWriter;
+use crate::GuestMemoryMmap;
 use log::debug;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_ERR, VIRTIO_NET_OK,
 };
 use virtio_queue::{DescriptorChain, Queue, Reader, Writer};
-use vm_memory::GuestMemoryMmap;
 
 use super::Counters;
 use crate::virtio::Error;
@@ -39,7 +40,7 @@ pub enum Request {
 fn parse<'a>(
     chain: DescriptorChain<&'a GuestMemoryMmap>,
     mem: &'a GuestMemoryMmap,
-) -> Option<(Request, Writer<'a>)> {
+) -> Option<(Request, ChainWriter<'a>)> {
     let mut reader = Reader::new(mem, chain.clone())
         .map_err(|e| debug!("virtio-net: bad control chain: {e}"))
         .ok()?;

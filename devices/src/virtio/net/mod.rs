@@ -26,6 +26,7 @@ pub mod watch;
 
 use std::sync::Arc;
 
+use crate::GuestMemoryMmap;
 use log::warn;
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{
@@ -36,7 +37,6 @@ use virtio_bindings::virtio_net::{
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
 
 pub use mac::MacAddr;
 pub use stats::{Counters, NetSnapshot, NetStats, PairCounters};

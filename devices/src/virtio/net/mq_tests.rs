@@ -4,12 +4,13 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use crate::GuestMemoryMmap;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, VIRTIO_NET_CTRL_RX, VIRTIO_NET_ERR,
     VIRTIO_NET_OK,
 };
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::tests::socket_pair;

@@ -12,9 +12,10 @@ use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::GuestMemoryMmap;
 use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
 use virtio_bindings::virtio_ring::VRING_DESC_F_WRITE;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
 
 use super::tests::socket_pair;

@@ -15,9 +15,10 @@ use std::io::{ErrorKind, Write};
 use std::num::Wrapping;
 use std::sync::atomic::{fence, Ordering};
 
+use crate::GuestMemoryMmap;
 use log::{debug, warn};
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT, Writer};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::tap::Tap;
 use super::{Counters, MAX_FRAME_LEN, NUM_BUFFERS_OFFSET, RX_QUEUE, VNET_HDR_LEN};

@@ -1,9 +1,10 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+use crate::GuestMemoryMmap;
 use proptest::prelude::*;
 use virtio_bindings::virtio_net::VIRTIO_NET_HDR_F_NEEDS_CSUM;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::*;
 use crate::virtio::testutil::*;

@@ -11,9 +11,10 @@
 
 use std::io::{ErrorKind, Read};
 
+use crate::virtio::ChainReader;
+use crate::GuestMemoryMmap;
 use log::debug;
 use virtio_queue::{Queue, Reader};
-use vm_memory::GuestMemoryMmap;
 
 use super::tap::Tap;
 use super::{Counters, MAX_FRAME_LEN, TX_QUEUE, VNET_HDR_LEN};
@@ -66,7 +67,7 @@ impl Tx {
         M: std::ops::Deref + Clone,
         M::Target: vm_memory::GuestMemory + Sized,
     {
-        let mut reader: Reader<'_> = match Reader::new(mem, chain) {
+        let mut reader: ChainReader<'_> = match Reader::new(mem, chain) {
             Ok(r) => r,
             Err(e) => {
                 debug!("virtio-net: bad transmit chain: {e}");
