@@ -203,21 +203,35 @@ const GUEST_NET_DUMP: &str = "echo '--- guest /proc/net/dev'; cat /proc/net/dev;
      echo '--- guest TCP'; grep '^Tcp' /proc/net/snmp; netstat -tn 2>/dev/null; \
      echo '--- guest kernel log, last lines'; dmesg | tail -n 20";
 
+/// The guest's uptime in seconds, for a script's timestamps.
+const UPTIME: &str = "$(cut -d' ' -f1 /proc/uptime)";
+
 /// Runs the network script `script` on VM `vm`, which must end within
 /// `step` (a timeout in the guest, so that the guest still answers). If
 /// it fails or times out, the test fails with where the frames stopped:
-/// the guest's counters ([`GUEST_NET_DUMP`]) and the host's
-/// ([`host_net_report`]).
-fn net_run(s: &mut Served, vm: &str, script: &str, step: Duration) -> Reply {
+/// the guest's counters ([`GUEST_NET_DUMP`]), the host's
+/// ([`host_net_report`]) and how far the host's end of `transfer` got.
+fn net_run(
+    s: &mut Served,
+    vm: &str,
+    script: &str,
+    step: Duration,
+    transfer: Option<&linux_net::Transfer>,
+) -> Reply {
     let wrapped = format!(
         "cat >/tmp/netstep.sh <<'PAGEFOLD_NETSTEP'\n{script}\nPAGEFOLD_NETSTEP\n\
-         timeout {secs} sh /tmp/netstep.sh; rc=$?\n\
-         if [ $rc -ne 0 ]; then echo \"netstep=failed:$rc\"; {GUEST_NET_DUMP}; exit 1; fi\n",
+         t0={UPTIME}; timeout {secs} sh /tmp/netstep.sh; rc=$?\n\
+         if [ $rc -ne 0 ]; then echo \"netstep=failed:$rc (guest uptime: started $t0 s, \
+         ended {UPTIME} s)\"; {GUEST_NET_DUMP}; exit 1; fi\n",
         secs = step.as_secs()
     );
     match s.try_run(vm, &wrapped, step + Duration::from_secs(60)) {
         Ok(r) => r,
-        Err(e) => panic!("network step failed: {e}\n{}", host_net_report(s)),
+        Err(e) => panic!(
+            "network step failed: {e}\n--- host: the transfer\n{}\n{}",
+            transfer.map_or_else(|| "none".to_string(), |t| t.describe()),
+            host_net_report(s)
+        ),
     }
 }
 
@@ -296,6 +310,7 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8, usize)]) {
                 guest_addr(n)
             ),
             step,
+            None,
         );
         // The address from the device's config space: pagefold's default
         // for this VM's first NIC.
@@ -375,6 +390,7 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8, usize)]) {
         first,
         &format!("ping -c 2 -w 60 {second} >/dev/null && echo peer=reached"),
         step,
+        None,
     );
     // Each direction is a step of its own, so that a failure says which
     // one stopped, with the figures of the moment; together they keep
@@ -386,10 +402,12 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8, usize)]) {
         s,
         first,
         &format!(
-            "nc {HOST_ADDR} 5001 </data/random-64m.bin && \
+            "nc {HOST_ADDR} 5001 </data/random-64m.bin; rc=$?; \
+             echo \"nc ended ($rc) at {UPTIME} s\"; [ $rc -eq 0 ] && \
              echo \"sent=$(md5sum </data/random-64m.bin | cut -d' ' -f1)\""
         ),
         step,
+        Some(&to_host),
     );
     let up = moved.elapsed();
     let host_got = to_host.join().expect("the host's receiver");
@@ -407,6 +425,7 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8, usize)]) {
         first,
         &format!("echo \"got=$(nc {HOST_ADDR} 5002 </dev/null | md5sum | cut -d' ' -f1)\""),
         left,
+        Some(&to_guest),
     );
     let down = down_start.elapsed();
     let host_sent = to_guest.join().expect("the host's sender");

@@ -10,6 +10,8 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -127,14 +129,107 @@ fn md5sum_of(feed: impl FnOnce(&mut dyn Write)) -> String {
         .to_string()
 }
 
+/// How far a transfer of [`receive`] or [`send`] got, for a failure
+/// message: a step that timed out then says whether the bytes stopped
+/// (and when) or all moved and something after them was slow.
+#[derive(Default)]
+pub struct Progress {
+    /// Milliseconds from the transfer's start to the connection, + 1
+    /// (0: none yet).
+    connected_ms: AtomicU64,
+    bytes: AtomicU64,
+    /// Milliseconds from the start to the last bytes moved.
+    last_ms: AtomicU64,
+    /// Milliseconds from the start to the end, + 1 (0: not ended).
+    ended_ms: AtomicU64,
+}
+
+/// A transfer running in a thread: its md5 when joined, its [`Progress`]
+/// meanwhile.
+pub struct Transfer {
+    what: String,
+    len: u64,
+    start: Instant,
+    progress: Arc<Progress>,
+    thread: JoinHandle<String>,
+}
+
+impl Transfer {
+    fn spawn(
+        what: String,
+        len: u64,
+        run: impl FnOnce(&Progress, Instant) -> String + Send + 'static,
+    ) -> Transfer {
+        let start = Instant::now();
+        let progress = Arc::new(Progress::default());
+        let p = progress.clone();
+        let thread = std::thread::spawn(move || {
+            let sum = run(&p, start);
+            p.ended_ms
+                .store(start.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+            sum
+        });
+        Transfer {
+            what,
+            len,
+            start,
+            progress,
+            thread,
+        }
+    }
+
+    /// The md5 of the bytes moved.
+    pub fn join(self) -> std::thread::Result<String> {
+        self.thread.join()
+    }
+
+    /// Where the transfer is, e.g. "host receiving on 5001: connected at
+    /// 0.2 s, 67108864 of 67108864 bytes, the last at 31.0 s, ended at
+    /// 31.0 s; now 200.1 s".
+    pub fn describe(&self) -> String {
+        let p = &self.progress;
+        let s = |ms: u64| format!("{:.1} s", ms as f64 / 1000.0);
+        let connected = match p.connected_ms.load(Ordering::Relaxed) {
+            0 => "not connected".to_string(),
+            ms => format!("connected at {}", s(ms - 1)),
+        };
+        let ended = match p.ended_ms.load(Ordering::Relaxed) {
+            0 => "not ended".to_string(),
+            ms => format!("ended at {}", s(ms - 1)),
+        };
+        format!(
+            "{}: {connected}, {} of {} bytes, the last at {}, {ended}; now {}",
+            self.what,
+            p.bytes.load(Ordering::Relaxed),
+            self.len,
+            s(p.last_ms.load(Ordering::Relaxed)),
+            s(self.start.elapsed().as_millis() as u64)
+        )
+    }
+}
+
+impl Progress {
+    fn connected(&self, start: Instant) {
+        self.connected_ms
+            .store(start.elapsed().as_millis() as u64 + 1, Ordering::Relaxed);
+    }
+
+    fn moved(&self, n: usize, start: Instant) {
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+        self.last_ms
+            .store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
 /// Accepts one connection on `port` (all addresses) in a thread and
 /// reads exactly `len` bytes from it, then closes it; the thread returns
 /// their md5. Exactly `len`: busybox's `nc` ends when the host closes,
 /// whether or not it half-closed first.
-pub fn receive(port: u16, len: u64) -> JoinHandle<String> {
+pub fn receive(port: u16, len: u64) -> Transfer {
     let listener = listen(port);
-    std::thread::spawn(move || {
+    Transfer::spawn(format!("host receiving on {port}"), len, move |p, start| {
         let mut conn = accept(&listener);
+        p.connected(start);
         let peer = conn.peer_addr().unwrap();
         let sum = md5sum_of(|out| {
             let mut left = len;
@@ -144,6 +239,7 @@ pub fn receive(port: u16, len: u64) -> JoinHandle<String> {
                 let got = conn.read(&mut buf[..n]).expect("read from the guest");
                 assert!(got > 0, "{peer} closed after {} of {len} bytes", len - left);
                 out.write_all(&buf[..got]).unwrap();
+                p.moved(got, start);
                 left -= got as u64;
             }
         });
@@ -155,10 +251,11 @@ pub fn receive(port: u16, len: u64) -> JoinHandle<String> {
 /// Accepts one connection on `port` in a thread and sends it `len`
 /// pseudo-random bytes (xorshift from `seed`), then closes it; the thread
 /// returns their md5.
-pub fn send(port: u16, len: u64, seed: u64) -> JoinHandle<String> {
+pub fn send(port: u16, len: u64, seed: u64) -> Transfer {
     let listener = listen(port);
-    std::thread::spawn(move || {
+    Transfer::spawn(format!("host sending on {port}"), len, move |p, start| {
         let mut conn = accept(&listener);
+        p.connected(start);
         let mut x = seed | 1;
         let sum = md5sum_of(|out| {
             let mut left = len;
@@ -173,6 +270,7 @@ pub fn send(port: u16, len: u64, seed: u64) -> JoinHandle<String> {
                 let n = buf.len().min(left as usize);
                 conn.write_all(&buf[..n]).expect("write to the guest");
                 out.write_all(&buf[..n]).unwrap();
+                p.moved(n, start);
                 left -= n as u64;
             }
         });
