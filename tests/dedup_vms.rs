@@ -195,6 +195,24 @@ fn merges_exactly_with(workload: &str, extra_dedup: &str) {
     } else {
         assert_eq!((s.write_logged_regions, s.clean_visits), (0, 0), "{s:?}");
     }
+    // KVM maps a dirty-logged slot 4 KiB at a time, so its RAM asks for no
+    // transparent huge pages (`vm.rs`, `set_memslots`); unlogged RAM keeps
+    // the host's setting.
+    for vm in [a, b] {
+        let (anon, nh) = anon_vmas_without_huge_pages(vm);
+        assert!(anon > 0, "no anonymous VMA in the guest's RAM");
+        if logged {
+            assert!(
+                nh > 0,
+                "none of {anon} anonymous RAM VMAs is MADV_NOHUGEPAGE"
+            );
+        } else {
+            assert_eq!(
+                nh, 0,
+                "{nh} of {anon} unlogged RAM VMAs are MADV_NOHUGEPAGE"
+            );
+        }
+    }
     finish_ok(r);
 }
 

@@ -197,6 +197,34 @@ fn pm_entry(f: &File, addr: usize) -> u64 {
     u64::from_le_bytes(b)
 }
 
+/// Of the anonymous VMAs that start in a VM's RAM: how many there are and
+/// how many say `nh` (`MADV_NOHUGEPAGE`) in `/proc/self/smaps`. Merges
+/// and zero drops add VMAs of their own (pool file mappings, fresh
+/// anonymous ones), so a caller counts, not requires all.
+#[allow(dead_code)]
+pub fn anon_vmas_without_huge_pages(vm: &Vm) -> (usize, usize) {
+    let ranges = vm.ram_host_ranges();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("read smaps");
+    let (mut anon, mut nh) = (0, 0);
+    let mut inside_anon = false;
+    for line in smaps.lines() {
+        let mut f = line.split_whitespace();
+        let first = f.next().unwrap_or("");
+        if let Some((a, _)) = first.split_once('-').filter(|(a, b)| {
+            usize::from_str_radix(a, 16).is_ok() && usize::from_str_radix(b, 16).is_ok()
+        }) {
+            let start = usize::from_str_radix(a, 16).unwrap();
+            // Fields: perms, offset, device, inode, [path].
+            let inode = f.nth(3).unwrap_or("0");
+            inside_anon = inode == "0" && ranges.iter().any(|&(s, l)| start >= s && start < s + l);
+            anon += usize::from(inside_anon);
+        } else if inside_anon && first == "VmFlags:" {
+            nh += usize::from(f.any(|flag| flag == "nh"));
+        }
+    }
+    (anon, nh)
+}
+
 /// The zero page's PFN, as a read of untouched anonymous memory maps it.
 pub fn zero_pfn() -> u64 {
     let pm = pagefold_dedup::pagemap::Pagemap::open().expect("open pagemap");

@@ -193,6 +193,16 @@ pub struct Vm {
 /// Maps guest RAM into the VM (memslot `i` = region `i` of `mem`), logging
 /// guest writes if `dirty_logged`. Called again on a live VM, it changes
 /// only the flags (KVM keeps the slot's pages mapped).
+///
+/// A dirty-logged slot also stops getting transparent huge pages
+/// (`MADV_NOHUGEPAGE`; turning the log off leaves that as it is). KVM maps
+/// such a slot with 4 KiB pages whatever backs it, so a huge page there
+/// gives the guest nothing and costs three ways: its first touch clears
+/// 2 MiB inside one page fault, holding the process's mmap lock for
+/// reading, and an engine waiting to take it for writing then holds off
+/// every other vCPU's faults (docs/linux-guests.md, "The guests' worst
+/// wake-ups"); its untouched part is host memory the guest never used;
+/// and each merge or zero drop inside it splits it.
 fn set_memslots(vm_fd: &VmFd, mem: &GuestMemoryMmap, dirty_logged: bool) -> Result<(), Error> {
     for (slot, region) in mem.iter().enumerate() {
         let r = kvm_userspace_memory_region {
@@ -209,6 +219,24 @@ fn set_memslots(vm_fd: &VmFd, mem: &GuestMemoryMmap, dirty_logged: bool) -> Resu
         // SAFETY: the region is a live mapping owned by `mem`, which the VM
         // keeps until after the VM fd (and so the memslot) is gone.
         unsafe { vm_fd.set_user_memory_region(r) }.map_err(Error::Memslot)?;
+        if dirty_logged {
+            // SAFETY: the region is a live mapping owned by `mem`; this
+            // advice changes no content, only how later faults fill it.
+            let rc = unsafe {
+                libc::madvise(
+                    region.as_ptr() as *mut libc::c_void,
+                    region.len() as usize,
+                    libc::MADV_NOHUGEPAGE,
+                )
+            };
+            if rc != 0 {
+                // Only a cost (see above), never a fault of the guest's.
+                log::warn!(
+                    "MADV_NOHUGEPAGE on guest RAM: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
     }
     Ok(())
 }
