@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 /// How long a transfer's peer may take to connect, and to send or take
 /// each read's worth of bytes.
-const PATIENCE: Duration = Duration::from_secs(180);
+pub const PATIENCE: Duration = Duration::from_secs(180);
 
 /// Binds `port` on every address of this host.
 fn listen(port: u16) -> TcpListener {
