@@ -1143,11 +1143,26 @@ fn linux_guest_upload_times_with_dedup_on_and_off() {
         let _ = to_host.join();
         let d1 = s.dedup();
         let ww = |d: &DedupView| (d.write_waits.unwrap_or(0), d.write_wait_us.unwrap_or(0));
+        // Merges and breaks by origin (steady, second look, first sight,
+        // hinted): which kind the guest undid.
+        let by = |a: &pagefold_api::dedup_view::ByOriginView,
+                  b: &pagefold_api::dedup_view::ByOriginView| {
+            format!(
+                "{}/{}/{}/{}",
+                b.steady - a.steady,
+                b.second_look - a.second_look,
+                b.first_sight - a.first_sight,
+                b.hinted - a.hinted
+            )
+        };
         eprintln!(
             "upload, {what}: {took:.1?}; {progress}; engine meanwhile: merges +{}, cow breaks +{}, \
+             by origin (steady/second look/first sight/hinted) merges +{} breaks +{}, \
              zero pages {} -> {}, sharing {} -> {}, writer waits +{} ({} us, max {:?} us), cpu +{:.1} s; guest: {}",
             d1.merges - d0.merges,
             d1.cow_breaks - d0.cow_breaks,
+            by(&d0.origins.merges, &d1.origins.merges),
+            by(&d0.origins.cow_breaks, &d1.origins.cow_breaks),
             d0.zero_pages,
             d1.zero_pages,
             d0.pages_sharing,
