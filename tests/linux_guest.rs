@@ -289,6 +289,9 @@ fn host_net_report(s: &Served) -> String {
 /// while its bytes keep moving.
 const TRANSFER_LIMIT: Duration = Duration::from_secs(600);
 
+/// How long [`balloon_check`]'s fill of 256 MiB may take.
+const FILL_LIMIT: Duration = Duration::from_secs(600);
+
 /// What the NICs must do, with the guests still running: each guest
 /// brings its interface up with busybox's `ip` and pings the host's
 /// bridge, and its driver shows pagefold's default MAC, the negotiated
@@ -547,6 +550,11 @@ fn balloon_check(s: &mut Served, vm: &str, ram: Range<u64>, reference: &[String;
     let present = || common::pagemap_audit::guest_pages_in(pid, zero_pfn, ram.clone()).0;
     // Nothing reported, merged or dropped yet belongs to the test's pages.
     let p0 = present();
+    // The fill is the test's heaviest step: the host zeroes every page the
+    // guest touches first, and the guest makes and hashes twice 256 MiB
+    // of random bytes, all emulated; it only has to end within
+    // `FILL_LIMIT` (its time is printed).
+    let filling = Instant::now();
     let r = s.run_on(
         &[vm],
         &format!(
@@ -555,12 +563,13 @@ fn balloon_check(s: &mut Served, vm: &str, ram: Range<u64>, reference: &[String;
              echo \"sum=$(md5sum </mnt/big/f | cut -d' ' -f1)\" && \
              echo \"again=$(md5sum </mnt/big/f | cut -d' ' -f1)\""
         ),
-        step,
+        FILL_LIMIT,
     );
     assert_eq!(r[0].value("sum"), r[0].value("again"), "{}", r[0].output);
     let p1 = present();
     eprintln!(
-        "balloon: {MIB} MiB allocated: {} pages more present",
+        "balloon: {MIB} MiB allocated and hashed twice in {:.1?}: {} pages more present",
+        filling.elapsed(),
         p1 as i64 - p0 as i64
     );
     assert!(
@@ -685,10 +694,10 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32, 
         test,
         &Emulation {
             cpus: Some(cpus),
-            // The steps take 10-13 minutes; the network's transfers may
-            // take up to `TRANSFER_LIMIT` each on top.
+            // The steps take 10-18 minutes; the network's transfers and
+            // the balloon's fill may take up to their limits on top.
             timeout: if net {
-                Duration::from_secs(900) + 2 * TRANSFER_LIMIT
+                Duration::from_secs(900) + 2 * TRANSFER_LIMIT + FILL_LIMIT
             } else {
                 Emulation::default().timeout
             },
