@@ -17,7 +17,8 @@ impl Core {
     /// creation or deletion) or the wake-up's deadline stops it: the ops
     /// left are abandoned, as if their final compare had failed (`commit`
     /// with `done` false: the pages keep their private copies), and queued
-    /// for a second look at the next wake-up. The plan is made before the
+    /// for a second look at the next wake-up. Past the deadline by more
+    /// than `DEADLINE_SLACK`, it stops after its first window. The plan is made before the
     /// execution and the waiter may come after it: executing a span of
     /// scattered pairs can take most of a second in a debug build, too
     /// long for a registration to wait, and seconds on a loaded emulated
@@ -37,7 +38,7 @@ impl Core {
         for (sweep, pending) in [(&ops, &later[..]), (&later, &[][..])] {
             let mut i = 0;
             while i < sweep.len() {
-                if ran >= OPS_BEFORE_YIELD && self.should_stop() {
+                if (ran >= OPS_BEFORE_YIELD || (ran > 0 && self.overdue())) && self.should_stop() {
                     self.abandon(&sweep[i..], &mut new_slots, freed);
                     self.abandon(pending, &mut new_slots, freed);
                     freed.extend(new_slots);
@@ -520,6 +521,47 @@ mod tests {
         // Without a waiter the abandoned merges are made on the next
         // passes: every page shares.
         p.core.waiters.store(0, Ordering::Release);
+        p.core.run_passes(2);
+        p.all_shared();
+    }
+    /// An execution that starts long past its wake-up's deadline runs one
+    /// window, not `OPS_BEFORE_YIELD` ops, and loses nothing: the rest
+    /// merges at the next wake-ups.
+    #[test]
+    fn an_overdue_execution_stops_after_one_window_and_loses_nothing() {
+        let n = 2048;
+        let mut p = Pair::new(n);
+        let core = &mut p.core;
+        let mut ops = Vec::new();
+        let mut units = u64::MAX;
+        for ri in 0..2 {
+            let mut p = 0;
+            while p < n {
+                p += core.scan_span_inner(
+                    ri,
+                    p,
+                    (n - p).min(SPAN_PAGES),
+                    &mut units,
+                    VisitMode::Merge,
+                    Planned::Keep(&mut ops),
+                );
+            }
+        }
+        let planned = ops.len();
+        assert!(planned >= 2 * n - 1, "{planned} ops planned");
+        let due = Instant::now() - DEADLINE_SLACK - Duration::from_secs(1);
+        core.set_deadline(Some(due));
+        let mut freed = Vec::new();
+        core.execute(ops, &mut freed);
+        core.release_slots(&freed);
+        let (done, dropped) = (core.counters.merges, core.counters.abandoned);
+        assert_eq!(done + dropped, planned as u64);
+        assert!(
+            (1..=CHUNK_PAGES as u64).contains(&done),
+            "{done} executed, {dropped} abandoned"
+        );
+        p.intact();
+        p.core.set_deadline(None);
         p.core.run_passes(2);
         p.all_shared();
     }

@@ -102,6 +102,14 @@ pub const SPAN_PAGES: usize = 4096;
 /// abandoned, see `Core::execute`). Without either, spans run whole (one
 /// pagemap read and one vCPU park each).
 const OPS_BEFORE_YIELD: usize = 512;
+/// How far past the wake-up's deadline an execution may run before it
+/// stops short of [`OPS_BEFORE_YIELD`] ops (after one window at least):
+/// where a merge costs milliseconds (an emulated CPU, guests to park),
+/// that many ops take seconds, and a wake-up of hints and a scan span
+/// each running them would outlast `WAKEUP_GRACE` and be reported as a
+/// stalled engine. Long enough that a wake-up which starts on time
+/// makes its `OPS_BEFORE_YIELD` on any host this runs on.
+const DEADLINE_SLACK: Duration = Duration::from_secs(3);
 /// Visit units: a hashed page costs `HASH_COST`, a pagemap-only visit 1
 /// (a wake-up of N page visits has N x `HASH_COST` units to spend).
 const HASH_COST: u64 = 4;
@@ -642,6 +650,12 @@ impl Core {
     /// ([`Core::set_deadline`])?
     pub(super) fn should_stop(&self) -> bool {
         self.someone_waits() || self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// Is the wake-up's deadline more than [`DEADLINE_SLACK`] past?
+    pub(super) fn overdue(&self) -> bool {
+        self.deadline
+            .is_some_and(|d| Instant::now() >= d + DEADLINE_SLACK)
     }
 
     /// Pages tracked in all regions.
