@@ -694,7 +694,7 @@ fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32, 
         test,
         &Emulation {
             cpus: Some(cpus),
-            // The steps take 10-18 minutes; the network's transfers and
+            // The steps fill most of the default limit; the network's transfers and
             // the balloon's fill may take up to their limits on top.
             timeout: if net {
                 Duration::from_secs(900) + 2 * TRANSFER_LIMIT + FILL_LIMIT
