@@ -478,14 +478,12 @@ mod tests {
         p.all_shared();
     }
 
-    #[test]
-    fn a_waiter_that_comes_after_the_plan_stops_the_execution_and_loses_nothing() {
-        use std::sync::atomic::Ordering;
-        let n = 2048;
-        let mut p = Pair::new(n);
+    /// Plans every merge of a [`Pair`] of `n` pages in one pass (kept, as a
+    /// hint visit's are), lets `stop` set what should stop the execution,
+    /// then executes them; checks that every op was either made or
+    /// abandoned and that no page changed, and returns (made, abandoned).
+    fn execute_every_merge(p: &mut Pair, n: usize, stop: impl FnOnce(&mut Core)) -> (u64, u64) {
         let core = &mut p.core;
-        // The second pass plans every merge (kept, as a hint visit's are)
-        // and a waiter comes before they run.
         let mut ops = Vec::new();
         let mut units = u64::MAX;
         for ri in 0..2 {
@@ -503,20 +501,31 @@ mod tests {
         }
         let planned = ops.len();
         assert!(planned >= 2 * n - 1, "{planned} ops planned");
-        core.waiters.store(1, Ordering::Release);
+        stop(core);
         let mut freed = Vec::new();
         core.execute(ops, &mut freed);
         core.release_slots(&freed);
         let (done, dropped) = (core.counters.merges, core.counters.abandoned);
         assert_eq!(done + dropped, planned as u64);
-        assert_eq!(core.counters.left_for_waiters, dropped);
+        p.intact();
+        (done, dropped)
+    }
+
+    #[test]
+    fn a_waiter_that_comes_after_the_plan_stops_the_execution_and_loses_nothing() {
+        use std::sync::atomic::Ordering;
+        let n = 2048;
+        let mut p = Pair::new(n);
+        // A waiter comes after the plan, before the merges run.
+        let (done, dropped) =
+            execute_every_merge(&mut p, n, |core| core.waiters.store(1, Ordering::Release));
+        assert_eq!(p.core.counters.left_for_waiters, dropped);
         // It stops at the first window boundary past the bound (a's slot
         // creators are consecutive pages: windows of up to 128).
         assert!(
             (OPS_BEFORE_YIELD as u64..(OPS_BEFORE_YIELD + CHUNK_PAGES) as u64).contains(&done),
             "{done} executed, {dropped} abandoned"
         );
-        p.intact();
 
         // Without a waiter the abandoned merges are made on the next
         // passes: every page shares.
@@ -524,6 +533,7 @@ mod tests {
         p.core.run_passes(2);
         p.all_shared();
     }
+
     /// An execution that starts long past its wake-up's deadline runs one
     /// window, not `OPS_BEFORE_YIELD` ops, and loses nothing: the rest
     /// merges at the next wake-ups.
@@ -531,36 +541,12 @@ mod tests {
     fn an_overdue_execution_stops_after_one_window_and_loses_nothing() {
         let n = 2048;
         let mut p = Pair::new(n);
-        let core = &mut p.core;
-        let mut ops = Vec::new();
-        let mut units = u64::MAX;
-        for ri in 0..2 {
-            let mut p = 0;
-            while p < n {
-                p += core.scan_span_inner(
-                    ri,
-                    p,
-                    (n - p).min(SPAN_PAGES),
-                    &mut units,
-                    VisitMode::Merge,
-                    Planned::Keep(&mut ops),
-                );
-            }
-        }
-        let planned = ops.len();
-        assert!(planned >= 2 * n - 1, "{planned} ops planned");
         let due = Instant::now() - DEADLINE_SLACK - Duration::from_secs(1);
-        core.set_deadline(Some(due));
-        let mut freed = Vec::new();
-        core.execute(ops, &mut freed);
-        core.release_slots(&freed);
-        let (done, dropped) = (core.counters.merges, core.counters.abandoned);
-        assert_eq!(done + dropped, planned as u64);
+        let (done, dropped) = execute_every_merge(&mut p, n, |core| core.set_deadline(Some(due)));
         assert!(
             (1..=CHUNK_PAGES as u64).contains(&done),
             "{done} executed, {dropped} abandoned"
         );
-        p.intact();
         p.core.set_deadline(None);
         p.core.run_passes(2);
         p.all_shared();
