@@ -222,19 +222,16 @@ fn set_memslots(vm_fd: &VmFd, mem: &GuestMemoryMmap, dirty_logged: bool) -> Resu
         if dirty_logged {
             // SAFETY: the region is a live mapping owned by `mem`; this
             // advice changes no content, only how later faults fill it.
-            let rc = unsafe {
-                libc::madvise(
-                    region.as_ptr() as *mut libc::c_void,
+            let advised = unsafe {
+                pagefold_dedup::mm::madvise(
+                    region.as_ptr() as usize,
                     region.len() as usize,
                     libc::MADV_NOHUGEPAGE,
                 )
             };
-            if rc != 0 {
+            if let Err(e) = advised {
                 // Only a cost (see above), never a fault of the guest's.
-                log::warn!(
-                    "MADV_NOHUGEPAGE on guest RAM: {}",
-                    std::io::Error::last_os_error()
-                );
+                log::warn!("MADV_NOHUGEPAGE on guest RAM: {e}");
             }
         }
     }
