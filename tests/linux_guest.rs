@@ -148,6 +148,11 @@ fn same_hashes(
     seen.expect("at least one VM")
 }
 
+/// The engine's [dedup] table of the merge tests: mode on, 4,096 pages
+/// every 20 ms, no KSM assist.
+const ENGINE_ON: &str =
+    "mode = \"on\"\npages_to_scan = 4096\nsleep_millisecs = 20\nksm_assist = \"off\"";
+
 /// Two Linux guests in one group read the same files and keep a tmpfs copy
 /// of one; their file hashes stay what they first read after merging,
 /// after writes that break copy-on-write and after `mode=unmerge`; then a
@@ -161,9 +166,7 @@ fn same_hashes(
 fn linux_guests_keep_their_files_through_merge_cow_and_unmerge() {
     // PAGEFOLD_TEST_DEDUP replaces the [dedup] table (the same checks
     // against another setting).
-    let dedup = std::env::var("PAGEFOLD_TEST_DEDUP").unwrap_or_else(|_| {
-        "mode = \"on\"\npages_to_scan = 4096\nsleep_millisecs = 20\nksm_assist = \"off\"".into()
-    });
+    let dedup = std::env::var("PAGEFOLD_TEST_DEDUP").unwrap_or_else(|_| ENGINE_ON.into());
     keep_files_through_merge_cow_and_unmerge(
         "linux_guests_keep_their_files_through_merge_cow_and_unmerge",
         &dedup,
@@ -285,6 +288,16 @@ fn host_net_report(s: &Served) -> String {
     out
 }
 
+/// Guest shell: brings eth0 up as guest `n` of the bridge's network and
+/// pings the host (`host=reached`).
+fn link_up(n: u8) -> String {
+    format!(
+        "ip link set eth0 up && ip addr add {}/{PREFIX} dev eth0 && \
+         ping -c 2 -w 60 {HOST_ADDR} >/dev/null && echo host=reached",
+        guest_addr(n)
+    )
+}
+
 /// How long one 64 MiB transfer of [`network_check`] may take in all
 /// while its bytes keep moving.
 const TRANSFER_LIMIT: Duration = Duration::from_secs(600);
@@ -309,12 +322,11 @@ fn network_check(s: &mut Served, bridge: &Bridge, vms: &[(&str, u8, usize)]) {
             s,
             vm,
             &format!(
-                "ip link set eth0 up && ip addr add {}/{PREFIX} dev eth0 && \
-                 ping -c 2 -w 60 {HOST_ADDR} >/dev/null && echo host=reached && \
+                "{} && \
                  echo \"mac=$(cat /sys/class/net/eth0/address)\" && \
                  echo \"features=$(cat /sys/class/net/eth0/device/features)\" && \
                  echo \"queues=$(ls /sys/class/net/eth0/queues | tr '\\n' ,)\"",
-                guest_addr(n)
+                link_up(n)
             ),
             step,
             None,
@@ -1107,7 +1119,6 @@ fn linux_guest_upload_times_with_dedup_on_and_off() {
         return;
     }
     let step = Duration::from_secs(180);
-    let dedup = "mode = \"on\"\npages_to_scan = 4096\nsleep_millisecs = 20\nksm_assist = \"off\"";
     let nic = |spec: Spec| {
         let tap = tap_of(spec.name);
         spec.with_tap(&tap)
@@ -1116,24 +1127,14 @@ fn linux_guest_upload_times_with_dedup_on_and_off() {
         nic(Spec::new("one", "384M", "pair").with_vcpus(2)),
         nic(Spec::new("two", "384M", "pair")),
     ];
-    let mut s = Served::start("linux-upload", dedup, &specs);
+    let mut s = Served::start("linux-upload", ENGINE_ON, &specs);
     let read = "cp /data/random-16m.bin /tmp/copy16 && cat /data/random-64m.bin >/dev/null && echo read=ok";
     s.run_all(read, step);
     s.wait_dedup("file pages shared", step, |d| d.pages_sharing >= 24_000);
     let bridge = Bridge::create(&format!("pfbr{}", std::process::id() % 100_000));
     for (vm, n) in [("one", 1u8), ("two", 2)] {
         bridge.attach(&tap_of(vm));
-        net_run(
-            &mut s,
-            vm,
-            &format!(
-                "ip link set eth0 up && ip addr add {}/{PREFIX} dev eth0 && \
-                 ping -c 2 -w 60 {HOST_ADDR} >/dev/null && echo host=reached",
-                guest_addr(n)
-            ),
-            step,
-            None,
-        );
+        net_run(&mut s, vm, &link_up(n), step, None);
     }
     let upload = |s: &mut Served, what: &str| {
         let d0 = s.dedup();
