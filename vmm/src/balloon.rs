@@ -208,16 +208,12 @@ pub fn discard_hook(mem: GuestMemoryMmap, target: DedupTarget) -> DiscardHook {
                     // anonymous mapping `mem` owns and no dedup backend
                     // tracks; the guest gave its content up, and reads
                     // zeros from it afterwards.
-                    let r =
-                        unsafe { libc::madvise(a as *mut libc::c_void, l, libc::MADV_DONTNEED) };
-                    if r == 0 {
-                        (l as u64) / BALLOON_PAGE
-                    } else {
-                        log::warn!(
-                            "balloon: MADV_DONTNEED {a:#x}+{l:#x}: {}",
-                            std::io::Error::last_os_error()
-                        );
-                        0
+                    match unsafe { pagefold_dedup::mm::madvise(a, l, libc::MADV_DONTNEED) } {
+                        Ok(()) => (l as u64) / BALLOON_PAGE,
+                        Err(e) => {
+                            log::warn!("balloon: giving pages back: {e}");
+                            0
+                        }
                     }
                 })
                 .sum(),
