@@ -192,9 +192,17 @@ EOF
     # number whose checksum matches (a read torn by the host's write does
     # not) runs once; its output on the console sits between
     # PAGEFOLD-AGENT-BEGIN <seq> and PAGEFOLD-AGENT-END <seq> <status>.
+    # While it runs, PAGEFOLD-AGENT-BUSY <seq> <ticks> lines every 10 s
+    # give the CPU time the guest has spent busy (user, nice, system, irq
+    # and softirq ticks of /proc/stat): the host tells a slow command,
+    # whose count grows, from a stuck one, whose count stands still.
     cat >"$root/agent.sh" <<'EOF'
 mbox=$1
 last=
+busy() {
+    read -r _ user nice system idle iowait irq softirq _ </proc/stat
+    echo $((user + nice + system + irq + softirq))
+}
 echo "PAGEFOLD-AGENT-READY $(uname -r)"
 while :; do
     if dd if="$mbox" of=/tmp/mbox bs=65536 count=1 iflag=direct 2>/dev/null; then
@@ -204,8 +212,13 @@ while :; do
             if [ "$(crc32 </tmp/cmd.sh)" = "$3" ]; then
                 last=$2
                 echo "PAGEFOLD-AGENT-BEGIN $2"
+                (while :; do echo "PAGEFOLD-AGENT-BUSY $2 $(busy)"; sleep 10; done) &
+                beat=$!
                 (cd /tmp && sh /tmp/cmd.sh)
-                echo "PAGEFOLD-AGENT-END $2 $?"
+                status=$?
+                kill $beat
+                wait $beat 2>/dev/null
+                echo "PAGEFOLD-AGENT-END $2 $status"
             fi
         fi
     fi

@@ -15,6 +15,13 @@
 //! <seq>` and `PAGEFOLD-AGENT-END <seq> <status>`. The checksum rejects a
 //! read torn by the host's write; the guest polls again.
 //!
+//! While a command runs, the agent prints `PAGEFOLD-AGENT-BUSY <seq>
+//! <ticks>` every 10 s: the guest's busy CPU ticks so far (`/proc/stat`).
+//! A guest slowed by its host (an emulated CPU, a busy engine) keeps
+//! counting, as its clock runs on and charges the time to the task it
+//! interrupted; a command stuck on I/O that never completes counts no
+//! more. So [`wait_reply`] waits as long as the count grows, up to a cap.
+//!
 //! Nothing in the VMM depends on the agent: it is a guest program plus a
 //! file protocol over a disk the VMM already serves, so the guest sees a
 //! plain virtio-blk device and nothing else of the test.
@@ -36,6 +43,17 @@ pub const MAILBOX_BYTES: usize = 65536;
 pub const READY: &str = "PAGEFOLD-AGENT-READY";
 const BEGIN: &str = "PAGEFOLD-AGENT-BEGIN";
 const END: &str = "PAGEFOLD-AGENT-END";
+const BUSY: &str = "PAGEFOLD-AGENT-BUSY";
+
+/// Busy ticks (USER_HZ, 100 a second) between two of a command's
+/// heartbeats that count as progress: a tenth of a CPU second in ten. An
+/// idle guest's housekeeping stays below it; a command that runs, however
+/// slowly its host lets it, goes far above.
+const PROGRESS_TICKS: u64 = 10;
+
+/// The longest a command may run while it shows progress, in multiples of
+/// the wait's limit: a command that spins for ever still ends the wait.
+const PROGRESS_CAP: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -53,10 +71,12 @@ pub enum AgentError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("no reply to command {seq} within {waited:?}; console tail:\n{tail}")]
+    #[error("no reply to command {seq} after {waited:?} ({progress}); console tail:\n{tail}")]
     Timeout {
         seq: u64,
         waited: Duration,
+        /// What the command's heartbeats showed.
+        progress: String,
         tail: String,
     },
     #[error("the guest stopped before replying to command {seq}: {why}")]
@@ -171,6 +191,14 @@ pub fn find_reply(console: &str, seq: u64) -> Option<Reply> {
                         output: std::mem::take(o),
                     });
                 }
+                // A heartbeat is the agent's, not the command's output. It
+                // is written whole and ends its line, so one that landed in
+                // the middle of a command's line leaves that line's start
+                // before it and its rest on the next line: rejoin them.
+                if let Some(at) = line.find(BUSY) {
+                    o.push_str(&line[..at]);
+                    continue;
+                }
                 o.push_str(line);
                 o.push('\n');
             }
@@ -179,16 +207,107 @@ pub fn find_reply(console: &str, seq: u64) -> Option<Reply> {
     None
 }
 
+/// The busy-tick counts of command `seq`'s heartbeats in console text, in
+/// the order the guest printed them.
+pub fn heartbeats(console: &str, seq: u64) -> Vec<u64> {
+    let begin = format!("{BEGIN} {seq}");
+    let mut started = false;
+    let mut beats = Vec::new();
+    for line in console.lines() {
+        let line = line.trim_end_matches('\r');
+        if !started {
+            started = line.trim_end() == begin;
+            continue;
+        }
+        let Some(at) = line.find(BUSY) else { continue };
+        let mut words = line[at + BUSY.len()..].split_whitespace();
+        if words.next().and_then(|w| w.parse::<u64>().ok()) != Some(seq) {
+            continue;
+        }
+        if let Some(ticks) = words.next().and_then(|w| w.parse().ok()) {
+            beats.push(ticks);
+        }
+    }
+    beats
+}
+
+/// Whether a wait goes on: when the command last showed progress, by the
+/// host's clock (`PROGRESS_TICKS` more busy ticks than the heartbeat
+/// before).
+///
+/// A count may read lower than the one before it: a kernel message can
+/// cut a heartbeat's line on the serial console, and the kernel's
+/// per-CPU sums are not strictly monotonic. Only growth between two
+/// consecutive heartbeats counts, so such a reading costs the wait one
+/// heartbeat's progress at most.
+#[derive(Debug)]
+struct Progress {
+    start: Instant,
+    beats_seen: usize,
+    last: Instant,
+    /// The busy ticks the heartbeats added up to so far.
+    grown: u64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        let now = Instant::now();
+        Self {
+            start: now,
+            beats_seen: 0,
+            last: now,
+            grown: 0,
+        }
+    }
+
+    /// Takes in the heartbeats printed so far, at `now`.
+    fn see(&mut self, beats: &[u64], now: Instant) {
+        let from = self.beats_seen.saturating_sub(1).min(beats.len());
+        for pair in beats[from..].windows(2) {
+            let grew = pair[1].saturating_sub(pair[0]);
+            self.grown += grew;
+            if grew >= PROGRESS_TICKS {
+                self.last = now;
+            }
+        }
+        self.beats_seen = self.beats_seen.max(beats.len());
+    }
+
+    /// Why the wait ends at `now`, if it does: `limit` without progress,
+    /// or `PROGRESS_CAP` times `limit` in all.
+    fn expired(&self, limit: Duration, now: Instant) -> Option<String> {
+        let quiet = now - self.last;
+        let all = now - self.start;
+        let seen = || match self.beats_seen {
+            0 => "no heartbeat".to_string(),
+            n => format!("{n} heartbeats, {} busy ticks between them", self.grown),
+        };
+        if quiet > limit {
+            Some(format!("no progress for {quiet:.1?}: {}", seen()))
+        } else if all > limit * PROGRESS_CAP {
+            Some(format!(
+                "still busy at the cap of {PROGRESS_CAP} x {limit:?}: {}",
+                seen()
+            ))
+        } else {
+            None
+        }
+    }
+}
+
 /// Waits until the console file at `console` holds the reply to `seq`.
-/// `stopped` is asked every poll whether the VM has stopped (its reason),
-/// so a guest that dies fails the wait at once instead of at `limit`.
+/// `limit` is how long the command may go without progress (its
+/// heartbeats' busy ticks standing still, or no heartbeats at all); a
+/// command that keeps progressing gets up to `PROGRESS_CAP` times
+/// `limit`. `stopped` is asked every poll whether the VM has stopped (its
+/// reason), so a guest that dies fails the wait at once.
 pub fn wait_reply(
     console: &Path,
     seq: u64,
     limit: Duration,
     mut stopped: impl FnMut() -> Option<String>,
 ) -> Result<Reply, AgentError> {
-    let start = Instant::now();
+    let mut progress = Progress::new();
     loop {
         let text = read_console(console)?;
         if let Some(r) = find_reply(&text, seq) {
@@ -201,10 +320,13 @@ pub fn wait_reply(
             }
             return Err(AgentError::Stopped { seq, why });
         }
-        if start.elapsed() > limit {
+        let now = Instant::now();
+        progress.see(&heartbeats(&text, seq), now);
+        if let Some(why) = progress.expired(limit, now) {
             return Err(AgentError::Timeout {
                 seq,
-                waited: limit,
+                waited: now - progress.start,
+                progress: why,
                 tail: tail(&text, 30),
             });
         }
@@ -282,5 +404,78 @@ mod tests {
         let c = "PAGEFOLD-AGENT-BEGIN 11\nx\nPAGEFOLD-AGENT-END 11 3\n";
         assert_eq!(find_reply(c, 1), None);
         assert_eq!(find_reply(c, 11).unwrap().status, 3);
+    }
+
+    #[test]
+    fn heartbeats_are_not_output_and_belong_to_their_command() {
+        let console = "PAGEFOLD-AGENT-BEGIN 1\nPAGEFOLD-AGENT-BUSY 1 500\nsum=\
+                       PAGEFOLD-AGENT-BUSY 1 620\nabc\nn=2\nPAGEFOLD-AGENT-END 1 0\n\
+                       PAGEFOLD-AGENT-BEGIN 11\nPAGEFOLD-AGENT-BUSY 11 900\n";
+        let r = find_reply(console, 1).unwrap();
+        // The line the second heartbeat split is whole again.
+        assert_eq!(r.output, "sum=abc\nn=2\n");
+        assert_eq!(r.value("sum"), Some("abc"));
+        assert_eq!(heartbeats(console, 1), vec![500, 620]);
+        assert_eq!(heartbeats(console, 11), vec![900]);
+        assert_eq!(heartbeats(console, 2), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn a_wait_goes_on_while_busy_ticks_grow_up_to_its_cap() {
+        let limit = Duration::from_secs(100);
+        let mut p = Progress::new();
+        let start = p.start;
+        let t = |s: u64| start + Duration::from_secs(s);
+        let mut beats = vec![1000];
+        p.see(&beats, t(10));
+        assert_eq!(p.expired(limit, t(99)), None);
+        // Without a heartbeat that grew, the limit counts from the start.
+        assert!(p.expired(limit, t(101)).is_some());
+        // Every heartbeat grows by PROGRESS_TICKS: the wait goes on.
+        for s in (20..=350).step_by(10) {
+            beats.push(beats.last().unwrap() + PROGRESS_TICKS);
+            p.see(&beats, t(s));
+            assert_eq!(p.expired(limit, t(s + 5)), None, "at {s} s");
+        }
+        // Up to the cap, however busy the guest is.
+        beats.push(beats.last().unwrap() + 1000);
+        p.see(&beats, t(395));
+        let why = p.expired(limit, t(401)).unwrap();
+        assert!(why.starts_with("still busy at the cap"), "{why}");
+    }
+
+    #[test]
+    fn a_wait_ends_once_busy_ticks_stand_still() {
+        let limit = Duration::from_secs(100);
+        let mut p = Progress::new();
+        let start = p.start;
+        let t = |s: u64| start + Duration::from_secs(s);
+        let mut beats = vec![1000, 1200];
+        p.see(&beats, t(20));
+        // An idle guest's few ticks are not progress.
+        for s in (30..=120).step_by(10) {
+            beats.push(beats.last().unwrap() + PROGRESS_TICKS - 1);
+            p.see(&beats, t(s));
+        }
+        assert_eq!(p.expired(limit, t(119)), None);
+        let why = p.expired(limit, t(121)).unwrap();
+        assert!(why.starts_with("no progress for"), "{why}");
+        assert!(why.contains("12 heartbeats"), "{why}");
+    }
+
+    #[test]
+    fn a_count_that_reads_lower_costs_one_heartbeat_and_no_panic() {
+        let limit = Duration::from_secs(100);
+        let mut p = Progress::new();
+        let start = p.start;
+        let t = |s: u64| start + Duration::from_secs(s);
+        // The second count was cut short on the console ("1205" of 12050).
+        p.see(&[12000, 1205], t(10));
+        assert!(p.expired(limit, t(101)).is_some());
+        // The next whole count is progress again.
+        p.see(&[12000, 1205, 12100], t(20));
+        assert_eq!(p.expired(limit, t(119)), None);
+        let why = p.expired(limit, t(121)).unwrap();
+        assert!(why.contains("3 heartbeats"), "{why}");
     }
 }
