@@ -81,6 +81,9 @@ pub struct AgentVm {
     pub name: String,
     pub mailbox: Mailbox,
     pub console: PathBuf,
+    /// Its RAM's host addresses, as the server's maps showed them new
+    /// when the VM was created (None if they could not be told apart).
+    pub ram: Option<std::ops::Range<u64>>,
 }
 
 /// A `pagefold serve` process with Linux agent VMs.
@@ -156,6 +159,7 @@ pub fn agent_vm_config(dir: &Path, spec: &Spec, cpu: Option<usize>) -> (VmConfig
             name: spec.name.to_string(),
             mailbox,
             console,
+            ram: None,
         },
     )
 }
@@ -234,8 +238,13 @@ impl Served {
     pub fn create(&mut self, spec: &Spec) -> VmInfo {
         let cpu = emulated_cpu(self.created);
         self.created += 1;
-        let (vc, vm) = agent_vm_config(&self.dir.0, spec, cpu);
+        let (vc, mut vm) = agent_vm_config(&self.dir.0, spec, cpu);
+        let maps = || std::fs::read_to_string(format!("/proc/{}/maps", self.pid()));
+        let before = maps();
         let info = self.client.create_vm(&vc).expect("PUT /vms");
+        if let (Ok(before), Ok(after)) = (before, maps()) {
+            vm.ram = pagemap_audit::new_anon_range(&before, &after, vc.memory_bytes());
+        }
         self.vms.push(vm);
         self.wait_ready(self.vms.len() - 1);
         info
@@ -400,7 +409,30 @@ impl Served {
                 pool_pages: engine.then_some(d.pool_pages),
             }
         };
-        pagemap_audit::wait_agreement(what, pid, claimed, limit).1
+        let per_vm = || self.per_vm_pool_pages(pid);
+        let a = pagemap_audit::wait_agreement_or_report(what, pid, claimed, limit, per_vm).1;
+        eprintln!("{what}: {}", self.per_vm_pool_pages(pid).trim_start());
+        a
+    }
+
+    /// Each VM's merged pages, the engine's figure beside the kernel's
+    /// (pages of its RAM in pool VMAs): which VM's books a disagreement
+    /// is in, or none (then a slot's count of mappers is off, as when a
+    /// VM left without dropping its references).
+    fn per_vm_pool_pages(&self, pid: u32) -> String {
+        let d = self.dedup();
+        let mut out = String::from("\nper VM, merged pages (engine / kernel):");
+        for vm in &self.vms {
+            let engine = d.per_owner.get(&vm.name).map(|o| o.pages_merged);
+            let kernel = vm.ram.clone().map(|r| pagemap_audit::pool_pages_in(pid, r));
+            let mark = if engine.is_some() && engine == kernel {
+                ""
+            } else {
+                "  <-"
+            };
+            out += &format!("\n  {}: {engine:?} / {kernel:?}{mark}", vm.name);
+        }
+        out
     }
 
     /// `PATCH /dedup` with a JSON body of settings (`{"mode": "unmerge"}`).

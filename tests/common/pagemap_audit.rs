@@ -183,6 +183,31 @@ pub fn guest_pages_in(pid: u32, zero_pfn: u64, range: Range<u64>) -> (u64, u64) 
     (present, absent)
 }
 
+/// Pages of process `pid` within `range` (one VM's RAM) that lie in pool
+/// VMAs and are not the guest's own copies made on write: the pages the
+/// kernel shows merged there, as the engine's per-VM `pages_merged`
+/// counts them (KSM's merges left out).
+pub fn pool_pages_in(pid: u32, range: Range<u64>) -> u64 {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
+    let pagemap = File::open(format!("/proc/{pid}/pagemap")).expect("open pagemap");
+    let mut n = 0;
+    for v in parse_maps(&maps)
+        .iter()
+        .filter(|v| v.private && v.path.starts_with(POOL_PATH))
+    {
+        let (start, end) = (v.start.max(range.start), v.end.min(range.end));
+        if start >= end {
+            continue;
+        }
+        let own_copy = |e: u64| e & PM_PRESENT != 0 && e & PM_FILE == 0;
+        n += entries(&pagemap, start..end)
+            .into_iter()
+            .filter(|&e| !own_copy(e))
+            .count() as u64;
+    }
+    n
+}
+
 /// The guest RAM a VM created between two reads of a process's
 /// `/proc/<pid>/maps` brought: the longest stretch of private anonymous
 /// memory in `after` that nothing in `before` mapped, if at least `len`
@@ -254,8 +279,20 @@ impl Claimed {
 pub fn wait_agreement(
     what: &str,
     pid: u32,
+    claimed: impl FnMut() -> Claimed,
+    limit: std::time::Duration,
+) -> (Claimed, Audit) {
+    wait_agreement_or_report(what, pid, claimed, limit, String::new)
+}
+
+/// [`wait_agreement`], with `report`'s text added to the failure: what
+/// the caller knows that narrows a disagreement down (per VM figures).
+pub fn wait_agreement_or_report(
+    what: &str,
+    pid: u32,
     mut claimed: impl FnMut() -> Claimed,
     limit: std::time::Duration,
+    report: impl FnOnce() -> String,
 ) -> (Claimed, Audit) {
     let zero_pfn = super::dedup::zero_pfn();
     let start = std::time::Instant::now();
@@ -267,11 +304,13 @@ pub fn wait_agreement(
             eprintln!("{what}: the page tables agree with the engine: {a:?}");
             return (after, a);
         }
-        assert!(
-            start.elapsed() < limit,
-            "{what}: the engine's figures never agreed with the page tables within {limit:?}: \
-             engine {after:?}, kernel {a:?}"
-        );
+        if start.elapsed() >= limit {
+            panic!(
+                "{what}: the engine's figures never agreed with the page tables within {limit:?}: \
+                 engine {after:?}, kernel {a:?}{}",
+                report()
+            );
+        }
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
 }
