@@ -161,26 +161,34 @@ pub fn guest_pages(pid: u32, zero_pfn: u64) -> (u64, u64) {
 /// [`guest_pages`] within the addresses `range` only: one VM's RAM
 /// ([`new_anon_range`]), pool VMAs the engine mapped into it included.
 pub fn guest_pages_in(pid: u32, zero_pfn: u64, range: Range<u64>) -> (u64, u64) {
+    let (mut present, mut absent) = (0, 0);
+    let guest_ram = |v: &Vma| v.path.is_empty() || v.path.starts_with(POOL_PATH);
+    for_each_entry_in(pid, range, guest_ram, |e| {
+        if e & PM_PRESENT != 0 && e & PM_PFN_MASK != zero_pfn {
+            present += 1;
+        } else {
+            absent += 1;
+        }
+    });
+    (present, absent)
+}
+
+/// Calls `f` with the pagemap entry of each page of process `pid` within
+/// `range` that lies in a private VMA `keep` accepts.
+fn for_each_entry_in(
+    pid: u32,
+    range: Range<u64>,
+    keep: impl Fn(&Vma) -> bool,
+    mut f: impl FnMut(u64),
+) {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
     let pagemap = File::open(format!("/proc/{pid}/pagemap")).expect("open pagemap");
-    let (mut present, mut absent) = (0, 0);
-    for v in parse_maps(&maps).iter().filter(|v| v.private) {
-        if !v.path.is_empty() && !v.path.starts_with(POOL_PATH) {
-            continue;
-        }
+    for v in parse_maps(&maps).iter().filter(|v| v.private && keep(v)) {
         let (start, end) = (v.start.max(range.start), v.end.min(range.end));
-        if start >= end {
-            continue;
-        }
-        for e in entries(&pagemap, start..end) {
-            if e & PM_PRESENT != 0 && e & PM_PFN_MASK != zero_pfn {
-                present += 1;
-            } else {
-                absent += 1;
-            }
+        if start < end {
+            entries(&pagemap, start..end).into_iter().for_each(&mut f);
         }
     }
-    (present, absent)
 }
 
 /// Pages of process `pid` within `range` (one VM's RAM) that lie in pool
@@ -188,23 +196,12 @@ pub fn guest_pages_in(pid: u32, zero_pfn: u64, range: Range<u64>) -> (u64, u64) 
 /// kernel shows merged there, as the engine's per-VM `pages_merged`
 /// counts them (KSM's merges left out).
 pub fn pool_pages_in(pid: u32, range: Range<u64>) -> u64 {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
-    let pagemap = File::open(format!("/proc/{pid}/pagemap")).expect("open pagemap");
     let mut n = 0;
-    for v in parse_maps(&maps)
-        .iter()
-        .filter(|v| v.private && v.path.starts_with(POOL_PATH))
-    {
-        let (start, end) = (v.start.max(range.start), v.end.min(range.end));
-        if start >= end {
-            continue;
-        }
-        let own_copy = |e: u64| e & PM_PRESENT != 0 && e & PM_FILE == 0;
-        n += entries(&pagemap, start..end)
-            .into_iter()
-            .filter(|&e| !own_copy(e))
-            .count() as u64;
-    }
+    let pool = |v: &Vma| v.path.starts_with(POOL_PATH);
+    for_each_entry_in(pid, range, pool, |e| {
+        let own_copy = e & PM_PRESENT != 0 && e & PM_FILE == 0;
+        n += u64::from(!own_copy);
+    });
     n
 }
 
@@ -318,6 +315,28 @@ pub fn wait_agreement_or_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The walks count this process's own pages: written ones present,
+    /// the others absent, and none in a pool VMA.
+    #[test]
+    fn the_walks_count_a_mappings_written_and_untouched_pages() {
+        const N: usize = 16;
+        let len = N * PAGE as usize;
+        let base = pagefold_dedup::mm::map_anon(len).expect("map") as usize;
+        for p in [0, 3, 4, 9, 15] {
+            // SAFETY: page `p` of the test's own private mapping.
+            unsafe { *((base + p * PAGE as usize) as *mut u8) = 1 };
+        }
+        let (b, e) = (base as u64, (base + len) as u64);
+        let pid = std::process::id();
+        let zero = super::super::dedup::zero_pfn();
+        assert_eq!(guest_pages_in(pid, zero, b..e), (5, 11));
+        // Half the range: pages 0, 3 and 4 of the first eight.
+        assert_eq!(guest_pages_in(pid, zero, b..b + 8 * PAGE), (3, 5));
+        assert_eq!(pool_pages_in(pid, b..e), 0);
+        // SAFETY: the test's own mapping, no longer used.
+        unsafe { pagefold_dedup::mm::unmap(base as *mut u8, len) };
+    }
 
     #[test]
     fn parses_maps_lines_with_and_without_paths() {
