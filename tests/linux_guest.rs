@@ -303,7 +303,7 @@ fn link_up(n: u8) -> String {
 const TRANSFER_LIMIT: Duration = Duration::from_secs(600);
 
 /// How long [`balloon_check`]'s fill of 256 MiB may take in all: the
-/// emulated host's allowance for it (it took 200 s in one run there).
+/// emulated host's allowance for it.
 const FILL_TIME: Duration = Duration::from_secs(600);
 
 /// What the NICs must do, with the guests still running: each guest

@@ -406,6 +406,11 @@ mod tests {
         assert_eq!(find_reply(c, 11).unwrap().status, 3);
     }
 
+    /// The instant `s` seconds after `start`.
+    fn secs_after(start: Instant) -> impl Fn(u64) -> Instant {
+        move |s| start + Duration::from_secs(s)
+    }
+
     #[test]
     fn heartbeats_are_not_output_and_belong_to_their_command() {
         let console = "PAGEFOLD-AGENT-BEGIN 1\nPAGEFOLD-AGENT-BUSY 1 500\nsum=\
@@ -424,8 +429,7 @@ mod tests {
     fn a_wait_goes_on_while_busy_ticks_grow_up_to_its_cap() {
         let limit = Duration::from_secs(100);
         let mut p = Progress::new();
-        let start = p.start;
-        let t = |s: u64| start + Duration::from_secs(s);
+        let t = secs_after(p.start);
         let mut beats = vec![1000];
         p.see(&beats, t(10));
         assert_eq!(p.expired(limit, t(99)), None);
@@ -448,8 +452,7 @@ mod tests {
     fn a_wait_ends_once_busy_ticks_stand_still() {
         let limit = Duration::from_secs(100);
         let mut p = Progress::new();
-        let start = p.start;
-        let t = |s: u64| start + Duration::from_secs(s);
+        let t = secs_after(p.start);
         let mut beats = vec![1000, 1200];
         p.see(&beats, t(20));
         // An idle guest's few ticks are not progress.
@@ -467,8 +470,7 @@ mod tests {
     fn a_count_that_reads_lower_costs_one_heartbeat_and_no_panic() {
         let limit = Duration::from_secs(100);
         let mut p = Progress::new();
-        let start = p.start;
-        let t = |s: u64| start + Duration::from_secs(s);
+        let t = secs_after(p.start);
         // The second count was cut short on the console ("1205" of 12050).
         p.see(&[12000, 1205], t(10));
         assert!(p.expired(limit, t(101)).is_some());
