@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::linux_host::{self, hardware_virtualization, image, Emulation};
 use common::linux_net::{self, guest_addr, Bridge, HOST_ADDR, PREFIX};
-use common::linux_vms::{assert_no_warnings, longest_wakeup, Served, Spec};
+use common::linux_vms::{assert_no_warnings, longest_wakeup, Served, Spec, WORK_CAP};
 use common::*;
 use pagefold_api::dedup_view::{AutoView, DedupView};
 use pagefold_vmm::linux::agent::Reply;
@@ -703,23 +703,27 @@ const REPORT_GOAL: Duration = Duration::from_secs(5);
 /// own with four; with three the third shares one with the first).
 /// `net`: give the guests NICs and run [`network_check`] at the end.
 fn keep_files_through_merge_cow_and_unmerge(test: &str, dedup: &str, cpus: u32, net: bool) {
+    let step = Duration::from_secs(180);
     if !linux_host::run_here(
         test,
         &Emulation {
             cpus: Some(cpus),
-            // The steps fill most of the default limit; the network's transfers and
-            // the balloon's fill may take up to their limits on top.
-            timeout: if net {
-                Duration::from_secs(900) + 2 * TRANSFER_LIMIT + FILL_TIME
-            } else {
-                Emulation::default().timeout
-            },
+            // The steps fill most of the default limit; one wait for the
+            // backend may go on while it works (kernel KSM's passes after
+            // unmerge), and the network's transfers and the balloon's fill
+            // may take up to their limits on top.
+            timeout: Emulation::default().timeout
+                + (WORK_CAP - 1) * step
+                + if net {
+                    2 * TRANSFER_LIMIT + FILL_TIME
+                } else {
+                    Duration::ZERO
+                },
             ..Emulation::default()
         },
     ) {
         return;
     }
-    let step = Duration::from_secs(180);
     let nic = |spec: Spec| {
         if net {
             let tap = tap_of(spec.name);

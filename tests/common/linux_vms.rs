@@ -29,6 +29,64 @@ use super::{api_client, bin, TempDir};
 /// machine).
 pub const BOOT_LIMIT: Duration = Duration::from_secs(240);
 
+/// The backend CPU time that counts as work in [`Served::wait_dedup`].
+pub const WORK_SECONDS: f64 = 1.0;
+
+/// The longest [`Served::wait_dedup`] waits while the backend works, in
+/// multiples of its limit.
+pub const WORK_CAP: u32 = 4;
+
+/// When a dedup backend last worked, by its CPU time.
+#[derive(Debug)]
+struct Work {
+    start: Instant,
+    /// The CPU time at the start.
+    first: f64,
+    /// The CPU time at the last mark, and when that was.
+    mark: (f64, Instant),
+    /// The CPU time seen last.
+    seen: f64,
+}
+
+impl Work {
+    fn new(cpu_seconds: f64, now: Instant) -> Self {
+        Self {
+            start: now,
+            first: cpu_seconds,
+            mark: (cpu_seconds, now),
+            seen: cpu_seconds,
+        }
+    }
+
+    /// Takes in the backend's CPU time at `now`.
+    fn see(&mut self, cpu_seconds: f64, now: Instant) {
+        self.seen = cpu_seconds;
+        if cpu_seconds - self.mark.0 >= WORK_SECONDS {
+            self.mark = (cpu_seconds, now);
+        }
+    }
+
+    /// Why the wait ends at `now`, if it does.
+    fn expired(&self, limit: Duration, now: Instant) -> Option<String> {
+        let idle = now - self.mark.1;
+        let all = now - self.start;
+        if idle > limit {
+            Some(format!(
+                "the backend used under {WORK_SECONDS} s of CPU in {idle:.1?} \
+                 ({:.1} s in {all:.1?} in all)",
+                self.seen - self.first
+            ))
+        } else if all > limit * WORK_CAP {
+            Some(format!(
+                "still working at the cap of {WORK_CAP} x {limit:?} ({:.1} s of CPU in all)",
+                self.seen - self.first
+            ))
+        } else {
+            None
+        }
+    }
+}
+
 /// A VM to serve.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -443,6 +501,15 @@ impl Served {
     }
 
     /// Waits until `cond` holds of the dedup view; returns that view.
+    ///
+    /// `limit` is how long the backend may go without working (its CPU
+    /// time, `cpu_seconds`, growing by [`WORK_SECONDS`]); while it works,
+    /// the wait goes on up to [`WORK_CAP`] times `limit`. Under the
+    /// emulated host a pass over three guests' RAM takes minutes, and
+    /// kernel KSM shows nothing for a whole pass after it starts over (its
+    /// first look only takes checksums), so a fixed limit fails a backend
+    /// that is slow but on its way, while one that stopped still fails
+    /// after `limit`.
     pub fn wait_dedup(
         &self,
         what: &str,
@@ -450,16 +517,18 @@ impl Served {
         mut cond: impl FnMut(&DedupView) -> bool,
     ) -> DedupView {
         let start = Instant::now();
+        let mut work = Work::new(self.dedup().cpu_seconds, start);
         loop {
             let d = self.dedup();
             if cond(&d) {
                 eprintln!("{what}: after {:.1?}", start.elapsed());
                 return d;
             }
-            assert!(
-                start.elapsed() < limit,
-                "timed out after {limit:?} waiting for {what}: {d:?}"
-            );
+            let now = Instant::now();
+            work.see(d.cpu_seconds, now);
+            if let Some(why) = work.expired(limit, now) {
+                panic!("gave up waiting for {what}: {why}: {d:?}");
+            }
             std::thread::sleep(Duration::from_millis(250));
         }
     }
@@ -557,4 +626,41 @@ pub fn assert_no_warnings(stderr: &str) {
         w.join("\n"),
         lines[first.saturating_sub(60)..first].join("\n")
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dedup_wait_goes_on_while_the_backend_works_up_to_its_cap() {
+        let start = Instant::now();
+        let t = |s: u64| start + Duration::from_secs(s);
+        let limit = Duration::from_secs(60);
+        let mut w = Work::new(10.0, start);
+        // A second of CPU every 50 s keeps it going past the limit...
+        for s in (50..=200).step_by(50) {
+            w.see(10.0 + (s / 50) as f64 * WORK_SECONDS, t(s));
+            assert_eq!(w.expired(limit, t(s + 5)), None, "at {s} s");
+        }
+        // ...up to four times the limit in all.
+        w.see(20.0, t(239));
+        assert_eq!(w.expired(limit, t(240)), None);
+        let why = w.expired(limit, t(241)).expect("past the cap");
+        assert!(why.contains("cap"), "{why}");
+    }
+
+    #[test]
+    fn a_dedup_wait_ends_a_limit_after_the_backend_stops() {
+        let start = Instant::now();
+        let t = |s: u64| start + Duration::from_secs(s);
+        let limit = Duration::from_secs(60);
+        let mut w = Work::new(3.0, start);
+        w.see(4.5, t(30));
+        // Under a second more in the next 60 s: not work.
+        w.see(5.4, t(80));
+        assert_eq!(w.expired(limit, t(90)), None);
+        let why = w.expired(limit, t(91)).expect("a limit without work");
+        assert!(why.contains("2.4 s in"), "{why}");
+    }
 }
