@@ -206,16 +206,18 @@ pub fn pool_pages_in(pid: u32, range: Range<u64>) -> u64 {
 }
 
 /// The guest RAM a VM created between two reads of a process's
-/// `/proc/<pid>/maps` brought: the longest stretch of private anonymous
-/// memory in `after` that nothing in `before` mapped, if at least `len`
-/// bytes long (a VM's RAM is one anonymous mapping when it is created;
-/// new thread stacks and heap are far smaller).
+/// `/proc/<pid>/maps` brought: the longest stretch of guest RAM's kind
+/// (private anonymous memory and pool VMAs) in `after` that nothing in
+/// `before` mapped, if at least `len` bytes long. A VM's RAM is one
+/// anonymous mapping when it is created, and the engine may have merged
+/// some of its pages (the loaded kernel's, the initrd's) into pool VMAs
+/// by the second read; new thread stacks and heap are far smaller.
 pub fn new_anon_range(before: &str, after: &str, len: u64) -> Option<Range<u64>> {
     let old = parse_maps(before);
     let mut pieces: Vec<Range<u64>> = Vec::new();
     for v in parse_maps(after)
         .iter()
-        .filter(|v| v.private && v.path.is_empty())
+        .filter(|v| v.private && (v.path.is_empty() || v.path.starts_with(POOL_PATH)))
     {
         // `v` minus every old mapping it overlaps (maps are sorted).
         let mut at = v.start;
@@ -373,5 +375,20 @@ mod tests {
         );
         assert_eq!(new_anon_range(before, after, 1 << 30), None);
         assert_eq!(new_anon_range(after, after, 0), None);
+    }
+
+    #[test]
+    fn a_new_vms_ram_takes_in_the_pool_vmas_merges_put_in_it() {
+        let before = "7f0100000000-7f0100001000 rw-p 00000000 00:01 9 /memfd:pagefold-pool\n";
+        // 128 MiB of RAM with four pages about its middle merged by the
+        // second read: three VMAs, none of them 64 MiB long alone.
+        let after = "7f0000000000-7f0003ffe000 rw-p 00000000 00:00 0 \n\
+                     7f0003ffe000-7f0004002000 rw-p 00005000 00:01 9 /memfd:pagefold-pool\n\
+                     7f0004002000-7f0008000000 rw-p 00000000 00:00 0 \n\
+                     7f0100000000-7f0100001000 rw-p 00000000 00:01 9 /memfd:pagefold-pool\n";
+        assert_eq!(
+            new_anon_range(before, after, 64 << 20),
+            Some(0x7f0000000000..0x7f0008000000)
+        );
     }
 }
