@@ -769,11 +769,15 @@ impl Core {
         for &s in &self.orphans {
             *count.entry(s).or_default() += 1;
         }
+        let vmas = pool_vmas(self.pool.raw_fd())?;
         for r in &self.regions {
             let mut e = vec![Entry(0); r.npages];
             self.pagemap
                 .read(r.addr, &mut e)
                 .map_err(|e| e.to_string())?;
+            if !r.assisted {
+                check_pool_mappings(r, &e, &vmas)?;
+            }
             for (i, &ent) in e.iter().enumerate() {
                 if region::kind(r.state[i]) == MERGED {
                     *count.entry(r.word[i]).or_default() += 1;
@@ -833,4 +837,78 @@ impl Core {
         let fixed = (self.scratch.capacity() * 8) as u64;
         (self.metadata_bytes() - fixed) as f64 / t as f64
     }
+}
+
+/// The private mappings of the pool memfd `fd` in this process (the pool
+/// VMAs merges make), as (start, end, file offset), sorted by address.
+#[cfg(any(test, feature = "testing"))]
+fn pool_vmas(fd: std::os::fd::RawFd) -> Result<Vec<(usize, usize, u64)>, String> {
+    // SAFETY: fstat writes into the zeroed struct it is given; `fd` is the
+    // pool's open memfd.
+    let inode = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return Err(format!("fstat pool: {}", std::io::Error::last_os_error()));
+        }
+        st.st_ino
+    };
+    let maps = procfs::process::Process::myself()
+        .and_then(|p| p.maps())
+        .map_err(|e| format!("/proc/self/maps: {e}"))?;
+    Ok(maps
+        .into_iter()
+        .filter(|m| m.inode == inode && m.perms.contains(procfs::process::MMPermissions::PRIVATE))
+        .map(|m| (m.address.0 as usize, m.address.1 as usize, m.offset))
+        .collect())
+}
+
+/// Region `r`'s pages against the pool VMAs (`vmas`, sorted) and their
+/// pagemap entries `e`: a MERGED page lies in a pool VMA at its slot's
+/// offset (where it reads its slot, or its copy-on-write copy not yet
+/// noticed), and a page the books do not count as merged that lies in a
+/// pool VMA has a page of its own there (a copy made on write), never the
+/// pool page itself, which its slot's mapper count would then leave out.
+/// These are what the host kernel's page tables count (the Linux-guest
+/// tests' audit), beyond the books' own agreement.
+#[cfg(any(test, feature = "testing"))]
+fn check_pool_mappings(
+    r: &Region,
+    e: &[Entry],
+    vmas: &[(usize, usize, u64)],
+) -> Result<(), String> {
+    let first = vmas.partition_point(|v| v.1 <= r.addr);
+    let mut v = vmas[first..].iter().peekable();
+    for (i, &ent) in e.iter().enumerate() {
+        let a = r.page_addr(i);
+        while v.peek().is_some_and(|x| x.1 <= a) {
+            v.next();
+        }
+        let offset = v
+            .peek()
+            .filter(|x| x.0 <= a)
+            .map(|x| x.2 + (a - x.0) as u64);
+        let merged = region::kind(r.state[i]) == MERGED;
+        match offset {
+            None if merged => {
+                return Err(format!(
+                    "page {i} of {:?} is merged with slot {} but lies outside the pool VMAs",
+                    r.id, r.word[i]
+                ));
+            }
+            Some(o) if merged && o != r.word[i] as u64 * crate::PAGE_SIZE as u64 => {
+                return Err(format!(
+                    "page {i} of {:?} is merged with slot {} but maps pool offset {o:#x}",
+                    r.id, r.word[i]
+                ));
+            }
+            Some(o) if !merged && ent.no_page() => {
+                return Err(format!(
+                    "page {i} of {:?} (state {:#x}) reads pool offset {o:#x}, which its books do not count",
+                    r.id, r.state[i]
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
