@@ -11,25 +11,11 @@ use std::os::fd::AsRawFd;
 
 use pagefold_dedup::{mm, DedupBackend};
 
-/// Two regions of `n` pages, page i of each the pattern of `500 + i`,
-/// merged pairwise in one group; the engine is declared first so that
-/// it is dropped (and lets go of the regions) before them.
-fn merged_pair(e: &pagefold_dedup::Engine, n: usize) -> (Mem, Mem) {
-    let (a, b) = (Mem::new(n), Mem::new(n));
-    a.fill_from(500);
-    b.fill_from(500);
-    a.register(e, "a", "g");
-    b.register(e, "b", "g");
-    e.scan_now(3);
-    assert_eq!(e.stats().pages_sharing, n as u64);
-    e.check_consistency().unwrap();
-    (a, b)
-}
-
 #[test]
 fn a_merged_page_mapped_over_behind_the_engines_back_is_reported() {
     let e = engine(256);
-    let (a, _b) = merged_pair(&e, 16);
+    let (a, _b) = merged_pair(&e, 16, 500);
+    e.check_consistency().unwrap();
     // SAFETY: a's page 3 lies in a's mapping; its content is the test's
     // (it reads zeros afterwards, which nothing checks).
     let p = unsafe {
@@ -53,7 +39,8 @@ fn a_merged_page_mapped_over_behind_the_engines_back_is_reported() {
 #[test]
 fn a_page_its_books_call_its_own_that_reads_the_pool_is_reported() {
     let e = engine(256);
-    let (_a, b) = merged_pair(&e, 16);
+    let (_a, b) = merged_pair(&e, 16, 500);
+    e.check_consistency().unwrap();
     // A third region of unique pages: none of them merges.
     let c = Mem::new(4);
     c.fill_from(9000);

@@ -14,29 +14,11 @@ use pagefold_dedup::ksm::KsmBackend;
 use pagefold_dedup::pagemap::Pagemap;
 use pagefold_dedup::{DedupBackend, Security};
 
-/// Two regions of `n` pages, page i of each the pattern of `1000 + i`,
-/// merged pairwise in one group.
-fn merged_pair(e: &pagefold_dedup::Engine, n: usize) -> (Mem, Mem) {
-    let (a, b) = (Mem::new(n), Mem::new(n));
-    a.fill_from(1000);
-    b.fill_from(1000);
-    a.register(e, "a", "g");
-    b.register(e, "b", "g");
-    e.scan_now(3);
-    let s = e.stats();
-    assert_eq!(
-        (s.pages_sharing, s.pool_pages),
-        (n as u64, n as u64),
-        "{s:?}"
-    );
-    (a, b)
-}
-
 #[test]
 fn a_merged_page_given_back_leaves_the_pool_without_a_copy() {
     let e = engine(256);
     let pm = Pagemap::open().unwrap();
-    let (a, b) = merged_pair(&e, 32);
+    let (a, b) = merged_pair(&e, 32, 1000);
     let pool_pfn = b.pfn(&pm, 5);
     assert!(b.entry(&pm, 5).file(), "b's page 5 maps the pool");
 
@@ -153,7 +135,7 @@ fn a_page_written_since_its_merge_reads_zeros_once_given_back() {
     // engine not told yet): MADV_DONTNEED there would show the pool page.
     let e = engine(256);
     let pm = Pagemap::open().unwrap();
-    let (a, b) = merged_pair(&e, 8);
+    let (a, b) = merged_pair(&e, 8, 1000);
     a.fill(2, 99);
     let en = a.entry(&pm, 2);
     assert!(

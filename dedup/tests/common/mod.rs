@@ -358,3 +358,22 @@ pub fn liveness_bound(native: std::time::Duration) -> std::time::Duration {
         .unwrap_or(1);
     native * scale
 }
+
+/// Two regions of `n` pages, page i of each the pattern of `base + i`,
+/// registered as owners "a" and "b" of group "g" and merged pairwise:
+/// every page of b shares a's, each pair on a pool page of its own.
+pub fn merged_pair(e: &Engine, n: usize, base: u64) -> (Mem, Mem) {
+    let (a, b) = (Mem::new(n), Mem::new(n));
+    a.fill_from(base);
+    b.fill_from(base);
+    a.register(e, "a", "g");
+    b.register(e, "b", "g");
+    e.scan_now(3);
+    let s = e.stats();
+    assert_eq!(
+        (s.pages_sharing, s.pool_pages),
+        (n as u64, n as u64),
+        "{s:?}"
+    );
+    (a, b)
+}
