@@ -70,6 +70,19 @@ struct Vma {
     path: String,
 }
 
+impl Vma {
+    /// A private mapping of the engine's pool memfd: merged guest pages.
+    fn is_pool(&self) -> bool {
+        self.private && self.path.starts_with(POOL_PATH)
+    }
+
+    /// A mapping of guest RAM's kind: private anonymous memory, or a pool
+    /// VMA the engine mapped into it.
+    fn is_guest_ram(&self) -> bool {
+        self.private && (self.path.is_empty() || self.is_pool())
+    }
+}
+
 fn parse_maps(text: &str) -> Vec<Vma> {
     text.lines()
         .filter_map(|l| {
@@ -111,11 +124,9 @@ pub fn audit(pid: u32, zero_pfn: u64) -> Audit {
     let mut pool: HashMap<(u64, u64), u64> = HashMap::new();
     let mut anon: HashMap<u64, u64> = HashMap::new();
     let mut a = Audit::default();
-    for v in parse_maps(&maps).iter().filter(|v| v.private) {
-        let pool_vma = v.path.starts_with(POOL_PATH);
-        if !pool_vma && !v.path.is_empty() {
-            continue; // files, heap, stack, vdso: not guest memory
-        }
+    // Files, heap, stack, vdso: not guest memory.
+    for v in parse_maps(&maps).iter().filter(|v| v.is_guest_ram()) {
+        let pool_vma = v.is_pool();
         for (i, e) in entries(&pagemap, v.start..v.end).into_iter().enumerate() {
             let present = e & PM_PRESENT != 0;
             let file = e & PM_FILE != 0;
@@ -162,8 +173,7 @@ pub fn guest_pages(pid: u32, zero_pfn: u64) -> (u64, u64) {
 /// ([`new_anon_range`]), pool VMAs the engine mapped into it included.
 pub fn guest_pages_in(pid: u32, zero_pfn: u64, range: Range<u64>) -> (u64, u64) {
     let (mut present, mut absent) = (0, 0);
-    let guest_ram = |v: &Vma| v.path.is_empty() || v.path.starts_with(POOL_PATH);
-    for_each_entry_in(pid, range, guest_ram, |e| {
+    for_each_entry_in(pid, range, Vma::is_guest_ram, |e| {
         if e & PM_PRESENT != 0 && e & PM_PFN_MASK != zero_pfn {
             present += 1;
         } else {
@@ -174,7 +184,7 @@ pub fn guest_pages_in(pid: u32, zero_pfn: u64, range: Range<u64>) -> (u64, u64) 
 }
 
 /// Calls `f` with the pagemap entry of each page of process `pid` within
-/// `range` that lies in a private VMA `keep` accepts.
+/// `range` that lies in a VMA `keep` accepts.
 fn for_each_entry_in(
     pid: u32,
     range: Range<u64>,
@@ -183,7 +193,7 @@ fn for_each_entry_in(
 ) {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
     let pagemap = File::open(format!("/proc/{pid}/pagemap")).expect("open pagemap");
-    for v in parse_maps(&maps).iter().filter(|v| v.private && keep(v)) {
+    for v in parse_maps(&maps).iter().filter(|v| keep(v)) {
         let (start, end) = (v.start.max(range.start), v.end.min(range.end));
         if start < end {
             entries(&pagemap, start..end).into_iter().for_each(&mut f);
@@ -197,8 +207,7 @@ fn for_each_entry_in(
 /// counts them (KSM's merges left out).
 pub fn pool_pages_in(pid: u32, range: Range<u64>) -> u64 {
     let mut n = 0;
-    let pool = |v: &Vma| v.path.starts_with(POOL_PATH);
-    for_each_entry_in(pid, range, pool, |e| {
+    for_each_entry_in(pid, range, Vma::is_pool, |e| {
         let own_copy = e & PM_PRESENT != 0 && e & PM_FILE == 0;
         n += u64::from(!own_copy);
     });
@@ -215,10 +224,7 @@ pub fn pool_pages_in(pid: u32, range: Range<u64>) -> u64 {
 pub fn new_anon_range(before: &str, after: &str, len: u64) -> Option<Range<u64>> {
     let old = parse_maps(before);
     let mut pieces: Vec<Range<u64>> = Vec::new();
-    for v in parse_maps(after)
-        .iter()
-        .filter(|v| v.private && (v.path.is_empty() || v.path.starts_with(POOL_PATH)))
-    {
+    for v in parse_maps(after).iter().filter(|v| v.is_guest_ram()) {
         // `v` minus every old mapping it overlaps (maps are sorted).
         let mut at = v.start;
         for o in old.iter().filter(|o| o.start < v.end && o.end > v.start) {
