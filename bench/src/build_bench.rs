@@ -578,8 +578,13 @@ pub(crate) fn row(
     want: u64,
     host: &HostId,
     load_avg: [f64; 3],
-    warnings: Vec<String>,
+    mut warnings: Vec<String>,
 ) -> BuildRow {
+    warnings.extend(
+        runs.iter()
+            .enumerate()
+            .filter_map(|(i, r)| assist_warning(system, i, r)),
+    );
     let col = |f: fn(&BuildRun) -> f64| -> (f64, f64) {
         mean_stdev(&runs.iter().map(f).collect::<Vec<_>>())
     };
@@ -634,6 +639,23 @@ pub(crate) fn row(
         warnings,
         per_run: runs,
     }
+}
+
+/// A pagefold run in which the KSM assist took the guests' group says so:
+/// ksmd then does the merging, its CPU counts as the engine's, and the
+/// run's figures describe kernel KSM at the assist's pace more than the
+/// engine. Whether it engages depends on how scattered a pass's merges
+/// come out, so runs of one system can differ in it.
+fn assist_warning(system: &str, i: usize, run: &BuildRun) -> Option<String> {
+    let ksmd = run.samples.last().map_or(0.0, |x| x.ksm_cpu_s);
+    (system.starts_with("pagefold") && ksmd > 0.0).then(|| {
+        format!(
+            "{system} run {}: the KSM assist took the guests' group; ksmd used {ksmd:.1} s \
+             of the engine's {:.1} s of CPU (docs/engine.md, \"The KSM assist\")",
+            i + 1,
+            run.engine_cpu_s
+        )
+    })
 }
 
 /// A backend for `s` (None for `off`), and the scripted source's handle
@@ -1026,6 +1048,66 @@ mod tests {
         let x = BuildSample::of(1.0, Some(&st("ksm")));
         assert_eq!((x.cpu_s, x.ksm_cpu_s), (5.0, 5.0));
         assert_eq!(BuildSample::of(1.0, None).ksm_cpu_s, 0.0);
+    }
+
+    /// A run whose last sample shows ksmd's CPU under the assist.
+    fn run_with_ksmd(ksm_cpu_s: f64) -> BuildRun {
+        BuildRun {
+            real_s: 10.0,
+            user_s: 1.0,
+            sys_s: 1.0,
+            guest_cpu_s: 1.0,
+            engine_cpu_s: 4.0,
+            npages: 1,
+            pages_sharing: 1,
+            zero_pages: 0,
+            peak_npages: 1,
+            t_final_npages_s: None,
+            cow_breaks: 0,
+            merges: 1,
+            hint_merges: 0,
+            hint_merge_delay_ms: None,
+            origins: None,
+            pages_read: 0,
+            pages_written: 0,
+            pages_reused: 0,
+            checksums: vec![7, 7],
+            trigger_s: None,
+            samples: vec![BuildSample {
+                ksm_cpu_s,
+                ..BuildSample::of(9.0, None)
+            }],
+        }
+    }
+
+    /// A pagefold row says which runs the KSM assist took over (ksmd's CPU
+    /// in the engine's); kernel KSM's rows, all ksmd, do not.
+    #[test]
+    fn a_row_names_the_runs_the_ksm_assist_took_over() {
+        let host = HostId {
+            kind: "pvm".into(),
+            kernel: "6.18".into(),
+            max_map_count: 65530,
+        };
+        let runs = vec![run_with_ksmd(0.0), run_with_ksmd(2.5)];
+        let r = row("pagefold-on", runs, 7, &host, [0.0; 3], vec!["x".into()]);
+        assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+        assert_eq!(r.warnings[0], "x");
+        assert!(
+            r.warnings[1].starts_with("pagefold-on run 2: the KSM assist took")
+                && r.warnings[1].contains("ksmd used 2.5 s of the engine's 4.0 s"),
+            "{:?}",
+            r.warnings
+        );
+        let k = row(
+            "ksm-10000",
+            vec![run_with_ksmd(4.0)],
+            7,
+            &host,
+            [0.0; 3],
+            vec![],
+        );
+        assert!(k.warnings.is_empty(), "{:?}", k.warnings);
     }
 
     #[test]
