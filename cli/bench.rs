@@ -268,7 +268,8 @@ pub struct AutoArgs {
 pub struct BuildArgs {
     #[command(flatten)]
     pub out: Outputs,
-    /// Comma-separated subset of off, pagefold-on, pagefold-auto,
+    /// Comma-separated subset of off, pagefold-on, pagefold-on-nohints,
+    /// pagefold-on-nolog, pagefold-on-noassist, pagefold-auto,
     /// ksm-default, ksm-10000 (default: all).
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<String>,

@@ -32,11 +32,12 @@ use crate::region::PAGE;
 use crate::system::KSM_DEFAULT_KNOBS;
 
 /// Names accepted by [`select_build_systems`], in run order.
-pub const BUILD_SYSTEM_NAMES: [&str; 7] = [
+pub const BUILD_SYSTEM_NAMES: [&str; 8] = [
     "off",
     "pagefold-on",
     "pagefold-on-nohints",
     "pagefold-on-nolog",
+    "pagefold-on-noassist",
     "pagefold-auto",
     "ksm-default",
     "ksm-10000",
@@ -62,6 +63,11 @@ pub enum BuildSystem {
     /// The same without the write log (KVM's dirty log not read: every
     /// visit reads pagemap, as before the log).
     PagefoldOnNoLog,
+    /// The same with the KSM assist off: the engine alone. Whether the
+    /// assist takes two Linux guests' group depends on how scattered one
+    /// pass's merges come out, and it took it in some build runs and not
+    /// in others of the same binary; then ksmd did the merging.
+    PagefoldOnNoAssist,
     /// The same, never parking the vCPUs around merges (every merge's TLB
     /// flush is an IPI to the CPUs running them): what parking costs or
     /// saves on this host (`bench linux-read` only).
@@ -85,6 +91,7 @@ impl BuildSystem {
             Self::PagefoldOn => "pagefold-on",
             Self::PagefoldOnNoHints => "pagefold-on-nohints",
             Self::PagefoldOnNoLog => "pagefold-on-nolog",
+            Self::PagefoldOnNoAssist => "pagefold-on-noassist",
             Self::PagefoldOnNoPark => "pagefold-on-nopark",
             Self::PagefoldHardened => "pagefold-hardened",
             Self::PagefoldAuto => "pagefold-auto",
@@ -121,6 +128,7 @@ pub fn select_build_systems(names: &[String]) -> Result<Vec<BuildSystem>, BenchE
         BuildSystem::PagefoldOn,
         BuildSystem::PagefoldOnNoHints,
         BuildSystem::PagefoldOnNoLog,
+        BuildSystem::PagefoldOnNoAssist,
         BuildSystem::PagefoldAuto,
         BuildSystem::Ksm("ksm-default", KSM_DEFAULT_KNOBS),
         BuildSystem::Ksm("ksm-10000", KSM_10000_KNOBS),
@@ -669,6 +677,7 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
         BuildSystem::PagefoldOn
         | BuildSystem::PagefoldOnNoHints
         | BuildSystem::PagefoldOnNoLog
+        | BuildSystem::PagefoldOnNoAssist
         | BuildSystem::PagefoldOnNoPark
         | BuildSystem::PagefoldHardened
         | BuildSystem::PagefoldAuto => {
@@ -676,6 +685,10 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
             // write log). The run holds the KSM lock (`ksm_exclusive`), so
             // the assist is told so: otherwise it finds the lock taken and
             // never engages.
+            let mut config = crate::system::engine_config_locked();
+            if s == BuildSystem::PagefoldOnNoAssist {
+                config.assist.mode = pagefold_dedup::AssistMode::Off;
+            }
             let engine = Engine::new(EngineConfig {
                 io_hints: s != BuildSystem::PagefoldOnNoHints,
                 write_log: s != BuildSystem::PagefoldOnNoLog,
@@ -684,7 +697,7 @@ pub(crate) fn make_backend(s: BuildSystem) -> Result<Made, BenchError> {
                 } else {
                     pagefold_vmm::dedup::quiesce_min_ops()
                 },
-                ..crate::system::engine_config_locked()
+                ..config
             })
             .map_err(pagefold_dedup::Error::from)
             .map_err(e)?;
@@ -1230,8 +1243,9 @@ mod tests {
         }
         let off = &r.rows[0];
         assert_eq!((off.npages_mean, off.engine_cpu_mean_s), (0.0, 0.0));
-        for on in &r.rows[1..4] {
-            // pagefold-on, pagefold-on-nohints and -nolog all merge.
+        for on in &r.rows[1..5] {
+            // pagefold-on, pagefold-on-nohints, -nolog and -noassist all
+            // merge.
             assert!(on.peak_saving_mean_bytes > 0.0, "{on:?}");
             assert!(on.per_run.iter().all(|x| x.merges > 0), "{on:?}");
             assert!(on.engine_us_per_merge.is_some_and(|u| u > 0.0), "{on:?}");
@@ -1248,7 +1262,10 @@ mod tests {
         // host), so that some are is not asserted: dedup/tests/hints.rs
         // shows hinted pages merging before any scan could.
         for row in r.rows.iter().filter(|x| x.system != "pagefold-auto") {
-            let hinted = matches!(row.system.as_str(), "pagefold-on" | "pagefold-on-nolog");
+            let hinted = matches!(
+                row.system.as_str(),
+                "pagefold-on" | "pagefold-on-nolog" | "pagefold-on-noassist"
+            );
             for run in &row.per_run {
                 if !hinted {
                     assert_eq!(run.hint_merges, 0, "{}: {run:?}", row.system);
