@@ -658,8 +658,8 @@ fn assist_warning(system: &str, i: usize, run: &BuildRun) -> Option<String> {
     let ksmd = run.samples.last().map_or(0.0, |x| x.ksm_cpu_s);
     (system.starts_with("pagefold") && ksmd > 0.0).then(|| {
         format!(
-            "{system} run {}: the KSM assist took the guests' group; ksmd used {ksmd:.1} s \
-             of the engine's {:.1} s of CPU (docs/engine.md, \"The KSM assist\")",
+            "run {}: the KSM assist took the guests' group; ksmd used {ksmd:.1} s of the \
+             engine's {:.1} s of CPU (docs/engine.md, \"The KSM assist\")",
             i + 1,
             run.engine_cpu_s
         )
@@ -1107,7 +1107,7 @@ mod tests {
         assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
         assert_eq!(r.warnings[0], "x");
         assert!(
-            r.warnings[1].starts_with("pagefold-on run 2: the KSM assist took")
+            r.warnings[1].starts_with("run 2: the KSM assist took")
                 && r.warnings[1].contains("ksmd used 2.5 s of the engine's 4.0 s"),
             "{:?}",
             r.warnings
@@ -1121,6 +1121,12 @@ mod tests {
             vec![],
         );
         assert!(k.warnings.is_empty(), "{:?}", k.warnings);
+        // The plain table shows it too, under the rows.
+        let t = crate::build_report::rows_table("h", &[r], &[]);
+        assert!(
+            t.contains("warning: pagefold-on: run 2: the KSM assist took the guests' group"),
+            "{t}"
+        );
     }
 
     #[test]

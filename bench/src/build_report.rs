@@ -184,6 +184,11 @@ pub(crate) fn rows_table(header: &str, rows: &[BuildRow], unrestored: &[String])
     for c in &texts {
         line(&mut out, c);
     }
+    for row in rows {
+        for w in &row.warnings {
+            let _ = writeln!(out, "warning: {}: {w}", row.system);
+        }
+    }
     for u in unrestored {
         let _ = writeln!(out, "KSM tunable not restored: {u}");
     }
