@@ -294,6 +294,37 @@ pub struct BuildRun {
     pub samples: Vec<BuildSample>,
 }
 
+#[cfg(test)]
+impl BuildRun {
+    /// A run that saved `npages` pages (all shared, reached at 50 s) with
+    /// `cow_breaks` breaks, in 100 s and 1 s of engine CPU; nothing else.
+    pub(crate) fn test_run(npages: u64, cow_breaks: u64) -> Self {
+        BuildRun {
+            real_s: 100.0,
+            user_s: 0.0,
+            sys_s: 0.0,
+            guest_cpu_s: 0.0,
+            engine_cpu_s: 1.0,
+            npages,
+            pages_sharing: npages,
+            zero_pages: 0,
+            peak_npages: npages,
+            t_final_npages_s: Some(50.0),
+            cow_breaks,
+            merges: 0,
+            hint_merges: 0,
+            hint_merge_delay_ms: None,
+            origins: None,
+            pages_read: 0,
+            pages_written: 0,
+            pages_reused: 0,
+            checksums: vec![],
+            trigger_s: None,
+            samples: Vec::new(),
+        }
+    }
+}
+
 /// Mean and stdev over runs, one per system.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BuildRow {
@@ -1066,30 +1097,12 @@ mod tests {
     /// A run whose last sample shows ksmd's CPU under the assist.
     fn run_with_ksmd(ksm_cpu_s: f64) -> BuildRun {
         BuildRun {
-            real_s: 10.0,
-            user_s: 1.0,
-            sys_s: 1.0,
-            guest_cpu_s: 1.0,
             engine_cpu_s: 4.0,
-            npages: 1,
-            pages_sharing: 1,
-            zero_pages: 0,
-            peak_npages: 1,
-            t_final_npages_s: None,
-            cow_breaks: 0,
-            merges: 1,
-            hint_merges: 0,
-            hint_merge_delay_ms: None,
-            origins: None,
-            pages_read: 0,
-            pages_written: 0,
-            pages_reused: 0,
-            checksums: vec![7, 7],
-            trigger_s: None,
             samples: vec![BuildSample {
                 ksm_cpu_s,
                 ..BuildSample::of(9.0, None)
             }],
+            ..BuildRun::test_run(1, 0)
         }
     }
 

@@ -144,34 +144,6 @@ mod tests {
     use crate::build_linux::{LinuxGuestInfo, LinuxVmResult};
     use crate::linux_result::parse_result_line;
 
-    /// A run that saved `npages` pages (all shared, reached at 50 s) with
-    /// `cow_breaks` breaks, in 100 s and 1 s of engine CPU; nothing else.
-    fn run_of(npages: u64, cow_breaks: u64) -> BuildRun {
-        BuildRun {
-            real_s: 100.0,
-            user_s: 0.0,
-            sys_s: 0.0,
-            guest_cpu_s: 0.0,
-            engine_cpu_s: 1.0,
-            npages,
-            pages_sharing: npages,
-            zero_pages: 0,
-            peak_npages: npages,
-            t_final_npages_s: Some(50.0),
-            cow_breaks,
-            merges: 0,
-            hint_merges: 0,
-            hint_merge_delay_ms: None,
-            origins: None,
-            pages_read: 0,
-            pages_written: 0,
-            pages_reused: 0,
-            checksums: vec![],
-            trigger_s: None,
-            samples: Vec::new(),
-        }
-    }
-
     /// Two 1 GiB guests with one vCPU each, built from /pf.
     fn guest_info() -> LinuxGuestInfo {
         LinuxGuestInfo {
@@ -204,7 +176,7 @@ mod tests {
             peak_npages: 150_000,
             t_final_npages_s: Some(500.0),
             checksums: vec![result.checksum(); 2],
-            ..run_of(120_000, 9)
+            ..BuildRun::test_run(120_000, 9)
         };
         let host = crate::host::HostId {
             kind: "hardware".into(),
@@ -274,7 +246,7 @@ mod tests {
             max_map_count: 1_048_576,
         };
         let row = |system: &str, npages: u64, cow_breaks: u64| {
-            let run = run_of(npages, cow_breaks);
+            let run = BuildRun::test_run(npages, cow_breaks);
             crate::build_bench::row(system, vec![run], 0, &host, [0.0; 3], vec![])
         };
         let goal = |on_breaks: u64| {
