@@ -66,6 +66,15 @@ pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
 /// Longest sleep KSM backs off to while it finds nothing more.
 pub const MAX_IDLE_SLEEP_MS: u64 = 1000;
 
+/// KSM full scans in a row without new merges after which it counts as
+/// idle. KSM merges a new page in its second whole scan of it (the first
+/// records its checksum), and the first full scan counted after new work
+/// may have begun before it, covering only part of the new pages: three
+/// counts without merges are two whole scans. (With two, KSM went idle
+/// between a partial scan and its checksum scan in one start of four, and
+/// merged a 1 GiB group at the idle pace: 65 s instead of 5.)
+pub const IDLE_SCANS: u32 = 3;
+
 /// A KSM sysfs or procfs access in [`KsmAssist::drive`] this long is
 /// logged: the engine holds its core through it, and VM creation and
 /// deletion wait meanwhile.
@@ -92,6 +101,47 @@ pub fn ksm_pace(pages: u64, sleep_ms: u64) -> (u64, u64) {
         KSM_BATCH_MAX,
         sleep_ms.saturating_mul(KSM_BATCH_MAX) / pages,
     )
+}
+
+/// KSM's `pages_to_scan` and `sleep_millisecs` while it assists, after
+/// `idle_scans` full scans in a row that merged nothing more, at the
+/// engine's pace of `pages` every `sleep_ms`:
+/// * while it still finds work (its first scans of a handed-over group),
+///   `CONVERGE_BOOST` times the engine's pace: its work is the
+///   same either way (two scans of the group), only sooner. Not while the
+///   engine is settled: the guests undo merges, and KSM's passes then keep
+///   to the settle time as the engine's do (in a Linux build handed over,
+///   KSM at the boosted pace took a whole CPU for the build's length);
+/// * once `IDLE_SCANS` scans in a row merged nothing, the pace of an idle
+///   engine at once:
+///   `pages` every `MAX_IDLE_SLEEP_MS`. KSM's own work on unique pages is
+///   what costs CPU once everything is merged, and doubling the sleep per
+///   idle full scan instead kept it scanning a 1 GiB group at up to six
+///   times the idle pace for about 80 s, above what KSM at its defaults
+///   spends on the same memory.
+///
+/// New work (`KsmAssist::new_work`) or a scan that merges brings back the
+/// converging pace.
+pub fn assist_pace(
+    idle_scans: u32,
+    pages: u64,
+    sleep_ms: u64,
+    settle: std::time::Duration,
+    group_pages: u64,
+) -> (u64, u64) {
+    let idle = idle_scans >= IDLE_SCANS;
+    let sleep = if idle {
+        MAX_IDLE_SLEEP_MS.max(sleep_ms)
+    } else {
+        sleep_ms
+    };
+    let pages = if !idle && settle.is_zero() {
+        pages.saturating_mul(CONVERGE_BOOST)
+    } else {
+        pages
+    };
+    let sleep = sleep.max(settled_sleep_ms(pages, settle, group_pages));
+    ksm_pace(pages.clamp(1, u32::MAX as u64), sleep)
 }
 
 /// The least sleep between KSM batches of `pages` for a full scan of
@@ -455,30 +505,7 @@ impl KsmAssist {
             e.last_merging = merging;
             e.last_full_scans = scans;
         }
-        // KSM's first scan of new pages only records checksums: back off
-        // after the second scan in a row that merged nothing more.
-        let sleep = if e.idle_scans < 2 {
-            sleep_ms
-        } else {
-            sleep_ms
-                .max(1)
-                .saturating_mul(1 << (e.idle_scans - 1).min(20))
-                .min(MAX_IDLE_SLEEP_MS.max(sleep_ms))
-        };
-        // While KSM still finds work (its first two scans of a handed-over
-        // group), it scans CONVERGE_BOOST times the engine's pace: its work
-        // is the same either way (two scans of the group), only sooner.
-        // Not while the engine is settled: the guests undo merges, and
-        // KSM's passes then keep to the settle time as the engine's do
-        // (in a Linux build handed over, KSM at the boosted pace took a
-        // whole CPU for the build's length).
-        let pages = if e.idle_scans < 2 && settle.is_zero() {
-            pages.saturating_mul(CONVERGE_BOOST)
-        } else {
-            pages
-        };
-        let sleep = sleep.max(settled_sleep_ms(pages, settle, group_pages));
-        let (pages, sleep) = ksm_pace(pages.clamp(1, u32::MAX as u64), sleep);
+        let (pages, sleep) = assist_pace(e.idle_scans, pages, sleep_ms, settle, group_pages);
         if pages != e.pages && write("pages_to_scan", pages) {
             e.pages = pages;
         }
@@ -529,12 +556,13 @@ impl KsmAssist {
             .is_some_and(|e| e.running && e.last_full_scans != e.counted_scans)
     }
 
-    /// KSM is scanning for us and has not yet had two full scans in a row
-    /// without new merges (it may still be between checksum and merge).
+    /// KSM is scanning for us and has not yet had `IDLE_SCANS` full scans
+    /// in a row without new merges (it may still be between checksum and
+    /// merge).
     pub fn ksm_busy(&self) -> bool {
         self.engaged
             .as_ref()
-            .is_some_and(|e| e.running && e.idle_scans < 2)
+            .is_some_and(|e| e.running && e.idle_scans < IDLE_SCANS)
     }
 
     /// Ends the engagement: KSM is no longer driven, and its knobs go back
@@ -647,6 +675,38 @@ mod tests {
         assert_eq!(settled_sleep_ms(4096, s16, 100), 16_000);
         assert_eq!(settled_sleep_ms(4096, Duration::ZERO, 262_144), 0);
         assert_eq!(settled_sleep_ms(0, s16, 0), 16_000);
+    }
+
+    #[test]
+    fn an_idle_ksm_scans_at_an_idle_engines_pace_at_once() {
+        use std::time::Duration;
+        let group = 262_144;
+        // Converging: four times the engine's pages, the engine's sleep.
+        for idle in 0..IDLE_SCANS {
+            assert_eq!(
+                assist_pace(idle, 4096, 20, Duration::ZERO, group),
+                (8192, 10)
+            );
+        }
+        // Two whole scans in a row merged nothing: the engine's pages once
+        // a second, not a ladder of doublings per full scan.
+        for idle in [IDLE_SCANS, IDLE_SCANS + 1, 7, 40] {
+            assert_eq!(
+                assist_pace(idle, 4096, 20, Duration::ZERO, group),
+                (4096, 1000)
+            );
+        }
+        // An engine slower than that keeps its own sleep.
+        assert_eq!(
+            assist_pace(IDLE_SCANS, 100, 5000, Duration::ZERO, group),
+            (100, 5000)
+        );
+        // Settled: no boost, and a full scan takes at least the settle time.
+        let s64 = Duration::from_secs(64);
+        assert_eq!(assist_pace(0, 4096, 20, s64, group), (4096, 1000));
+        assert_eq!(assist_pace(IDLE_SCANS, 4096, 20, s64, group), (4096, 1000));
+        let s128 = Duration::from_secs(128);
+        assert_eq!(assist_pace(IDLE_SCANS, 4096, 20, s128, group), (4096, 2000));
     }
 
     #[test]

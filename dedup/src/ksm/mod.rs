@@ -17,6 +17,6 @@ pub use error::KsmError;
 pub use lock::{ksm_exclusive, ksm_exclusive_at, try_ksm_flock, KsmExclusive, KSM_LOCK_PATH};
 pub use procstat::{
     clock_ticks, count_ksm_pages, cow_ksm, cpu_seconds, find_by_comm, parse_ksm_stat,
-    parse_stat_ticks, self_ksm_stat, ProcessKsmStat,
+    parse_stat_ticks, self_ksm_stat, self_minor_faults, ProcessKsmStat,
 };
 pub use sysfs::{snapshot_tunables, KsmSysfs, KSM_SYSFS, TUNABLES};

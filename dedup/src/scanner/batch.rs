@@ -166,8 +166,11 @@ impl Core {
             // not idle, keep the census on time.
             self.pass_progress += 1;
         }
-        self.census
-            .schedule(self.assist.ksm_scan_uncounted(), self.assist.ksm_busy());
+        self.census.schedule(
+            self.assist.ksm_scan_uncounted(),
+            self.assist.ksm_busy(),
+            census::Activity::now,
+        );
         if self.pass_progress == 0 {
             self.idle_passes = self.idle_passes.saturating_add(1);
         } else {
