@@ -145,10 +145,15 @@ impl Core {
                 c.merge_cpu_s,
             );
         }
-        // While KSM assists, a pass counts when it took a census after KSM
-        // finished a full scan (so the figure it reports includes that scan).
+        // While KSM assists, a pass counts when KSM finished a full scan
+        // and the figure it reports includes that scan: the pass took a
+        // census, or nothing that moves with KSM's sharing moved since the
+        // last one (the census skipped as quiet: its figures are current).
         if self.assist.group().is_none()
-            || (self.census.due() && self.assist.ksm_scanned_since_last_look())
+            || ((self.census.due()
+                || (self.assist.ksm_scan_uncounted()
+                    && self.census.current(census::Activity::now)))
+                && self.assist.ksm_scanned_since_last_look())
         {
             self.counters.full_scans += 1;
         }

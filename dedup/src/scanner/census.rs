@@ -169,6 +169,13 @@ impl CensusRoom {
         );
     }
 
+    /// Are the last census's figures still current: was it taken while
+    /// KSM idled, and has nothing that moves with KSM's sharing moved
+    /// since (`activity` reads the counters now)?
+    pub(super) fn current(&self, activity: impl FnOnce() -> Option<Activity>) -> bool {
+        self.activity.is_some() && activity() == self.activity
+    }
+
     /// Decides whether the next pass collects the census, from what the
     /// last one cost and what KSM is doing; `activity` reads the counters
     /// that move with KSM's sharing (only when an idle KSM's census would
@@ -286,6 +293,33 @@ mod tests {
         room.at = Some(Instant::now() - Duration::from_secs(3));
         room.schedule(false, false, || None);
         assert!(room.due());
+    }
+
+    #[test]
+    fn figures_stay_current_while_nothing_moves_after_an_idle_census() {
+        let a = |ksm_merging, faults| {
+            move || {
+                Some(Activity {
+                    ksm_merging,
+                    faults,
+                })
+            }
+        };
+        let mut room = room_counted_ago(3);
+        // No census taken while KSM idled yet: not known current.
+        assert!(!room.current(a(1000, 50)));
+        room.schedule(true, false, a(1000, 50));
+        assert!(room.due());
+        room.count();
+        assert!(room.current(a(1000, 50)));
+        assert!(!room.current(a(1000, 51)));
+        assert!(!room.current(a(1001, 50)));
+        assert!(!room.current(|| None));
+        // A census taken while KSM was busy read no counters.
+        let mut room = room_counted_ago(3);
+        room.schedule(true, true, || panic!("read while KSM is busy"));
+        room.count();
+        assert!(!room.current(a(1000, 50)));
     }
 
     #[test]
