@@ -145,14 +145,16 @@ impl Core {
                 c.merge_cpu_s,
             );
         }
+        // Read at most once per pass end, whoever asks first.
+        let activity = std::cell::OnceCell::new();
+        let activity = || *activity.get_or_init(census::Activity::now);
         // While KSM assists, a pass counts when KSM finished a full scan
         // and the figure it reports includes that scan: the pass took a
         // census, or nothing that moves with KSM's sharing moved since the
         // last one (the census skipped as quiet: its figures are current).
         if self.assist.group().is_none()
             || ((self.census.due()
-                || (self.assist.ksm_scan_uncounted()
-                    && self.census.current(census::Activity::now)))
+                || (self.assist.ksm_scan_uncounted() && self.census.current(activity)))
                 && self.assist.ksm_scanned_since_last_look())
         {
             self.counters.full_scans += 1;
@@ -174,7 +176,7 @@ impl Core {
         self.census.schedule(
             self.assist.ksm_scan_uncounted(),
             self.assist.ksm_busy(),
-            census::Activity::now,
+            activity,
         );
         if self.pass_progress == 0 {
             self.idle_passes = self.idle_passes.saturating_add(1);

@@ -15,10 +15,10 @@ pub(super) const CENSUS_SLICE: Duration = Duration::from_millis(20);
 
 /// How long after the last census the next one is due, given what the last
 /// one cost and what KSM is doing. While KSM works (`ksm_busy`: it merged
-/// in one of its last two full scans), at most 5 % of a core (20x the cost
-/// apart, and 1 s) once it has finished a full scan since (what it merged
-/// in it is counted at once: the figure a converging group settles on),
-/// and at most 2 % (50x apart: progress shows) in between. Once it idles,
+/// in one of its last `IDLE_SCANS` full scans), at most 5 % of a core (20x
+/// the cost apart, and 1 s) once it has finished a full scan since (what
+/// it merged in it is counted at once: the figure a converging group
+/// settles on), and at most 2 % (50x apart: progress shows) in between. Once it idles,
 /// every 2 s at most 0.5 % (200x apart); a full scan of an idle KSM
 /// brought nothing to count.
 fn census_interval(cost: Duration, ksm_scanned: bool, ksm_busy: bool) -> Duration {
@@ -253,16 +253,18 @@ mod tests {
         }
     }
 
+    /// A reader of the counters that finds these values.
+    fn a(ksm_merging: u64, faults: u64) -> impl FnOnce() -> Option<Activity> {
+        move || {
+            Some(Activity {
+                ksm_merging,
+                faults,
+            })
+        }
+    }
+
     #[test]
     fn an_idle_ksm_is_counted_again_only_once_something_moved() {
-        let a = |ksm_merging, faults| {
-            move || {
-                Some(Activity {
-                    ksm_merging,
-                    faults,
-                })
-            }
-        };
         let mut room = room_counted_ago(3);
         // The counters unknown at the last census: counted (the 2 s rule).
         room.schedule(true, false, a(1000, 50));
@@ -297,14 +299,6 @@ mod tests {
 
     #[test]
     fn figures_stay_current_while_nothing_moves_after_an_idle_census() {
-        let a = |ksm_merging, faults| {
-            move || {
-                Some(Activity {
-                    ksm_merging,
-                    faults,
-                })
-            }
-        };
         let mut room = room_counted_ago(3);
         // No census taken while KSM idled yet: not known current.
         assert!(!room.current(a(1000, 50)));
