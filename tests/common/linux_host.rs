@@ -136,18 +136,19 @@ pub fn run_here(test: &str, emu: &Emulation) -> bool {
         eprintln!(
             "{test}: emulated host (attempt {attempt}) exit {code:?}; its console:\n{console}"
         );
-        if code == Some(HOST_FAILED) && attempt < HOST_ATTEMPTS {
-            // The emulated host's kernel died (or QEMU did) before the
-            // test gave its verdict: the emulator's fault, not the test's
-            // (docs/linux-guests.md, "The emulated host"). Run it again.
-            eprintln!("{test}: the emulated host failed before the test ended; running it again");
-            continue;
-        }
-        if code == Some(TEST_FAILED) && emulated_entry_refused(&console) && attempt < HOST_ATTEMPTS
-        {
-            eprintln!(
-                "{test}: the emulated CPU refused a VMRUN of the emulated host's KVM; running it again"
-            );
+        // The emulated host's kernel died (or QEMU did) before the test
+        // gave its verdict, or its CPU refused to enter a guest: the
+        // emulator's fault, not the test's (docs/linux-guests.md, "The
+        // emulated host"). Run it again.
+        let emulator_fault = if code == Some(HOST_FAILED) {
+            Some("the emulated host failed before the test ended")
+        } else if code == Some(TEST_FAILED) && emulated_entry_refused(&console) {
+            Some("the emulated CPU refused a VMRUN of the emulated host's KVM")
+        } else {
+            None
+        };
+        if let Some(why) = emulator_fault.filter(|_| attempt < HOST_ATTEMPTS) {
+            eprintln!("{test}: {why}; running it again");
             continue;
         }
         assert!(
@@ -182,6 +183,7 @@ const TEST_FAILED: i32 = 101;
 fn emulated_entry_refused(console: &str) -> bool {
     console.contains("KVM_EXIT_FAIL_ENTRY: hardware entry failure reason 0xffffffff")
 }
+
 /// scripts/emulated-host.sh: the host ended without the command's status.
 const HOST_FAILED: i32 = 125;
 
