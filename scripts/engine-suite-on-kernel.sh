@@ -16,16 +16,22 @@ KERNEL=${1:-6.1}
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
 
-# The test binaries, built as `cargo test` builds them.
-mapfile -t bins < <(cargo test -p pagefold-dedup --no-run --message-format=json 2>/dev/null |
+# The dedup crate's test binaries, as scripts/test.sh's `cargo test`
+# builds and runs them natively: the same files, so nothing is built
+# again after it. (`-p pagefold-dedup` would unify features over that
+# package alone, and build it and its dependencies a second time.)
+mapfile -t bins < <(cargo test --workspace --all-targets --features bench --no-run \
+    --message-format=json 2>/dev/null |
     python3 -c '
-import json, sys
+import json, os, sys
 for line in sys.stdin:
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+    if (m.get("reason") == "compiler-artifact" and m.get("executable")
+            and m["profile"]["test"] and m["target"]["kind"] != ["bench"]
+            and os.path.basename(os.path.dirname(m["manifest_path"])) == "dedup"):
         print(m["executable"])
 ')
 ((${#bins[@]})) || { echo "engine-suite-on-kernel: no test binaries built" >&2; exit 1; }
