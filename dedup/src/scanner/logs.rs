@@ -79,11 +79,20 @@ impl Core {
         let recent: std::collections::HashSet<u32> = self.merged_since_collect.drain(..).collect();
         let mut written_shares = Vec::new();
         for (ri, r) in self.regions.iter_mut().enumerate() {
-            let (state, base, assisted) = (&r.state, r.gid_base, r.assisted);
+            // KSM's region (the assist) is left uncollected: its marks wait
+            // for the take-back anyway (a census span keeps them), and the
+            // log holds every write until its next collection, the first
+            // after the take-back. Each collection of KVM's log also
+            // write-protects every page written since the one before, and
+            // the guests' next write to each faults: once a second through
+            // an assisted Linux build, for marks nobody read.
+            if r.assisted {
+                continue;
+            }
+            let (state, base) = (&r.state, r.gid_base);
             if let Some(w) = r.written.as_mut() {
                 let seen = w.collect_with(|p| {
-                    if !assisted
-                        && matches!(region::kind(state[p]), MERGED | ZERO)
+                    if matches!(region::kind(state[p]), MERGED | ZERO)
                         && !recent.contains(&(base + p as u32))
                     {
                         written_shares.push((ri, p));
@@ -150,5 +159,65 @@ impl Core {
                 // Level > 0: found absent at its last visit (`visit`).
                 _ => region::level(st) > 0 && !region::needs_rehash(st),
             }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::writelog::WriteLogError;
+    use crate::{RecordedWrites, PAGE_SIZE};
+
+    /// [`RecordedWrites`] that counts its collections.
+    #[derive(Default)]
+    struct Counted {
+        writes: RecordedWrites,
+        collections: AtomicUsize,
+    }
+
+    impl WriteLog for Counted {
+        fn collect(&self, bits: &mut [u64]) -> Result<(), WriteLogError> {
+            self.collections.fetch_add(1, Ordering::Relaxed);
+            self.writes.collect(bits)
+        }
+    }
+
+    #[test]
+    fn ksms_region_is_not_collected_and_its_writes_come_after_the_take_back() {
+        let len = 64 * PAGE_SIZE;
+        let ptr = crate::mm::map_anon(len).unwrap();
+        let mut core = Core::driven(1 << 26).unwrap();
+        // SAFETY: `ptr..+len` is the test's own private anonymous mapping,
+        // unmapped only after the unregister below.
+        unsafe { core.register(ptr as usize, len, "a".into(), "g".into()) }.unwrap();
+        let log = Arc::new(Counted::default());
+        core.set_write_log(core.regions[0].id, Some(log.clone()));
+        core.collect_write_logs();
+        assert_eq!(log.collections.load(Ordering::Relaxed), 1);
+        core.regions[0].written.as_mut().unwrap().clear_range(0, 64);
+
+        core.hand_to_ksm(0);
+        assert!(core.regions[0].assisted);
+        log.writes.record(5);
+        core.collect_write_logs();
+        core.collect_write_logs();
+        assert_eq!(
+            log.collections.load(Ordering::Relaxed),
+            1,
+            "KSM's region was collected"
+        );
+
+        assert!(core.take_from_ksm(0));
+        core.collect_write_logs();
+        assert_eq!(log.collections.load(Ordering::Relaxed), 2);
+        let w = core.regions[0].written.as_ref().unwrap();
+        assert!(w.get(5), "the write made while KSM had the region is lost");
+        assert!(!w.get(6));
+        // SAFETY: with unmerge the region keeps its content.
+        unsafe { core.unregister(core.regions[0].id, true) }.unwrap();
+        // SAFETY: the test's own mapping, no longer registered or used.
+        unsafe { crate::mm::unmap(ptr, len) };
     }
 }
