@@ -232,9 +232,16 @@ pub(crate) fn rows_markdown(rows: &[BuildRow]) -> String {
     for row in rows {
         let _ = writeln!(out, "| {} |", cells(row).join(" | "));
     }
+    // One list under the table: a blank line before it, none between its
+    // items (a run the assist took over in each of five runs is five lines,
+    // not ten).
+    let mut first = true;
     for row in rows {
         for w in &row.warnings {
-            let _ = writeln!(out, "\n- {}: {w}", row.system);
+            if std::mem::take(&mut first) {
+                out.push('\n');
+            }
+            let _ = writeln!(out, "- {}: {w}", row.system);
         }
     }
     out
