@@ -18,9 +18,9 @@ pub(super) const CENSUS_SLICE: Duration = Duration::from_millis(20);
 /// in one of its last `IDLE_SCANS` full scans), at most 5 % of a core (20x
 /// the cost apart, and 1 s) once it has finished a full scan since (what
 /// it merged in it is counted at once: the figure a converging group
-/// settles on), and at most 2 % (50x apart: progress shows) in between. Once it idles,
-/// every 2 s at most 0.5 % (200x apart); a full scan of an idle KSM
-/// brought nothing to count.
+/// settles on), and at most 2 % (50x apart: progress shows) in between.
+/// Once it idles, every 2 s at most 0.5 % (200x apart); a full scan of an
+/// idle KSM brought nothing to count.
 fn census_interval(cost: Duration, ksm_scanned: bool, ksm_busy: bool) -> Duration {
     let floor = Duration::from_secs(1).max(cost * 20);
     if ksm_busy && ksm_scanned {
