@@ -59,6 +59,14 @@ fn device_filled_pages_merge_at_the_next_wake_up() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    // The pagemap shows a merge as soon as it is made; the stats are
+    // published at the end of the wake-up that made it (seen lagging under
+    // the emulated host).
+    wait_until(
+        liveness_bound(Duration::from_secs(1)),
+        Duration::from_millis(10),
+        || e.stats().hint_merges >= FILE as u64,
+    );
     let s = e.stats();
     assert_eq!(
         s.full_scans, 0,
