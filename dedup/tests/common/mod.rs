@@ -351,12 +351,18 @@ impl pagefold_dedup::Quiesce for CountingQuiescer {
 /// sets the factor.
 #[allow(dead_code)]
 pub fn liveness_bound(native: std::time::Duration) -> std::time::Duration {
-    let scale = std::env::var("PAGEFOLD_TEST_TIME_SCALE")
+    native * time_scale()
+}
+
+/// How many times slower than native this run's machine does the same
+/// work: `PAGEFOLD_TEST_TIME_SCALE`, at least 1 (default 1).
+#[allow(dead_code)]
+pub fn time_scale() -> u32 {
+    std::env::var("PAGEFOLD_TEST_TIME_SCALE")
         .ok()
         .and_then(|v| v.parse::<u32>().ok())
         .filter(|&f| f >= 1)
-        .unwrap_or(1);
-    native * scale
+        .unwrap_or(1)
 }
 
 /// Two regions of `n` pages, page i of each the pattern of `base + i`,
