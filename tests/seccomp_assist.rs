@@ -101,6 +101,9 @@ fn the_ksm_assist_runs_under_the_engine_filter() {
             mode: AssistMode::Auto,
             flip_vmas: 256,
             flip_group_den: 0,
+            // Its groups are far smaller than the VMA budget: judged
+            // scattered is enough.
+            flip_pass_vmas: Some(0),
             lock_held: true,
             ..AssistConfig::default()
         },

@@ -220,6 +220,13 @@ pub struct AssistConfig {
     /// Merges with a known partner that the VMA budget refused in one pass
     /// that hand the group over regardless of layout.
     pub flip_deferred: u64,
+    /// ...and the VMAs the group's merges would take in the pass, at the
+    /// rate of the scan's new runs so far, are at least this many. `None`
+    /// (the default): the pass's runs so far and all the VMA budget has
+    /// left, so that a group whose duplicates all fit stays the engine's.
+    /// `Some(0)`: judged scattered is enough (tests whose groups are far
+    /// smaller than the budget).
+    pub flip_pass_vmas: Option<u64>,
     /// The caller holds the cooperative KSM lock for the engine's whole
     /// life (a benchmark or test that serialised itself against every other
     /// KSM user): the assist then uses KSM without taking the lock. Without
@@ -258,9 +265,12 @@ impl Default for AssistConfig {
             // (dedup/benches/vma_cost.rs measures both), so KSM wins only
             // once a good part of the group's pages are scattered merges.
             // Tens of thousands of VMAs also slow every pagemap walk and
-            // maps read of the process, so the hand-over comes earlier than
-            // that break-even: at 1/16 of the group's pages in a pass, or
-            // when the VMA budget refuses merges. A layout counts as
+            // maps read of the process, so a group is judged early: at 1/16
+            // of the group's pages in a pass (or when the VMA budget refuses
+            // merges). Judged scattered, it goes to KSM only if its pass
+            // would outgrow the budget (`flip_pass_vmas`): a group whose
+            // duplicates fit costs nothing more once merged, while KSM
+            // would go on scanning all of it. A layout counts as
             // scattered below 3 pages per new run. A run costs two VMAs, so
             // the budget (half of `vm.max_map_count`, 32,765 VMAs by
             // default) holds about 16,000 runs: at 2 pages a run (the
@@ -278,6 +288,7 @@ impl Default for AssistConfig {
             flip_group_den: 16,
             flip_run_pages: 3,
             flip_deferred: 64,
+            flip_pass_vmas: None,
             lock_held: false,
         }
     }

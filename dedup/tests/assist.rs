@@ -33,6 +33,9 @@ fn engine_at(assist: AssistMode, lock_held: bool, pages_to_scan: u64, sleep_ms: 
             mode: assist,
             flip_vmas: 256,
             flip_group_den: 0,
+            // Its groups are far smaller than the VMA budget: judged
+            // scattered is enough.
+            flip_pass_vmas: Some(0),
             // The scattered test holds the KSM lock; the other one must
             // find it taken.
             lock_held,
@@ -157,6 +160,81 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
         "KSM knobs not restored"
     );
     e.shutdown();
+}
+
+/// A scattered group whose merges all fit the VMA budget stays the
+/// engine's. Judged scattered (256 new runs in a pass, one page each), its
+/// scan's rate of new runs over the rest of the pass comes to about
+/// 2 x 6,000 VMAs, well within what the budget has left (half of
+/// `vm.max_map_count`): merged, the pairs cost nothing more, whereas KSM
+/// would scan all of the group's pages for as long as it had them.
+#[test]
+fn a_scattered_group_that_fits_the_vma_budget_stays_the_engines() {
+    let _ksm = ksm::ksm_exclusive().unwrap();
+    let root = std::path::Path::new(KSM_SYSFS);
+    let before = ksm::snapshot_tunables(root);
+    let (a, b, perm) = scattered_pair(N);
+    let e = Engine::new(EngineConfig {
+        knobs: Knobs {
+            pages_to_scan: 4096,
+            sleep_millisecs: 5,
+            max_page_sharing: 256,
+        },
+        assist: AssistConfig {
+            mode: AssistMode::Auto,
+            flip_vmas: 256,
+            flip_group_den: 0,
+            // Held: the assist could engage if the rule said so.
+            lock_held: true,
+            ..AssistConfig::default()
+        },
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    a.register(&e, "a", "g");
+    b.register(&e, "b", "g");
+    let vmas0 = pagefold_dedup::mm::vma_count().unwrap();
+    e.set_mode(Mode::On).unwrap();
+    let pm = Pagemap::open().unwrap();
+    let shared = || {
+        (0..N)
+            .filter(|&i| {
+                let (x, y) = (a.pfn(&pm, i), b.pfn(&pm, perm[i]));
+                x != 0 && x == y
+            })
+            .count()
+    };
+    let done = wait_until(
+        liveness_bound(Duration::from_secs(90)),
+        Duration::from_millis(200),
+        || shared() == N,
+    );
+    let s = e.stats();
+    assert!(
+        done.is_some(),
+        "only {} of {N} pairs share a frame: {s:?}",
+        shared()
+    );
+    assert!(!s.ksm_assist.starts_with("engaged"), "{s:?}");
+    assert_eq!(s.ksm_pages_sharing, 0, "{s:?}");
+    assert_eq!(ksm::count_ksm_pages(a.addr, N * PS).unwrap(), 0);
+    assert_eq!(ksm::count_ksm_pages(b.addr, N * PS).unwrap(), 0);
+    assert_eq!(s.pages_sharing, N as u64, "{s:?}");
+    // The engine's own merges: a's halves of the pairs are scattered, a
+    // VMA or two each.
+    let vmas = pagefold_dedup::mm::vma_count().unwrap();
+    assert!(vmas >= vmas0 + N as u64, "VMAs {vmas0} -> {vmas}");
+    for i in (0..N).step_by(97) {
+        assert_eq!(a.read(i), pattern(i as u64 + 1));
+        assert_eq!(b.read(perm[i]), pattern(i as u64 + 1));
+    }
+    e.check_consistency().unwrap();
+    e.shutdown();
+    assert_eq!(
+        ksm::snapshot_tunables(root),
+        before,
+        "KSM knobs not restored"
+    );
 }
 
 /// Waits until the engine reports `want` pages sharing; returns how long

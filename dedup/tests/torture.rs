@@ -835,6 +835,9 @@ fn torture_ksm_assist() {
             mode: AssistMode::Auto,
             flip_vmas: 64,
             flip_group_den: 0,
+            // Its groups are far smaller than the VMA budget: judged
+            // scattered is enough.
+            flip_pass_vmas: Some(0),
             lock_held: true, // this test holds ksm_exclusive()
             ..AssistConfig::default()
         },

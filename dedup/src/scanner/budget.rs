@@ -109,6 +109,12 @@ impl Vmas {
         self.budget.limited
     }
 
+    /// VMAs merges may still create (the running estimate; negative when
+    /// spent beyond the reserve).
+    pub(super) fn spendable(&self) -> i64 {
+        self.budget.headroom
+    }
+
     /// Less than a quarter of the limit left to spend.
     pub(super) fn below_quarter(&self) -> bool {
         self.budget.headroom < (self.max_map_count / 4) as i64

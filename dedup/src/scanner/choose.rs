@@ -308,7 +308,7 @@ impl Core {
         }
         // A hardened group is never KSM's (`maybe_assist`): only the VMA
         // budget holds its merges back.
-        let scattered = !self.regions[ri].hardened() && self.scattered_now(group);
+        let scattered = !self.regions[ri].hardened() && self.scattered_now(group, self.scan_at(&v));
         if self.vmas.short() || scattered {
             // Out of map-count headroom, or the group's merges look
             // scattered and KSM is about to take them: only run-extending

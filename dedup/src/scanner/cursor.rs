@@ -20,6 +20,11 @@ impl Cursor {
         self.region == 0 && self.page == 0
     }
 
+    /// The region index and page the scan has reached.
+    pub(super) fn position(&self) -> (usize, usize) {
+        (self.region, self.page)
+    }
+
     /// Where the next span starts, among `regions` regions (back to the
     /// start if regions left behind it).
     pub(super) fn next(&mut self, regions: usize) -> (usize, usize) {

@@ -167,8 +167,11 @@ impl Core {
     }
 
     /// The group's merges this pass are scattered (many new VMAs, few pages
-    /// each) and KSM could take them: the engine makes no more new VMAs.
-    pub(super) fn scattered_now(&self, group: u32) -> bool {
+    /// each), KSM could take them, and at their rate so far they would
+    /// outgrow what the engine may spend on them (`outgrows_budget`): the
+    /// engine makes no more new VMAs. `at` is where the scan stands
+    /// (`scan_at`).
+    pub(super) fn scattered_now(&mut self, group: u32, at: (usize, usize)) -> bool {
         if !self.assist.can_try() {
             return false;
         }
@@ -187,6 +190,7 @@ impl Core {
             return false;
         }
         g.merged < cfg.flip_run_pages.saturating_mul(g.new_vmas)
+            && self.outgrows_budget(group, &g, at)
     }
 
     /// Hands `group` to KSM if its merges this pass look scattered (many new
@@ -202,7 +206,8 @@ impl Core {
         }
         let g = self.pass_groups.get(&group).copied().unwrap_or_default();
         let cfg = self.assist.cfg;
-        if !self.scattered_now(group) && g.deferred < cfg.flip_deferred {
+        let at = self.cursor.position();
+        if !self.scattered_now(group, at) && g.deferred < cfg.flip_deferred {
             return;
         }
         if let Err(why) = self.assist.engage(group) {

@@ -65,6 +65,7 @@ mod hints;
 mod logs;
 mod park_costs;
 mod pause;
+mod projection;
 mod register;
 mod report;
 mod run;
@@ -282,6 +283,9 @@ struct GroupPass {
     new_vmas: u64,
     /// Merges with a known partner refused for lack of VMA budget.
     deferred: u64,
+    /// Whether the pass's merges would outgrow what the engine may spend
+    /// on the group (`Core::outgrows_budget`), once judged this pass.
+    outgrows: Option<bool>,
 }
 
 /// A device-filled range waiting for the scanner (see `Core::run_hints`).

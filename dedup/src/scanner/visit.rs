@@ -637,7 +637,7 @@ impl Core {
         let group = self.regions[ri].group;
         let s = self.existing_target(v, h, true, group, page)?;
         let extends = prev.is_some_and(|x| x.wrapping_add(1) == s);
-        if !extends && self.scattered_now(group) {
+        if !extends && self.scattered_now(group, self.scan_at(&v)) {
             // As in `choose`: a page with a known partner that KSM can take.
             self.pass_groups.entry(group).or_default().deferred += 1;
             return None;
