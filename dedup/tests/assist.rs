@@ -224,10 +224,12 @@ fn a_scattered_group_that_fits_the_vma_budget_stays_the_engines() {
     assert_eq!(s.ksm_pages_sharing, 0, "{s:?}");
     assert_eq!(ksm::count_ksm_pages(a.addr, N * PS).unwrap(), 0);
     assert_eq!(ksm::count_ksm_pages(b.addr, N * PS).unwrap(), 0);
-    // The engine's own merges: a's halves of the pairs are scattered, a
-    // VMA or two each.
+    // The engine's own merges (KSM's add no VMA): a's halves of the pairs
+    // are at random places, a VMA each or two where the kernel splits
+    // around them, one for two where neighbours landed on consecutive
+    // slots (6.1: 54 -> 6,053 for 6,000 pairs).
     let vmas = pagefold_dedup::mm::vma_count().unwrap();
-    assert!(vmas >= vmas0 + N as u64, "VMAs {vmas0} -> {vmas}");
+    assert!(vmas >= vmas0 + N as u64 * 9 / 10, "VMAs {vmas0} -> {vmas}");
     for i in (0..N).step_by(97) {
         assert_eq!(a.read(i), pattern(i as u64 + 1));
         assert_eq!(b.read(perm[i]), pattern(i as u64 + 1));
