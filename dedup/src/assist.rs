@@ -220,12 +220,13 @@ pub struct AssistConfig {
     /// Merges with a known partner that the VMA budget refused in one pass
     /// that hand the group over regardless of layout.
     pub flip_deferred: u64,
-    /// ...and the VMAs the group's merges would take in the pass, at the
-    /// rate of the scan's new runs so far, are at least this many. `None`
-    /// (the default): the pass's runs so far and all the VMA budget has
-    /// left, so that a group whose duplicates all fit stays the engine's.
-    /// `Some(0)`: judged scattered is enough (tests whose groups are far
-    /// smaller than the budget).
+    /// A group judged scattered goes to KSM only if the VMAs its merges
+    /// would take in the pass, as a sample of the pages still ahead
+    /// projects them, are at least this many. `None` (the default): the
+    /// pass's runs so far and all the VMA budget has left, so that a group
+    /// whose duplicates all fit stays the engine's. `Some(0)`: judged
+    /// scattered is enough (tests whose groups are far smaller than the
+    /// budget).
     pub flip_pass_vmas: Option<u64>,
     /// The caller holds the cooperative KSM lock for the engine's whole
     /// life (a benchmark or test that serialised itself against every other

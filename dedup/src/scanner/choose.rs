@@ -315,9 +315,7 @@ impl Core {
             // merges. A page with a known partner (a candidate under its
             // hash, not compared: this only counts) is counted: KSM can
             // take those.
-            if !self.stable.get(group, h).is_empty()
-                || self.unstable_partner(ri, p, h, group, None).is_some()
-            {
+            if self.known_partner(ri, p, h, group) {
                 self.pass_groups.entry(group).or_default().deferred += 1;
             }
             return None;
@@ -380,6 +378,15 @@ impl Core {
             });
         let s = self.pool.reserve(hint, h, self.cur_hi, group).ok()?;
         Some(Target::Pair(s, cr, cp))
+    }
+
+    /// Has page `p` of region `ri`, hash `h`, a partner the engine knows
+    /// under its hash: a slot of the group in the pool, or a page seen
+    /// unchanged earlier this pass. Not compared: for counting, and for
+    /// deciding whether a fresh hash is worth taking.
+    pub(super) fn known_partner(&self, ri: usize, p: usize, h: u32, group: u32) -> bool {
+        !self.stable.get(group, h).is_empty()
+            || self.unstable_partner(ri, p, h, group, None).is_some()
     }
 
     /// A page seen earlier this pass (unstable index) with this content

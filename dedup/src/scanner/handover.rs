@@ -167,10 +167,10 @@ impl Core {
     }
 
     /// The group's merges this pass are scattered (many new VMAs, few pages
-    /// each), KSM could take them, and at their rate so far they would
-    /// outgrow what the engine may spend on them (`outgrows_budget`): the
-    /// engine makes no more new VMAs. `at` is where the scan stands
-    /// (`scan_at`).
+    /// each), KSM could take them, and a sample of the pages ahead says the
+    /// pass would outgrow what the engine may spend on them
+    /// (`outgrows_budget`): the engine makes no more new VMAs. `at` is
+    /// where the scan stands (`scan_at`).
     pub(super) fn scattered_now(&mut self, group: u32, at: (usize, usize)) -> bool {
         if !self.assist.can_try() {
             return false;

@@ -144,7 +144,7 @@ impl Core {
         let Ok(e) = self.pagemap.entry(r.page_addr(p)) else {
             return false;
         };
-        if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
+        if !self.own_page(e) {
             return false;
         }
         // SAFETY: registered regions are mapped, and stay so while we hold
@@ -154,8 +154,7 @@ impl Core {
         if h == self.zero_hash && page.is_zero() {
             return false;
         }
-        !self.stable.get(group, h).is_empty()
-            || self.unstable_partner(ri, p, h, group, None).is_some()
+        self.known_partner(ri, p, h, group)
     }
 }
 
@@ -189,8 +188,9 @@ mod tests {
 
     /// Regions a and b of one group, the scan half-way through its second
     /// pass: a's pages hashed unchanged (in this pass's index), b's not yet
-    /// visited. Returns the core and what a pass so far of one run per two
-    /// merged pages projects.
+    /// visited. Returns what a pass so far of one run per two merged pages
+    /// projects, the judgement under `allowance`, and the judgement asked
+    /// again in the same pass under the opposite allowance.
     fn project(ahead: Ahead, allowance: Option<u64>) -> (Projection, bool, bool) {
         let len = N * PAGE_SIZE;
         let (pa, pb) = (

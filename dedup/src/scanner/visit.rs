@@ -231,7 +231,7 @@ impl Core {
             }
             e = one[0];
         }
-        if !e.present() || e.file() || (self.zero_pfn != 0 && e.pfn() == self.zero_pfn) {
+        if !self.own_page(e) {
             *visit_units -= 1;
             self.note_run(None);
             let r = &mut self.regions[ri];
@@ -244,6 +244,13 @@ impl Core {
             return Look::Done(None);
         }
         Look::Read
+    }
+
+    /// Does pagemap entry `e` show a page of the guest's own, the only kind
+    /// a visit reads: present and anonymous, not the shared zero page (an
+    /// absent page or the zero page costs nothing to keep).
+    pub(super) fn own_page(&self, e: Entry) -> bool {
+        e.present() && !e.file() && (self.zero_pfn == 0 || e.pfn() != self.zero_pfn)
     }
 
     /// Hashes the page and records the hash in its state: first sight,
@@ -542,8 +549,7 @@ impl Core {
                 // and comparing it twice would double the engine's page
                 // compares for such pages.
                 if prev.is_some_and(|ps| self.stripe_continues(ps, h, group))
-                    || !self.stable.get(group, h).is_empty()
-                    || self.unstable_partner(ri, p, h, group, None).is_some()
+                    || self.known_partner(ri, p, h, group)
                     || self.hinted_partner(ri, p, h, group, None).is_some()
                 {
                     return None;
