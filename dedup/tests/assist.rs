@@ -23,27 +23,47 @@ fn engine(assist: AssistMode, lock_held: bool) -> Engine {
 }
 
 fn engine_at(assist: AssistMode, lock_held: bool, pages_to_scan: u64, sleep_ms: u64) -> Engine {
+    engine_with(assist_cfg(assist, lock_held), pages_to_scan, sleep_ms)
+}
+
+/// The assist as these tests want it: a group is judged scattered after
+/// 256 new VMAs in a pass, whatever its size, and handed to KSM then (its
+/// groups are far smaller than the VMA budget). The scattered test holds
+/// the KSM lock (`lock_held`); the other one must find it taken.
+fn assist_cfg(mode: AssistMode, lock_held: bool) -> AssistConfig {
+    AssistConfig {
+        mode,
+        flip_vmas: 256,
+        flip_group_den: 0,
+        flip_pass_vmas: Some(0),
+        lock_held,
+        ..AssistConfig::default()
+    }
+}
+
+fn engine_with(assist: AssistConfig, pages_to_scan: u64, sleep_ms: u64) -> Engine {
     Engine::new(EngineConfig {
         knobs: Knobs {
             pages_to_scan,
             sleep_millisecs: sleep_ms,
             max_page_sharing: 256,
         },
-        assist: AssistConfig {
-            mode: assist,
-            flip_vmas: 256,
-            flip_group_den: 0,
-            // Its groups are far smaller than the VMA budget: judged
-            // scattered is enough.
-            flip_pass_vmas: Some(0),
-            // The scattered test holds the KSM lock; the other one must
-            // find it taken.
-            lock_held,
-            ..AssistConfig::default()
-        },
+        assist,
         ..EngineConfig::default()
     })
     .unwrap()
+}
+
+/// How many of the scattered pairs (page i of a, page `perm[i]` of b)
+/// share one frame. Reading both touches them: pool-mapped pages are
+/// absent until used.
+fn pairs_sharing(a: &Mem, b: &Mem, perm: &[usize], pm: &Pagemap) -> usize {
+    (0..N)
+        .filter(|&i| {
+            let (x, y) = (a.pfn(pm, i), b.pfn(pm, perm[i]));
+            x != 0 && x == y
+        })
+        .count()
 }
 
 #[test]
@@ -61,15 +81,7 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
     e.set_mode(Mode::On).unwrap();
 
     let pm = Pagemap::open().unwrap();
-    let shared = || {
-        (0..N)
-            .filter(|&i| {
-                // Touch (read) both: pool-mapped pages are absent until used.
-                let (x, y) = (a.pfn(&pm, i), b.pfn(&pm, perm[i]));
-                x != 0 && x == y
-            })
-            .count()
-    };
+    let shared = || pairs_sharing(&a, &b, &perm, &pm);
     let t = Instant::now();
     let mut n = 0;
     while t.elapsed() < Duration::from_secs(90) {
@@ -163,9 +175,9 @@ fn scattered_pairs_all_share_a_frame_through_ksm() {
 }
 
 /// A scattered group whose merges all fit the VMA budget stays the
-/// engine's. Judged scattered (256 new runs in a pass, one page each), its
-/// scan's rate of new runs over the rest of the pass comes to about
-/// 2 x 6,000 VMAs, well within what the budget has left (half of
+/// engine's. Judged scattered (256 new runs in a pass, one page each), a
+/// sample of the pages ahead projects about 2 x 6,000 VMAs for the pass,
+/// well within what the budget has left (half of
 /// `vm.max_map_count`): merged, the pairs cost nothing more, whereas KSM
 /// would scan all of the group's pages for as long as it had them.
 #[test]
@@ -174,36 +186,19 @@ fn a_scattered_group_that_fits_the_vma_budget_stays_the_engines() {
     let root = std::path::Path::new(KSM_SYSFS);
     let before = ksm::snapshot_tunables(root);
     let (a, b, perm) = scattered_pair(N);
-    let e = Engine::new(EngineConfig {
-        knobs: Knobs {
-            pages_to_scan: 4096,
-            sleep_millisecs: 5,
-            max_page_sharing: 256,
-        },
-        assist: AssistConfig {
-            mode: AssistMode::Auto,
-            flip_vmas: 256,
-            flip_group_den: 0,
-            // Held: the assist could engage if the rule said so.
-            lock_held: true,
-            ..AssistConfig::default()
-        },
-        ..EngineConfig::default()
-    })
-    .unwrap();
+    // The lock held: the assist could engage if the rule said so. The
+    // allowance is the default one: what the VMA budget has left.
+    let assist = AssistConfig {
+        flip_pass_vmas: None,
+        ..assist_cfg(AssistMode::Auto, true)
+    };
+    let e = engine_with(assist, 4096, 5);
     a.register(&e, "a", "g");
     b.register(&e, "b", "g");
     let vmas0 = pagefold_dedup::mm::vma_count().unwrap();
     e.set_mode(Mode::On).unwrap();
     let pm = Pagemap::open().unwrap();
-    let shared = || {
-        (0..N)
-            .filter(|&i| {
-                let (x, y) = (a.pfn(&pm, i), b.pfn(&pm, perm[i]));
-                x != 0 && x == y
-            })
-            .count()
-    };
+    let shared = || pairs_sharing(&a, &b, &perm, &pm);
     let done = wait_until(
         liveness_bound(Duration::from_secs(90)),
         Duration::from_millis(200),
