@@ -186,6 +186,9 @@ impl Core {
                     r.set_kind(op.page, ZERO);
                     r.set_in_pool(op.page, false);
                     self.counters.origins.zero_merges += 1;
+                    if op.origin != region::Origin::Hinted {
+                        self.settle.note_zero_drop();
+                    }
                 }
                 _ => {
                     r.set_in_pool(op.page, true);

@@ -255,6 +255,7 @@ impl Core {
             if origin != region::Origin::Hinted {
                 self.settle
                     .note_break(r.epoch[p], origin == region::Origin::SecondLook);
+                self.settle.note_zero_refill();
             }
             self.counters.origins.zero_refills += 1;
         }

@@ -128,6 +128,10 @@ impl Core {
         // a page dropped to the zero page would take a different path on
         // its first write (a fresh page, no copy) than a merged one.
         if hv.h == self.zero_hash && !self.regions[ri].hardened() && page.is_zero() {
+            if !v.mode.hinted() && !self.settle.zero_drops() {
+                // The guests refill such drops: it waits (`Settle::zero_drops`).
+                return None;
+            }
             let in_pool = self.regions[ri].in_pool(p);
             ops.push(Op {
                 region: ri,
