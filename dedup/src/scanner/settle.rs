@@ -117,23 +117,49 @@ pub(super) struct Settle {
     /// relapse up to [`RELAPSE_MAX`], halving each time a lowered time
     /// holds that long again.
     relapse: Duration,
-    /// Second looks are off until the time is 0 again.
-    second_looks_off: bool,
-    /// Breaks of second looks' merges (any time), cumulative; second
-    /// looks' merges and their breaks as counted at the last judgement
-    /// of them.
-    sl_undone: u64,
-    sl_merges_at: u64,
-    sl_undone_at: u64,
-    /// The scan's zero drops are off until the time is 0 again.
-    zero_drops_off: bool,
-    /// The scan's zero drops (hinted ones left out) and the guests'
-    /// refills of them, cumulative, and as counted at the last judgement
-    /// of them.
+    /// Second looks ([`Settle::second_looks`]), judged apart; their merges
+    /// come counted from the caller.
+    second_looks: Apart,
+    /// The scan's zero drops ([`Settle::zero_drops`]), judged apart, and
+    /// how many it made (hinted ones left out), cumulative.
+    zero_drops: Apart,
     z_drops: u64,
-    z_refills: u64,
-    z_drops_at: u64,
-    z_refills_at: u64,
+}
+
+/// A kind of the scan's merges judged on its own while the settle time is
+/// up (second looks, zero drops): off once the guests undo more than one in
+/// [`HIGH_BREAKS`] of them, judged once enough of their merges or breaks
+/// came, and on again whenever the time is 0.
+#[derive(Debug, Clone, Copy, Default)]
+struct Apart {
+    off: bool,
+    /// Breaks of these merges (any time), cumulative.
+    undone: u64,
+    /// Their merges and breaks as counted at the last judgement.
+    merges_at: u64,
+    undone_at: u64,
+}
+
+impl Apart {
+    /// Judges them by their cumulative `merges`; `settled`: the time is
+    /// not 0. `what` names them in the log.
+    fn judge(&mut self, merges: u64, settled: bool, what: &str) {
+        let dm = merges.saturating_sub(self.merges_at);
+        let db = self.undone.saturating_sub(self.undone_at);
+        if settled && dm < JUDGE_AFTER && db < JUDGE_AFTER {
+            return;
+        }
+        let off = settled && (self.off || db.saturating_mul(HIGH_BREAKS) > dm);
+        if off != self.off {
+            log::debug!(
+                "{db} of {dm} {what} undone: {what} {}",
+                if off { "off" } else { "on" }
+            );
+        }
+        self.off = off;
+        self.merges_at = merges;
+        self.undone_at = self.undone;
+    }
 }
 
 impl Settle {
@@ -178,7 +204,7 @@ impl Settle {
     /// which [`Settle::second_looks`] answers to.
     pub(super) fn note_break(&mut self, merged_in: u8, second_look: bool) {
         self.all_undone += 1;
-        self.sl_undone += u64::from(second_look);
+        self.second_looks.undone += u64::from(second_look);
         if merged_in == self.epoch {
             self.undone += 1;
         }
@@ -207,7 +233,7 @@ impl Settle {
     /// while settled at 2-8 s, against half of the merges of pages
     /// unchanged over a pass; such a page waits for its next visit.
     pub(super) fn second_looks(&self) -> bool {
-        !self.second_looks_off
+        !self.second_looks.off
     }
 
     /// The scan dropped a zero page (not a hinted one).
@@ -218,7 +244,7 @@ impl Settle {
     /// The guest wrote a page the scan had dropped to the zero page (not
     /// a hinted one). Counted as a break too ([`Settle::note_break`]).
     pub(super) fn note_zero_refill(&mut self) {
-        self.z_refills += 1;
+        self.zero_drops.undone += 1;
     }
 
     /// May the scan drop a zero page? Not while the guests refill more
@@ -231,7 +257,7 @@ impl Settle {
     /// the time is back at 0; a device-filled one is dropped whatever the
     /// time.
     pub(super) fn zero_drops(&self) -> bool {
-        !self.zero_drops_off
+        !self.zero_drops.off
     }
 
     /// May a page merge at first sight?
@@ -260,8 +286,10 @@ impl Settle {
         now: Instant,
         ksm_wait: Duration,
     ) {
-        self.judge_second_looks(second_look_merges);
-        self.judge_zero_drops();
+        let settled = !self.time.is_zero();
+        self.second_looks
+            .judge(second_look_merges, settled, "second looks");
+        self.zero_drops.judge(self.z_drops, settled, "zero drops");
         let dm = merges.saturating_sub(self.merges_at);
         let db = self.undone.saturating_sub(self.breaks_at);
         // Every break since the last judgement: what lowering answers to.
@@ -314,49 +342,6 @@ impl Settle {
         self.merges_at = merges;
         self.breaks_at = self.undone;
         self.all_at = self.all_undone;
-    }
-
-    /// Second looks, on their own ([`Settle::second_looks`]): judged
-    /// while the time is up once enough of their merges or breaks came;
-    /// back on whenever the time is 0.
-    fn judge_second_looks(&mut self, merges: u64) {
-        let dm = merges.saturating_sub(self.sl_merges_at);
-        let db = self.sl_undone.saturating_sub(self.sl_undone_at);
-        if !self.time.is_zero() && dm < JUDGE_AFTER && db < JUDGE_AFTER {
-            return;
-        }
-        let off =
-            !self.time.is_zero() && (self.second_looks_off || db.saturating_mul(HIGH_BREAKS) > dm);
-        if off != self.second_looks_off {
-            log::debug!(
-                "{db} of {dm} second looks undone: second looks {}",
-                if off { "off" } else { "on" }
-            );
-        }
-        self.second_looks_off = off;
-        self.sl_merges_at = merges;
-        self.sl_undone_at = self.sl_undone;
-    }
-
-    /// Zero drops, on their own ([`Settle::zero_drops`]), as second
-    /// looks are judged.
-    fn judge_zero_drops(&mut self) {
-        let dm = self.z_drops.saturating_sub(self.z_drops_at);
-        let db = self.z_refills.saturating_sub(self.z_refills_at);
-        if !self.time.is_zero() && dm < JUDGE_AFTER && db < JUDGE_AFTER {
-            return;
-        }
-        let off =
-            !self.time.is_zero() && (self.zero_drops_off || db.saturating_mul(HIGH_BREAKS) > dm);
-        if off != self.zero_drops_off {
-            log::debug!(
-                "{db} of {dm} zero drops refilled: zero drops {}",
-                if off { "off" } else { "on" }
-            );
-        }
-        self.zero_drops_off = off;
-        self.z_drops_at = self.z_drops;
-        self.z_refills_at = self.z_refills;
     }
 
     /// Merges last: halves the time, and at once down to `ksm_wait` if
